@@ -1,0 +1,637 @@
+"""One AMQP 0-9-1 channel: methods in, broker commands out; replies, deliveries and confirms back.
+
+Replies to synchronous methods are sent strictly in request order: each request takes a slot in
+``_replies`` that its result (or a local answer) fills, and slots leave only from the front. Delivery
+tags are this channel's; the broker core knows deliveries as (queue id, entry sequence) pairs.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections import deque
+from typing import TYPE_CHECKING
+
+from raftmq.protocol.amqp091 import methods as m
+from raftmq.protocol.amqp091.errors import AMQPError
+from raftmq.protocol.amqp091.frames import encode_content, encode_method_frame
+from raftmq.protocol.amqp091.properties import decode_content_header, peek_properties
+from raftmq.store.commands import REJECTED, UNROUTABLE, Op
+from raftmq.store.machine import HARD_ERRORS
+from raftmq.store.values import to_plain
+
+from .errors import ChannelException, ConnectionException
+
+if TYPE_CHECKING:
+    from .connection import Amqp091Connection
+
+BASIC_CLASS_ID = 60
+
+# Channel states.
+OPENING, OPEN, CLOSING_BY_SERVER, CLOSING_BY_CLIENT = range(4)
+
+
+def _server_queue_name() -> str:
+    return "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+class Channel:
+    def __init__(self, conn: Amqp091Connection, number: int) -> None:
+        self.conn = conn
+        self.number = number
+        self.state = OPENING
+        self._replies: deque[list] = deque()
+        self.last_queue = ""
+        # Content assembly for basic.publish.
+        self._publish: m.BasicPublish | None = None
+        self._props = b""
+        self._body_size = 0
+        self._body_parts: list[bytes] = []
+        self._body_received = 0
+        # Deliveries.
+        self._next_delivery_tag = 0
+        self._unacked: dict[int, tuple[int, int]] = {}
+        self._consumers: dict[str, bool] = {}  # consumer tag -> no_ack
+        # Publisher confirms.
+        self.confirm_mode = False
+        self._publish_seq = 0
+        self._confirms: list[tuple[int, bool]] = []  # (seq, ack?) waiting for flush
+        # Transactions.
+        self.tx_mode = False
+        self._tx_ops: list[list] = []
+        self._tx_returns: list[tuple] = []
+        self._tx_acked: dict[int, tuple[int, int]] = {}
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def is_open(self) -> bool:
+        return self.state == OPEN
+
+    @property
+    def accepts_replies(self) -> bool:
+        return self.state in (OPEN, OPENING, CLOSING_BY_CLIENT)
+
+    def _command(self, op: Op, *args) -> list:
+        return [op, self.conn.conn_id, None, self.number, *args]
+
+    def _slot(self) -> list:
+        slot = [False, None]
+        self._replies.append(slot)
+        return slot
+
+    def _fill(self, slot: list, frames: bytes | None) -> None:
+        slot[0], slot[1] = True, frames
+        replies = self._replies
+        while replies and replies[0][0]:
+            data = replies.popleft()[1]
+            if data:
+                self.conn.write(data)
+
+    def _reply_local(self, method) -> None:
+        self._fill(self._slot(), encode_method_frame(self.number, method))
+
+    def _request(self, command: list, method, on_ok, no_wait: bool = False) -> None:
+        """Submit ``command``; ``on_ok(value)`` returns the reply method (or None) to send in order."""
+        if no_wait:
+            self.conn.request(self, command, type(method), lambda value: on_ok(value) and None)
+            return
+        slot = self._slot()
+
+        def done(value):
+            reply = on_ok(value)
+            self._fill(slot, encode_method_frame(self.number, reply) if reply is not None else None)
+
+        self.conn.request(self, command, type(method), done)
+
+    # ------------------------------------------------------------------ errors
+
+    def fail(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+        """A channel exception: channel.close to the client; ignore everything until close-ok."""
+        if code in HARD_ERRORS:
+            raise ConnectionException(code, text, class_id, method_id)
+        if self.state in (CLOSING_BY_SERVER, CLOSING_BY_CLIENT):
+            return
+        self.state = CLOSING_BY_SERVER
+        self._reset_local_state()
+        self._replies.clear()
+        self.conn.write(encode_method_frame(self.number, m.ChannelClose(
+            reply_code=code, reply_text=text[:255], class_id=class_id, method_id=method_id)))
+        # The core closes its side of the channel itself when the error came from apply; when the
+        # error is ours, tell it (idempotent either way).
+        self.conn.broker.submit(self._command(Op.CHANNEL_CLOSE))
+
+    def fail_from_broker(self, code: int, text: str, method_cls) -> None:
+        class_id = method_cls.CLASS_ID if method_cls is not None else 0
+        method_id = method_cls.METHOD_ID if method_cls is not None else 0
+        self.fail(code, text, class_id, method_id)
+
+    def _reset_local_state(self) -> None:
+        self._publish = None
+        self._body_parts = []
+        self._unacked.clear()
+        self._consumers.clear()
+        self._confirms.clear()
+        self._tx_ops.clear()
+        self._tx_returns.clear()
+        self._tx_acked.clear()
+
+    # ------------------------------------------------------------------ frames
+
+    def on_method(self, method) -> None:
+        if self.state == CLOSING_BY_SERVER:
+            if isinstance(method, m.ChannelCloseOk):
+                self.conn.forget_channel(self.number)
+            elif isinstance(method, m.ChannelClose):
+                self.conn.write(encode_method_frame(self.number, m.ChannelCloseOk()))
+            return
+        if self.state == CLOSING_BY_CLIENT:
+            return
+        if self._publish is not None:
+            raise ConnectionException(
+                505, f"UNEXPECTED_FRAME - expected content header for class 60, got '{method.NAME}'",
+                method.CLASS_ID, method.METHOD_ID,
+            )
+        handler = _HANDLERS.get(type(method))
+        if handler is None:
+            if method.CLASS_ID == 10:
+                raise ConnectionException(503, f"COMMAND_INVALID - '{method.NAME}' on channel {self.number}",
+                                          method.CLASS_ID, method.METHOD_ID)
+            raise ConnectionException(
+                540, f"NOT_IMPLEMENTED - '{method.NAME}' is not accepted from clients",
+                method.CLASS_ID, method.METHOD_ID,
+            )
+        if self.state == OPENING and not isinstance(method, m.ChannelOpen):
+            raise ConnectionException(504, "CHANNEL_ERROR - channel not yet open",
+                                      method.CLASS_ID, method.METHOD_ID)
+        try:
+            handler(self, method)
+        except ChannelException as exc:
+            self.fail(exc.code, exc.text, method.CLASS_ID, method.METHOD_ID)
+
+    def on_header(self, payload: bytes) -> None:
+        if self.state != OPEN:
+            return
+        if self._publish is None:
+            raise ConnectionException(505, "UNEXPECTED_FRAME - content header with no content method")
+        class_id, body_size, props = decode_content_header(payload)
+        if class_id != BASIC_CLASS_ID:
+            raise ConnectionException(505, f"UNEXPECTED_FRAME - content header for class {class_id}")
+        if self._body_size is not None:
+            raise ConnectionException(505, "UNEXPECTED_FRAME - second content header")
+        if body_size > self.conn.config.max_message_size:
+            self._publish = None
+            self.fail(406, f"PRECONDITION_FAILED - message size {body_size} is larger than configured "
+                           f"max size {self.conn.config.max_message_size}", 60, 40)
+            return
+        self._props = props
+        self._body_size = body_size
+        if body_size == 0:
+            self._publish_complete(b"")
+
+    def on_body(self, payload: bytes) -> None:
+        if self.state != OPEN:
+            return
+        if self._publish is None or self._body_size is None:
+            raise ConnectionException(505, "UNEXPECTED_FRAME - content body with no content header")
+        self._body_parts.append(payload)
+        self._body_received += len(payload)
+        if self._body_received > self._body_size:
+            raise ConnectionException(501, "FRAME_ERROR - content body larger than the header's body size")
+        if self._body_received == self._body_size:
+            parts = self._body_parts
+            self._publish_complete(parts[0] if len(parts) == 1 else b"".join(parts))
+
+    # ------------------------------------------------------------------ channel class
+
+    def _channel_open(self, method: m.ChannelOpen) -> None:
+        if self.state != OPENING:
+            raise ConnectionException(504, f"CHANNEL_ERROR - second 'channel.open' on channel {self.number}",
+                                      method.CLASS_ID, method.METHOD_ID)
+        self.state = OPEN
+        self._request(self._command(Op.CHANNEL_OPEN), method, lambda _: m.ChannelOpenOk())
+
+    def _channel_close(self, method: m.ChannelClose) -> None:
+        self.state = CLOSING_BY_CLIENT
+        self._reset_local_state()
+
+        def closed(_):
+            self.conn.forget_channel(self.number)
+            self.conn.write(encode_method_frame(self.number, m.ChannelCloseOk()))
+
+        self.conn.request(self, self._command(Op.CHANNEL_CLOSE), type(method), closed)
+
+    def _channel_close_ok(self, method) -> None:
+        return None  # only meaningful while we are closing (handled in on_method)
+
+    def _channel_flow(self, method: m.ChannelFlow) -> None:
+        self._request(self._command(Op.FLOW, bool(method.active)), method,
+                      lambda active: m.ChannelFlowOk(active=active))
+
+    def _channel_flow_ok(self, method) -> None:
+        return None  # the server never sends channel.flow, so an answer is simply dropped
+
+    # ------------------------------------------------------------------ exchange class
+
+    @property
+    def _principal(self):
+        return self.conn.principal
+
+    def _check(self, allowed: bool, what: str, name: str) -> None:
+        if not allowed:
+            raise ChannelException(
+                403, f"ACCESS_REFUSED - access to {what} '{name}' in vhost '{self.conn.vhost}' refused "
+                     f"for user '{self._principal.name}'")
+
+    def _exchange_declare(self, method: m.ExchangeDeclare) -> None:
+        if not method.passive:
+            self._check(self._principal.may_configure(self.conn.vhost, method.exchange), "exchange",
+                        method.exchange)
+        args = to_plain(method.arguments or {})
+        alternate = args.get("alternate-exchange")
+        if alternate is not None and not isinstance(alternate, str):
+            raise ChannelException(406, "PRECONDITION_FAILED - invalid 'alternate-exchange' argument")
+        command = self._command(Op.EXCHANGE_DECLARE, self.conn.vhost, method.exchange, method.type,
+                                bool(method.passive), bool(method.durable), bool(method.auto_delete),
+                                bool(method.internal), args)
+        self._request(command, method, lambda _: m.ExchangeDeclareOk(), method.no_wait)
+
+    def _exchange_delete(self, method: m.ExchangeDelete) -> None:
+        self._check(self._principal.may_configure(self.conn.vhost, method.exchange), "exchange",
+                    method.exchange)
+        command = self._command(Op.EXCHANGE_DELETE, self.conn.vhost, method.exchange, bool(method.if_unused))
+        self._request(command, method, lambda _: m.ExchangeDeleteOk(), method.no_wait)
+
+    def _exchange_bind(self, method: m.ExchangeBind) -> None:
+        vhost = self.conn.vhost
+        self._check(self._principal.may_write(vhost, method.destination), "exchange", method.destination)
+        self._check(self._principal.may_read(vhost, method.source), "exchange", method.source)
+        command = self._command(Op.EXCHANGE_BIND, vhost, method.destination, method.source,
+                                method.routing_key, to_plain(method.arguments or {}))
+        self._request(command, method, lambda _: m.ExchangeBindOk(), method.no_wait)
+
+    def _exchange_unbind(self, method: m.ExchangeUnbind) -> None:
+        vhost = self.conn.vhost
+        self._check(self._principal.may_write(vhost, method.destination), "exchange", method.destination)
+        self._check(self._principal.may_read(vhost, method.source), "exchange", method.source)
+        command = self._command(Op.EXCHANGE_UNBIND, vhost, method.destination, method.source,
+                                method.routing_key, to_plain(method.arguments or {}))
+        self._request(command, method, lambda _: m.ExchangeUnbindOk(), method.no_wait)
+
+    # ------------------------------------------------------------------ queue class
+
+    def _queue_name(self, name: str, method) -> str:
+        """0-9-1: an empty queue name means the last queue declared on this channel."""
+        if name:
+            return name
+        if not self.last_queue:
+            raise ChannelException(404, "NOT_FOUND - no previously declared queue")
+        return self.last_queue
+
+    def _queue_declare(self, method: m.QueueDeclare) -> None:
+        name = method.queue
+        if not name:
+            if method.passive:
+                name = self._queue_name(name, method)
+            else:
+                name = _server_queue_name()
+        if not method.passive:
+            self._check(self._principal.may_configure(self.conn.vhost, name), "queue", name)
+        command = self._command(Op.QUEUE_DECLARE, self.conn.vhost, name, bool(method.passive),
+                                bool(method.durable), bool(method.exclusive), bool(method.auto_delete),
+                                to_plain(method.arguments or {}))
+
+        def declared(value):
+            queue, message_count, consumer_count = value
+            self.last_queue = queue
+            return m.QueueDeclareOk(queue=queue, message_count=message_count, consumer_count=consumer_count)
+
+        self._request(command, method, declared, method.no_wait)
+
+    def _queue_bind(self, method: m.QueueBind) -> None:
+        queue = self._queue_name(method.queue, method)
+        routing_key = method.routing_key if (method.queue or method.routing_key) else queue
+        vhost = self.conn.vhost
+        self._check(self._principal.may_write(vhost, queue), "queue", queue)
+        self._check(self._principal.may_read(vhost, method.exchange), "exchange", method.exchange)
+        command = self._command(Op.QUEUE_BIND, vhost, queue, method.exchange, routing_key,
+                                to_plain(method.arguments or {}))
+        self._request(command, method, lambda _: m.QueueBindOk(), method.no_wait)
+
+    def _queue_unbind(self, method: m.QueueUnbind) -> None:
+        queue = self._queue_name(method.queue, method)
+        vhost = self.conn.vhost
+        self._check(self._principal.may_write(vhost, queue), "queue", queue)
+        self._check(self._principal.may_read(vhost, method.exchange), "exchange", method.exchange)
+        command = self._command(Op.QUEUE_UNBIND, vhost, queue, method.exchange, method.routing_key,
+                                to_plain(method.arguments or {}))
+        self._request(command, method, lambda _: m.QueueUnbindOk())
+
+    def _queue_purge(self, method: m.QueuePurge) -> None:
+        queue = self._queue_name(method.queue, method)
+        self._check(self._principal.may_read(self.conn.vhost, queue), "queue", queue)
+        command = self._command(Op.QUEUE_PURGE, self.conn.vhost, queue)
+        self._request(command, method, lambda count: m.QueuePurgeOk(message_count=count), method.no_wait)
+
+    def _queue_delete(self, method: m.QueueDelete) -> None:
+        queue = self._queue_name(method.queue, method)
+        self._check(self._principal.may_configure(self.conn.vhost, queue), "queue", queue)
+        command = self._command(Op.QUEUE_DELETE, self.conn.vhost, queue, bool(method.if_unused),
+                                bool(method.if_empty))
+        self._request(command, method, lambda count: m.QueueDeleteOk(message_count=count), method.no_wait)
+
+    # ------------------------------------------------------------------ basic class
+
+    def _basic_qos(self, method: m.BasicQos) -> None:
+        if method.prefetch_size:
+            raise ConnectionException(540, f"NOT_IMPLEMENTED - prefetch_size!=0 ({method.prefetch_size})",
+                                      method.CLASS_ID, method.METHOD_ID)
+        command = self._command(Op.QOS, method.prefetch_count, bool(method.global_))
+        self._request(command, method, lambda _: m.BasicQosOk())
+
+    def _basic_consume(self, method: m.BasicConsume) -> None:
+        queue = self._queue_name(method.queue, method)
+        self._check(self._principal.may_read(self.conn.vhost, queue), "queue", queue)
+        if method.consumer_tag and method.consumer_tag in self._consumers:
+            raise ConnectionException(530, f"NOT_ALLOWED - attempt to reuse consumer tag "
+                                           f"'{method.consumer_tag}'", method.CLASS_ID, method.METHOD_ID)
+        no_ack = bool(method.no_ack)
+        command = self._command(Op.CONSUME, self.conn.vhost, queue, method.consumer_tag, no_ack,
+                                bool(method.exclusive), to_plain(method.arguments or {}))
+
+        def consuming(tag):
+            self._consumers[tag] = no_ack
+            return m.BasicConsumeOk(consumer_tag=tag)
+
+        self._request(command, method, consuming, method.no_wait)
+
+    def _basic_cancel(self, method: m.BasicCancel) -> None:
+        command = self._command(Op.CANCEL, method.consumer_tag)
+
+        def cancelled(tag):
+            self._consumers.pop(tag, None)
+            return m.BasicCancelOk(consumer_tag=tag)
+
+        self._request(command, method, cancelled, method.no_wait)
+
+    def _basic_publish(self, method: m.BasicPublish) -> None:
+        if method.immediate:
+            raise ConnectionException(540, "NOT_IMPLEMENTED - immediate=true", method.CLASS_ID, method.METHOD_ID)
+        self._publish = method
+        self._body_size = None
+        self._body_parts = []
+        self._body_received = 0
+        self.conn.is_publisher = True
+
+    def _publish_complete(self, body: bytes) -> None:
+        method, props = self._publish, self._props
+        self._publish = None
+        self._body_parts = []
+        conn = self.conn
+        exchange = method.exchange
+        vhost = conn.vhost
+        try:
+            if not conn.principal.may_write(vhost, exchange):
+                self._check(False, "exchange", exchange)
+            machine_vhost = conn.broker.machine.vhosts.get(vhost)
+            if machine_vhost is None or exchange not in machine_vhost.exchanges:
+                raise ChannelException(404, f"NOT_FOUND - no exchange '{exchange}' in vhost '{vhost}'")
+            try:
+                delivery_mode, priority, expiration = peek_properties(props)
+            except AMQPError as exc:
+                raise ConnectionException(exc.reply_code, exc.reply_text, 60, 40) from exc
+            expiration_ms = None
+            if expiration is not None:
+                if isinstance(expiration, bytes):
+                    expiration = expiration.decode("ascii", "replace")
+                if not expiration.isdigit():
+                    raise ChannelException(406, f"PRECONDITION_FAILED - invalid expiration '{expiration}'")
+                expiration_ms = int(expiration)
+        except ChannelException as exc:
+            self.fail(exc.code, exc.text, 60, 40)
+            return
+        command = [Op.PUBLISH, conn.conn_id, None, self.number, vhost, exchange, method.routing_key,
+                   bool(method.mandatory), props, body, delivery_mode == 2, priority, expiration_ms]
+        if self.tx_mode:
+            self._tx_ops.append(command)
+            if method.mandatory:
+                self._tx_returns.append((method, props, body))
+            else:
+                self._tx_returns.append(None)
+            return
+        if self.confirm_mode:
+            self._publish_seq += 1
+            seq = self._publish_seq
+            mandatory = method.mandatory
+            conn.request(self, command, m.BasicPublish,
+                         lambda outcome: self._published(outcome, seq, method if mandatory else None,
+                                                         props, body))
+        elif method.mandatory:
+            conn.request(self, command, m.BasicPublish,
+                         lambda outcome: self._published(outcome, 0, method, props, body))
+        else:
+            conn.broker.submit(command)
+
+    def _published(self, outcome: int, seq: int, mandatory_method, props: bytes, body: bytes) -> None:
+        if outcome == UNROUTABLE and mandatory_method is not None:
+            self._send_return(mandatory_method, props, body)
+        if seq:
+            self._confirms.append((seq, outcome != REJECTED))
+            self.conn.confirm_dirty[self.number] = self
+
+    def _send_return(self, method, props: bytes, body: bytes) -> None:
+        self.conn.write(encode_content(
+            self.number,
+            m.BasicReturn(reply_code=312, reply_text="NO_ROUTE", exchange=method.exchange,
+                          routing_key=method.routing_key),
+            props, body, self.conn.frame_max))
+
+    def flush_confirms(self) -> None:
+        """Send the confirms gathered from one output batch.
+
+        Outcomes arrive in publish order (the log's order), so a run of acks is one basic.ack with
+        multiple=true for its last sequence number; nacks go one by one.
+        """
+        confirms = self._confirms
+        write, number = self.conn.write, self.number
+        run_start = None
+        for i, (seq, acked) in enumerate(confirms):
+            if acked:
+                if run_start is None:
+                    run_start = seq
+                if i + 1 < len(confirms) and confirms[i + 1][1]:
+                    continue
+                write(encode_method_frame(number, m.BasicAck(delivery_tag=seq, multiple=seq > run_start)))
+                run_start = None
+            else:
+                write(encode_method_frame(number, m.BasicNack(delivery_tag=seq, multiple=False, requeue=False)))
+        confirms.clear()
+
+    def _basic_get(self, method: m.BasicGet) -> None:
+        queue = self._queue_name(method.queue, method)
+        self._check(self._principal.may_read(self.conn.vhost, queue), "queue", queue)
+        no_ack = bool(method.no_ack)
+        command = self._command(Op.GET, self.conn.vhost, queue, no_ack)
+        slot = self._slot()
+
+        def got(value):
+            if value is None:
+                self._fill(slot, encode_method_frame(self.number, m.BasicGetEmpty()))
+                return
+            qid, seq, redelivered, message, remaining = value
+            tag = self._track(qid, seq, no_ack)
+            self._fill(slot, encode_content(
+                self.number,
+                m.BasicGetOk(delivery_tag=tag, redelivered=redelivered, exchange=message.exchange,
+                             routing_key=message.routing_key, message_count=remaining),
+                message.properties, message.body, self.conn.frame_max))
+
+        self.conn.request(self, command, type(method), got)
+
+    def _track(self, qid: int, seq: int, no_ack: bool) -> int:
+        self._next_delivery_tag += 1
+        tag = self._next_delivery_tag
+        if not no_ack:
+            self._unacked[tag] = (qid, seq)
+        return tag
+
+    def deliver(self, consumer_tag: str, delivery: tuple) -> None:
+        if self.state != OPEN:
+            return
+        qid, seq, redelivered, message = delivery
+        no_ack = self._consumers.get(consumer_tag, False)
+        self._next_delivery_tag += 1
+        tag = self._next_delivery_tag
+        if not no_ack:
+            self._unacked[tag] = (qid, seq)
+        self.conn.write(encode_content(
+            self.number,
+            m.BasicDeliver(consumer_tag=consumer_tag, delivery_tag=tag, redelivered=redelivered,
+                           exchange=message.exchange, routing_key=message.routing_key),
+            message.properties, message.body, self.conn.frame_max))
+
+    def server_cancel(self, consumer_tag: str) -> None:
+        """The queue went away: basic.cancel to clients that announced consumer_cancel_notify."""
+        if self.state != OPEN or self._consumers.pop(consumer_tag, None) is None:
+            return
+        if self.conn.client_capabilities.get("consumer_cancel_notify"):
+            self.conn.write(encode_method_frame(self.number, m.BasicCancel(consumer_tag=consumer_tag,
+                                                                          no_wait=True)))
+
+    def _take_tags(self, delivery_tag: int, multiple: bool) -> list[list[int]]:
+        unacked = self._unacked
+        if multiple:
+            tags = [t for t in unacked if t <= delivery_tag] if delivery_tag else list(unacked)
+        else:
+            if delivery_tag not in unacked:
+                raise ChannelException(406, f"PRECONDITION_FAILED - unknown delivery tag {delivery_tag}")
+            tags = [delivery_tag]
+        refs = []
+        for tag in tags:
+            ref = unacked.pop(tag)
+            if self.tx_mode:
+                self._tx_acked[tag] = ref
+            refs.append(list(ref))
+        return refs
+
+    def _basic_ack(self, method: m.BasicAck) -> None:
+        refs = self._take_tags(method.delivery_tag, bool(method.multiple))
+        if refs:
+            self._settle(self._command(Op.ACK, refs))
+
+    def _basic_nack(self, method: m.BasicNack) -> None:
+        refs = self._take_tags(method.delivery_tag, bool(method.multiple))
+        if refs:
+            self._settle(self._command(Op.NACK, refs, bool(method.requeue)))
+
+    def _basic_reject(self, method: m.BasicReject) -> None:
+        refs = self._take_tags(method.delivery_tag, False)
+        self._settle(self._command(Op.NACK, refs, bool(method.requeue)))
+
+    def _settle(self, command: list) -> None:
+        if self.tx_mode:
+            self._tx_ops.append(command)
+        else:
+            self.conn.broker.submit(command)
+
+    def _basic_recover(self, method) -> None:
+        self._unacked.clear()
+        command = self._command(Op.RECOVER, bool(method.requeue))
+        if isinstance(method, m.BasicRecover):
+            self._request(command, method, lambda _: m.BasicRecoverOk())
+        else:
+            self.conn.broker.submit(command)
+
+    # ------------------------------------------------------------------ tx and confirm classes
+
+    def _tx_select(self, method: m.TxSelect) -> None:
+        if self.confirm_mode:
+            raise ChannelException(406, "PRECONDITION_FAILED - cannot switch from confirm to tx mode")
+        self.tx_mode = True
+        self._reply_local(m.TxSelectOk())
+
+    def _tx_commit(self, method: m.TxCommit) -> None:
+        if not self.tx_mode:
+            raise ChannelException(406, "PRECONDITION_FAILED - channel is not transactional")
+        operations, returns = self._tx_ops, self._tx_returns
+        self._tx_ops, self._tx_returns = [], []
+        self._tx_acked.clear()
+        command = self._command(Op.TX_COMMIT, operations)
+
+        def committed(outcomes):
+            for outcome, returned in zip(outcomes, returns, strict=False):
+                if outcome == UNROUTABLE and returned is not None:
+                    self._send_return(*returned)
+            return m.TxCommitOk()
+
+        self._request(command, method, committed)
+
+    def _tx_rollback(self, method: m.TxRollback) -> None:
+        if not self.tx_mode:
+            raise ChannelException(406, "PRECONDITION_FAILED - channel is not transactional")
+        self._tx_ops, self._tx_returns = [], []
+        # Acks inside the rolled-back transaction never happened: those deliveries stay unacked.
+        if self._tx_acked:
+            self._unacked.update(self._tx_acked)
+            self._unacked = dict(sorted(self._unacked.items()))
+            self._tx_acked.clear()
+        self._reply_local(m.TxRollbackOk())
+
+    def _confirm_select(self, method: m.ConfirmSelect) -> None:
+        if self.tx_mode:
+            raise ChannelException(406, "PRECONDITION_FAILED - cannot switch from tx to confirm mode")
+        self.confirm_mode = True
+        if not method.no_wait:
+            self._reply_local(m.ConfirmSelectOk())
+
+
+_HANDLERS = {
+    m.ChannelOpen: Channel._channel_open,
+    m.ChannelClose: Channel._channel_close,
+    m.ChannelCloseOk: Channel._channel_close_ok,
+    m.ChannelFlow: Channel._channel_flow,
+    m.ChannelFlowOk: Channel._channel_flow_ok,
+    m.ExchangeDeclare: Channel._exchange_declare,
+    m.ExchangeDelete: Channel._exchange_delete,
+    m.ExchangeBind: Channel._exchange_bind,
+    m.ExchangeUnbind: Channel._exchange_unbind,
+    m.QueueDeclare: Channel._queue_declare,
+    m.QueueBind: Channel._queue_bind,
+    m.QueueUnbind: Channel._queue_unbind,
+    m.QueuePurge: Channel._queue_purge,
+    m.QueueDelete: Channel._queue_delete,
+    m.BasicQos: Channel._basic_qos,
+    m.BasicConsume: Channel._basic_consume,
+    m.BasicCancel: Channel._basic_cancel,
+    m.BasicPublish: Channel._basic_publish,
+    m.BasicGet: Channel._basic_get,
+    m.BasicAck: Channel._basic_ack,
+    m.BasicNack: Channel._basic_nack,
+    m.BasicReject: Channel._basic_reject,
+    m.BasicRecover: Channel._basic_recover,
+    m.BasicRecoverAsync: Channel._basic_recover,
+    m.TxSelect: Channel._tx_select,
+    m.TxCommit: Channel._tx_commit,
+    m.TxRollback: Channel._tx_rollback,
+    m.ConfirmSelect: Channel._confirm_select,
+}

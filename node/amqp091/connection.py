@@ -1,0 +1,453 @@
+"""One AMQP 0-9-1 connection: handshake, frame dispatch, heartbeats, errors, flushing writes.
+
+The connection owns the frame reader and the write buffer; channels (``channel.py``) translate
+methods into broker commands. Every bad input ends in the reply code the spec gives it (a channel
+exception closes the channel, a connection exception the connection) and never in an exception
+escaping into the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from raftmq import __version__
+from raftmq.protocol.amqp091 import methods as m
+from raftmq.protocol.amqp091.constants import (
+    FRAME_BODY,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_MIN_SIZE,
+)
+from raftmq.protocol.amqp091.errors import AMQPError
+from raftmq.protocol.amqp091.frames import HEARTBEAT_FRAME, FrameReader, encode_method_frame
+from raftmq.protocol.amqp091.methods import decode_method
+
+from ..auth import MECHANISMS, AuthError, Principal
+from .channel import Channel
+from .errors import ConnectionException
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+log = logging.getLogger(__name__)
+
+CLOSE_OK_TIMEOUT = 2.0  # seconds to wait for connection.close-ok after a server-initiated close
+
+# Connection states.
+AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(6)
+
+SERVER_CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "consumer_priorities": False,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": False,
+}
+
+
+class Amqp091Connection(asyncio.Protocol):
+    def __init__(self, broker: Broker, transport: asyncio.Transport) -> None:
+        self.broker = broker
+        self.config = broker.config
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.peer_host = peer[0] if peer else None
+        self.reader = FrameReader(FRAME_MIN_SIZE)
+        self.state = AWAIT_START_OK
+        self.conn_id: str | None = None
+        self.principal: Principal | None = None
+        self.vhost = "/"
+        self.channel_max = self.config.channel_max
+        self.frame_max = self.config.frame_max
+        self.heartbeat = 0
+        self.client_properties: dict = {}
+        self.client_capabilities: dict = {}
+        self.channels: dict[int, Channel] = {}
+        self._wbuf: list[bytes] = []
+        self.confirm_dirty: dict[int, Channel] = {}
+        self._next_token = 0
+        self.pending: dict[int, tuple] = {}
+        self._loop = asyncio.get_running_loop()
+        self._heartbeat_handle: asyncio.TimerHandle | None = None
+        self._close_handle: asyncio.TimerHandle | None = None
+        self._received = True
+        self._sent = False
+        self._missed_beats = 0
+        self.blocked_reason: str | None = None
+        self.is_publisher = False
+        self._reading_paused = False
+
+    # ------------------------------------------------------------------ asyncio.Protocol
+
+    def start(self, leftover: bytes) -> None:
+        """Called once the 0-9-1 protocol header was read: offer connection.start."""
+        if self.broker.connection_count >= self.config.max_connections:
+            self._over_limit = True
+        else:
+            self._over_limit = False
+        self.conn_id = self.broker.register(self)
+        self.send_method(0, m.ConnectionStart(
+            version_major=0,
+            version_minor=9,
+            server_properties={
+                "product": "raftmq",
+                "version": __version__,
+                "platform": "Python",
+                "cluster_name": "raftmq",
+                "capabilities": SERVER_CAPABILITIES,
+                "known_hosts": self.broker.known_hosts,
+            },
+            mechanisms=" ".join(MECHANISMS).encode(),
+            locales=b"en_US",
+        ))
+        self.flush()
+        if leftover:
+            self.data_received(leftover)
+
+    def data_received(self, data: bytes) -> None:
+        self._received = True
+        if self.state == CLOSED:
+            return
+        try:
+            frames = self.reader.feed(data)
+        except AMQPError as exc:
+            self.close_connection(exc.reply_code, exc.reply_text)
+            self.flush()
+            return
+        try:
+            for frame in frames:
+                if self.state == CLOSED:
+                    break
+                self._on_frame(frame)
+        except ConnectionException as exc:
+            self.close_connection(exc.code, exc.text, exc.class_id, exc.method_id)
+        except AMQPError as exc:
+            self.close_connection(exc.reply_code, exc.reply_text, exc.class_id, exc.method_id)
+        except Exception:
+            log.exception("connection %s: internal error", self.peer)
+            self.close_connection(541, "INTERNAL_ERROR - internal error")
+        self.flush()
+        if self.blocked_reason and self.is_publisher and not self._reading_paused:
+            self._pause_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state = CLOSED
+        self._cancel_timers()
+        if self.conn_id is not None:
+            self.broker.unregister(self.conn_id)
+        self.pending.clear()
+        self.channels.clear()
+
+    def pause_writing(self) -> None:  # noqa: D401 - asyncio callback
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------ writing
+
+    def write(self, data: bytes) -> None:
+        self._wbuf.append(data)
+
+    def send_method(self, channel: int, method) -> None:
+        self._wbuf.append(encode_method_frame(channel, method))
+
+    def flush(self) -> None:
+        if self.confirm_dirty:
+            for channel in self.confirm_dirty.values():
+                channel.flush_confirms()
+            self.confirm_dirty.clear()
+        if self._wbuf and self.state != CLOSED:
+            data = b"".join(self._wbuf) if len(self._wbuf) > 1 else self._wbuf[0]
+            self._wbuf.clear()
+            self._sent = True
+            self.transport.write(data)
+        elif self._wbuf:
+            self._wbuf.clear()
+
+    # ------------------------------------------------------------------ requests to the broker
+
+    def request(self, channel: Channel, command: list, method_cls, on_ok) -> None:
+        """Submit ``command`` with a token; ``on_ok(value)`` runs when its OK result arrives."""
+        self._next_token += 1
+        token = self._next_token
+        command[2] = token
+        self.pending[token] = (channel, on_ok, method_cls)
+        self.broker.submit(command)
+
+    def on_reply(self, token: int | None, result: tuple, channel_no: int | None) -> None:
+        if token is None:
+            # An error for a command sent without a reply (a publish without confirms).
+            channel = self.channels.get(channel_no)
+            if channel is not None and channel.is_open:
+                channel.fail_from_broker(result[1], result[2], None)
+            return
+        entry = self.pending.pop(token, None)
+        if entry is None:
+            return
+        channel, on_ok, method_cls = entry
+        if not channel.accepts_replies:
+            return
+        try:
+            if result[0] == 0:
+                on_ok(result[1])
+            else:
+                channel.fail_from_broker(result[1], result[2], method_cls)
+        except ConnectionException as exc:
+            self.close_connection(exc.code, exc.text, exc.class_id, exc.method_id)
+
+    def on_deliver(self, channel_no: int, consumer_tag: str, delivery: tuple) -> None:
+        channel = self.channels.get(channel_no)
+        if channel is not None:
+            channel.deliver(consumer_tag, delivery)
+
+    def on_cancel(self, channel_no: int, consumer_tag: str) -> None:
+        channel = self.channels.get(channel_no)
+        if channel is not None:
+            channel.server_cancel(consumer_tag)
+
+    # ------------------------------------------------------------------ frames
+
+    def _on_frame(self, frame) -> None:
+        ftype = frame.type
+        if ftype == FRAME_METHOD:
+            method = decode_method(frame.payload)
+            if frame.channel == 0:
+                self._on_connection_method(method)
+                return
+            if self.state != OPEN:
+                if self.state == CLOSING:
+                    return
+                raise ConnectionException(503, "COMMAND_INVALID - channel method before connection.open",
+                                          method.CLASS_ID, method.METHOD_ID)
+            self._channel_for(frame.channel, method).on_method(method)
+        elif ftype == FRAME_HEADER or ftype == FRAME_BODY:
+            if self.state == CLOSING:
+                return
+            channel = self.channels.get(frame.channel)
+            if frame.channel == 0 or channel is None or self.state != OPEN:
+                raise ConnectionException(
+                    505, f"UNEXPECTED_FRAME - content frame on channel {frame.channel} with no content expected"
+                )
+            if ftype == FRAME_HEADER:
+                channel.on_header(frame.payload)
+            else:
+                channel.on_body(frame.payload)
+        elif ftype == FRAME_HEARTBEAT:
+            if frame.channel != 0:
+                raise ConnectionException(501, "FRAME_ERROR - heartbeat frame on a non-zero channel")
+        else:  # the frame reader already refuses unknown types; kept as a guard
+            raise ConnectionException(501, f"FRAME_ERROR - unknown frame type {ftype}")
+
+    def _channel_for(self, number: int, method) -> Channel:
+        channel = self.channels.get(number)
+        if channel is not None:
+            return channel
+        if not isinstance(method, m.ChannelOpen):
+            if isinstance(method, m.ChannelCloseOk):
+                return _IGNORE_CHANNEL
+            raise ConnectionException(504, f"CHANNEL_ERROR - expected 'channel.open' on channel {number}",
+                                      method.CLASS_ID, method.METHOD_ID)
+        if number > self.channel_max:
+            raise ConnectionException(
+                530, f"NOT_ALLOWED - channel number {number} exceeds channel_max {self.channel_max}",
+                method.CLASS_ID, method.METHOD_ID,
+            )
+        channel = Channel(self, number)
+        self.channels[number] = channel
+        return channel
+
+    def forget_channel(self, number: int) -> None:
+        self.channels.pop(number, None)
+
+    # ------------------------------------------------------------------ connection class
+
+    def _on_connection_method(self, method) -> None:
+        state = self.state
+        if state == CLOSING:
+            if isinstance(method, m.ConnectionCloseOk):
+                self._finish_close()
+            elif isinstance(method, m.ConnectionClose):
+                self.send_method(0, m.ConnectionCloseOk())
+            return
+        if isinstance(method, m.ConnectionClose):
+            self.send_method(0, m.ConnectionCloseOk())
+            self.flush()
+            self._finish_close()
+            return
+        expected = {
+            AWAIT_START_OK: m.ConnectionStartOk,
+            AWAIT_TUNE_OK: m.ConnectionTuneOk,
+            AWAIT_OPEN: m.ConnectionOpen,
+        }.get(state)
+        if expected is not None and not isinstance(method, expected):
+            raise ConnectionException(
+                503, f"COMMAND_INVALID - expected '{expected.NAME}', got '{method.NAME}'",
+                method.CLASS_ID, method.METHOD_ID,
+            )
+        if isinstance(method, m.ConnectionStartOk):
+            self._on_start_ok(method)
+        elif isinstance(method, m.ConnectionTuneOk):
+            self._on_tune_ok(method)
+        elif isinstance(method, m.ConnectionOpen):
+            self._on_open(method)
+        else:
+            raise ConnectionException(
+                503, f"COMMAND_INVALID - unexpected method '{method.NAME}' on channel 0",
+                method.CLASS_ID, method.METHOD_ID,
+            )
+
+    def _on_start_ok(self, method) -> None:
+        self.client_properties = method.client_properties or {}
+        capabilities = self.client_properties.get("capabilities")
+        self.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
+        response = method.response if isinstance(method.response, bytes) else str(method.response).encode()
+        try:
+            self.principal = self.broker.auth.authenticate(method.mechanism, response, self.peer_host)
+        except AuthError as exc:
+            log.info("connection %s: authentication failed: %s", self.peer, exc)
+            raise ConnectionException(403, f"ACCESS_REFUSED - {exc}", method.CLASS_ID, method.METHOD_ID) from exc
+        if self._over_limit:
+            raise ConnectionException(530, "NOT_ALLOWED - connection limit reached",
+                                      method.CLASS_ID, method.METHOD_ID)
+        self.state = AWAIT_TUNE_OK
+        self.send_method(0, m.ConnectionTune(
+            channel_max=self.config.channel_max,
+            frame_max=self.config.frame_max,
+            heartbeat=self.config.heartbeat,
+        ))
+
+    def _on_tune_ok(self, method) -> None:
+        frame_max = method.frame_max or self.config.frame_max
+        if frame_max < FRAME_MIN_SIZE or frame_max > self.config.frame_max:
+            raise ConnectionException(
+                530, f"NOT_ALLOWED - frame_max={frame_max} outside [{FRAME_MIN_SIZE}, {self.config.frame_max}]",
+                method.CLASS_ID, method.METHOD_ID,
+            )
+        channel_max = method.channel_max or self.config.channel_max
+        if channel_max > self.config.channel_max:
+            raise ConnectionException(
+                530, f"NOT_ALLOWED - channel_max={channel_max} above {self.config.channel_max}",
+                method.CLASS_ID, method.METHOD_ID,
+            )
+        self.frame_max = frame_max
+        self.reader.frame_max = frame_max
+        self.channel_max = channel_max
+        self.heartbeat = method.heartbeat
+        self.state = AWAIT_OPEN
+        if self.heartbeat > 0:
+            self._schedule_heartbeat()
+
+    def _on_open(self, method) -> None:
+        vhost = method.virtual_host or "/"
+        if vhost not in self.broker.machine.vhosts:
+            raise ConnectionException(530, f"NOT_ALLOWED - vhost '{vhost}' not found",
+                                      method.CLASS_ID, method.METHOD_ID)
+        if not self.principal.may_access_vhost(vhost):
+            raise ConnectionException(
+                530, f"NOT_ALLOWED - access to vhost '{vhost}' refused for user '{self.principal.name}'",
+                method.CLASS_ID, method.METHOD_ID,
+            )
+        self.vhost = vhost
+        self.state = OPEN
+        self.send_method(0, m.ConnectionOpenOk(known_hosts=self.broker.known_hosts))
+        if self.broker.alarm:
+            self.set_blocked(self.broker.alarm)
+
+    # ------------------------------------------------------------------ closing
+
+    def close_connection(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+        """Server-initiated close: send connection.close, ignore all but close-ok, then hang up."""
+        if self.state in (CLOSING, CLOSED):
+            return
+        log.info("connection %s: closing with %s %s", self.peer, code, text)
+        if self.state == AWAIT_START_OK and code == 403:
+            # Authentication failure: RabbitMQ's authentication_failure_close capability.
+            pass
+        self.state = CLOSING
+        self.send_method(0, m.ConnectionClose(reply_code=code, reply_text=text[:255],
+                                              class_id=class_id, method_id=method_id))
+        self.flush()
+        self._close_handle = self._loop.call_later(CLOSE_OK_TIMEOUT, self._finish_close)
+
+    def _finish_close(self) -> None:
+        if self.state == CLOSED:
+            return
+        self.flush()
+        self.state = CLOSED
+        self._cancel_timers()
+        self.transport.close()
+
+    def _cancel_timers(self) -> None:
+        for handle in (self._heartbeat_handle, self._close_handle):
+            if handle is not None:
+                handle.cancel()
+        self._heartbeat_handle = self._close_handle = None
+
+    # ------------------------------------------------------------------ heartbeats
+
+    def _schedule_heartbeat(self) -> None:
+        self._heartbeat_handle = self._loop.call_later(self.heartbeat / 2, self._on_heartbeat_timer)
+
+    def _on_heartbeat_timer(self) -> None:
+        if self.state == CLOSED:
+            return
+        if self._received:
+            self._received = False
+            self._missed_beats = 0
+        else:
+            self._missed_beats += 1
+            # 0-9-1 general 4.2.7: a peer silent for two heartbeat intervals is dead.
+            if self._missed_beats >= 4:
+                log.info("connection %s: missed heartbeats, closing", self.peer)
+                self.state = CLOSED
+                self.transport.close()
+                return
+        if not self._sent:
+            self.transport.write(HEARTBEAT_FRAME)
+        self._sent = False
+        self._schedule_heartbeat()
+
+    # ------------------------------------------------------------------ resource alarms
+
+    def set_blocked(self, reason: str | None) -> None:
+        if self.state != OPEN:
+            self.blocked_reason = reason
+            return
+        notify = bool(self.client_capabilities.get("connection.blocked"))
+        if reason and not self.blocked_reason:
+            self.blocked_reason = reason
+            if notify:
+                self.send_method(0, m.ConnectionBlocked(reason=reason))
+            if self.is_publisher:
+                self._pause_reading()
+        elif not reason and self.blocked_reason:
+            self.blocked_reason = None
+            if notify:
+                self.send_method(0, m.ConnectionUnblocked())
+            if self._reading_paused:
+                self._reading_paused = False
+                self.transport.resume_reading()
+        self.flush()
+
+    def _pause_reading(self) -> None:
+        self._reading_paused = True
+        self.transport.pause_reading()
+
+
+class _IgnoringChannel:
+    """Swallows a stray channel.close-ok for a channel already forgotten."""
+
+    def on_method(self, method) -> None:
+        return None
+
+
+_IGNORE_CHANNEL = _IgnoringChannel()

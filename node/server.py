@@ -1,0 +1,102 @@
+"""The node's TCP server: reads the protocol header and hands the socket to the matching front end."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from raftmq.ops.config import Config
+from raftmq.protocol.amqp091.constants import PROTOCOL_HEADER as AMQP091_HEADER
+
+from .amqp091.connection import Amqp091Connection
+from .broker import Broker
+
+log = logging.getLogger(__name__)
+
+HEADER_TIMEOUT = 10.0  # seconds a client may take to send its 8-byte protocol header
+
+
+class HeaderSniffer(asyncio.Protocol):
+    """Reads the 8-byte protocol header, then swaps in the front end's protocol object.
+
+    0-9-1 general spec 4.2.2: a server that does not support the requested protocol writes back
+    the header of a protocol it does support and closes the socket.
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._buffer = b""
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._timer = asyncio.get_running_loop().call_later(HEADER_TIMEOUT, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        if len(self._buffer) < 8:
+            if not AMQP091_HEADER.startswith(self._buffer[:8]) and not self._buffer.startswith(b"AMQP"[: len(self._buffer)]):
+                self._refuse()
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        header, rest = self._buffer[:8], self._buffer[8:]
+        if header == AMQP091_HEADER:
+            front_end = Amqp091Connection(self.broker, self._transport)
+            self._transport.set_protocol(front_end)
+            front_end.start(rest)
+        else:
+            self._refuse()
+
+    def _refuse(self) -> None:
+        log.info("refusing connection with protocol header %r", self._buffer[:8])
+        if self._timer is not None:
+            self._timer.cancel()
+        self._transport.write(AMQP091_HEADER)
+        self._transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
+    broker = Broker(config)
+    await broker.start()
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: HeaderSniffer(broker), config.host, config.port,
+                                      reuse_address=True, backlog=1024)
+    log.info("raftmq node %s listening on %s:%d (data in %s)", config.node_id, config.host, config.port,
+             config.resolved_data_dir())
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    if ready is not None:
+        ready.set()
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        server.close()
+        for endpoint in list(broker.endpoints.values()):
+            close = getattr(endpoint, "close_connection", None)
+            if close is not None:
+                close(320, "CONNECTION_FORCED - broker shutdown")
+        await asyncio.sleep(0.05)
+        await broker.stop()
+
+
+def run(config: Config) -> None:
+    if config.use_uvloop:
+        try:
+            import uvloop
+
+            uvloop.install()
+        except ImportError:
+            log.info("uvloop not available; using the default asyncio loop")
+    asyncio.run(serve(config))

@@ -1,0 +1,85 @@
+"""Node configuration: defaults embedded here, overridden by a TOML file, then env vars, then flags.
+
+Every setting has a documented default so that `raftmq server` runs with no configuration at all
+(listening on 127.0.0.1:5672, data under ./data/<node-id>).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class UserConfig:
+    password: str
+    # vhost -> (configure, write, read) regular expressions, as RabbitMQ's permissions.
+    permissions: dict[str, tuple[str, str, str]] = field(default_factory=lambda: {"/": (".*", ".*", ".*")})
+    loopback_only: bool = False
+
+
+@dataclass
+class Config:
+    node_id: str = "n1"
+    host: str = "127.0.0.1"
+    port: int = 5672
+    data_dir: str = ""  # default: ./data/<node_id>
+    vhosts: list[str] = field(default_factory=lambda: ["/"])
+    users: dict[str, UserConfig] = field(
+        default_factory=lambda: {"guest": UserConfig("guest", loopback_only=True)}
+    )
+    frame_max: int = 131072
+    channel_max: int = 2047
+    heartbeat: int = 60  # seconds offered in connection.tune; 0 disables
+    max_message_size: int = 128 * 1024 * 1024
+    max_connections: int = 10_000
+    memory_high_watermark: int = 1024 * 1024 * 1024  # bytes of queued message bodies
+    disk_free_limit: int = 50 * 1024 * 1024
+    use_uvloop: bool = True
+    log_level: str = "INFO"
+
+    def resolved_data_dir(self) -> str:
+        return self.data_dir or os.path.join("data", self.node_id)
+
+
+_ENV_PREFIX = "RAFTMQ_"
+
+
+def load_config(path: str | None = None, overrides: dict | None = None) -> Config:
+    """Defaults <- TOML file <- RAFTMQ_* environment variables <- explicit overrides (CLI flags)."""
+    values: dict = {}
+    if path:
+        with open(path, "rb") as fh:
+            values.update(tomllib.load(fh))
+    scalar = {f.name: f.type for f in fields(Config) if f.name not in ("users", "vhosts")}
+    for name in scalar:
+        env = os.environ.get(_ENV_PREFIX + name.upper())
+        if env is not None:
+            values[name] = env
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            values[key] = value
+    config = Config()
+    for key, value in values.items():
+        if key == "users":
+            config.users = {
+                name: UserConfig(
+                    password=spec["password"],
+                    permissions={vh: tuple(p) for vh, p in spec.get("permissions", {"/": [".*"] * 3}).items()},
+                    loopback_only=bool(spec.get("loopback_only", False)),
+                )
+                for name, spec in value.items()
+            }
+        elif key == "vhosts":
+            config.vhosts = list(value)
+        elif key in scalar:
+            default = getattr(config, key)
+            if isinstance(default, bool):
+                value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+            elif isinstance(default, int):
+                value = int(value)
+            setattr(config, key, value)
+        else:
+            raise ValueError(f"unknown configuration key {key!r}")
+    return config

@@ -1,0 +1,104 @@
+"""The single-node log: group commit into the state machine, replies released after fsync.
+
+This is the same contract the Raft log offers (``submit(command)``; outputs handed to a callback in
+log order), for a cluster of one. Commands submitted during one event-loop iteration become one
+batch: every connection's data received in that iteration is applied in one LMDB transaction, with
+no timer added to anyone's latency (group commit). A batch that promised durability (a confirm, a
+durable declare) has its outputs held back until an fsync that covers it completes; later batches
+wait behind it so that every connection sees its outputs in log order. The fsync runs in a worker
+thread while the loop keeps applying new batches, and one fsync covers every batch committed
+before it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+from raftmq.store.machine import StateMachine
+
+log = logging.getLogger(__name__)
+
+OutputsCallback = Callable[[list], None]
+
+
+class LocalLog:
+    def __init__(self, machine: StateMachine, on_outputs: OutputsCallback,
+                 clock: Callable[[], int] = time.time_ns) -> None:
+        self.machine = machine
+        self._on_outputs = on_outputs
+        self._clock = clock
+        self._pending: list[list] = []
+        self._scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._batch_no = 0
+        self._synced_upto = 0
+        self._sync_wanted_upto = 0
+        self._syncing = False
+        self._held: deque[tuple[int, list]] = deque()
+        self.batches_applied = 0
+        self.commands_applied = 0
+
+    @property
+    def backlog(self) -> int:
+        """Batches applied but not yet released (waiting for an fsync)."""
+        return len(self._held)
+
+    def submit(self, command: list) -> None:
+        self._pending.append(command)
+        if not self._scheduled:
+            self._scheduled = True
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        now_us = self._clock() // 1000
+        outputs = self.machine.apply_batch(now_us, batch)
+        self.batches_applied += 1
+        self.commands_applied += len(batch)
+        self._batch_no += 1
+        needs = self._batch_no if self.machine.sync_needed else 0
+        if needs:
+            self._sync_wanted_upto = self._batch_no
+        if not self._held and needs == 0:
+            if outputs:
+                self._on_outputs(outputs)
+            return
+        self._held.append((needs, outputs))
+        self._start_sync()
+        self._release()
+
+    def _release(self) -> None:
+        while self._held and self._held[0][0] <= self._synced_upto:
+            _, outputs = self._held.popleft()
+            if outputs:
+                self._on_outputs(outputs)
+
+    def _start_sync(self) -> None:
+        if self._syncing or self._sync_wanted_upto <= self._synced_upto or self.machine.store is None:
+            if self.machine.store is None:
+                self._synced_upto = self._sync_wanted_upto
+            return
+        self._syncing = True
+        target = self._batch_no
+        future = self._loop.run_in_executor(None, self.machine.store.sync)
+        future.add_done_callback(lambda f: self._sync_done(f, target))
+
+    def _sync_done(self, future: asyncio.Future, target: int) -> None:
+        self._syncing = False
+        exc = future.exception()
+        if exc is not None:
+            # Without a working disk nothing promised can be kept: stop rather than lie.
+            log.critical("fsync of the LMDB environment failed: %s", exc)
+            raise SystemExit(70)
+        self._synced_upto = max(self._synced_upto, target)
+        self._release()
+        self._start_sync()

@@ -1,0 +1,3 @@
+from raftmq.ops.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""Commands: the only way broker state changes.
+
+A command is a plain list ``[op, conn, token, *args]`` so that it packs with msgpack and can travel
+through a Raft log unchanged. ``conn`` is the connection id that issued it (None for internal
+commands), ``token`` the issuer's request id to answer (None when no reply is wanted). The state
+machine applies a *batch* of commands with one timestamp stamped by the proposer (the leader), so
+apply never reads a clock.
+
+Results are ``(OK, value)`` or ``(ERR, reply_code, reply_text)``; the reply codes are AMQP 0-9-1's,
+which every front end translates for its own protocol.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Op(IntEnum):
+    CHANNEL_OPEN = 1
+    CHANNEL_CLOSE = 2
+    CONNECTION_CLOSE = 3
+    QOS = 4
+    FLOW = 5
+    EXCHANGE_DECLARE = 10
+    EXCHANGE_DELETE = 11
+    EXCHANGE_BIND = 12
+    EXCHANGE_UNBIND = 13
+    QUEUE_DECLARE = 20
+    QUEUE_BIND = 21
+    QUEUE_UNBIND = 22
+    QUEUE_PURGE = 23
+    QUEUE_DELETE = 24
+    CONSUME = 30
+    CANCEL = 31
+    PUBLISH = 32
+    GET = 33
+    ACK = 34
+    NACK = 35
+    RECOVER = 36
+    TX_COMMIT = 40
+    TICK = 50
+    VHOST_ADD = 60
+
+
+OK = 0
+ERR = 1
+
+# Publish outcomes (the value of an OK publish result).
+ROUTED = 0
+UNROUTABLE = 1
+REJECTED = 2  # a queue with x-overflow=reject-publish refused it: nack the publisher
+
+# Output kinds, the second item of every output tuple ``(conn, kind, ...)``.
+OUT_REPLY = 0  # (conn, OUT_REPLY, token, result)
+OUT_DELIVER = 1  # (conn, OUT_DELIVER, channel, consumer_tag, delivery)
+OUT_CANCEL = 2  # (conn, OUT_CANCEL, channel, consumer_tag): server-side consumer cancel
+
+
+def ok(value: object = None) -> tuple:
+    return (OK, value)
+
+
+def err(code: int, text: str) -> tuple:
+    return (ERR, code, text)

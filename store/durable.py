@@ -1,0 +1,222 @@
+"""The LMDB mirror of durable broker state.
+
+One LMDB environment per node with named databases (tables). The state machine writes through a
+``DurableWriter`` during one apply batch (one write transaction per batch: group commit); the node
+loads everything back with ``DurableStore.load`` at start.
+
+Key layouts (all big-endian so LMDB's byte order is the natural order):
+  meta        b"counters" -> msgpack [next_qid, next_msg_id]; b"applied" -> msgpack index
+  vhosts      name (utf-8) -> b""
+  exchanges   msgpack [vhost, name] -> msgpack [type, auto_delete, internal, arguments]
+  queues      msgpack [vhost, name] -> msgpack [qid, auto_delete, arguments]
+  bindings    msgpack [vhost, source, dest_is_queue, destination, routing_key, arguments] -> b""
+  messages    u64 message id -> msgpack [exchange, routing_key, properties, body, priority, published_at]
+  entries     u64 qid + u64 seq -> msgpack [message id, expires_at, priority, delivery_count]
+
+Why LMDB's own ``sync=False`` plus an explicit ``sync()``: commits then cost no fsync, and the node
+fsyncs once for every batch that promised durability (a confirm, a durable declare) before it
+releases that batch's replies. A kill -9 loses nothing either way (the page cache survives it);
+the fsync is for power loss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from dataclasses import dataclass, field
+
+import lmdb
+import msgpack
+
+_U64 = struct.Struct(">Q")
+_QID_SEQ = struct.Struct(">QQ")
+
+TABLES = ("meta", "vhosts", "exchanges", "queues", "bindings", "messages", "entries")
+
+
+def _pack(obj: object) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _unpack(data: bytes) -> object:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def entry_key(qid: int, seq: int) -> bytes:
+    return _QID_SEQ.pack(qid, seq)
+
+
+@dataclass(slots=True)
+class LoadedState:
+    """Everything read back from LMDB at start, in key order."""
+
+    counters: tuple[int, int] = (1, 1)
+    applied_index: int = 0
+    vhosts: list[str] = field(default_factory=list)
+    exchanges: list[tuple[str, str, str, bool, bool, dict]] = field(default_factory=list)
+    queues: list[tuple[str, str, int, bool, dict]] = field(default_factory=list)
+    bindings: list[tuple[str, str, bool, str, str, dict]] = field(default_factory=list)
+    messages: dict[int, list] = field(default_factory=dict)
+    entries: list[tuple[int, int, list]] = field(default_factory=list)
+
+
+class DurableStore:
+    """Owns the LMDB environment of one node."""
+
+    def __init__(self, path: str, map_size: int = 1 << 40) -> None:
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        self.env = lmdb.open(
+            path,
+            map_size=map_size,
+            max_dbs=len(TABLES) + 4,
+            sync=False,
+            metasync=False,
+            max_readers=256,
+        )
+        self.db = {name: self.env.open_db(name.encode()) for name in TABLES}
+
+    def close(self) -> None:
+        self.env.close()
+
+    def sync(self) -> None:
+        """fsync everything committed so far (called off the event loop)."""
+        self.env.sync(True)
+
+    def writer(self) -> DurableWriter:
+        return DurableWriter(self)
+
+    def load(self) -> LoadedState:
+        state = LoadedState()
+        db = self.db
+        with self.env.begin() as txn:
+            raw = txn.get(b"counters", db=db["meta"])
+            if raw is not None:
+                state.counters = tuple(_unpack(raw))
+            raw = txn.get(b"applied", db=db["meta"])
+            if raw is not None:
+                state.applied_index = _unpack(raw)
+            state.vhosts = [bytes(k).decode() for k, _ in txn.cursor(db=db["vhosts"])]
+            for k, v in txn.cursor(db=db["exchanges"]):
+                vhost, name = _unpack(k)
+                type_, auto_delete, internal, args = _unpack(v)
+                state.exchanges.append((vhost, name, type_, auto_delete, internal, args))
+            for k, v in txn.cursor(db=db["queues"]):
+                vhost, name = _unpack(k)
+                qid, auto_delete, args = _unpack(v)
+                state.queues.append((vhost, name, qid, auto_delete, args))
+            for k, _ in txn.cursor(db=db["bindings"]):
+                state.bindings.append(tuple(_unpack(k)))
+            for k, v in txn.cursor(db=db["messages"]):
+                state.messages[_U64.unpack(k)[0]] = _unpack(v)
+            for k, v in txn.cursor(db=db["entries"]):
+                qid, seq = _QID_SEQ.unpack(k)
+                state.entries.append((qid, seq, _unpack(v)))
+        return state
+
+    def digest(self) -> str:
+        """SHA-256 over every table's keys and values in key order: equal state, equal digest."""
+        h = hashlib.sha256()
+        with self.env.begin() as txn:
+            for table in TABLES:
+                h.update(table.encode() + b"\x00")
+                for k, v in txn.cursor(db=self.db[table]):
+                    h.update(len(k).to_bytes(4, "big") + k + len(v).to_bytes(4, "big") + v)
+        return h.hexdigest()
+
+    def table_items(self, table: str) -> list[tuple[bytes, bytes]]:
+        with self.env.begin() as txn:
+            return [(bytes(k), bytes(v)) for k, v in txn.cursor(db=self.db[table])]
+
+
+class DurableWriter:
+    """The write side used by one apply batch; opens its LMDB transaction only when needed."""
+
+    __slots__ = ("_store", "_txn", "sync_needed")
+
+    def __init__(self, store: DurableStore) -> None:
+        self._store = store
+        self._txn: lmdb.Transaction | None = None
+        self.sync_needed = False
+
+    @property
+    def txn(self) -> lmdb.Transaction:
+        if self._txn is None:
+            self._txn = self._store.env.begin(write=True)
+        return self._txn
+
+    @property
+    def touched(self) -> bool:
+        return self._txn is not None
+
+    def commit(self, counters: tuple[int, int], applied_index: int | None) -> None:
+        if self._txn is None and applied_index is None:
+            return
+        txn = self.txn
+        meta = self._store.db["meta"]
+        txn.put(b"counters", _pack(list(counters)), db=meta)
+        if applied_index is not None:
+            txn.put(b"applied", _pack(applied_index), db=meta)
+        txn.commit()
+        self._txn = None
+
+    def abort(self) -> None:
+        if self._txn is not None:
+            self._txn.abort()
+            self._txn = None
+
+    def _put(self, table: str, key: bytes, value: bytes, durable_promise: bool = True) -> None:
+        self.txn.put(key, value, db=self._store.db[table])
+        if durable_promise:
+            self.sync_needed = True
+
+    def _delete(self, table: str, key: bytes) -> None:
+        self.txn.delete(key, db=self._store.db[table])
+
+    def put_vhost(self, name: str) -> None:
+        self._put("vhosts", name.encode(), b"")
+
+    def put_exchange(self, vhost: str, name: str, type_: str, auto_delete: bool, internal: bool, args: dict):
+        self._put("exchanges", _pack([vhost, name]), _pack([type_, auto_delete, internal, args]))
+
+    def delete_exchange(self, vhost: str, name: str) -> None:
+        self._delete("exchanges", _pack([vhost, name]))
+        self.sync_needed = True
+
+    def put_queue(self, vhost: str, name: str, qid: int, auto_delete: bool, args: dict) -> None:
+        self._put("queues", _pack([vhost, name]), _pack([qid, auto_delete, args]))
+
+    def delete_queue(self, vhost: str, name: str, qid: int) -> None:
+        self._delete("queues", _pack([vhost, name]))
+        txn, entries = self.txn, self._store.db["entries"]
+        cursor = txn.cursor(db=entries)
+        prefix = _U64.pack(qid)
+        if cursor.set_range(prefix):
+            while cursor.key()[:8] == prefix:
+                if not cursor.delete():
+                    break
+        self.sync_needed = True
+
+    @staticmethod
+    def binding_key(vhost: str, source: str, dest_is_queue: bool, dest: str, rk: str, args: dict) -> bytes:
+        return _pack([vhost, source, dest_is_queue, dest, rk, args])
+
+    def put_binding(self, key: bytes) -> None:
+        self._put("bindings", key, b"")
+
+    def delete_binding(self, key: bytes) -> None:
+        self._delete("bindings", key)
+        self.sync_needed = True
+
+    def put_message(self, msg_id: int, record: list) -> None:
+        self._put("messages", _U64.pack(msg_id), _pack(record))
+
+    def delete_message(self, msg_id: int) -> None:
+        self._delete("messages", _U64.pack(msg_id))
+
+    def put_entry(self, qid: int, seq: int, record: list, durable_promise: bool = True) -> None:
+        self._put("entries", _QID_SEQ.pack(qid, seq), _pack(record), durable_promise)
+
+    def delete_entry(self, qid: int, seq: int) -> None:
+        self._delete("entries", _QID_SEQ.pack(qid, seq))

@@ -1,0 +1,1025 @@
+"""The broker state machine: the protocol-independent core every front end drives.
+
+``StateMachine.apply_batch(now, commands)`` applies a batch of commands (see ``commands.py``) in
+order and returns the *outputs* for the connections involved, in order: replies to requests,
+deliveries to consumers, server-side consumer cancels. Same commands in, same state and outputs on
+every node: apply never reads a clock (``now`` comes with the batch, stamped by the proposer), never
+draws random numbers, never iterates a ``set`` (hash order varies per process), and never does I/O
+except writing the durable mirror through ``DurableWriter`` (one LMDB write transaction per batch).
+
+Routing, queueing, delivery assignment to consumers (round-robin among consumers with credit),
+acknowledgements, TTL, dead-lettering, length limits and priorities all happen here, so every
+node agrees where each message went and who holds it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from .commands import (
+    ERR,
+    OK,
+    OUT_CANCEL,
+    OUT_DELIVER,
+    OUT_REPLY,
+    REJECTED,
+    ROUTED,
+    UNROUTABLE,
+    Op,
+    ok,
+)
+from .durable import DurableStore, DurableWriter
+from .model import ChannelState, Consumer, Entry, Exchange, Message, Queue, ReadyList, VHost
+from .routing import Binding
+from .values import as_int
+
+log = logging.getLogger(__name__)
+
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+DEFAULT_EXCHANGES = (
+    ("", "direct"),
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+# The x-arguments whose value must match on a queue redeclare (as RabbitMQ checks them).
+EQUIVALENCE_ARGS = (
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-overflow",
+    "x-max-priority",
+    "x-expires",
+)
+REPLY_NAMES = {
+    311: "CONTENT_TOO_LARGE",
+    312: "NO_ROUTE",
+    313: "NO_CONSUMERS",
+    320: "CONNECTION_FORCED",
+    402: "INVALID_PATH",
+    403: "ACCESS_REFUSED",
+    404: "NOT_FOUND",
+    405: "RESOURCE_LOCKED",
+    406: "PRECONDITION_FAILED",
+    501: "FRAME_ERROR",
+    502: "SYNTAX_ERROR",
+    503: "COMMAND_INVALID",
+    504: "CHANNEL_ERROR",
+    505: "UNEXPECTED_FRAME",
+    506: "RESOURCE_ERROR",
+    530: "NOT_ALLOWED",
+    540: "NOT_IMPLEMENTED",
+    541: "INTERNAL_ERROR",
+}
+HARD_ERRORS = frozenset((320, 402, 501, 502, 503, 504, 505, 506, 530, 540, 541))
+
+
+class CommandError(Exception):
+    """A command refused by the state: becomes an ``(ERR, code, text)`` result."""
+
+    def __init__(self, code: int, text: str) -> None:
+        super().__init__(code, text)
+        self.code = code
+        self.text = f"{REPLY_NAMES.get(code, 'ERROR')} - {text}"
+
+
+def _b(flag: bool) -> str:
+    return "true" if flag else "false"
+
+
+class StateMachine:
+    def __init__(self, store: DurableStore | None = None) -> None:
+        self.store = store
+        self.vhosts: dict[str, VHost] = {}
+        self.channels: dict[str, dict[int, ChannelState]] = {}
+        self.exclusive_queues: dict[str, dict[int, Queue]] = {}
+        self.queues_by_id: dict[int, Queue] = {}
+        # Reverse binding index: (vhost, dest_is_queue, destination) -> bindings pointing at it.
+        self.inbound: dict[tuple[str, bool, str], list[Binding]] = {}
+        self.expiring: dict[int, Queue] = {}  # queues whose ready head may carry an expiry
+        self.idle_expiring: dict[int, Queue] = {}  # queues with x-expires
+        self.queue_last_used: dict[int, int] = {}
+        self.next_qid = 1
+        self.next_msg_id = 1
+        self.applied_index = 0
+        self.message_bytes = 0  # bodies held in queues: the memory alarm watches it
+        self._now = 0
+        self._out: list = []
+        self._dirty: dict[int, Queue] = {}
+        self._w: DurableWriter | None = None
+        self._handlers: dict[int, Callable[[list], object]] = {
+            Op.CHANNEL_OPEN: self._channel_open,
+            Op.CHANNEL_CLOSE: self._channel_close,
+            Op.CONNECTION_CLOSE: self._connection_close,
+            Op.QOS: self._qos,
+            Op.FLOW: self._flow,
+            Op.EXCHANGE_DECLARE: self._exchange_declare,
+            Op.EXCHANGE_DELETE: self._exchange_delete,
+            Op.EXCHANGE_BIND: self._exchange_bind,
+            Op.EXCHANGE_UNBIND: self._exchange_unbind,
+            Op.QUEUE_DECLARE: self._queue_declare,
+            Op.QUEUE_BIND: self._queue_bind,
+            Op.QUEUE_UNBIND: self._queue_unbind,
+            Op.QUEUE_PURGE: self._queue_purge,
+            Op.QUEUE_DELETE: self._queue_delete,
+            Op.CONSUME: self._consume,
+            Op.CANCEL: self._cancel,
+            Op.PUBLISH: self._publish,
+            Op.GET: self._get,
+            Op.ACK: self._ack,
+            Op.NACK: self._nack,
+            Op.RECOVER: self._recover,
+            Op.TX_COMMIT: self._tx_commit,
+            Op.TICK: self._tick,
+            Op.VHOST_ADD: self._vhost_add,
+        }
+        if store is not None:
+            self._load(store)
+
+    # ------------------------------------------------------------------ applying
+
+    @property
+    def sync_needed(self) -> bool:
+        return self._w is not None and self._w.sync_needed
+
+    def apply_batch(self, now: int, commands: list, index: int | None = None) -> list:
+        """Apply ``commands`` at time ``now`` (microseconds); return the outputs in order."""
+        self._now = now
+        self._out = out = []
+        self._w = self.store.writer() if self.store is not None else None
+        for command in commands:
+            self._apply_one(command)
+        if index is not None:
+            self.applied_index = index
+        if self._w is not None:
+            try:
+                self._w.commit((self.next_qid, self.next_msg_id), index)
+            except Exception:
+                self._w.abort()
+                raise
+        return out
+
+    def _apply_one(self, command: list) -> None:
+        op = command[0]
+        try:
+            result = self._handlers[op](command)
+            if result is None or result.__class__ is not tuple or result[0] not in (OK, ERR):
+                result = (OK, result)
+        except CommandError as exc:
+            result = (ERR, exc.code, exc.text)
+            if exc.code not in HARD_ERRORS and len(command) > 3 and command[1] is not None:
+                # A channel exception closes the channel: later commands from it are refused.
+                self._close_channel(command[1], command[3])
+        except Exception:  # a bug must not take the node down: answer internal-error
+            log.exception("apply failed for op %s", op)
+            result = (ERR, 541, "INTERNAL_ERROR - internal error applying command")
+        token = command[2] if len(command) > 2 else None
+        if token is not None:
+            self._out.append((command[1], OUT_REPLY, token, result))
+        if self._dirty:
+            dirty, self._dirty = self._dirty, {}
+            for queue in dirty.values():
+                self._dispatch(queue)
+
+    # ------------------------------------------------------------------ lookups
+
+    def _vhost(self, name: str) -> VHost:
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            raise CommandError(530, f"vhost '{name}' not found")
+        return vhost
+
+    def _channel(self, conn: str, number: int) -> ChannelState:
+        ch = self.channels.get(conn, {}).get(number)
+        if ch is None:
+            raise CommandError(504, f"channel {number} is not open")
+        return ch
+
+    def _queue(self, vhost: VHost, name: str, conn: str | None = None) -> Queue:
+        queue = vhost.queues.get(name)
+        if queue is None:
+            raise CommandError(404, f"no queue '{name}' in vhost '{vhost.name}'")
+        if conn is not None and queue.exclusive_owner not in (None, conn):
+            raise CommandError(
+                405,
+                f"cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost.name}'. "
+                "It could be originally declared on another connection or the exclusive property "
+                "value does not match that of the original declaration.",
+            )
+        return queue
+
+    def _exchange(self, vhost: VHost, name: str) -> Exchange:
+        exchange = vhost.exchanges.get(name)
+        if exchange is None:
+            raise CommandError(404, f"no exchange '{name}' in vhost '{vhost.name}'")
+        return exchange
+
+    # ------------------------------------------------------------------ vhosts, channels, connections
+
+    def _vhost_add(self, cmd: list) -> None:
+        name = cmd[3]
+        if name in self.vhosts:
+            return None
+        vhost = self.vhosts[name] = VHost(name)
+        for ex_name, ex_type in DEFAULT_EXCHANGES:
+            vhost.exchanges[ex_name] = Exchange(name, ex_name, ex_type, True, False, False, {})
+        if self._w is not None:
+            self._w.put_vhost(name)
+        return None
+
+    def _channel_open(self, cmd: list) -> None:
+        conn, number = cmd[1], cmd[3]
+        channels = self.channels.setdefault(conn, {})
+        if number in channels:
+            raise CommandError(504, f"channel {number} already open")
+        channels[number] = ChannelState(conn, number)
+
+    def _channel_close(self, cmd: list) -> None:
+        self._close_channel(cmd[1], cmd[3])
+
+    def _close_channel(self, conn: str, number: int) -> None:
+        channels = self.channels.get(conn)
+        ch = channels.pop(number, None) if channels else None
+        if ch is None:
+            return
+        for consumer in list(ch.consumers.values()):
+            self._remove_consumer(consumer)
+        self._requeue_all(ch)
+
+    def _connection_close(self, cmd: list) -> None:
+        conn = cmd[1]
+        for number in list(self.channels.get(conn, {})):
+            self._close_channel(conn, number)
+        self.channels.pop(conn, None)
+        for queue in list(self.exclusive_queues.pop(conn, {}).values()):
+            self._delete_queue(queue)
+
+    def _qos(self, cmd: list) -> None:
+        _, conn, _, number, prefetch_count, global_ = cmd
+        ch = self._channel(conn, number)
+        if global_:
+            ch.prefetch_count = prefetch_count
+        else:
+            ch.consumer_prefetch = prefetch_count
+        for consumer in ch.consumers.values():
+            self._dirty[consumer.queue.qid] = consumer.queue
+
+    def _flow(self, cmd: list) -> bool:
+        _, conn, _, number, active = cmd
+        ch = self._channel(conn, number)
+        ch.active = bool(active)
+        if active:
+            for consumer in ch.consumers.values():
+                self._dirty[consumer.queue.qid] = consumer.queue
+        return ch.active
+
+    # ------------------------------------------------------------------ exchanges
+
+    def _exchange_declare(self, cmd: list) -> None:
+        _, conn, _, number, vhost_name, name, type_, passive, durable, auto_delete, internal, args = cmd
+        self._channel(conn, number)
+        vhost = self._vhost(vhost_name)
+        existing = vhost.exchanges.get(name)
+        if passive:
+            if existing is None:
+                raise CommandError(404, f"no exchange '{name}' in vhost '{vhost_name}'")
+            return None
+        if name == "":
+            raise CommandError(403, "operation not permitted on the default exchange")
+        if name.startswith("amq.") and existing is None:
+            raise CommandError(
+                403, f"exchange name '{name}' contains reserved prefix 'amq.*'"
+            )
+        if existing is not None:
+            for what, got, have in (
+                ("type", type_, existing.type),
+                ("durable", durable, existing.durable),
+                ("auto_delete", auto_delete, existing.auto_delete),
+                ("internal", internal, existing.internal),
+            ):
+                if got != have:
+                    got_s = got if isinstance(got, str) else _b(got)
+                    have_s = have if isinstance(have, str) else _b(have)
+                    raise CommandError(
+                        406,
+                        f"inequivalent arg '{what}' for exchange '{name}' in vhost '{vhost_name}': "
+                        f"received '{got_s}' but current is '{have_s}'",
+                    )
+            return None
+        if type_ not in EXCHANGE_TYPES:
+            raise CommandError(503, f"unknown exchange type '{type_}'")
+        vhost.exchanges[name] = Exchange(vhost_name, name, type_, durable, auto_delete, internal, args)
+        if durable and self._w is not None:
+            self._w.put_exchange(vhost_name, name, type_, auto_delete, internal, args)
+        return None
+
+    def _exchange_delete(self, cmd: list) -> None:
+        _, conn, _, number, vhost_name, name, if_unused = cmd
+        self._channel(conn, number)
+        vhost = self._vhost(vhost_name)
+        if name == "":
+            raise CommandError(403, "operation not permitted on the default exchange")
+        if name.startswith("amq."):
+            raise CommandError(403, f"exchange '{name}' in vhost '{vhost_name}' is reserved")
+        exchange = vhost.exchanges.get(name)
+        if exchange is None:
+            return None  # RabbitMQ answers delete-ok for a missing exchange
+        if if_unused and exchange.bindings:
+            raise CommandError(406, f"exchange '{name}' in vhost '{vhost_name}' in use")
+        self._delete_exchange(exchange)
+        return None
+
+    def _delete_exchange(self, exchange: Exchange) -> None:
+        vhost = self.vhosts[exchange.vhost]
+        if vhost.exchanges.get(exchange.name) is not exchange:
+            return
+        for binding in list(exchange.bindings):
+            self._remove_binding(vhost, exchange, binding)
+        for binding in list(self.inbound.get((vhost.name, False, exchange.name), ())):
+            source = vhost.exchanges.get(binding.source)
+            if source is not None:
+                self._remove_binding(vhost, source, binding)
+        del vhost.exchanges[exchange.name]
+        if exchange.durable and self._w is not None:
+            self._w.delete_exchange(vhost.name, exchange.name)
+
+    def _binding_endpoints(self, vhost: VHost, source: str, dest_is_queue: bool, dest: str, conn: str):
+        if source == "" or (not dest_is_queue and dest == ""):
+            raise CommandError(403, "operation not permitted on the default exchange")
+        exchange = self._exchange(vhost, source)
+        if dest_is_queue:
+            target = self._queue(vhost, dest, conn)
+        else:
+            target = self._exchange(vhost, dest)
+        return exchange, target
+
+    def _exchange_bind(self, cmd: list) -> None:
+        _, conn, _, number, vhost_name, destination, source, routing_key, args = cmd
+        self._channel(conn, number)
+        vhost = self._vhost(vhost_name)
+        exchange, target = self._binding_endpoints(vhost, source, False, destination, conn)
+        self._add_binding(vhost, exchange, Binding(source, False, destination, routing_key, args),
+                          target.durable)
+
+    def _exchange_unbind(self, cmd: list) -> None:
+        _, conn, _, number, vhost_name, destination, source, routing_key, args = cmd
+        self._channel(conn, number)
+        vhost = self._vhost(vhost_name)
+        exchange, _ = self._binding_endpoints(vhost, source, False, destination, conn)
+        self._unbind(vhost, exchange, Binding(source, False, destination, routing_key, args))
+
+    def _add_binding(self, vhost: VHost, exchange: Exchange, binding: Binding, dest_durable: bool) -> None:
+        if exchange.find_binding(binding) >= 0:
+            return
+        exchange.bindings.append(binding)
+        exchange.rebuild()
+        self.inbound.setdefault((vhost.name, binding.dest_is_queue, binding.destination), []).append(binding)
+        if exchange.durable and dest_durable and self._w is not None:
+            self._w.put_binding(self._binding_key(vhost, binding))
+
+    @staticmethod
+    def _binding_key(vhost: VHost, b: Binding) -> bytes:
+        return DurableWriter.binding_key(vhost.name, b.source, b.dest_is_queue, b.destination,
+                                         b.routing_key, b.arguments)
+
+    def _unbind(self, vhost: VHost, exchange: Exchange, wanted: Binding) -> None:
+        i = exchange.find_binding(wanted)
+        if i >= 0:
+            self._remove_binding(vhost, exchange, exchange.bindings[i])
+
+    def _remove_binding(self, vhost: VHost, exchange: Exchange, binding: Binding) -> None:
+        exchange.bindings.remove(binding)
+        exchange.rebuild()
+        inbound = self.inbound.get((vhost.name, binding.dest_is_queue, binding.destination))
+        if inbound is not None:
+            inbound.remove(binding)
+            if not inbound:
+                del self.inbound[(vhost.name, binding.dest_is_queue, binding.destination)]
+        if exchange.durable and self._w is not None:
+            self._w.delete_binding(self._binding_key(vhost, binding))
+        if exchange.auto_delete and not exchange.bindings:
+            self._delete_exchange(exchange)
+
+    # ------------------------------------------------------------------ queues
+
+    def _queue_declare(self, cmd: list) -> tuple:
+        (_, conn, _, number, vhost_name, name, passive, durable, exclusive, auto_delete, args) = cmd
+        self._channel(conn, number)
+        vhost = self._vhost(vhost_name)
+        existing = vhost.queues.get(name)
+        if passive:
+            queue = self._queue(vhost, name, conn)
+            return ok((name, len(queue.ready), len(queue.consumers)))
+        if existing is not None:
+            self._queue(vhost, name, conn)  # exclusive-lock check
+            for what, got, have in (
+                ("durable", durable, existing.durable),
+                ("exclusive", exclusive, existing.exclusive_owner is not None),
+                ("auto_delete", auto_delete, existing.auto_delete),
+            ):
+                if got != have:
+                    raise CommandError(
+                        406,
+                        f"inequivalent arg '{what}' for queue '{name}' in vhost '{vhost_name}': "
+                        f"received '{_b(got)}' but current is '{_b(have)}'",
+                    )
+            for key in EQUIVALENCE_ARGS:
+                if args.get(key) != existing.arguments.get(key):
+                    raise CommandError(
+                        406,
+                        f"inequivalent arg '{key}' for queue '{name}' in vhost '{vhost_name}': "
+                        f"received {args.get(key)!r} but current is {existing.arguments.get(key)!r}",
+                    )
+            self._touch(existing)
+            return ok((name, len(existing.ready), len(existing.consumers)))
+        if name.startswith("amq."):
+            raise CommandError(403, f"queue name '{name}' contains reserved prefix 'amq.*'")
+        queue = Queue(self.next_qid, vhost_name, name, durable, conn if exclusive else None, auto_delete, args)
+        self._configure_queue(queue, args)
+        self.next_qid += 1
+        self._register_queue(vhost, queue)
+        if durable and not exclusive and self._w is not None:
+            self._w.put_queue(vhost_name, name, queue.qid, auto_delete, args)
+        return ok((name, 0, 0))
+
+    def _configure_queue(self, queue: Queue, args: dict) -> None:
+        """Validate and apply the x-arguments RabbitMQ clients use (406 on a bad value)."""
+
+        def int_arg(key: str, low: int, high: int | None = None) -> int | None:
+            if key not in args:
+                return None
+            value = as_int(args[key])
+            if value is None or value < low or (high is not None and value > high):
+                raise CommandError(
+                    406, f"invalid arg '{key}' for queue '{queue.name}' in vhost '{queue.vhost}': "
+                    f"{args[key]!r}"
+                )
+            return value
+
+        def str_arg(key: str) -> str | None:
+            if key not in args:
+                return None
+            value = args[key]
+            if isinstance(value, bytes):
+                value = value.decode("utf-8", "replace")
+            if not isinstance(value, str):
+                raise CommandError(
+                    406, f"invalid arg '{key}' for queue '{queue.name}' in vhost '{queue.vhost}': {value!r}"
+                )
+            return value
+
+        queue.message_ttl = int_arg("x-message-ttl", 0)
+        queue.max_length = int_arg("x-max-length", 0)
+        queue.max_length_bytes = int_arg("x-max-length-bytes", 0)
+        queue.max_priority = int_arg("x-max-priority", 0, 255) or 0
+        expires = int_arg("x-expires", 1)
+        queue.dead_letter_exchange = str_arg("x-dead-letter-exchange")
+        queue.dead_letter_routing_key = str_arg("x-dead-letter-routing-key")
+        overflow = str_arg("x-overflow") or "drop-head"
+        if overflow not in ("drop-head", "reject-publish", "reject-publish-dlx"):
+            raise CommandError(
+                406, f"invalid arg 'x-overflow' for queue '{queue.name}' in vhost '{queue.vhost}': {overflow!r}"
+            )
+        queue.overflow = overflow
+        queue.ready = ReadyList(queue.max_priority)
+        if expires is not None:
+            self.idle_expiring[queue.qid] = queue
+            self.queue_last_used[queue.qid] = self._now
+
+    def _register_queue(self, vhost: VHost, queue: Queue) -> None:
+        vhost.queues[queue.name] = queue
+        self.queues_by_id[queue.qid] = queue
+        if queue.exclusive_owner is not None:
+            self.exclusive_queues.setdefault(queue.exclusive_owner, {})[queue.qid] = queue
+
+    def _touch(self, queue: Queue) -> None:
+        if queue.qid in self.idle_expiring:
+            self.queue_last_used[queue.qid] = self._now
+
+    def _queue_bind(self, cmd: list) -> None:
+        _, conn, _, number, vhost_name, queue_name, exchange_name, routing_key, args = cmd
+        self._channel(conn, number)
+        vhost = self._vhost(vhost_name)
+        exchange, queue = self._binding_endpoints(vhost, exchange_name, True, queue_name, conn)
+        self._add_binding(vhost, exchange, Binding(exchange_name, True, queue_name, routing_key, args),
+                          queue.durable and queue.exclusive_owner is None)
+
+    def _queue_unbind(self, cmd: list) -> None:
+        _, conn, _, number, vhost_name, queue_name, exchange_name, routing_key, args = cmd
+        self._channel(conn, number)
+        vhost = self._vhost(vhost_name)
+        exchange, _ = self._binding_endpoints(vhost, exchange_name, True, queue_name, conn)
+        self._unbind(vhost, exchange, Binding(exchange_name, True, queue_name, routing_key, args))
+
+    def _queue_purge(self, cmd: list) -> int:
+        _, conn, _, number, vhost_name, name = cmd
+        self._channel(conn, number)
+        queue = self._queue(self._vhost(vhost_name), name, conn)
+        count = 0
+        for entry in queue.ready.drain():
+            self._drop(queue, entry)
+            count += 1
+        queue.ready_bytes = 0
+        return count
+
+    def _queue_delete(self, cmd: list) -> int:
+        _, conn, _, number, vhost_name, name, if_unused, if_empty = cmd
+        self._channel(conn, number)
+        vhost = self._vhost(vhost_name)
+        queue = vhost.queues.get(name)
+        if queue is None:
+            return 0  # RabbitMQ: deleting a missing queue succeeds with a count of 0
+        self._queue(vhost, name, conn)
+        if if_unused and queue.consumers:
+            raise CommandError(406, f"queue '{name}' in vhost '{vhost_name}' in use")
+        if if_empty and len(queue.ready):
+            raise CommandError(406, f"queue '{name}' in vhost '{vhost_name}' is not empty")
+        count = len(queue.ready)
+        self._delete_queue(queue)
+        return count
+
+    def _delete_queue(self, queue: Queue) -> None:
+        vhost = self.vhosts[queue.vhost]
+        if vhost.queues.get(queue.name) is not queue:
+            return
+        del vhost.queues[queue.name]
+        del self.queues_by_id[queue.qid]
+        self.expiring.pop(queue.qid, None)
+        self.idle_expiring.pop(queue.qid, None)
+        self.queue_last_used.pop(queue.qid, None)
+        if queue.exclusive_owner is not None:
+            self.exclusive_queues.get(queue.exclusive_owner, {}).pop(queue.qid, None)
+        for consumer in list(queue.consumers):
+            self._out.append((consumer.channel.conn, OUT_CANCEL, consumer.channel.number, consumer.tag))
+            consumer.channel.consumers.pop(consumer.tag, None)
+        queue.consumers.clear()
+        # Unacked entries are discarded with the queue; their holders forget them.
+        if queue.unacked_count:
+            for ch_map in self.channels.values():
+                for ch in ch_map.values():
+                    for key in [k for k in ch.unacked if k[0] == queue.qid]:
+                        self._release_message(ch.unacked.pop(key)[1])
+        for entry in queue.ready.drain():
+            self._release_message(entry)
+        for binding in list(self.inbound.get((vhost.name, True, queue.name), ())):
+            source = vhost.exchanges.get(binding.source)
+            if source is not None:
+                self._remove_binding(vhost, source, binding)
+        self._dirty.pop(queue.qid, None)
+        if queue.durable and queue.exclusive_owner is None and self._w is not None:
+            self._w.delete_queue(vhost.name, queue.name, queue.qid)
+
+    # ------------------------------------------------------------------ consumers
+
+    def _consume(self, cmd: list) -> str:
+        _, conn, _, number, vhost_name, queue_name, tag, no_ack, exclusive, _args = cmd
+        ch = self._channel(conn, number)
+        queue = self._queue(self._vhost(vhost_name), queue_name, conn)
+        if not tag:
+            ch.next_tag += 1
+            tag = f"amq.ctag-{conn}-{number}-{ch.next_tag}"
+        if tag in ch.consumers:
+            raise CommandError(530, f"attempt to reuse consumer tag '{tag}'")
+        if any(c.exclusive for c in queue.consumers) or (exclusive and queue.consumers):
+            raise CommandError(
+                403, f"queue '{queue_name}' in vhost '{vhost_name}' in exclusive use"
+            )
+        consumer = Consumer(ch, tag, queue, bool(no_ack), bool(exclusive), ch.consumer_prefetch)
+        ch.consumers[tag] = consumer
+        queue.consumers.append(consumer)
+        queue.had_consumers = True
+        self._touch(queue)
+        self._dirty[queue.qid] = queue
+        return tag
+
+    def _cancel(self, cmd: list) -> str:
+        _, conn, _, number, tag = cmd
+        ch = self._channel(conn, number)
+        consumer = ch.consumers.get(tag)
+        if consumer is not None:
+            self._remove_consumer(consumer)
+        return tag
+
+    def _remove_consumer(self, consumer: Consumer) -> None:
+        consumer.channel.consumers.pop(consumer.tag, None)
+        queue = consumer.queue
+        if consumer in queue.consumers:
+            queue.consumers.remove(consumer)
+            queue.next_consumer = 0
+        self._touch(queue)
+        if queue.auto_delete and queue.had_consumers and not queue.consumers:
+            self._delete_queue(queue)
+
+    # ------------------------------------------------------------------ publishing
+
+    def _publish(self, cmd: list) -> int:
+        (_, conn, _, number, vhost_name, exchange_name, routing_key, mandatory, props, body,
+         persistent, priority, expiration) = cmd
+        if conn is not None:
+            self._channel(conn, number)
+        vhost = self._vhost(vhost_name)
+        exchange = self._exchange(vhost, exchange_name)
+        if exchange.internal:
+            raise CommandError(403, f"cannot publish to internal exchange '{exchange_name}' in vhost "
+                               f"'{vhost_name}'")
+        message = Message(self.next_msg_id, exchange_name, routing_key, props, body, bool(persistent),
+                          priority or 0, self._now)
+        self.next_msg_id += 1
+        queues = self._route(vhost, exchange, routing_key, props)
+        if not queues:
+            return UNROUTABLE
+        outcome = ROUTED
+        for queue in queues:
+            if not self._enqueue(queue, message, expiration):
+                outcome = REJECTED
+        return outcome
+
+    def _route(self, vhost: VHost, exchange: Exchange, routing_key: str, props: bytes) -> list[Queue]:
+        headers_cache: list[dict] = []
+
+        def headers() -> dict:
+            if not headers_cache:
+                headers_cache.append(_message_headers(props))
+            return headers_cache[0]
+
+        if exchange.name == "":
+            queue = vhost.queues.get(routing_key)
+            return [queue] if queue is not None else []
+        found: dict[int, Queue] = {}
+        visited: dict[str, None] = {}
+        self._route_into(vhost, exchange, routing_key, headers, found, visited)
+        return list(found.values())
+
+    def _route_into(self, vhost, exchange, routing_key, headers, found, visited) -> None:
+        if exchange.name in visited:
+            return
+        visited[exchange.name] = None
+        before = len(found)
+        for binding in exchange.matcher.match(routing_key, headers):
+            if binding.dest_is_queue:
+                queue = vhost.queues.get(binding.destination)
+                if queue is not None:
+                    found.setdefault(queue.qid, queue)
+            else:
+                target = vhost.exchanges.get(binding.destination)
+                if target is not None:
+                    self._route_into(vhost, target, routing_key, headers, found, visited)
+        if len(found) == before:
+            alternate = exchange.alternate_exchange
+            if alternate is not None and alternate in vhost.exchanges:
+                self._route_into(vhost, vhost.exchanges[alternate], routing_key, headers, found, visited)
+
+    def _enqueue(self, queue: Queue, message: Message, expiration: int | None) -> bool:
+        """Add ``message`` to ``queue``; False if the queue refused it (reject-publish)."""
+        if queue.max_length is not None or queue.max_length_bytes is not None:
+            full = (queue.max_length is not None and len(queue.ready) >= queue.max_length) or (
+                queue.max_length_bytes is not None
+                and queue.ready_bytes + len(message.body) > queue.max_length_bytes
+            )
+            if full and queue.overflow != "drop-head":
+                if queue.overflow == "reject-publish-dlx":
+                    self._dead_letter(queue, message, "maxlen")
+                return False
+        ttl = queue.message_ttl
+        if expiration is not None and (ttl is None or expiration < ttl):
+            ttl = expiration
+        expires_at = self._now + ttl * 1000 if ttl is not None else None
+        priority = min(message.priority, queue.max_priority) if queue.max_priority else 0
+        durable = message.persistent and queue.durable and queue.exclusive_owner is None
+        entry = Entry(queue.next_seq, message, expires_at, priority, durable)
+        queue.next_seq += 1
+        queue.ready.append(entry)
+        size = len(message.body)
+        queue.ready_bytes += size
+        self.message_bytes += size
+        if durable and self._w is not None:
+            if message.refs == 0:
+                self._w.put_message(message.id, [message.exchange, message.routing_key, message.properties,
+                                                 message.body, message.priority, message.published_at])
+            message.refs += 1
+            self._w.put_entry(queue.qid, entry.seq, [message.id, expires_at, priority, 0])
+        if expires_at is not None:
+            self.expiring[queue.qid] = queue
+        if queue.max_length is not None or queue.max_length_bytes is not None:
+            while (queue.max_length is not None and len(queue.ready) > queue.max_length) or (
+                queue.max_length_bytes is not None and queue.ready_bytes > queue.max_length_bytes
+            ):
+                dropped = queue.ready.pop_oldest()
+                if dropped is None:
+                    break
+                queue.ready_bytes -= len(dropped.message.body)
+                self._dead_letter(queue, dropped.message, "maxlen")
+                self._drop(queue, dropped)
+        self._dirty[queue.qid] = queue
+        return True
+
+    # ------------------------------------------------------------------ delivery
+
+    def _dispatch(self, queue: Queue) -> None:
+        consumers = queue.consumers
+        if queue.qid in self.expiring:
+            self._expire_head(queue)
+        while consumers and len(queue.ready):
+            n = len(consumers)
+            start = queue.next_consumer % n
+            chosen = None
+            for i in range(n):
+                candidate = consumers[(start + i) % n]
+                if candidate.has_credit():
+                    chosen = candidate
+                    queue.next_consumer = (start + i + 1) % n
+                    break
+            if chosen is None:
+                return
+            entry = queue.ready.pop()
+            if entry is None:
+                return
+            queue.ready_bytes -= len(entry.message.body)
+            if entry.expires_at is not None and entry.expires_at < self._now:
+                self._dead_letter(queue, entry.message, "expired")
+                self._drop(queue, entry)
+                continue
+            self._deliver(chosen, queue, entry)
+
+    def _deliver(self, consumer: Consumer, queue: Queue, entry: Entry) -> None:
+        redelivered = entry.delivery_count > 0
+        entry.delivery_count += 1
+        ch = consumer.channel
+        if consumer.no_ack:
+            self._drop(queue, entry)
+        else:
+            consumer.unacked += 1
+            self._hold(ch, consumer, queue, entry)
+        self._out.append((ch.conn, OUT_DELIVER, ch.number, consumer.tag,
+                          (queue.qid, entry.seq, redelivered, entry.message)))
+
+    def _hold(self, ch: ChannelState, holder: object, queue: Queue, entry: Entry) -> None:
+        """Record an unacked delivery; a durable entry's delivery count is persisted so that a
+        restart redelivers it with redelivered=true."""
+        entry.holder = holder
+        ch.unacked[(queue.qid, entry.seq)] = (queue, entry)
+        queue.unacked_count += 1
+        if entry.durable and self._w is not None:
+            self._w.put_entry(queue.qid, entry.seq, [entry.message.id, entry.expires_at, entry.priority,
+                                                     entry.delivery_count], durable_promise=False)
+
+    def _get(self, cmd: list):
+        _, conn, _, number, vhost_name, queue_name, no_ack = cmd
+        ch = self._channel(conn, number)
+        queue = self._queue(self._vhost(vhost_name), queue_name, conn)
+        self._touch(queue)
+        if queue.qid in self.expiring:
+            self._expire_head(queue)
+        entry = queue.ready.pop()
+        if entry is None:
+            return ok(None)
+        queue.ready_bytes -= len(entry.message.body)
+        redelivered = entry.delivery_count > 0
+        entry.delivery_count += 1
+        if no_ack:
+            self._drop(queue, entry)
+        else:
+            self._hold(ch, ch, queue, entry)
+        return ok((queue.qid, entry.seq, redelivered, entry.message, len(queue.ready)))
+
+    def _take_unacked(self, ch: ChannelState, refs: list) -> list[tuple[Queue, Entry]]:
+        taken = []
+        for qid, seq in refs:
+            item = ch.unacked.pop((qid, seq), None)
+            if item is None:
+                continue  # the queue was deleted meanwhile: its entries went with it
+            queue, entry = item
+            holder = entry.holder
+            if holder.__class__ is Consumer:
+                holder.unacked -= 1
+                if holder.queue is queue and holder in queue.consumers:
+                    self._dirty[queue.qid] = queue
+            entry.holder = None
+            queue.unacked_count -= 1
+            taken.append(item)
+        # Channel-wide prefetch may have freed credit for any of the channel's consumers.
+        if ch.prefetch_count:
+            for consumer in ch.consumers.values():
+                self._dirty[consumer.queue.qid] = consumer.queue
+        return taken
+
+    def _ack(self, cmd: list) -> None:
+        _, conn, _, number, refs = cmd
+        ch = self._channel(conn, number)
+        for queue, entry in self._take_unacked(ch, refs):
+            self._drop(queue, entry)
+
+    def _nack(self, cmd: list) -> None:
+        _, conn, _, number, refs, requeue = cmd
+        ch = self._channel(conn, number)
+        for queue, entry in self._take_unacked(ch, refs):
+            if requeue:
+                self._return_to_ready(queue, entry)
+            else:
+                self._dead_letter(queue, entry.message, "rejected")
+                self._drop(queue, entry)
+
+    def _recover(self, cmd: list) -> None:
+        _, conn, _, number, _requeue = cmd
+        # 0-9-1 basic.recover requeue=false (redeliver to the original recipient) is served as a
+        # requeue, as RabbitMQ does: the message is redelivered, possibly to the same consumer.
+        self._requeue_all(self._channel(conn, number))
+
+    def _requeue_all(self, ch: ChannelState) -> None:
+        refs = list(ch.unacked)
+        for queue, entry in self._take_unacked(ch, refs):
+            self._return_to_ready(queue, entry)
+
+    def _return_to_ready(self, queue: Queue, entry: Entry) -> None:
+        if self.vhosts[queue.vhost].queues.get(queue.name) is not queue:
+            self._release_message(entry)
+            return
+        queue.ready.requeue(entry)
+        queue.ready_bytes += len(entry.message.body)
+        if entry.expires_at is not None:
+            self.expiring[queue.qid] = queue
+        self._dirty[queue.qid] = queue
+
+    def _drop(self, queue: Queue, entry: Entry) -> None:
+        """Remove an entry for good (acked, rejected, expired, purged, dropped)."""
+        if entry.durable and self._w is not None:
+            self._w.delete_entry(queue.qid, entry.seq)
+        self._release_message(entry)
+
+    def _release_message(self, entry: Entry) -> None:
+        message = entry.message
+        self.message_bytes -= len(message.body)
+        if entry.durable and self._w is not None:
+            message.refs -= 1
+            if message.refs == 0:
+                self._w.delete_message(message.id)
+
+    # ------------------------------------------------------------------ tx
+
+    def _tx_commit(self, cmd: list) -> list:
+        """Apply a transaction's publishes and acks atomically; return the publish outcomes."""
+        _, conn, _, number, operations = cmd
+        self._channel(conn, number)
+        outcomes = []
+        for sub in operations:
+            try:
+                result = self._handlers[sub[0]](sub)
+            except CommandError:
+                # The front end validated each operation when the client sent it; one that became
+                # invalid since (its exchange deleted meanwhile) is skipped, the rest still commit.
+                result = UNROUTABLE
+            if sub[0] == Op.PUBLISH:
+                outcomes.append(result)
+        return outcomes
+
+    # ------------------------------------------------------------------ time
+
+    def _tick(self, cmd: list) -> None:
+        """Expire message heads and idle queues as of the batch time (proposed by the leader)."""
+        for queue in list(self.expiring.values()):
+            self._expire_head(queue)
+        for qid, queue in list(self.idle_expiring.items()):
+            expires = as_int(queue.arguments.get("x-expires"))
+            idle_for = self._now - self.queue_last_used.get(qid, self._now)
+            if not queue.consumers and expires is not None and idle_for >= expires * 1000:
+                self._delete_queue(queue)
+
+    def next_expiry_due(self) -> bool:
+        return bool(self.expiring) or bool(self.idle_expiring)
+
+    def _expire_head(self, queue: Queue) -> None:
+        ready = queue.ready
+        while True:
+            entry = ready.peek()
+            if entry is None:
+                self.expiring.pop(queue.qid, None)
+                return
+            # Strictly past: a TTL of 0 still lets a consumer that is ready right now take it.
+            if entry.expires_at is None or entry.expires_at >= self._now:
+                return
+            ready.pop()
+            queue.ready_bytes -= len(entry.message.body)
+            self._dead_letter(queue, entry.message, "expired")
+            self._drop(queue, entry)
+
+    # ------------------------------------------------------------------ dead-lettering
+
+    def _dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
+        dlx_name = queue.dead_letter_exchange
+        if dlx_name is None:
+            return
+        vhost = self.vhosts[queue.vhost]
+        dlx = vhost.exchanges.get(dlx_name)
+        if dlx is None:
+            return
+        routing_key = queue.dead_letter_routing_key
+        if routing_key is None:
+            routing_key = message.routing_key
+        props = _add_x_death(message, queue, reason, self._now)
+        dead = Message(self.next_msg_id, dlx_name, routing_key, props, message.body, message.persistent,
+                       message.priority, self._now)
+        self.next_msg_id += 1
+        for target in self._route(vhost, dlx, routing_key, props):
+            if target is queue and reason != "rejected":
+                continue  # RabbitMQ drops a dead-letter cycle back to the same queue (not on reject)
+            self._enqueue(target, dead, None)
+
+    # ------------------------------------------------------------------ loading
+
+    def _load(self, store: DurableStore) -> None:
+        state = store.load()
+        self.next_qid, self.next_msg_id = state.counters
+        self.applied_index = state.applied_index
+        for name in state.vhosts:
+            self._vhost_add([Op.VHOST_ADD, None, None, name])
+        for vhost_name, name, type_, auto_delete, internal, args in state.exchanges:
+            vhost = self.vhosts.setdefault(vhost_name, VHost(vhost_name))
+            vhost.exchanges[name] = Exchange(vhost_name, name, type_, True, auto_delete, internal, args)
+        for vhost_name, name, qid, auto_delete, args in state.queues:
+            vhost = self.vhosts.setdefault(vhost_name, VHost(vhost_name))
+            queue = Queue(qid, vhost_name, name, True, None, auto_delete, args)
+            self._configure_queue(queue, args)
+            self._register_queue(vhost, queue)
+        for vhost_name, source, dest_is_queue, dest, rk, args in state.bindings:
+            vhost = self.vhosts.get(vhost_name)
+            exchange = vhost.exchanges.get(source) if vhost else None
+            if exchange is None:
+                continue
+            binding = Binding(source, dest_is_queue, dest, rk, args)
+            exchange.bindings.append(binding)
+            self.inbound.setdefault((vhost_name, dest_is_queue, dest), []).append(binding)
+        for vhost in self.vhosts.values():
+            for exchange in vhost.exchanges.values():
+                exchange.rebuild()
+        messages: dict[int, Message] = {}
+        for msg_id, (exchange, rk, props, body, priority, published_at) in state.messages.items():
+            messages[msg_id] = Message(msg_id, exchange, rk, props, body, True, priority, published_at)
+        for qid, seq, (msg_id, expires_at, priority, delivery_count) in state.entries:
+            queue = self.queues_by_id.get(qid)
+            message = messages.get(msg_id)
+            if queue is None or message is None:
+                continue
+            entry = Entry(seq, message, expires_at, min(priority, queue.max_priority), True, delivery_count)
+            message.refs += 1
+            queue.ready.append(entry)
+            queue.ready_bytes += len(message.body)
+            self.message_bytes += len(message.body)
+            queue.next_seq = max(queue.next_seq, seq + 1)
+            if expires_at is not None:
+                self.expiring[qid] = queue
+
+
+def _message_headers(props: bytes) -> dict:
+    from raftmq.protocol.amqp091.properties import decode_properties
+
+    from .values import to_plain
+
+    try:
+        headers = decode_properties(props).headers
+    except Exception:
+        return {}
+    return to_plain(headers) if headers else {}
+
+
+def _add_x_death(message: Message, queue: Queue, reason: str, now: int) -> bytes:
+    """The message's properties with RabbitMQ's x-death bookkeeping updated for this dead-lettering."""
+    from raftmq.protocol.amqp091.fieldtable import Timestamp
+    from raftmq.protocol.amqp091.properties import decode_properties, encode_properties
+
+    props = decode_properties(message.properties)
+    headers = dict(props.headers or {})
+    deaths = list(headers.get("x-death") or [])
+    routing_keys = [message.routing_key]
+    record = None
+    for i, death in enumerate(deaths):
+        if isinstance(death, dict) and death.get("queue") == queue.name and death.get("reason") == reason:
+            record = deaths.pop(i)
+            break
+    if record is None:
+        record = {
+            "count": 0,
+            "reason": reason,
+            "queue": queue.name,
+            "time": Timestamp(now // 1_000_000),
+            "exchange": message.exchange,
+            "routing-keys": routing_keys,
+        }
+    else:
+        record = dict(record)
+    record["count"] = int(record.get("count", 0)) + 1
+    if reason == "expired" and props.expiration is not None:
+        record["original-expiration"] = props.expiration
+    deaths.insert(0, record)
+    headers["x-death"] = deaths
+    headers.setdefault("x-first-death-reason", reason)
+    headers.setdefault("x-first-death-queue", queue.name)
+    headers.setdefault("x-first-death-exchange", message.exchange)
+    props.headers = headers
+    if reason == "expired":
+        props.expiration = None
+    return encode_properties(props)

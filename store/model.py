@@ -1,0 +1,207 @@
+"""In-memory broker state: the entities the state machine mutates.
+
+Memory is the working copy; durable parts (durable exchanges/queues/bindings, persistent messages in
+durable queues) are mirrored into LMDB by the state machine in the same apply. Nothing here reads a
+clock: times are integer microseconds carried in by commands.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from .routing import MATCHERS, Binding
+
+
+@dataclass(slots=True, eq=False)
+class Message:
+    """One published message; shared (by reference) by every queue it was routed to."""
+
+    id: int
+    exchange: str
+    routing_key: str
+    properties: bytes  # AMQP 0-9-1 property flags + list: raftmq's canonical property format
+    body: bytes
+    persistent: bool
+    priority: int
+    published_at: int  # microseconds, stamped by the proposer
+    refs: int = 0  # durable queue entries referring to it (LMDB record lifetime)
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """A message's place in one queue."""
+
+    seq: int
+    message: Message
+    expires_at: int | None  # microseconds; None = never
+    priority: int
+    durable: bool  # mirrored in LMDB (durable queue and persistent message)
+    delivery_count: int = 0
+    holder: object | None = None  # the Consumer or ChannelState holding it unacked; None = ready
+
+
+class ReadyList:
+    """Ready entries of one queue, highest priority first, then by sequence.
+
+    New entries arrive in sequence order (a deque); requeued entries go back to their original
+    position (a heap by sequence), as 0-9-1 basic.reject/recover ask ("as close as possible to
+    its original position").
+    """
+
+    __slots__ = ("_levels", "_returned", "_count")
+
+    def __init__(self, max_priority: int = 0) -> None:
+        self._levels: list[deque[Entry]] = [deque() for _ in range(max_priority + 1)]
+        self._returned: list[list[tuple[int, Entry]]] = [[] for _ in range(max_priority + 1)]
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def append(self, entry: Entry) -> None:
+        self._levels[entry.priority].append(entry)
+        self._count += 1
+
+    def requeue(self, entry: Entry) -> None:
+        heapq.heappush(self._returned[entry.priority], (entry.seq, entry))
+        self._count += 1
+
+    def peek(self) -> Entry | None:
+        for level in range(len(self._levels) - 1, -1, -1):
+            fresh, returned = self._levels[level], self._returned[level]
+            if returned and (not fresh or returned[0][0] < fresh[0].seq):
+                return returned[0][1]
+            if fresh:
+                return fresh[0]
+        return None
+
+    def pop(self) -> Entry | None:
+        for level in range(len(self._levels) - 1, -1, -1):
+            fresh, returned = self._levels[level], self._returned[level]
+            if returned and (not fresh or returned[0][0] < fresh[0].seq):
+                self._count -= 1
+                return heapq.heappop(returned)[1]
+            if fresh:
+                self._count -= 1
+                return fresh.popleft()
+        return None
+
+    def pop_oldest(self) -> Entry | None:
+        """The entry with the lowest sequence regardless of priority (x-max-length drop-head)."""
+        best_level, best_seq = -1, None
+        for level in range(len(self._levels)):
+            fresh, returned = self._levels[level], self._returned[level]
+            for seq in (fresh[0].seq if fresh else None, returned[0][0] if returned else None):
+                if seq is not None and (best_seq is None or seq < best_seq):
+                    best_level, best_seq = level, seq
+        if best_seq is None:
+            return None
+        fresh, returned = self._levels[best_level], self._returned[best_level]
+        self._count -= 1
+        if fresh and fresh[0].seq == best_seq:
+            return fresh.popleft()
+        return heapq.heappop(returned)[1]
+
+    def drain(self) -> Iterator[Entry]:
+        """Remove and yield every entry in delivery order."""
+        while True:
+            entry = self.pop()
+            if entry is None:
+                return
+            yield entry
+
+
+@dataclass(slots=True, eq=False)
+class ChannelState:
+    conn: str
+    number: int
+    prefetch_count: int = 0  # channel-wide limit (basic.qos global=true)
+    consumer_prefetch: int = 0  # limit for consumers created after basic.qos global=false
+    unacked: dict[tuple[int, int], tuple[Queue, Entry]] = field(default_factory=dict)
+    consumers: dict[str, Consumer] = field(default_factory=dict)
+    active: bool = True  # channel.flow
+    next_tag: int = 0  # for server-generated consumer tags
+
+
+@dataclass(slots=True, eq=False)
+class Consumer:
+    channel: ChannelState
+    tag: str
+    queue: Queue
+    no_ack: bool
+    exclusive: bool
+    prefetch: int
+    unacked: int = 0
+
+    def has_credit(self) -> bool:
+        ch = self.channel
+        return (
+            ch.active
+            and (self.prefetch == 0 or self.unacked < self.prefetch)
+            and (ch.prefetch_count == 0 or len(ch.unacked) < ch.prefetch_count)
+        )
+
+
+@dataclass(slots=True, eq=False)
+class Queue:
+    qid: int
+    vhost: str
+    name: str
+    durable: bool
+    exclusive_owner: str | None
+    auto_delete: bool
+    arguments: dict
+    message_ttl: int | None = None  # milliseconds
+    dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str | None = None
+    max_length: int | None = None
+    max_length_bytes: int | None = None
+    overflow: str = "drop-head"
+    max_priority: int = 0
+    ready: ReadyList = field(default_factory=ReadyList)
+    ready_bytes: int = 0
+    consumers: list[Consumer] = field(default_factory=list)
+    next_consumer: int = 0  # round-robin position
+    had_consumers: bool = False
+    next_seq: int = 1
+    unacked_count: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class Exchange:
+    vhost: str
+    name: str
+    type: str
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: dict
+    bindings: list[Binding] = field(default_factory=list)
+    matcher: object = None
+
+    def __post_init__(self) -> None:
+        self.rebuild()
+
+    @property
+    def alternate_exchange(self) -> str | None:
+        value = self.arguments.get("alternate-exchange")
+        return value if isinstance(value, str) else None
+
+    def rebuild(self) -> None:
+        self.matcher = MATCHERS[self.type](self.bindings)
+
+    def find_binding(self, wanted: Binding) -> int:
+        for i, b in enumerate(self.bindings):
+            if b.same_as(wanted):
+                return i
+        return -1
+
+
+@dataclass(slots=True, eq=False)
+class VHost:
+    name: str
+    exchanges: dict[str, Exchange] = field(default_factory=dict)
+    queues: dict[str, Queue] = field(default_factory=dict)
