@@ -51,7 +51,7 @@ UNROUTABLE = 1
 REJECTED = 2  # a queue with x-overflow=reject-publish refused it: nack the publisher
 
 # Output kinds, the second item of every output tuple ``(conn, kind, ...)``.
-OUT_REPLY = 0  # (conn, OUT_REPLY, token, result)
+OUT_REPLY = 0  # (conn, OUT_REPLY, token, result, channel)
 OUT_DELIVER = 1  # (conn, OUT_DELIVER, channel, consumer_tag, delivery)
 OUT_CANCEL = 2  # (conn, OUT_CANCEL, channel, consumer_tag): server-side consumer cancel
 

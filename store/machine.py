@@ -179,8 +179,10 @@ class StateMachine:
             log.exception("apply failed for op %s", op)
             result = (ERR, 541, "INTERNAL_ERROR - internal error applying command")
         token = command[2] if len(command) > 2 else None
-        if token is not None:
-            self._out.append((command[1], OUT_REPLY, token, result))
+        if token is not None or (result[0] == ERR and command[1] is not None):
+            # Token-less commands (plain publishes) answer only with errors, so that the front end
+            # can close the channel they came from.
+            self._out.append((command[1], OUT_REPLY, token, result, command[3] if len(command) > 3 else None))
         if self._dirty:
             dirty, self._dirty = self._dirty, {}
             for queue in dirty.values():

@@ -229,11 +229,14 @@ class Amqp091Connection(asyncio.Protocol):
                 raise ConnectionException(503, "COMMAND_INVALID - channel method before connection.open",
                                           method.CLASS_ID, method.METHOD_ID)
             self._channel_for(frame.channel, method).on_method(method)
-        elif ftype == FRAME_HEADER or ftype == FRAME_BODY:
+        elif ftype in (FRAME_HEADER, FRAME_BODY):
             if self.state == CLOSING:
                 return
+            if frame.channel == 0:
+                # General spec 4.2.6: a content frame on channel zero is a 504 channel error.
+                raise ConnectionException(504, "CHANNEL_ERROR - content frame on channel 0")
             channel = self.channels.get(frame.channel)
-            if frame.channel == 0 or channel is None or self.state != OPEN:
+            if channel is None or self.state != OPEN:
                 raise ConnectionException(
                     505, f"UNEXPECTED_FRAME - content frame on channel {frame.channel} with no content expected"
                 )

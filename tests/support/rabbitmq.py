@@ -238,14 +238,13 @@ class RabbitMQ:
             self._server_log.close()
             self._server_log = None
         epmd, self._epmd = self._epmd, None
-        if epmd is not None:
-            if epmd.poll() is None:
-                epmd.terminate()
-                try:
-                    epmd.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    epmd.kill()
-                    epmd.wait(timeout=5)
+        if epmd is not None and epmd.poll() is None:
+            epmd.terminate()
+            try:
+                epmd.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                epmd.kill()
+                epmd.wait(timeout=5)
         if self._own_tmp and not self.keep_dir and self.base is not None:
             shutil.rmtree(self.base, ignore_errors=True)
             self.base = None

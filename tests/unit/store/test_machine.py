@@ -5,7 +5,17 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from raftmq.store.commands import ERR, OK, OUT_CANCEL, OUT_DELIVER, OUT_REPLY, REJECTED, ROUTED, UNROUTABLE, Op
+from raftmq.store.commands import (
+    ERR,
+    OK,
+    OUT_CANCEL,
+    OUT_DELIVER,
+    OUT_REPLY,
+    REJECTED,
+    ROUTED,
+    UNROUTABLE,
+    Op,
+)
 from raftmq.store.durable import DurableStore
 from raftmq.store.machine import StateMachine
 

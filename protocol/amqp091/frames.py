@@ -1,0 +1,110 @@
+"""Frame layer of AMQP 0-9-1 (general spec 4.2.3): type, channel, size, payload, frame-end 0xCE."""
+
+from __future__ import annotations
+
+from struct import Struct
+from typing import NamedTuple
+
+from .constants import (
+    BASIC_CLASS_ID,
+    FRAME_BODY,
+    FRAME_END,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_MIN_SIZE,
+    FRAME_OVERHEAD,
+    FRAME_TYPES,
+)
+from .errors import FrameError
+from .methods import Method
+
+_FRAME_HEADER = Struct(">BHI")
+_CONTENT_HEADER = Struct(">HHQ")
+
+
+class Frame(NamedTuple):
+    type: int
+    channel: int
+    payload: bytes
+
+
+HEARTBEAT_FRAME = _FRAME_HEADER.pack(FRAME_HEARTBEAT, 0, 0) + b"\xce"
+
+
+class FrameReader:
+    """Incremental frame parser: ``feed()`` bytes as they arrive, get back the complete frames.
+
+    ``frame_max`` is the negotiated maximum frame size (including the 8 bytes of overhead); a frame
+    announcing more is a 501 FRAME_ERROR before its payload is even buffered, so a peer cannot make
+    the node allocate more than one frame's worth of memory.  Before tuning, the limit is
+    ``FRAME_MIN_SIZE`` (general spec: peers must accept frames up to frame-min-size before tune-ok).
+    """
+
+    __slots__ = ("frame_max", "_buf", "_failed")
+
+    def __init__(self, frame_max: int = FRAME_MIN_SIZE) -> None:
+        self.frame_max = frame_max
+        self._buf = bytearray()
+        self._failed = False
+
+    def feed(self, data: bytes) -> list[Frame]:
+        if self._failed:
+            return []
+        buf = self._buf
+        buf += data
+        frames: list[Frame] = []
+        pos = 0
+        end = len(buf)
+        unpack = _FRAME_HEADER.unpack_from
+        limit = self.frame_max - FRAME_OVERHEAD if self.frame_max else 0xFFFFFFFF
+        try:
+            while end - pos >= 7:
+                ftype, channel, size = unpack(buf, pos)
+                if ftype not in FRAME_TYPES:
+                    raise FrameError(f"unknown frame type {ftype}")
+                if size > limit:
+                    raise FrameError(f"frame size {size + FRAME_OVERHEAD} exceeds frame_max {self.frame_max}")
+                stop = pos + 7 + size
+                if stop >= end:
+                    break
+                if buf[stop] != FRAME_END:
+                    raise FrameError(f"bad frame-end octet {buf[stop]:#04x}")
+                frames.append(Frame(ftype, channel, bytes(buf[pos + 7:stop])))
+                pos = stop + 1
+        except FrameError:
+            self._failed = True
+            self._buf = bytearray()
+            raise
+        if pos:
+            del buf[:pos]
+        return frames
+
+
+def encode_frame(ftype: int, channel: int, payload: bytes) -> bytes:
+    return b"".join((_FRAME_HEADER.pack(ftype, channel, len(payload)), payload, b"\xce"))
+
+
+def encode_method_frame(channel: int, method: Method) -> bytes:
+    payload = method.encode()
+    return b"".join((_FRAME_HEADER.pack(FRAME_METHOD, channel, len(payload)), payload, b"\xce"))
+
+
+def encode_content(channel: int, method: Method, properties: bytes, body: bytes, frame_max: int) -> bytes:
+    """A content method with its header frame and body frames, bodies split to fit ``frame_max``."""
+    payload = method.encode()
+    header = _CONTENT_HEADER.pack(BASIC_CLASS_ID, 0, len(body)) + properties
+    pack = _FRAME_HEADER.pack
+    parts = [pack(FRAME_METHOD, channel, len(payload)), payload, b"\xce",
+             pack(FRAME_HEADER, channel, len(header)), header, b"\xce"]
+    chunk = (frame_max - FRAME_OVERHEAD) if frame_max else len(body) or 1
+    size = len(body)
+    if size <= chunk:
+        if size:
+            parts += (pack(FRAME_BODY, channel, size), body, b"\xce")
+    else:
+        view = memoryview(body)
+        for start in range(0, size, chunk):
+            piece = view[start:start + chunk]
+            parts += (pack(FRAME_BODY, channel, len(piece)), piece, b"\xce")
+    return b"".join(parts)

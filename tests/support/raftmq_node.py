@@ -1,0 +1,195 @@
+"""Launch a raftmq broker node as a real OS process for integration tests.
+
+The node is started as ``sys.executable -m raftmq server --host 127.0.0.1 --port PORT --data-dir DIR``
+(plus ``--node-id`` / ``--config`` when given), with stdout and stderr going to ``DIR/node.log``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (bind to port 0 and read it back)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def probe_amqp(host: str, port: int, timeout: float = 2.0) -> bool:
+    """True when host:port answers the AMQP 0-9-1 protocol header with a connection.start method frame.
+
+    The frame is: type 1 (method), channel 0, then class 10 / method 10 at the start of the payload.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            s.sendall(AMQP_HEADER)
+            buf = b""
+            deadline = time.monotonic() + timeout
+            while len(buf) < 11 and time.monotonic() < deadline:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                buf += chunk
+            return len(buf) >= 11 and buf[0] == 1 and buf[1:3] == b"\x00\x00" and buf[7:11] == b"\x00\x0a\x00\x0a"
+    except OSError:
+        return False
+
+
+class NodeStartError(RuntimeError):
+    pass
+
+
+class RaftmqNode:
+    """One raftmq server process.
+
+    ``start()`` launches it and waits (``start_timeout``, 20 s by default) until the port answers the
+    AMQP header with connection.start; ``kill9()`` sends SIGKILL; ``terminate()`` SIGTERM then waits;
+    ``restart()`` starts it again on the same port with the same data dir.
+    """
+
+    host = "127.0.0.1"
+
+    def __init__(self, data_dir: str | os.PathLike[str] | None = None, port: int | None = None, *,
+                 node_id: str | None = None, config: str | os.PathLike[str] | None = None,
+                 extra_args: list[str] | None = None, env: dict[str, str] | None = None,
+                 start_timeout: float = 20.0, require_amqp: bool = True) -> None:
+        if data_dir is None:
+            data_dir = tempfile.mkdtemp(prefix="raftmq-node-")
+        self.data_dir = Path(data_dir)
+        self.port = port or free_port()
+        self.node_id = node_id
+        self.config = config
+        self.extra_args = list(extra_args or [])
+        self.extra_env = dict(env or {})
+        self.start_timeout = start_timeout
+        self.require_amqp = require_amqp
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log_fh = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "node.log"
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@{self.host}:{self.port}/%2F"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "raftmq", "server", "--host", self.host, "--port", str(self.port),
+               "--data-dir", str(self.data_dir)]
+        if self.node_id:
+            cmd += ["--node-id", self.node_id]
+        if self.config:
+            cmd += ["--config", str(self.config)]
+        return cmd + self.extra_args
+
+    def start(self) -> RaftmqNode:
+        if self.proc is not None and self.proc.poll() is None:
+            raise NodeStartError(f"node already running (pid {self.proc.pid})")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        pp = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + pp if pp else "")
+        env.update(self.extra_env)
+        self._log_fh = open(self.log_path, "ab")  # noqa: SIM115 - kept open while the node runs
+        self._log_fh.write(f"\n=== start {time.strftime('%H:%M:%S')}: {' '.join(self.command())}\n".encode())
+        self._log_fh.flush()
+        self.proc = subprocess.Popen(self.command(), stdout=self._log_fh, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env, cwd=str(REPO_ROOT))
+        try:
+            self.wait_ready(self.start_timeout)
+        except BaseException:
+            self.kill9()
+            raise
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise NodeStartError(
+                    f"raftmq exited with code {self.proc.returncode} during startup\n{self.log_tail()}")
+            if self.require_amqp:
+                if probe_amqp(self.host, self.port, timeout=1.0):
+                    return
+            else:
+                try:
+                    with socket.create_connection((self.host, self.port), timeout=0.5):
+                        return
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        raise NodeStartError(
+            f"raftmq did not answer AMQP on {self.host}:{self.port} within {timeout}s\n{self.log_tail()}")
+
+    def _close_log(self) -> None:
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+
+    def kill9(self) -> None:
+        """SIGKILL the node process (by PID) and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self._close_log()
+
+    def terminate(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, wait up to ``timeout`` s, then SIGKILL. Returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self._close_log()
+        return self.proc.returncode
+
+    stop = terminate
+
+    def restart(self, *, hard: bool = False) -> RaftmqNode:
+        """Stop (SIGKILL when ``hard`` else SIGTERM) and start again with the same data dir and port."""
+        if hard:
+            self.kill9()
+        else:
+            self.terminate()
+        return self.start()
+
+    def is_alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(lines[-n:])
+
+    def __enter__(self) -> RaftmqNode:
+        if not self.is_alive():
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.terminate()
