@@ -1,0 +1,151 @@
+"""Frame layer (general spec 4.2.3) and content (4.2.6): split reads, frame-end, frame_max, properties."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pika import spec as pika_spec
+
+from raftmq.protocol.amqp091 import methods as m
+from raftmq.protocol.amqp091.errors import AMQPError, FrameError
+from raftmq.protocol.amqp091.fieldtable import Timestamp
+from raftmq.protocol.amqp091.frames import HEARTBEAT_FRAME, FrameReader, encode_content, encode_method_frame
+from raftmq.protocol.amqp091.properties import (
+    BasicProperties,
+    decode_content_header,
+    decode_properties,
+    encode_properties,
+    peek_properties,
+)
+
+
+def test_heartbeat_frame_is_type_8_on_channel_0():
+    assert HEARTBEAT_FRAME == b"\x08\x00\x00\x00\x00\x00\x00\xce"
+    assert FrameReader().feed(HEARTBEAT_FRAME) == [(8, 0, b"")]
+
+
+@given(st.lists(st.binary(max_size=300), max_size=10), st.data())
+@settings(max_examples=300)
+def test_frames_survive_any_read_boundaries(payloads, data):
+    stream = b"".join(struct.pack(">BHI", 3, i + 1, len(p)) + p + b"\xce" for i, p in enumerate(payloads))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
+    reader = FrameReader(4096)
+    frames = []
+    for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        frames += reader.feed(stream[a:b])
+    assert [(f.channel, f.payload) for f in frames] == [(i + 1, p) for i, p in enumerate(payloads)]
+
+
+def test_bad_frame_end_is_a_frame_error():
+    """General spec 4.2.3: a frame-end that is not %xCE is a fatal FRAME_ERROR (501)."""
+    with pytest.raises(FrameError) as info:
+        FrameReader().feed(struct.pack(">BHI", 1, 0, 1) + b"x" + b"\x00")
+    assert info.value.reply_code == 501
+
+
+def test_oversize_frame_fails_before_its_payload_arrives():
+    reader = FrameReader(4096)
+    with pytest.raises(FrameError):
+        reader.feed(struct.pack(">BHI", 3, 1, 4096 - 7))  # one byte over frame_max with the overhead
+    assert reader.feed(b"more") == []  # a failed reader stays failed
+
+
+def test_frame_exactly_frame_max_is_accepted():
+    payload = b"x" * (4096 - 8)
+    assert FrameReader(4096).feed(struct.pack(">BHI", 3, 1, len(payload)) + payload + b"\xce")[0].payload == payload
+
+
+def test_unknown_frame_type_is_a_frame_error():
+    with pytest.raises(FrameError):
+        FrameReader().feed(struct.pack(">BHI", 4, 0, 0) + b"\xce")
+
+
+@given(st.binary(max_size=300))
+@settings(max_examples=1000)
+def test_fuzz_reader(garbage):
+    try:
+        FrameReader(4096).feed(garbage)
+    except AMQPError as exc:
+        assert exc.reply_code == 501
+
+
+property_values = st.builds(
+    BasicProperties,
+    content_type=st.none() | st.text(max_size=20),
+    headers=st.none() | st.dictionaries(st.text(max_size=10), st.integers(-5, 5) | st.text(max_size=5), max_size=3),
+    delivery_mode=st.none() | st.sampled_from([1, 2]),
+    priority=st.none() | st.integers(0, 255),
+    correlation_id=st.none() | st.text(max_size=20),
+    expiration=st.none() | st.integers(0, 10**9).map(str),
+    timestamp=st.none() | st.integers(0, 2**40),
+    app_id=st.none() | st.text(max_size=20),
+    cluster_id=st.none() | st.text(max_size=20),
+)
+
+
+@given(property_values)
+@settings(max_examples=500)
+def test_properties_round_trip_and_peek(props):
+    raw = encode_properties(props)
+    assert decode_properties(raw) == props
+    assert peek_properties(raw) == (props.delivery_mode, props.priority, props.expiration)
+
+
+@given(property_values)
+@settings(max_examples=300)
+def test_pika_reads_our_properties(props):
+    raw = encode_properties(props)
+    theirs = pika_spec.BasicProperties()
+    theirs.decode(raw, 0)
+    assert theirs.delivery_mode == props.delivery_mode
+    assert theirs.expiration == props.expiration
+    assert (theirs.headers or None) == (props.headers or None)
+    assert b"".join(theirs.encode()) == raw
+
+
+def test_content_is_split_to_frame_max():
+    body = bytes(range(256)) * 40  # 10240 bytes
+    props = encode_properties(BasicProperties(delivery_mode=2, headers={"x": Timestamp(5)}))
+    wire = encode_content(7, m.BasicDeliver(consumer_tag="c", delivery_tag=1, exchange="e", routing_key="r"),
+                          props, body, 4096)
+    frames = FrameReader(4096).feed(wire)
+    assert [f.type for f in frames] == [1, 2, 3, 3, 3]
+    assert all(f.channel == 7 for f in frames)
+    assert all(len(f.payload) <= 4096 - 8 for f in frames)
+    class_id, size, got_props = decode_content_header(frames[1].payload)
+    assert (class_id, size, got_props) == (60, len(body), props)
+    assert b"".join(f.payload for f in frames[2:]) == body
+
+
+def test_empty_body_has_no_body_frame():
+    wire = encode_content(1, m.BasicGetOk(delivery_tag=1), b"\x00\x00", b"", 4096)
+    assert [f.type for f in FrameReader().feed(wire)] == [1, 2]
+
+
+def test_method_frame_layout():
+    wire = encode_method_frame(3, m.BasicAck(delivery_tag=9, multiple=True))
+    assert wire == struct.pack(">BHI", 1, 3, 13) + struct.pack(">HHQB", 60, 80, 9, 1) + b"\xce"
+
+
+@pytest.mark.parametrize("raw", [
+    b"\x00",  # flags cut short
+    b"\x80\x00\x05ab",  # content-type overruns
+    b"\x20\x00\x00\x00\x00\x09",  # headers table overruns
+    b"\x00\x02",  # reserved flag bit 1
+])
+def test_malformed_properties(raw):
+    with pytest.raises(AMQPError):
+        peek_properties(raw)
+
+
+@given(st.binary(max_size=60))
+@settings(max_examples=1000)
+def test_fuzz_properties(garbage):
+    for parse in (peek_properties, decode_properties):
+        try:
+            parse(garbage)
+        except AMQPError as exc:
+            assert exc.reply_code in (501, 502)
