@@ -24,7 +24,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 bench: $(STAMP)
-	$(BIN)/python bench/throughput.py
+	$(BIN)/python bench/throughput.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) data

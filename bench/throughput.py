@@ -1,0 +1,150 @@
+"""Throughput of one raftmq node, and of RabbitMQ in the same run, with the same clients.
+
+Scenarios (each bounded by a message count and a time limit):
+
+* ``publish``: pika publishes transient messages to a classic/non-durable queue, no confirms.
+* ``confirm``: aio-pika publishes persistent messages to a durable queue with publisher confirms,
+  keeping a window of unconfirmed messages in flight (what a careful producer does).
+* ``consume``: pika consumes what ``publish`` left, with manual acks and prefetch 256.
+
+Usage::
+
+    python bench/throughput.py                 # raftmq only (starts its own node)
+    python bench/throughput.py --rabbitmq      # also Debian's rabbitmq-server on a private port
+    python bench/throughput.py --url amqp://guest:guest@127.0.0.1:5672/%2F   # an already running broker
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import aio_pika
+import pika
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support import rabbitmq  # noqa: E402
+from tests.support.raftmq_node import RaftmqNode  # noqa: E402
+
+TIME_LIMIT = 30.0  # seconds per scenario, whatever the count
+
+
+def bench_publish(url: str, count: int, size: int) -> tuple[float, str]:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    queue = f"bench-{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(queue, auto_delete=False)
+    body = b"x" * size
+    start = time.perf_counter()
+    sent = 0
+    while sent < count and time.perf_counter() - start < TIME_LIMIT:
+        ch.basic_publish("", queue, body)
+        sent += 1
+    ch.queue_declare(queue, passive=True)  # a round trip: everything before it has been processed
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return sent / elapsed, queue
+
+
+def bench_consume(url: str, queue: str, count: int) -> float:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=256)
+    got = 0
+    start = time.perf_counter()
+    for method, _props, _body in ch.consume(queue, inactivity_timeout=2.0):
+        if method is None:
+            break
+        got += 1
+        if got % 64 == 0:
+            ch.basic_ack(method.delivery_tag, multiple=True)
+        if got >= count or time.perf_counter() - start > TIME_LIMIT:
+            ch.basic_ack(method.delivery_tag, multiple=True)
+            break
+    elapsed = time.perf_counter() - start
+    ch.cancel()
+    ch.queue_delete(queue)
+    conn.close()
+    return got / elapsed
+
+
+async def _confirmed(url: str, count: int, size: int, window: int) -> float:
+    conn = await aio_pika.connect(url)
+    async with conn:
+        ch = await conn.channel(publisher_confirms=True)
+        queue = await ch.declare_queue(f"bench-d-{uuid.uuid4().hex[:8]}", durable=True)
+        body = b"x" * size
+        sem = asyncio.Semaphore(window)
+        done = 0
+
+        async def one() -> None:
+            nonlocal done
+            async with sem:
+                await ch.default_exchange.publish(
+                    aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), queue.name)
+                done += 1
+
+        start = time.perf_counter()
+        tasks = []
+        for _ in range(count):
+            if time.perf_counter() - start > TIME_LIMIT:
+                break
+            await sem.acquire()
+            sem.release()
+            tasks.append(asyncio.ensure_future(one()))
+        await asyncio.wait_for(asyncio.gather(*tasks), TIME_LIMIT)
+        elapsed = time.perf_counter() - start
+        await queue.delete(if_unused=False, if_empty=False)
+        return done / elapsed
+
+
+def run_all(name: str, url: str, args) -> dict[str, float]:
+    results = {}
+    rate, queue = bench_publish(url, args.count, args.size)
+    results["publish (no confirms)"] = rate
+    results["consume (acks, prefetch 256)"] = bench_consume(url, queue, args.count)
+    results[f"persistent + confirms (window {args.window})"] = asyncio.run(
+        _confirmed(url, args.confirm_count, args.size, args.window))
+    for key, value in results.items():
+        print(f"  {name:8s} {key:38s} {value:10.0f} msg/s", flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="benchmark an already running broker instead of starting raftmq")
+    parser.add_argument("--rabbitmq", action="store_true", help="also start and benchmark rabbitmq-server")
+    parser.add_argument("--count", type=int, default=50_000)
+    parser.add_argument("--confirm-count", type=int, default=20_000)
+    parser.add_argument("--size", type=int, default=100, help="message body size in bytes")
+    parser.add_argument("--window", type=int, default=256, help="unconfirmed messages in flight")
+    args = parser.parse_args()
+
+    table: dict[str, dict[str, float]] = {}
+    with contextlib.ExitStack() as stack:
+        if args.url:
+            table["broker"] = run_all("broker", args.url, args)
+        else:
+            node = stack.enter_context(RaftmqNode(tempfile.mkdtemp(prefix="raftmq-bench-")))
+            table["raftmq"] = run_all("raftmq", node.url, args)
+        if args.rabbitmq:
+            if not rabbitmq.available():
+                print("rabbitmq-server is not installed (apt-get install rabbitmq-server)", file=sys.stderr)
+            else:
+                rmq = stack.enter_context(rabbitmq.RabbitMQ())
+                table["rabbitmq"] = run_all("rabbitmq", rmq.url, args)
+    names = list(table)
+    print(f"\n{'scenario':40s}" + "".join(f"{n:>12s}" for n in names))
+    for key in next(iter(table.values())):
+        print(f"{key:40s}" + "".join(f"{table[n][key]:12.0f}" for n in names))
+
+
+if __name__ == "__main__":
+    main()
