@@ -16,8 +16,9 @@ import time
 from typing import Protocol
 
 from raftmq.ops.config import Config
+from raftmq.raft.cluster import ClusterLog
 from raftmq.raft.local import LocalLog
-from raftmq.store.commands import OUT_CANCEL, OUT_DELIVER, OUT_REPLY, Op
+from raftmq.store.commands import OUT_CANCEL, OUT_CLOSE, OUT_DELIVER, OUT_REPLY, Op
 from raftmq.store.durable import DurableStore
 from raftmq.store.machine import StateMachine
 
@@ -38,6 +39,8 @@ class Endpoint(Protocol):
 
     def on_cancel(self, channel: int, consumer_tag: str) -> None: ...
 
+    def on_forced_close(self, reply_code: int, reply_text: str) -> None: ...
+
     def flush(self) -> None: ...
 
     def set_blocked(self, reason: str | None) -> None: ...
@@ -47,20 +50,45 @@ class Broker:
     def __init__(self, config: Config) -> None:
         self.config = config
         data_dir = config.resolved_data_dir()
-        self.store = DurableStore(os.path.join(data_dir, "state"))
-        self.machine = StateMachine(self.store)
-        self.log = LocalLog(self.machine, self._on_outputs)
-        self.auth = Authenticator(config.users)
-        self.endpoints: dict[str, Endpoint] = {}
-        self._conn_ids = itertools.count(1)
         # Connection ids must never repeat across restarts once the log is replicated: prefix a
         # boot stamp (taken here, outside apply, so the state machine stays deterministic).
         self._boot = f"{config.node_id}.{time.time_ns() // 1000:x}"
+        self.store: DurableStore | None
+        if config.clustered:
+            # In a cluster the journal and snapshots are the durable state (replica.py); the
+            # model is rebuilt from them at start, transient parts included.
+            self.store = None
+            self.machine = StateMachine(None)
+            me = config.member()
+            self.log = ClusterLog(
+                self.machine, self._on_outputs, origin=self._boot, self_address=me.raft,
+                partners=[m.raft for m in config.cluster if m.node_id != config.node_id],
+                data_dir=os.path.join(data_dir, "raft"), secret=config.secret(),
+                snapshot_entries=config.snapshot_entries, snapshot_seconds=config.snapshot_seconds,
+                append_entries_period=config.raft_append_entries_period, tick_period=config.raft_tick_period,
+                election_timeout=(config.raft_election_timeout_min, config.raft_election_timeout_max),
+            )
+            self.known_hosts = ",".join(m.amqp for m in config.cluster)
+            self._node_of_raft = {m.raft: m.node_id for m in config.cluster}
+        else:
+            self.store = DurableStore(os.path.join(data_dir, "state"))
+            self.machine = StateMachine(self.store)
+            self.log = LocalLog(self.machine, self._on_outputs)
+            self.known_hosts = f"{config.host}:{config.port}"
+        self.auth = Authenticator(config.users)
+        self.endpoints: dict[str, Endpoint] = {}
+        self._conn_ids = itertools.count(1)
         self.alarm: str | None = None
         self._tasks: list[asyncio.Task] = []
-        self.known_hosts = f"{config.host}:{config.port}"
+        self._leaderless_since: float | None = None
+        self._declared_down: set[str] = set()
 
     async def start(self) -> None:
+        if self.config.clustered:
+            self.log.start(asyncio.get_running_loop())
+            # Connections of this node's previous incarnation are gone: release what they held.
+            self.submit([Op.NODE_RESET, None, None, self.config.node_id, self._boot])
+            self._tasks.append(asyncio.create_task(self._cluster_watch_loop()))
         for vhost in self.config.vhosts:
             if vhost not in self.machine.vhosts:
                 self.submit([Op.VHOST_ADD, None, None, vhost])
@@ -75,8 +103,16 @@ class Broker:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
-        self.store.sync()
-        self.store.close()
+        if self.config.clustered:
+            self.log.close()
+        else:
+            self.store.sync()
+            self.store.close()
+
+    @property
+    def accepting(self) -> bool:
+        """Whether client operations can make progress here (single node, or a cluster with a leader)."""
+        return not self.config.clustered or self.log.ready
 
     # ------------------------------------------------------------------ connections
 
@@ -112,6 +148,8 @@ class Broker:
                 endpoint.on_reply(out[2], out[3], out[4])
             elif kind == OUT_CANCEL:
                 endpoint.on_cancel(out[2], out[3])
+            elif kind == OUT_CLOSE:
+                endpoint.on_forced_close(out[2], out[3])
             touched[out[0]] = endpoint
         for endpoint in touched.values():
             endpoint.flush()
@@ -119,10 +157,53 @@ class Broker:
     # ------------------------------------------------------------------ timers
 
     async def _tick_loop(self) -> None:
+        clustered = self.config.clustered
         while True:
             await asyncio.sleep(TICK_INTERVAL)
-            if self.machine.next_expiry_due():
+            if self.machine.next_expiry_due() and (not clustered or self.log.is_leader):
                 self.submit([Op.TICK, None, None])
+
+    async def _cluster_watch_loop(self) -> None:
+        """Leader: declare unreachable members down. Everyone: drop clients while leaderless."""
+        config = self.config
+        unreachable_since: dict[str, float] = {}
+        while True:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            replica = self.log.replica
+            if self.log.leader is None:
+                if self._leaderless_since is None:
+                    self._leaderless_since = now
+                elif now - self._leaderless_since > config.leaderless_close_after and self.endpoints:
+                    log.warning("no Raft leader for %.1f s: closing %d client connections",
+                                now - self._leaderless_since, len(self.endpoints))
+                    self.close_all(320, "CONNECTION_FORCED - this node lost the cluster leader; "
+                                        f"reconnect to one of {self.known_hosts}")
+            else:
+                self._leaderless_since = None
+            if not self.log.is_leader:
+                unreachable_since.clear()
+                continue
+            connected = set(replica.connected_partners())
+            for raft_address, node_id in self._node_of_raft.items():
+                if node_id == config.node_id:
+                    continue
+                if raft_address in connected:
+                    unreachable_since.pop(raft_address, None)
+                    self._declared_down.discard(node_id)
+                    continue
+                since = unreachable_since.setdefault(raft_address, now)
+                if now - since > config.node_down_after and node_id not in self._declared_down:
+                    log.warning("member %s unreachable for %.1f s: releasing its connections", node_id, now - since)
+                    self._declared_down.add(node_id)
+                    self.submit([Op.NODE_RESET, None, None, node_id, None])
+
+    def close_all(self, code: int, text: str) -> None:
+        for endpoint in list(self.endpoints.values()):
+            close = getattr(endpoint, "close_connection", None)
+            if close is not None:
+                close(code, text)
+                endpoint.flush()
 
     async def _alarm_loop(self) -> None:
         while True:

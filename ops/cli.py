@@ -26,6 +26,13 @@ def _server(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cluster_up(args: argparse.Namespace) -> int:
+    from .cluster_up import cluster_up
+
+    return cluster_up(args.nodes, args.host, args.amqp_base_port, args.raft_base_port, args.data_dir,
+                      args.log_level)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raftmq", description="raftmq: a clustered AMQP broker")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -38,6 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop")
     server.add_argument("--log-level", help="DEBUG, INFO, WARNING... (default INFO)")
     server.set_defaults(func=_server)
+
+    cluster = sub.add_parser("cluster", help="local cluster helpers")
+    cluster_sub = cluster.add_subparsers(dest="cluster_command", required=True)
+    up = cluster_sub.add_parser("up", help="start a local N-node cluster on loopback (default 3 nodes)")
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--amqp-base-port", type=int, default=5672, help="first node's AMQP port (then +1...)")
+    up.add_argument("--raft-base-port", type=int, default=4401, help="first node's Raft port (then +1...)")
+    up.add_argument("--data-dir", default="data", help="parent of the nodes' data directories")
+    up.add_argument("--log-level", default="INFO")
+    up.set_defaults(func=_cluster_up)
     return parser
 
 

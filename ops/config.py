@@ -20,6 +20,15 @@ class UserConfig:
 
 
 @dataclass
+class MemberConfig:
+    """One cluster member: its name, its Raft transport address and the address clients use."""
+
+    node_id: str
+    raft: str  # host:port
+    amqp: str  # host:port
+
+
+@dataclass
 class Config:
     node_id: str = "n1"
     host: str = "127.0.0.1"
@@ -38,9 +47,41 @@ class Config:
     disk_free_limit: int = 50 * 1024 * 1024
     use_uvloop: bool = True
     log_level: str = "INFO"
+    # Cluster: empty `cluster` runs a single node with its local log. Otherwise this node is the
+    # member whose node_id matches, and the secret authenticates and encrypts the Raft transport.
+    cluster: list[MemberConfig] = field(default_factory=list)
+    cluster_secret: str = ""
+    cluster_secret_file: str = ""
+    snapshot_entries: int = 20_000  # Raft entries between snapshots (each entry is a batch)
+    snapshot_seconds: float = 600.0
+    node_down_after: float = 5.0  # the leader declares an unreachable member down after this
+    leaderless_close_after: float = 3.0  # close clients with 320 after this long without a leader
+    raft_append_entries_period: float = 0.01
+    raft_tick_period: float = 0.005
+    raft_election_timeout_min: float = 0.15
+    raft_election_timeout_max: float = 0.3
 
     def resolved_data_dir(self) -> str:
         return self.data_dir or os.path.join("data", self.node_id)
+
+    @property
+    def clustered(self) -> bool:
+        return bool(self.cluster)
+
+    def member(self, node_id: str | None = None) -> MemberConfig:
+        wanted = node_id or self.node_id
+        for m in self.cluster:
+            if m.node_id == wanted:
+                return m
+        raise ValueError(f"node {wanted!r} is not a member of the configured cluster")
+
+    def secret(self) -> str:
+        if self.cluster_secret:
+            return self.cluster_secret
+        if self.cluster_secret_file:
+            with open(self.cluster_secret_file) as fh:
+                return fh.read().strip()
+        raise ValueError("a cluster needs cluster_secret or cluster_secret_file (it encrypts Raft traffic)")
 
 
 _ENV_PREFIX = "RAFTMQ_"
@@ -52,7 +93,7 @@ def load_config(path: str | None = None, overrides: dict | None = None) -> Confi
     if path:
         with open(path, "rb") as fh:
             values.update(tomllib.load(fh))
-    scalar = {f.name: f.type for f in fields(Config) if f.name not in ("users", "vhosts")}
+    scalar = {f.name: f.type for f in fields(Config) if f.name not in ("users", "vhosts", "cluster")}
     for name in scalar:
         env = os.environ.get(_ENV_PREFIX + name.upper())
         if env is not None:
@@ -73,12 +114,16 @@ def load_config(path: str | None = None, overrides: dict | None = None) -> Confi
             }
         elif key == "vhosts":
             config.vhosts = list(value)
+        elif key == "cluster":
+            config.cluster = [MemberConfig(str(m["node_id"]), str(m["raft"]), str(m["amqp"])) for m in value]
         elif key in scalar:
             default = getattr(config, key)
             if isinstance(default, bool):
                 value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
             elif isinstance(default, int):
                 value = int(value)
+            elif isinstance(default, float):
+                value = float(value)
             setattr(config, key, value)
         else:
             raise ValueError(f"unknown configuration key {key!r}")

@@ -39,6 +39,7 @@ class Op(IntEnum):
     RECOVER = 36
     TX_COMMIT = 40
     TICK = 50
+    NODE_RESET = 51  # (node_id, keep_boot): a node's old connections are gone (it died or restarted)
     VHOST_ADD = 60
 
 
@@ -54,6 +55,7 @@ REJECTED = 2  # a queue with x-overflow=reject-publish refused it: nack the publ
 OUT_REPLY = 0  # (conn, OUT_REPLY, token, result, channel)
 OUT_DELIVER = 1  # (conn, OUT_DELIVER, channel, consumer_tag, delivery)
 OUT_CANCEL = 2  # (conn, OUT_CANCEL, channel, consumer_tag): server-side consumer cancel
+OUT_CLOSE = 3  # (conn, OUT_CLOSE, reply_code, reply_text): the cluster closed this connection
 
 
 def ok(value: object = None) -> tuple:

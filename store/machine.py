@@ -15,12 +15,14 @@ node agrees where each message went and who holds it.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 
 from .commands import (
     ERR,
     OK,
     OUT_CANCEL,
+    OUT_CLOSE,
     OUT_DELIVER,
     OUT_REPLY,
     REJECTED,
@@ -92,6 +94,26 @@ def _b(flag: bool) -> str:
     return "true" if flag else "false"
 
 
+class BatchWindow:
+    """The sequence numbers of one origin's recent batches (a bounded window, deterministic)."""
+
+    __slots__ = ("seen", "order")
+    LIMIT = 65536
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.order: deque[int] = deque()
+
+    def add(self, seq: int) -> bool:
+        if seq in self.seen:
+            return False
+        self.seen.add(seq)
+        self.order.append(seq)
+        if len(self.order) > self.LIMIT:
+            self.seen.discard(self.order.popleft())
+        return True
+
+
 class StateMachine:
     def __init__(self, store: DurableStore | None = None) -> None:
         self.store = store
@@ -108,6 +130,9 @@ class StateMachine:
         self.next_msg_id = 1
         self.applied_index = 0
         self.message_bytes = 0  # bodies held in queues: the memory alarm watches it
+        # Batches already applied, per origin: a batch retried after an ambiguous Raft error
+        # (pysyncobj may report failure for an entry that did commit) is applied once.
+        self.applied_batches: dict[str, BatchWindow] = {}
         self._now = 0
         self._out: list = []
         self._dirty: dict[int, Queue] = {}
@@ -136,6 +161,7 @@ class StateMachine:
             Op.RECOVER: self._recover,
             Op.TX_COMMIT: self._tx_commit,
             Op.TICK: self._tick,
+            Op.NODE_RESET: self._node_reset,
             Op.VHOST_ADD: self._vhost_add,
         }
         if store is not None:
@@ -147,9 +173,26 @@ class StateMachine:
     def sync_needed(self) -> bool:
         return self._w is not None and self._w.sync_needed
 
-    def apply_batch(self, now: int, commands: list, index: int | None = None) -> list:
-        """Apply ``commands`` at time ``now`` (microseconds); return the outputs in order."""
-        self._now = now
+    def apply_batch(self, now: int, commands: list, index: int | None = None,
+                    batch_id: tuple[str, int] | None = None) -> list:
+        """Apply ``commands`` at time ``now`` (microseconds); return the outputs in order.
+
+        Time never goes backwards inside the state machine: batches proposed by different nodes
+        carry their proposer's clock, so the machine keeps the largest time seen (itself part of
+        the replicated state, hence deterministic). ``batch_id`` (origin, sequence) makes a
+        retried batch a no-op.
+        """
+        if batch_id is not None:
+            origin, seq = batch_id
+            window = self.applied_batches.get(origin)
+            if window is None:
+                window = self.applied_batches[origin] = BatchWindow()
+            if not window.add(seq):
+                if index is not None:
+                    self.applied_index = index
+                return []
+        if now > self._now:
+            self._now = now
         self._out = out = []
         self._w = self.store.writer() if self.store is not None else None
         for command in commands:
@@ -260,6 +303,23 @@ class StateMachine:
         self.channels.pop(conn, None)
         for queue in list(self.exclusive_queues.pop(conn, {}).values()):
             self._delete_queue(queue)
+
+    def _node_reset(self, cmd: list) -> None:
+        """Close every connection of node ``node_id`` not of its boot ``keep_boot``.
+
+        Issued when a node is declared down (``keep_boot`` None) and when a node restarts: its
+        consumers' unacknowledged messages go back to their queues (redelivered) and its exclusive
+        queues are deleted, as if each client connection had closed.
+        """
+        node_id, keep_boot = cmd[3], cmd[4]
+        prefix = f"{node_id}."
+        keep = f"{keep_boot}." if keep_boot else None
+        conns = [c for c in dict.fromkeys([*self.channels, *self.exclusive_queues])
+                 if c.startswith(prefix) and not (keep and c.startswith(keep))]
+        for conn in conns:
+            self._connection_close([Op.CONNECTION_CLOSE, conn, None])
+            self._out.append((conn, OUT_CLOSE, 320, f"CONNECTION_FORCED - node {node_id} left the cluster"))
+        return len(conns)
 
     def _qos(self, cmd: list) -> None:
         _, conn, _, number, prefetch_count, global_ = cmd

@@ -214,6 +214,10 @@ class Amqp091Connection(asyncio.Protocol):
         if channel is not None:
             channel.server_cancel(consumer_tag)
 
+    def on_forced_close(self, reply_code: int, reply_text: str) -> None:
+        """The cluster released this connection (its node was declared down): tell the client."""
+        self.close_connection(reply_code, reply_text)
+
     # ------------------------------------------------------------------ frames
 
     def _on_frame(self, frame) -> None:
@@ -351,6 +355,10 @@ class Amqp091Connection(asyncio.Protocol):
 
     def _on_open(self, method) -> None:
         vhost = method.virtual_host or "/"
+        if not self.broker.accepting:
+            raise ConnectionException(
+                320, f"CONNECTION_FORCED - this node has no cluster leader; try {self.broker.known_hosts}",
+                method.CLASS_ID, method.METHOD_ID)
         if vhost not in self.broker.machine.vhosts:
             raise ConnectionException(530, f"NOT_ALLOWED - vhost '{vhost}' not found",
                                       method.CLASS_ID, method.METHOD_ID)

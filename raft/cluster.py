@@ -1,0 +1,203 @@
+"""The replicated log: the same contract as ``LocalLog`` (``submit``; outputs in log order), over Raft.
+
+Commands submitted during one event-loop iteration become one batch, proposed as one Raft entry
+(group commit: one pysyncobj command carries every connection's operations of that iteration).
+At most ``max_in_flight`` batches are proposed and not yet applied; while that many are in flight,
+new commands accumulate into the next batch, so batches grow with load and the number of Raft
+entries per second stays bounded.
+
+Committed entries arrive from pysyncobj's tick thread and are applied here, in the asyncio loop, in
+log order; the loop is the only thread that touches the state machine.  Outputs go to the broker as
+soon as the entry is applied: commit in Raft means a majority has it fsynced (see ``replica.py``), so
+a confirm sent now survives the loss of any minority of nodes.
+
+Every batch carries (origin, sequence).  pysyncobj may report an error for an entry that did commit
+(leader change, timeouts), so a batch whose application this node has not seen after an error or
+``retry_after`` seconds is proposed again with the same id; the state machine applies an id once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+
+import msgpack
+
+from raftmq.store.machine import StateMachine
+from raftmq.store.snapshot import import_model, read_snapshot, write_snapshot
+
+from .replica import ENTRY, INSTALL, SNAPSHOT, Replica
+
+log = logging.getLogger(__name__)
+
+OutputsCallback = Callable[[list], None]
+
+
+class ClusterLog:
+    def __init__(self, machine: StateMachine, on_outputs: OutputsCallback, *, origin: str,
+                 self_address: str, partners: list[str], data_dir: str, secret: str,
+                 max_in_flight: int = 8, retry_after: float = 5.0, use_fork: bool = True,
+                 clock: Callable[[], int] = time.time_ns, **replica_options) -> None:
+        self.machine = machine
+        self._on_outputs = on_outputs
+        self.origin = origin
+        self._clock = clock
+        self.max_in_flight = max_in_flight
+        self.retry_after = retry_after
+        self.use_fork = use_fork
+        self._pending: list[list] = []
+        self._scheduled = False
+        self._seq = 0
+        self._in_flight: dict[int, tuple[float, int, bytes]] = {}  # seq -> (proposed at, now, blob)
+        self._inbox: deque[tuple] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._retry_handle: asyncio.TimerHandle | None = None
+        self.batches_applied = 0
+        self.commands_applied = 0
+        self.on_leader_change: Callable[[], None] | None = None
+        self._address = self_address
+        self._args = (self_address, partners, data_dir, secret)
+        self._replica_options = replica_options
+        self.replica: Replica | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start Raft (its tick thread); committed entries will flow into ``loop``."""
+        self._loop = loop
+        self.replica = Replica(*self._args, sink=self._from_raft, **self._replica_options)
+        self._retry_handle = loop.call_later(self.retry_after, self._retry_stale)
+
+    def close(self) -> None:
+        if self._retry_handle is not None:
+            self._retry_handle.cancel()
+        if self.replica is not None:
+            self.replica.destroy()
+            self.replica.journal.flush()
+
+    # ------------------------------------------------------------------ status
+
+    @property
+    def is_leader(self) -> bool:
+        return self.replica is not None and self.replica.is_leader
+
+    @property
+    def leader(self) -> str | None:
+        return self.replica.leader_address if self.replica is not None else None
+
+    @property
+    def ready(self) -> bool:
+        """This node has a leader and has applied everything the leader told it was committed."""
+        r = self.replica
+        return r is not None and r.leader_address is not None and r.isReady()
+
+    @property
+    def backlog(self) -> int:
+        return len(self._in_flight)
+
+    # ------------------------------------------------------------------ proposing
+
+    def submit(self, command: list) -> None:
+        self._pending.append(command)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._propose_pending)
+
+    def _propose_pending(self) -> None:
+        self._scheduled = False
+        if not self._pending or len(self._in_flight) >= self.max_in_flight:
+            return
+        batch, self._pending = self._pending, []
+        self._seq += 1
+        now_us = self._clock() // 1000
+        blob = msgpack.packb(batch, use_bin_type=True)
+        self._in_flight[self._seq] = (time.monotonic(), now_us, blob)
+        self._propose(self._seq, now_us, blob)
+
+    def _propose(self, seq: int, now_us: int, blob: bytes) -> None:
+        loop = self._loop
+
+        def done(_result, error) -> None:  # tick thread
+            if error:
+                loop.call_soon_threadsafe(self._failed, seq, error)
+
+        self.replica.apply_batch(now_us, self.origin, seq, blob, callback=done)
+
+    def _failed(self, seq: int, error: int) -> None:
+        entry = self._in_flight.get(seq)
+        if entry is None:
+            return  # applied after all
+        log.debug("batch %s: pysyncobj error %s, proposing again", seq, error)
+        self._in_flight[seq] = (time.monotonic(), entry[1], entry[2])
+        self._loop.call_later(0.05, self._repropose, seq)
+
+    def _repropose(self, seq: int) -> None:
+        entry = self._in_flight.get(seq)
+        if entry is not None:
+            self._propose(seq, entry[1], entry[2])
+
+    def _retry_stale(self) -> None:
+        now = time.monotonic()
+        for seq, (at, now_us, blob) in list(self._in_flight.items()):
+            if now - at > self.retry_after:
+                self._in_flight[seq] = (now, now_us, blob)
+                self._propose(seq, now_us, blob)
+        self._retry_handle = self._loop.call_later(1.0, self._retry_stale)
+
+    # ------------------------------------------------------------------ applying
+
+    def _from_raft(self, item: tuple) -> None:
+        """Tick thread: queue a committed entry or marker for the loop, preserving order."""
+        self._inbox.append(item)
+        if len(self._inbox) == 1:
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        inbox = self._inbox
+        machine = self.machine
+        while inbox:
+            item = inbox[0]
+            kind = item[0]
+            if kind == ENTRY:
+                _, index, now, origin, seq, blob = item
+                commands = msgpack.unpackb(blob, raw=False, strict_map_key=False)
+                outputs = machine.apply_batch(now, commands, index, (origin, seq))
+                self.batches_applied += 1
+                self.commands_applied += len(commands)
+                if origin == self.origin and self._in_flight.pop(seq, None) is not None and self._pending:
+                    self._loop.call_soon(self._propose_pending)
+                if outputs:
+                    self._on_outputs(outputs)
+            elif kind == SNAPSHOT:
+                self._take_snapshot(item[2], item[3])
+            elif kind == INSTALL:
+                self._install(item[2])
+            inbox.popleft()
+
+    def _take_snapshot(self, path: str, meta: bytes) -> None:
+        replica = self.replica
+        if self.use_fork:
+            pid = os.fork()
+            if pid == 0:  # child: a frozen copy of the model; write it and leave without cleanup
+                code = 1
+                try:
+                    write_snapshot(path, self.machine, meta)
+                    code = 0
+                finally:
+                    os._exit(code)
+            replica.snapshot_started(pid)
+            return
+        try:
+            write_snapshot(path, self.machine, meta)
+            replica.snapshot_started(None, ok=True)
+        except Exception:
+            log.exception("snapshot failed")
+            replica.snapshot_started(None, ok=False)
+
+    def _install(self, path: str) -> None:
+        _, model = read_snapshot(path)
+        import_model(self.machine, model)
+        os.unlink(path)
+        log.info("installed snapshot at index %s", self.machine.applied_index)

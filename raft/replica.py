@@ -1,0 +1,187 @@
+"""pysyncobj, made safe for a broker: durable journal, send barrier, snapshots of the whole model.
+
+``Replica`` is the only pysyncobj subclass. It runs pysyncobj's tick thread and hands every
+committed entry, in log order, to a *sink* (``ClusterLog``, which applies it in the asyncio loop).
+What it changes in pysyncobj's behaviour, and why (see shared/notes/pysyncobj.md):
+
+* **Journal**: :class:`raft.journal.LmdbJournal` instead of the mmap ``FileJournal`` that never
+  fsyncs.  Term and vote are fsynced when they change.
+* **Send barrier**: the transport's ``send`` flushes (fsyncs) the journal first, so no
+  acknowledgement, vote or AppendEntries leaves this node describing entries that are not on disk.
+  A tick callback flushes as well, so a one-node cluster never counts an unflushed entry.
+* **Snapshots**: pysyncobj's serializer hooks, made asynchronous with ``serializeChecker``.  The
+  hook only posts a marker into the ordered entry stream; the loop reaches it with the state at
+  exactly that index and writes the snapshot (forked child, copy-on-write, so the loop does not
+  stall); the checker reports completion and pysyncobj then truncates the journal.  Installing a
+  snapshot received from the leader posts an *install* marker the same way.
+* **Security**: the transport binds to the configured address only and is encrypted and
+  authenticated with the cluster secret (pysyncobj ``password``; needs ``cryptography``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+import msgpack
+from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj import syncobj as _syncobj_module
+from pysyncobj.config import SERIALIZER_STATE
+from pysyncobj.node import TCPNode
+
+from .journal import LmdbJournal
+
+log = logging.getLogger(__name__)
+
+_JOURNAL_HOOK = threading.Lock()
+
+# Items handed to the sink, in log order.
+ENTRY, SNAPSHOT, INSTALL = 0, 1, 2
+
+
+class Replica(SyncObj):
+    def __init__(self, self_address: str, partners: list[str], data_dir: str, secret: str,
+                 sink: Callable[[tuple], None], *, bind_address: str | None = None,
+                 snapshot_entries: int = 20_000, snapshot_seconds: float = 600.0,
+                 append_entries_period: float = 0.01, tick_period: float = 0.005,
+                 election_timeout: tuple[float, float] = (0.15, 0.3),
+                 on_state_changed: Callable[[int, int], None] | None = None) -> None:
+        os.makedirs(data_dir, exist_ok=True)
+        self.data_dir = data_dir
+        self.snapshot_path = os.path.join(data_dir, "snapshot.lmdb")
+        self._sink = sink
+        self._snapshot_state = SERIALIZER_STATE.NOT_SERIALIZING
+        self._snapshot_pid: int | None = None
+        self._installs = 0
+        self.journal = LmdbJournal(os.path.join(data_dir, "journal"))
+        conf = SyncObjConf(
+            password=secret,
+            bindAddress=bind_address or self_address,
+            fullDumpFile=self.snapshot_path,
+            serializer=self._serialize,
+            deserializer=self._deserialize,
+            serializeChecker=self._check_serializing,
+            logCompactionMinEntries=snapshot_entries,
+            logCompactionMinTime=snapshot_seconds,
+            appendEntriesPeriod=append_entries_period,
+            autoTickPeriod=tick_period,
+            raftMinTimeout=election_timeout[0],
+            raftMaxTimeout=election_timeout[1],
+            connectionTimeout=max(3.5, election_timeout[1]),
+            connectionRetryTime=1.0,
+            dynamicMembershipChange=True,
+            commandsWaitLeader=True,
+            onStateChanged=on_state_changed,
+        )
+        # pysyncobj builds its journal inside __init__ from a module-level factory: swap the
+        # factory for the duration of the constructor (serialised by a lock).
+        with _JOURNAL_HOOK:
+            original = _syncobj_module.createJournal
+            _syncobj_module.createJournal = lambda _path: self.journal
+            try:
+                super().__init__(self_address, partners, conf)
+            finally:
+                _syncobj_module.createJournal = original
+        transport = self._SyncObj__transport
+        unsafe_send = transport.send
+        journal = self.journal
+
+        def send(node, message):
+            if journal.dirty:
+                journal.flush()
+            return unsafe_send(node, message)
+
+        transport.send = send
+        self.addOnTickCallback(self._flush_journal)
+
+    def _flush_journal(self) -> None:
+        if self.journal.dirty:
+            self.journal.flush()
+
+    # ------------------------------------------------------------------ the replicated method
+
+    @replicated
+    def apply_batch(self, now: int, origin: str, seq: int, blob: bytes) -> None:
+        """Runs in the tick thread once the entry is committed: pass it on, in order."""
+        index = self._SyncObj__raftLastApplied + 1
+        self._sink((ENTRY, index, now, origin, seq, blob))
+
+    # ------------------------------------------------------------------ status
+
+    @property
+    def last_applied(self) -> int:
+        return self._SyncObj__raftLastApplied
+
+    @property
+    def commit_index(self) -> int:
+        return self._SyncObj__raftCommitIndex
+
+    @property
+    def leader_address(self) -> str | None:
+        leader = self._getLeader()
+        return leader.address if leader is not None else None
+
+    @property
+    def is_leader(self) -> bool:
+        return self._isLeader()
+
+    def connected_partners(self) -> list[str]:
+        return [n.address for n in self.otherNodes if self.isNodeConnected(n)]
+
+    # ------------------------------------------------------------------ snapshots
+
+    def _serialize(self, _tmp_path: str, data: tuple) -> None:
+        """pysyncobj wants a snapshot at its last applied entry: ask the loop (ordered marker).
+
+        ``data`` is (last applied entry, the entry before it, cluster members). We do not create
+        pysyncobj's temporary file; pysyncobj's own rename then fails harmlessly and it waits for
+        :meth:`_check_serializing`, which is the real completion signal.
+        """
+        last, before, cluster = data
+        meta = msgpack.packb([list(last), list(before), sorted(n.address for n in cluster)], use_bin_type=True)
+        self._snapshot_state = SERIALIZER_STATE.SERIALIZING
+        self._snapshot_pid = None
+        self._sink((SNAPSHOT, last[1], self.snapshot_path, meta))
+
+    def snapshot_started(self, pid: int | None, ok: bool = True) -> None:
+        """Called from the loop: the snapshot child was forked (``pid``), or written in-process."""
+        if pid is None:
+            self._snapshot_state = SERIALIZER_STATE.SUCCESS if ok else SERIALIZER_STATE.FAILED
+        else:
+            self._snapshot_pid = pid
+
+    def _check_serializing(self) -> int:
+        state = self._snapshot_state
+        if state == SERIALIZER_STATE.SERIALIZING and self._snapshot_pid is not None:
+            try:
+                pid, status = os.waitpid(self._snapshot_pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self._snapshot_pid, 1
+            if pid:
+                state = SERIALIZER_STATE.SUCCESS if status == 0 else SERIALIZER_STATE.FAILED
+                if state == SERIALIZER_STATE.FAILED:
+                    log.error("snapshot child exited with status %s", status)
+                self._snapshot_pid = None
+        if state in (SERIALIZER_STATE.SUCCESS, SERIALIZER_STATE.FAILED):
+            self._snapshot_state = SERIALIZER_STATE.NOT_SERIALIZING
+        return state
+
+    def _deserialize(self, path: str) -> tuple:
+        """Load a snapshot (ours at start, or one just received from the leader).
+
+        The model is installed by the loop, in order with the entries: hand it a private hard link
+        so that a later snapshot replacing ``path`` cannot change the file under it.
+        """
+        from raftmq.store.snapshot import read_snapshot
+
+        meta, _ = read_snapshot(path, with_model=False)
+        last, before, members = msgpack.unpackb(meta, raw=False)
+        self._installs += 1
+        private = os.path.join(self.data_dir, f"install.{self._installs}.lmdb")
+        if os.path.exists(private):
+            os.unlink(private)
+        os.link(path, private)
+        self._sink((INSTALL, last[1], private))
+        return (tuple(last), tuple(before), {TCPNode(a) for a in members})
