@@ -23,6 +23,7 @@ from raftmq.store.durable import DurableStore
 from raftmq.store.machine import StateMachine
 
 from .auth import Authenticator
+from .status import status_loop
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class Broker:
             self.machine = StateMachine(self.store)
             self.log = LocalLog(self.machine, self._on_outputs)
             self.known_hosts = f"{config.host}:{config.port}"
+            self._node_of_raft = {}
         self.auth = Authenticator(config.users)
         self.endpoints: dict[str, Endpoint] = {}
         self._conn_ids = itertools.count(1)
@@ -94,6 +96,7 @@ class Broker:
                 self.submit([Op.VHOST_ADD, None, None, vhost])
         self._tasks.append(asyncio.create_task(self._tick_loop()))
         self._tasks.append(asyncio.create_task(self._alarm_loop()))
+        self._tasks.append(asyncio.create_task(status_loop(self, self.config.resolved_data_dir())))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -108,6 +111,13 @@ class Broker:
         else:
             self.store.sync()
             self.store.close()
+
+    @property
+    def boot(self) -> str:
+        return self._boot
+
+    def node_of_raft(self, raft_address: str | None) -> str | None:
+        return self._node_of_raft.get(raft_address) if raft_address else None
 
     @property
     def accepting(self) -> bool:

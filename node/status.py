@@ -1,0 +1,81 @@
+"""A node's status in its data directory: ``status.json`` twice a second, ``digest.json`` on SIGUSR1.
+
+These files are how tests and operators on the same machine look inside a running node without
+a client protocol (the gRPC admin service builds on the same fields).  Both are written atomically
+(temporary file + rename).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from typing import TYPE_CHECKING
+
+from raftmq.store.snapshot import digest
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+STATUS_INTERVAL = 0.5
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
+def status_of(broker: Broker) -> dict:
+    log = broker.log
+    status = {
+        "node_id": broker.config.node_id,
+        "pid": os.getpid(),
+        "boot": broker.boot,
+        "time": time.time(),
+        "applied_index": broker.machine.applied_index,
+        "batches_applied": log.batches_applied,
+        "commands_applied": log.commands_applied,
+        "connections": len(broker.endpoints),
+        "clustered": broker.config.clustered,
+    }
+    if broker.config.clustered and log.replica is not None:
+        replica = log.replica
+        status.update(
+            role="leader" if log.is_leader else "follower",
+            leader=log.leader,
+            leader_node=broker.node_of_raft(log.leader),
+            ready=log.ready,
+            commit_index=replica.commit_index,
+            raft_applied=replica.last_applied,
+            journal_entries=len(replica.journal),
+            journal_flushes=replica.journal.flushes,
+            connected_partners=replica.connected_partners(),
+        )
+    else:
+        status.update(role="single", leader=None, leader_node=broker.config.node_id, ready=True)
+    return status
+
+
+async def status_loop(broker: Broker, data_dir: str) -> None:
+    path = os.path.join(data_dir, "status.json")
+    loop = asyncio.get_running_loop()
+
+    def write_digest() -> None:
+        _write_json(os.path.join(data_dir, "digest.json"),
+                    {"applied_index": broker.machine.applied_index, "digest": digest(broker.machine),
+                     "time": time.time()})
+
+    try:
+        loop.add_signal_handler(signal.SIGUSR1, write_digest)
+    except (NotImplementedError, RuntimeError):
+        pass
+    while True:
+        try:
+            _write_json(path, status_of(broker))
+        except OSError:
+            pass
+        await asyncio.sleep(STATUS_INTERVAL)
