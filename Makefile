@@ -1,11 +1,11 @@
-# The two commands of the README: `make run` (start a node) and `make test` (run the test suite).
+# The two commands of the README: `make run` (start a local 3-node cluster) and `make test` (run the tests).
 # Both create the virtualenv in .venv and install raftmq into it on first use.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench chaos clean
+.PHONY: run run-single test test-cluster lint bench chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
+	$(BIN)/raftmq cluster up
+
+run-single: $(STAMP)
 	$(BIN)/raftmq server
+
+test-cluster: $(STAMP)
+	$(BIN)/python -m pytest -q tests/cluster
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -31,16 +31,20 @@ import pika
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support import rabbitmq  # noqa: E402
+from tests.support.cluster import Cluster  # noqa: E402
 from tests.support.raftmq_node import RaftmqNode  # noqa: E402
 
 TIME_LIMIT = 30.0  # seconds per scenario, whatever the count
 
 
-def bench_publish(url: str, count: int, size: int) -> tuple[float, str]:
+def bench_publish(url: str, count: int, size: int, quorum: bool = False) -> tuple[float, str]:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     ch = conn.channel()
     queue = f"bench-{uuid.uuid4().hex[:8]}"
-    ch.queue_declare(queue, auto_delete=False)
+    if quorum:
+        ch.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    else:
+        ch.queue_declare(queue, auto_delete=False)
     body = b"x" * size
     start = time.perf_counter()
     sent = 0
@@ -75,11 +79,12 @@ def bench_consume(url: str, queue: str, count: int) -> float:
     return got / elapsed
 
 
-async def _confirmed(url: str, count: int, size: int, window: int) -> float:
+async def _confirmed(url: str, count: int, size: int, window: int, quorum: bool) -> float:
     conn = await aio_pika.connect(url)
     async with conn:
         ch = await conn.channel(publisher_confirms=True)
-        queue = await ch.declare_queue(f"bench-d-{uuid.uuid4().hex[:8]}", durable=True)
+        queue = await ch.declare_queue(f"bench-d-{uuid.uuid4().hex[:8]}", durable=True,
+                                       arguments={"x-queue-type": "quorum"} if quorum else None)
         body = b"x" * size
         sem = asyncio.Semaphore(window)
         done = 0
@@ -105,13 +110,13 @@ async def _confirmed(url: str, count: int, size: int, window: int) -> float:
         return done / elapsed
 
 
-def run_all(name: str, url: str, args) -> dict[str, float]:
+def run_all(name: str, url: str, args, quorum: bool = False) -> dict[str, float]:
     results = {}
-    rate, queue = bench_publish(url, args.count, args.size)
+    rate, queue = bench_publish(url, args.count, args.size, quorum)
     results["publish (no confirms)"] = rate
     results["consume (acks, prefetch 256)"] = bench_consume(url, queue, args.count)
     results[f"persistent + confirms (window {args.window})"] = asyncio.run(
-        _confirmed(url, args.confirm_count, args.size, args.window))
+        _confirmed(url, args.confirm_count, args.size, args.window, quorum))
     for key, value in results.items():
         print(f"  {name:8s} {key:38s} {value:10.0f} msg/s", flush=True)
     return results
@@ -124,13 +129,21 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=50_000)
     parser.add_argument("--confirm-count", type=int, default=20_000)
     parser.add_argument("--size", type=int, default=100, help="message body size in bytes")
-    parser.add_argument("--window", type=int, default=256, help="unconfirmed messages in flight")
+    parser.add_argument("--window", type=int, default=1000, help="unconfirmed messages in flight")
+    parser.add_argument("--cluster", type=int, default=0, metavar="N",
+                        help="benchmark an N-node raftmq cluster (clients on a follower) instead of one node; "
+                             "RabbitMQ then uses quorum queues")
     args = parser.parse_args()
 
     table: dict[str, dict[str, float]] = {}
     with contextlib.ExitStack() as stack:
         if args.url:
             table["broker"] = run_all("broker", args.url, args)
+        elif args.cluster:
+            cluster = stack.enter_context(Cluster(args.cluster))
+            follower = cluster.followers()[0]
+            cluster.connection(follower).close()
+            table[f"raftmq x{args.cluster}"] = run_all(f"raftmq x{args.cluster}", follower.url, args)
         else:
             node = stack.enter_context(RaftmqNode(tempfile.mkdtemp(prefix="raftmq-bench-")))
             table["raftmq"] = run_all("raftmq", node.url, args)
@@ -139,11 +152,16 @@ def main() -> None:
                 print("rabbitmq-server is not installed (apt-get install rabbitmq-server)", file=sys.stderr)
             else:
                 rmq = stack.enter_context(rabbitmq.RabbitMQ())
-                table["rabbitmq"] = run_all("rabbitmq", rmq.url, args)
+                name = "rmq quorum" if args.cluster else "rabbitmq"
+                table[name] = run_all(name, rmq.url, args, quorum=bool(args.cluster))
     names = list(table)
-    print(f"\n{'scenario':40s}" + "".join(f"{n:>12s}" for n in names))
+    ratio = len(names) == 2
+    print(f"\n{'scenario (msg/s)':40s}" + "".join(f"{n:>14s}" for n in names) + ("         ratio" if ratio else ""))
     for key in next(iter(table.values())):
-        print(f"{key:40s}" + "".join(f"{table[n][key]:12.0f}" for n in names))
+        row = f"{key:40s}" + "".join(f"{table[n][key]:14.0f}" for n in names)
+        if ratio:
+            row += f"{table[names[0]][key] / table[names[1]][key]:13.2f}x"
+        print(row)
 
 
 if __name__ == "__main__":
