@@ -68,6 +68,7 @@ class Broker:
                 snapshot_entries=config.snapshot_entries, snapshot_seconds=config.snapshot_seconds,
                 append_entries_period=config.raft_append_entries_period, tick_period=config.raft_tick_period,
                 election_timeout=(config.raft_election_timeout_min, config.raft_election_timeout_max),
+                batch_append_entries=config.raft_batch_append_entries,
             )
             self.known_hosts = ",".join(m.amqp for m in config.cluster)
             self._node_of_raft = {m.raft: m.node_id for m in config.cluster}

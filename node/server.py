@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 
 from raftmq.ops.config import Config
 from raftmq.protocol.amqp091.constants import PROTOCOL_HEADER as AMQP091_HEADER
@@ -92,6 +93,11 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
 
 
 def run(config: Config) -> None:
+    if config.clustered:
+        # The Raft tick thread and the event loop share the GIL. With the default 5 ms switch
+        # interval, a message arriving for the idle thread waits up to 5 ms whenever the other one
+        # is busy, at every hop of a commit; 0.5 ms keeps commit latency near network + fsync.
+        sys.setswitchinterval(0.0005)
     if config.use_uvloop:
         try:
             import uvloop

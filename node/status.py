@@ -54,6 +54,9 @@ def status_of(broker: Broker) -> dict:
             journal_entries=len(replica.journal),
             journal_flushes=replica.journal.flushes,
             connected_partners=replica.connected_partners(),
+            batches_proposed=log.batches_proposed,
+            commands_proposed=log.commands_proposed,
+            commit_latency_avg_ms=round(1000 * log.commit_latency_total / max(1, log.commit_latency_count), 3),
         )
     else:
         status.update(role="single", leader=None, leader_node=broker.config.node_id, ready=True)

@@ -58,6 +58,10 @@ class ClusterLog:
         self._retry_handle: asyncio.TimerHandle | None = None
         self.batches_applied = 0
         self.commands_applied = 0
+        self.batches_proposed = 0
+        self.commands_proposed = 0
+        self.commit_latency_total = 0.0  # seconds, over this node's own batches
+        self.commit_latency_count = 0
         self.on_leader_change: Callable[[], None] | None = None
         self._address = self_address
         self._args = (self_address, partners, data_dir, secret)
@@ -114,6 +118,8 @@ class ClusterLog:
         now_us = self._clock() // 1000
         blob = msgpack.packb(batch, use_bin_type=True)
         self._in_flight[self._seq] = (time.monotonic(), now_us, blob)
+        self.batches_proposed += 1
+        self.commands_proposed += len(batch)
         self._propose(self._seq, now_us, blob)
 
     def _propose(self, seq: int, now_us: int, blob: bytes) -> None:
@@ -166,8 +172,14 @@ class ClusterLog:
                 outputs = machine.apply_batch(now, commands, index, (origin, seq))
                 self.batches_applied += 1
                 self.commands_applied += len(commands)
-                if origin == self.origin and self._in_flight.pop(seq, None) is not None and self._pending:
-                    self._loop.call_soon(self._propose_pending)
+                if origin == self.origin:
+                    flight = self._in_flight.pop(seq, None)
+                    if flight is not None:
+                        self.commit_latency_total += time.monotonic() - flight[0]
+                        self.commit_latency_count += 1
+                        if self._pending and not self._scheduled:
+                            self._scheduled = True
+                            self._loop.call_soon(self._propose_pending)
                 if outputs:
                     self._on_outputs(outputs)
             elif kind == SNAPSHOT:
