@@ -70,14 +70,12 @@ class Broker:
                 election_timeout=(config.raft_election_timeout_min, config.raft_election_timeout_max),
                 batch_append_entries=config.raft_batch_append_entries,
             )
-            self.known_hosts = ",".join(m.amqp for m in config.cluster)
-            self._node_of_raft = {m.raft: m.node_id for m in config.cluster}
+            self._configured_members = {m.node_id: (m.raft, m.amqp) for m in config.cluster}
         else:
             self.store = DurableStore(os.path.join(data_dir, "state"))
             self.machine = StateMachine(self.store)
             self.log = LocalLog(self.machine, self._on_outputs)
-            self.known_hosts = f"{config.host}:{config.port}"
-            self._node_of_raft = {}
+            self._configured_members = {}
         self.auth = Authenticator(config.users)
         self.endpoints: dict[str, Endpoint] = {}
         self._conn_ids = itertools.count(1)
@@ -91,6 +89,8 @@ class Broker:
             self.log.start(asyncio.get_running_loop())
             # Connections of this node's previous incarnation are gone: release what they held.
             self.submit([Op.NODE_RESET, None, None, self.config.node_id, self._boot])
+            me = self.config.member()
+            self.submit([Op.MEMBER_SET, None, None, me.node_id, me.raft, me.amqp])
             self._tasks.append(asyncio.create_task(self._cluster_watch_loop()))
         for vhost in self.config.vhosts:
             if vhost not in self.machine.vhosts:
@@ -117,8 +117,25 @@ class Broker:
     def boot(self) -> str:
         return self._boot
 
+    @property
+    def members(self) -> dict[str, tuple[str, str]]:
+        """node_id -> (raft, amqp): the replicated member list, or the configured one until it has one."""
+        return self.machine.members or self._configured_members
+
+    @property
+    def known_hosts(self) -> str:
+        """Every member's client address (connection.open-ok known-hosts, server property)."""
+        if not self.config.clustered:
+            return f"{self.config.host}:{self.config.port}"
+        return ",".join(amqp for _raft, amqp in self.members.values())
+
     def node_of_raft(self, raft_address: str | None) -> str | None:
-        return self._node_of_raft.get(raft_address) if raft_address else None
+        if not raft_address:
+            return None
+        for node_id, (raft, _amqp) in self.members.items():
+            if raft == raft_address:
+                return node_id
+        return None
 
     @property
     def accepting(self) -> bool:
@@ -196,8 +213,14 @@ class Broker:
                 unreachable_since.clear()
                 continue
             connected = set(replica.connected_partners())
-            for raft_address, node_id in self._node_of_raft.items():
+            raft_members = set(replica.member_addresses())
+            for node_id, (raft_address, _amqp) in list(self.members.items()):
                 if node_id == config.node_id:
+                    continue
+                if self.machine.members and raft_address not in raft_members:
+                    # Removed from the Raft configuration (raftmq cluster remove): forget it.
+                    log.warning("member %s left the Raft configuration", node_id)
+                    self.submit([Op.MEMBER_REMOVE, None, None, node_id])
                     continue
                 if raft_address in connected:
                     unreachable_since.pop(raft_address, None)

@@ -33,6 +33,17 @@ def _cluster_up(args: argparse.Namespace) -> int:
                       args.log_level)
 
 
+def _cluster_admin(args: argparse.Namespace) -> int:
+    from . import cluster_admin
+
+    config = load_config(args.config, {})
+    if args.cluster_command == "status":
+        cluster_admin.print_json(cluster_admin.status(config, args.via))
+    else:
+        print(cluster_admin.change(config, args.cluster_command, args.raft, args.via))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raftmq", description="raftmq: a clustered AMQP broker")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -56,6 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--data-dir", default="data", help="parent of the nodes' data directories")
     up.add_argument("--log-level", default="INFO")
     up.set_defaults(func=_cluster_up)
+    for name, help_text in (("status", "Raft status of a member (leader, term, indexes)"),
+                            ("add", "add a started node to the Raft configuration"),
+                            ("remove", "remove a member from the Raft configuration")):
+        cmd = cluster_sub.add_parser(name, help=help_text)
+        cmd.add_argument("--config", required=True, help="the cluster's TOML file (members, secret)")
+        cmd.add_argument("--via", help="Raft address of the member to ask (default: the first that answers)")
+        if name != "status":
+            cmd.add_argument("--raft", required=True, help="the Raft address (host:port) of the node")
+        cmd.set_defaults(func=_cluster_admin)
     return parser
 
 

@@ -57,6 +57,7 @@ class Config:
     node_down_after: float = 5.0  # the leader declares an unreachable member down after this
     leaderless_close_after: float = 3.0  # close clients with 320 after this long without a leader
     raft_append_entries_period: float = 0.01
+    raft_batch_append_entries: bool = False  # pysyncobj's timer-batched AppendEntries (higher latency)
     raft_tick_period: float = 0.005
     raft_election_timeout_min: float = 0.15
     raft_election_timeout_max: float = 0.3

@@ -133,6 +133,10 @@ class Replica(SyncObj):
     def connected_partners(self) -> list[str]:
         return [n.address for n in self.otherNodes if self.isNodeConnected(n)]
 
+    def member_addresses(self) -> list[str]:
+        """Raft addresses of the current configuration, this node included."""
+        return sorted([self.selfNode.address, *(n.address for n in self.otherNodes)])
+
     # ------------------------------------------------------------------ snapshots
 
     def _serialize(self, _tmp_path: str, data: tuple) -> None:

@@ -39,6 +39,8 @@ class Op(IntEnum):
     RECOVER = 36
     TX_COMMIT = 40
     TICK = 50
+    MEMBER_SET = 52  # (node_id, raft_address, amqp_address): a cluster member announces itself
+    MEMBER_REMOVE = 53  # (node_id,): a member left the Raft configuration
     NODE_RESET = 51  # (node_id, keep_boot): a node's old connections are gone (it died or restarted)
     VHOST_ADD = 60
 

@@ -133,6 +133,9 @@ class StateMachine:
         # Batches already applied, per origin: a batch retried after an ambiguous Raft error
         # (pysyncobj may report failure for an entry that did commit) is applied once.
         self.applied_batches: dict[str, BatchWindow] = {}
+        # Cluster members as announced through the log: node_id -> (raft address, amqp address).
+        # Every node derives known-hosts and "which node is down" from this, not from its config.
+        self.members: dict[str, tuple[str, str]] = {}
         self._now = 0
         self._out: list = []
         self._dirty: dict[int, Queue] = {}
@@ -162,6 +165,8 @@ class StateMachine:
             Op.TX_COMMIT: self._tx_commit,
             Op.TICK: self._tick,
             Op.NODE_RESET: self._node_reset,
+            Op.MEMBER_SET: self._member_set,
+            Op.MEMBER_REMOVE: self._member_remove,
             Op.VHOST_ADD: self._vhost_add,
         }
         if store is not None:
@@ -321,6 +326,15 @@ class StateMachine:
             self._out.append((conn, OUT_CLOSE, 320, f"CONNECTION_FORCED - node {node_id} left the cluster"))
         return len(conns)
 
+    def _member_set(self, cmd: list) -> None:
+        node_id, raft, amqp = cmd[3], cmd[4], cmd[5]
+        self.members[node_id] = (raft, amqp)
+
+    def _member_remove(self, cmd: list) -> None:
+        node_id = cmd[3]
+        if self.members.pop(node_id, None) is not None:
+            self._node_reset([Op.NODE_RESET, None, None, node_id, None])
+
     def _qos(self, cmd: list) -> None:
         _, conn, _, number, prefetch_count, global_ = cmd
         ch = self._channel(conn, number)
@@ -470,7 +484,8 @@ class StateMachine:
     # ------------------------------------------------------------------ queues
 
     def _queue_declare(self, cmd: list) -> tuple:
-        (_, conn, _, number, vhost_name, name, passive, durable, exclusive, auto_delete, args) = cmd
+        (_, conn, _, number, vhost_name, name, passive, durable, exclusive, auto_delete, args) = cmd[:11]
+        server_named = len(cmd) > 11 and bool(cmd[11])  # the front end generated the name
         self._channel(conn, number)
         vhost = self._vhost(vhost_name)
         existing = vhost.queues.get(name)
@@ -499,7 +514,7 @@ class StateMachine:
                     )
             self._touch(existing)
             return ok((name, len(existing.ready), len(existing.consumers)))
-        if name.startswith("amq."):
+        if name.startswith("amq.") and not server_named:
             raise CommandError(403, f"queue name '{name}' contains reserved prefix 'amq.*'")
         queue = Queue(self.next_qid, vhost_name, name, durable, conn if exclusive else None, auto_delete, args)
         self._configure_queue(queue, args)

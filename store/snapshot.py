@@ -29,7 +29,7 @@ from .machine import StateMachine
 MODEL_FIELDS = (
     "vhosts", "channels", "exclusive_queues", "queues_by_id", "inbound", "expiring", "idle_expiring",
     "queue_last_used", "next_qid", "next_msg_id", "applied_index", "message_bytes", "_now",
-    "applied_batches",
+    "applied_batches", "members",
 )
 
 
@@ -89,6 +89,7 @@ def digest(machine: StateMachine) -> str:
         h.update(b"\x00")
 
     put("counters", machine.next_qid, machine.next_msg_id, machine.message_bytes)
+    put("members", sorted(machine.members.items()))
     for vname in sorted(machine.vhosts):
         vhost = machine.vhosts[vname]
         put("vhost", vname)

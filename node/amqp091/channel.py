@@ -290,16 +290,18 @@ class Channel:
 
     def _queue_declare(self, method: m.QueueDeclare) -> None:
         name = method.queue
+        server_named = False
         if not name:
             if method.passive:
                 name = self._queue_name(name, method)
             else:
                 name = _server_queue_name()
+                server_named = True
         if not method.passive:
             self._check(self._principal.may_configure(self.conn.vhost, name), "queue", name)
         command = self._command(Op.QUEUE_DECLARE, self.conn.vhost, name, bool(method.passive),
                                 bool(method.durable), bool(method.exclusive), bool(method.auto_delete),
-                                to_plain(method.arguments or {}))
+                                to_plain(method.arguments or {}), server_named)
 
         def declared(value):
             queue, message_count, consumer_count = value

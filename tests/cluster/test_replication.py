@@ -168,3 +168,49 @@ def test_lagging_follower_catches_up_through_a_snapshot(tmp_path):
         assert drain(lch, "snap") == confirmed
         conn.close()
         lconn.close()
+
+
+def test_add_and_remove_a_member_at_runtime(cluster):
+    """A fourth node joins, catches up to identical state and appears in known-hosts; removing a
+    member takes it out of known-hosts while the others carry on."""
+    conn = cluster.connection(cluster.nodes[0])
+    ch = conn.channel()
+    ch.queue_declare("members", durable=True)
+    publish_confirmed(ch, "members", [b"before"])
+    conn.close()
+
+    new = cluster.add_node()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (cluster.status(new) or {}).get("ready"):
+        time.sleep(0.2)
+    assert (cluster.status(new) or {}).get("ready"), cluster.status(new)
+    nconn = cluster.connection(new)
+    nch = nconn.channel()
+    publish_confirmed(nch, "members", [b"after"])
+    assert nch.queue_declare("members", passive=True).method.message_count == 2
+    nconn.close()
+    cluster.wait_applied_equal()
+    digests = cluster.digests()
+    assert len(digests) == 4 and len({d for _, d in digests.values()}) == 1, digests
+
+    def known_hosts(node) -> str:
+        """The known_hosts server property (the same list open-ok's known-hosts carries)."""
+        c = cluster.connection(node)
+        try:
+            value = c._impl.server_properties["known_hosts"]
+            return value.decode() if isinstance(value, bytes) else value
+        finally:
+            c.close()
+
+    assert f"127.0.0.1:{new.port}" in known_hosts(cluster.nodes[0])
+    removed = cluster.nodes[2]
+    cluster.remove_node(removed)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and f"127.0.0.1:{removed.port}" in known_hosts(cluster.nodes[0]):
+        time.sleep(0.3)
+    assert f"127.0.0.1:{removed.port}" not in known_hosts(cluster.nodes[0])
+    conn = cluster.connection(new)
+    ch = conn.channel()
+    publish_confirmed(ch, "members", [b"after-removal"])
+    assert drain(ch, "members") == [b"before", b"after", b"after-removal"]
+    conn.close()

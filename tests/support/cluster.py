@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,19 +31,49 @@ class Cluster:
         self.base = Path(base_dir or tempfile.mkdtemp(prefix="raftmq-cluster-"))
         self.base.mkdir(parents=True, exist_ok=True)
         self.size = size
-        amqp_ports = [free_port() for _ in range(size)]
-        raft_ports = [free_port() for _ in range(size)]
-        lines = ['host = "127.0.0.1"', 'cluster_secret = "test-secret-not-for-production"', extra_config, ""]
-        for i in range(size):
-            lines += ["[[cluster]]", f'node_id = "n{i + 1}"', f'raft = "127.0.0.1:{raft_ports[i]}"',
-                      f'amqp = "127.0.0.1:{amqp_ports[i]}"', ""]
-        self.config_path = self.base / "cluster.toml"
-        self.config_path.write_text("\n".join(lines))
+        self.extra_config = extra_config
+        self.start_timeout = start_timeout
+        self.members: list[tuple[str, int, int]] = [(f"n{i + 1}", free_port(), free_port()) for i in range(size)]
+        self.config_path = self._write_config(self.base / "cluster.toml", self.members)
         self.nodes = [
-            RaftmqNode(self.base / f"n{i + 1}", amqp_ports[i], node_id=f"n{i + 1}", config=self.config_path,
+            RaftmqNode(self.base / node_id, amqp, node_id=node_id, config=self.config_path,
                        start_timeout=start_timeout)
-            for i in range(size)
+            for node_id, amqp, _raft in self.members
         ]
+
+    def _write_config(self, path: Path, members: list[tuple[str, int, int]]) -> Path:
+        lines = ['host = "127.0.0.1"', 'cluster_secret = "test-secret-not-for-production"', self.extra_config, ""]
+        for node_id, amqp, raft in members:
+            lines += ["[[cluster]]", f'node_id = "{node_id}"', f'raft = "127.0.0.1:{raft}"',
+                      f'amqp = "127.0.0.1:{amqp}"', ""]
+        path.write_text("\n".join(lines))
+        return path
+
+    def raft_address(self, node: RaftmqNode) -> str:
+        return next(f"127.0.0.1:{raft}" for node_id, _a, raft in self.members if node_id == node.node_id)
+
+    def admin(self, *args: str) -> str:
+        """Run ``raftmq cluster ...`` with this cluster's config; return its stdout."""
+        done = subprocess.run([sys.executable, "-m", "raftmq", "cluster", *args, "--config", str(self.config_path)],
+                              capture_output=True, text=True, timeout=30, cwd=str(Path(__file__).resolve().parents[2]))
+        if done.returncode != 0:
+            raise ClusterError(f"raftmq cluster {' '.join(args)} failed: {done.stdout}{done.stderr}")
+        return done.stdout
+
+    def add_node(self) -> RaftmqNode:
+        """Start a new member (its config lists every member and itself) and add it through the admin CLI."""
+        node_id = f"n{len(self.members) + 1}"
+        self.members.append((node_id, free_port(), free_port()))
+        config = self._write_config(self.base / f"cluster-{node_id}.toml", self.members)
+        node = RaftmqNode(self.base / node_id, self.members[-1][1], node_id=node_id, config=config,
+                          start_timeout=self.start_timeout)
+        node.start()
+        self.admin("add", "--raft", self.raft_address(node))
+        self.nodes.append(node)
+        return node
+
+    def remove_node(self, node: RaftmqNode) -> None:
+        self.admin("remove", "--raft", self.raft_address(node))
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -1,0 +1,70 @@
+"""`raftmq cluster status|add|remove`: membership through pysyncobj's admin protocol.
+
+The commands talk to a member's Raft port (encrypted and authenticated with the cluster secret),
+the way pysyncobj's ``syncobj_admin`` does. Adding a member: start the new node with a config that
+lists every member including itself, then ``raftmq cluster add --raft HOST:PORT`` against any
+existing member; the new node announces its client address through the log once it has joined.
+Removing: ``raftmq cluster remove --raft HOST:PORT``; the leader then releases the removed node's
+connections (unacked messages return to their queues) and drops it from known-hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from pysyncobj.utility import TcpUtility, UtilityException
+
+from .config import Config
+
+
+def _target(config: Config, via: str | None) -> list[str]:
+    return [via] if via else [m.raft for m in config.cluster]
+
+
+def run_admin(config: Config, command: list[str], via: str | None = None, timeout: float = 10.0):
+    """Send ``command`` to the first member that answers; return (address, result)."""
+    errors = []
+    for address in _target(config, via):
+        try:
+            result = TcpUtility(password=config.secret(), timeout=timeout).executeCommand(address, command)
+            return address, result
+        except UtilityException as exc:
+            errors.append(f"{address}: {exc}")
+    raise SystemExit("no member answered: " + "; ".join(errors))
+
+
+def status(config: Config, via: str | None = None) -> dict:
+    address, result = run_admin(config, ["status"], via)
+    out = {str(k): (v.address if hasattr(v, "address") else v) for k, v in result.items()}
+    out["asked"] = address
+    return out
+
+
+def change(config: Config, action: str, raft_address: str, via: str | None = None,
+           timeout: float = 10.0) -> str:
+    """``action`` is "add" or "remove"; asks the leader (found through any member) to change it.
+
+    A leader cannot remove itself (pysyncobj refuses): leadership is transferred first.
+    """
+    st = status(config, via)
+    leader = st.get("leader") or st["asked"]
+    if action == "remove" and leader == raft_address:
+        run_admin(config, ["transfer"], leader)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            leader = status(config, via).get("leader")
+            if leader and leader != raft_address:
+                break
+        else:
+            raise SystemExit(f"leadership did not move away from {raft_address} within {timeout}s")
+    _, result = run_admin(config, [action, raft_address], leader)
+    result = result.decode() if isinstance(result, bytes) else str(result)
+    if not result.startswith("SUCCESS"):
+        raise SystemExit(f"{action} {raft_address} failed: {result}")
+    return result
+
+
+def print_json(data) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))
