@@ -82,6 +82,16 @@ def fresh_node(broker_kind: str, tmp_path) -> Iterator[RaftmqNode]:
         yield node
 
 
+@pytest.fixture(autouse=True)
+def _broker_process_survives(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Whatever a test sent, the shared raftmq process must still be running afterwards."""
+    yield
+    if "broker" in request.fixturenames:
+        b = request.getfixturevalue("broker")
+        if b.kind == "raftmq" and not b.process.is_alive():
+            pytest.fail(f"the raftmq node died during this test\n{b.log_tail()}")
+
+
 @pytest.fixture
 def connections(broker: Broker) -> Iterator[Any]:
     """A factory of pika BlockingConnections to the session broker; all are closed after the test."""
