@@ -89,13 +89,21 @@ class ClusterLog:
 
     @property
     def leader(self) -> str | None:
-        return self.replica.leader_address if self.replica is not None else None
+        """The leader's Raft address, or None when there is none *reachable*.
+
+        A follower cut off from everyone keeps pysyncobj's idea of the last leader (it starts no
+        election while it is connected to no one), so a leader only counts while this node sees a
+        majority.
+        """
+        r = self.replica
+        if r is None or not r.hasQuorum:
+            return None
+        return r.leader_address
 
     @property
     def ready(self) -> bool:
         """This node has a leader and has applied everything the leader told it was committed."""
-        r = self.replica
-        return r is not None and r.leader_address is not None and r.isReady()
+        return self.leader is not None and self.replica.isReady()
 
     @property
     def backlog(self) -> int:

@@ -214,3 +214,25 @@ def test_add_and_remove_a_member_at_runtime(cluster):
     publish_confirmed(ch, "members", [b"after-removal"])
     assert drain(ch, "members") == [b"before", b"after", b"after-removal"]
     conn.close()
+
+
+def test_node_without_a_leader_closes_clients_with_320(tmp_path):
+    """A node cut off from the majority closes its clients with 320 CONNECTION_FORCED, naming the
+    other nodes, so clients can reconnect elsewhere; new clients are refused the same way."""
+    with Cluster(3, tmp_path, extra_config="leaderless_close_after = 1.0") as cluster:
+        lonely = cluster.nodes[0]
+        conn = cluster.connection(lonely)
+        closed = []
+        for other in cluster.nodes[1:]:
+            other.kill9()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not closed:
+            try:
+                conn.process_data_events(time_limit=0.2)
+            except pika.exceptions.ConnectionClosedByBroker as exc:
+                closed.append(exc)
+        assert closed, "the client was not closed by the leaderless node"
+        assert closed[0].reply_code == 320
+        assert f"127.0.0.1:{cluster.nodes[1].port}" in closed[0].reply_text
+        with pytest.raises(pika.exceptions.AMQPError):
+            pika.BlockingConnection(pika.URLParameters(lonely.url + "?connection_attempts=1&socket_timeout=5"))
