@@ -87,7 +87,7 @@ def main() -> None:
                 times.append(confirm_time)
                 print(f"round {round_no}: first confirm {confirm_time * 1000:.0f} ms after kill -9", flush=True)
             leader.start()
-            cluster.wait_applied_equal(timeout=30)
+            cluster.wait_caught_up(leader)
         publisher.stop.set()
         publisher.join(timeout=10)
         confirmed = {seq for _, seq in publisher.confirmed}

@@ -154,6 +154,19 @@ class Cluster:
             time.sleep(0.6)
         raise ClusterError(f"applied indexes did not converge: {indexes}")
 
+    def wait_caught_up(self, node: RaftmqNode, timeout: float = 30.0) -> None:
+        """Wait until ``node`` is ready and has applied what the leader had committed when asked
+        (works under continuous load, unlike :meth:`wait_applied_equal`)."""
+        leader = self.leader(timeout=timeout)
+        target = (self.fresh_status(leader) or {}).get("commit_index") or 0
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = self.status(node) or {}
+            if st.get("pid") == node.pid and st.get("ready") and (st.get("raft_applied") or 0) >= target:
+                return
+            time.sleep(0.1)
+        raise ClusterError(f"{node.node_id} did not catch up to {target}: {self.status(node)}")
+
     def digests(self, nodes: list[RaftmqNode] | None = None, timeout: float = 10.0) -> dict[str, tuple[int, str]]:
         nodes = nodes or [n for n in self.nodes if n.is_alive()]
         start = time.time()
