@@ -4,11 +4,14 @@
 committed entry, in log order, to a *sink* (``ClusterLog``, which applies it in the asyncio loop).
 What it changes in pysyncobj's behaviour, and why (see shared/notes/pysyncobj.md):
 
-* **Journal**: :class:`raft.journal.LmdbJournal` instead of the mmap ``FileJournal`` that never
+* **Journal**: :class:`raft.journal.AppendJournal` instead of the mmap ``FileJournal`` that never
   fsyncs.  Term and vote are fsynced when they change.
-* **Send barrier**: the transport's ``send`` flushes (fsyncs) the journal first, so no
-  acknowledgement, vote or AppendEntries leaves this node describing entries that are not on disk.
-  A tick callback flushes as well, so a one-node cluster never counts an unflushed entry.
+* **Durability barriers**: a follower's acknowledgement (``next_node_idx``) is sent only after the
+  journal is flushed (fsynced), so a follower never acknowledges entries it could lose.  The
+  leader flushes at the end of every tick, before the next tick counts its own copy toward a
+  majority; its AppendEntries go out *before* its own fsync, so the leader's and the followers'
+  fsyncs overlap (Raft allows this: the leader's copy only counts once it is durable).  Term and
+  vote are fsynced as soon as they change, before any vote or message reflecting them is sent.
 * **Snapshots**: pysyncobj's serializer hooks, made asynchronous with ``serializeChecker``.  The
   hook only posts a marker into the ordered entry stream; the loop reaches it with the state at
   exactly that index and writes the snapshot (forked child, copy-on-write, so the loop does not
@@ -31,11 +34,14 @@ from pysyncobj import syncobj as _syncobj_module
 from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.node import TCPNode
 
-from .journal import LmdbJournal
+from .journal import AppendJournal
 
 log = logging.getLogger(__name__)
 
 _JOURNAL_HOOK = threading.Lock()
+
+# Messages that tell the leader "I have these entries": never sent before the entries are on disk.
+ACKNOWLEDGEMENTS = frozenset(("next_node_idx",))
 
 # Items handed to the sink, in log order.
 ENTRY, SNAPSHOT, INSTALL = 0, 1, 2
@@ -55,7 +61,7 @@ class Replica(SyncObj):
         self._snapshot_state = SERIALIZER_STATE.NOT_SERIALIZING
         self._snapshot_pid: int | None = None
         self._installs = 0
-        self.journal = LmdbJournal(os.path.join(data_dir, "journal"))
+        self.journal = AppendJournal(os.path.join(data_dir, "journal"))
         conf = SyncObjConf(
             password=secret,
             bindAddress=bind_address or self_address,
@@ -92,7 +98,7 @@ class Replica(SyncObj):
         journal = self.journal
 
         def send(node, message):
-            if journal.dirty:
+            if journal.dirty and isinstance(message, dict) and message.get("type") in ACKNOWLEDGEMENTS:
                 journal.flush()
             return unsafe_send(node, message)
 

@@ -1,0 +1,60 @@
+"""The durable Raft journal: what was flushed survives a reopen, torn tails are cut, deletions stick."""
+
+from __future__ import annotations
+
+import os
+
+from raftmq.raft.journal import AppendJournal
+
+
+def entries(journal):
+    return [journal[i] for i in range(len(journal))]
+
+
+def test_flushed_entries_and_term_survive_reopen(tmp_path):
+    j = AppendJournal(str(tmp_path))
+    for i in range(1, 6):
+        j.add(b"cmd%d" % i, i, 1)
+    j.setCurrentTerm(3, "127.0.0.1:1")
+    j.flush()
+    j.add(b"unflushed", 6, 1)  # never flushed: a crash now loses it, and it was never acknowledged
+    reopened = AppendJournal(str(tmp_path))
+    assert entries(reopened) == [(b"cmd%d" % i, i, 1) for i in range(1, 6)]
+    assert reopened.getCurrentTerm() == 3 and reopened.getVotedForNodeId() == "127.0.0.1:1"
+
+
+def test_torn_tail_is_cut_at_load(tmp_path):
+    j = AppendJournal(str(tmp_path))
+    j.add(b"a", 1, 1)
+    j.add(b"b", 2, 1)
+    j.flush()
+    size = os.path.getsize(tmp_path / "journal.log")
+    with open(tmp_path / "journal.log", "r+b") as fh:
+        fh.truncate(size - 3)  # the last record was half written when the node died
+    reopened = AppendJournal(str(tmp_path))
+    assert entries(reopened) == [(b"a", 1, 1)]
+    reopened.add(b"c", 2, 2)
+    reopened.flush()
+    assert entries(AppendJournal(str(tmp_path))) == [(b"a", 1, 1), (b"c", 2, 2)]
+
+
+def test_delete_from_and_to(tmp_path):
+    j = AppendJournal(str(tmp_path))
+    for i in range(1, 11):
+        j.add(b"x%d" % i, i, 1)
+    j.flush()
+    j.deleteEntriesFrom(7)  # a conflicting suffix (list positions 7.. = indexes 8..10)
+    j.add(b"new8", 8, 2)
+    j.deleteEntriesTo(3)  # compacted into a snapshot
+    j.flush()
+    expected = [(b"x%d" % i, i, 1) for i in range(4, 8)] + [(b"new8", 8, 2)]
+    assert entries(j) == expected
+    assert entries(AppendJournal(str(tmp_path))) == expected
+
+
+def test_commit_index_is_a_lazy_hint(tmp_path):
+    j = AppendJournal(str(tmp_path))
+    j.setRaftCommitIndex(42)
+    assert AppendJournal(str(tmp_path)).getRaftCommitIndex() == 1  # not written yet
+    j.onOneSecondTimer()
+    assert AppendJournal(str(tmp_path)).getRaftCommitIndex() == 42
