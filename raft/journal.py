@@ -54,6 +54,7 @@ class AppendJournal(Journal):
         self._meta: dict[str, object] = {}
         self._buffer: list[bytes] = []
         self._buffered = 0  # bytes in _buffer
+        self._truncate = False  # the file holds records past _end that the next flush cuts off
         self._meta_dirty = False
         self.flushes = 0
         if os.path.exists(self._meta_path):
@@ -94,21 +95,35 @@ class AppendJournal(Journal):
         self._offsets = []
         self._buffer = []
         self._buffered = 0
+        self._truncate = False
         os.ftruncate(self._fd, 0)
         os.fsync(self._fd)
         self._end = 0
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802 - pysyncobj's name
-        """Drop the entries from list position ``entryFrom`` on (a conflicting, uncommitted suffix)."""
-        if entryFrom >= len(self._entries):
+        """Drop the entries from list position ``entryFrom`` on (a suffix the leader overrides).
+
+        pysyncobj does this for every AppendEntries that overlaps what the follower has, even when
+        the entries are the same, and re-adds them at once; so the file is not touched here. The
+        next flush truncates and appends in one go, under the same fdatasync. Until then the old
+        suffix is still on disk, which is safe: nothing about the new suffix has been acknowledged.
+        """
+        dropped = len(self._entries) - entryFrom
+        if dropped <= 0:
             return
-        self.flush()
-        cut = self._offsets[entryFrom]
+        unflushed = len(self._buffer)
         del self._entries[entryFrom:]
+        cut = self._offsets[entryFrom]
         del self._offsets[entryFrom:]
-        os.ftruncate(self._fd, cut)
-        os.fsync(self._fd)
-        self._end = cut
+        if dropped <= unflushed:
+            for record in self._buffer[unflushed - dropped:]:
+                self._buffered -= len(record)
+            del self._buffer[unflushed - dropped:]
+        else:
+            self._buffer = []
+            self._buffered = 0
+            self._end = cut
+            self._truncate = True
 
     def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802
         """Drop the entries before list position ``entryTo`` (they are in a snapshot now).
@@ -174,12 +189,15 @@ class AppendJournal(Journal):
 
     @property
     def dirty(self) -> bool:
-        return bool(self._buffer)
+        return bool(self._buffer) or self._truncate
 
     def flush(self) -> None:
         """Append the buffered records and fdatasync: one device flush for all of them."""
-        if not self._buffer:
+        if not self._buffer and not self._truncate:
             return
+        if self._truncate:
+            os.ftruncate(self._fd, self._end)
+            self._truncate = False
         data = b"".join(self._buffer)
         self._buffer = []
         self._buffered = 0

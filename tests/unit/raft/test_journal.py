@@ -58,3 +58,32 @@ def test_commit_index_is_a_lazy_hint(tmp_path):
     assert AppendJournal(str(tmp_path)).getRaftCommitIndex() == 1  # not written yet
     j.onOneSecondTimer()
     assert AppendJournal(str(tmp_path)).getRaftCommitIndex() == 42
+
+
+def test_overlapping_rewrite_costs_one_flush_and_keeps_order(tmp_path):
+    """pysyncobj deletes and re-adds an overlapping suffix on every repeated AppendEntries."""
+    j = AppendJournal(str(tmp_path))
+    for i in range(1, 6):
+        j.add(b"e%d" % i, i, 1)
+    j.flush()
+    flushes = j.flushes
+    j.deleteEntriesFrom(2)  # positions 2.. = indexes 3..5, all flushed
+    j.add(b"e3", 3, 1)
+    j.add(b"e4'", 4, 2)  # a different entry from a new leader
+    assert entries(AppendJournal(str(tmp_path)))[-1] == (b"e5", 5, 1)  # old suffix still on disk
+    j.flush()
+    assert j.flushes == flushes + 1
+    expected = [(b"e1", 1, 1), (b"e2", 2, 1), (b"e3", 3, 1), (b"e4'", 4, 2)]
+    assert entries(j) == expected
+    assert entries(AppendJournal(str(tmp_path))) == expected
+
+
+def test_dropping_only_unflushed_records(tmp_path):
+    j = AppendJournal(str(tmp_path))
+    j.add(b"a", 1, 1)
+    j.flush()
+    j.add(b"b", 2, 1)
+    j.add(b"c", 3, 1)
+    j.deleteEntriesFrom(2)  # drops "c" before it ever reached the disk
+    j.flush()
+    assert entries(AppendJournal(str(tmp_path))) == [(b"a", 1, 1), (b"b", 2, 1)]
