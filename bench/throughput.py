@@ -79,6 +79,36 @@ def bench_consume(url: str, queue: str, count: int) -> float:
     return got / elapsed
 
 
+def bench_latency(url: str, quorum: bool = False, count: int = 500) -> tuple[float, float]:
+    """Publish -> delivery round trip of single messages (ms): p50 and p99."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    if quorum:
+        queue = f"bench-l-{uuid.uuid4().hex[:8]}"
+        ch.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    else:
+        queue = ch.queue_declare("", exclusive=True).method.queue
+    arrived: list[float] = []
+    ch.basic_consume(queue, lambda c, m, p, b: arrived.append(time.perf_counter()), auto_ack=True)
+    samples = []
+    deadline = time.perf_counter() + TIME_LIMIT
+    for _ in range(count):
+        if time.perf_counter() > deadline:
+            break
+        sent = time.perf_counter()
+        before = len(arrived)
+        ch.basic_publish("", queue, b"ping")
+        while len(arrived) == before and time.perf_counter() < deadline:
+            conn.process_data_events(time_limit=0.01)
+        if len(arrived) > before:
+            samples.append((arrived[-1] - sent) * 1000)
+    if quorum:
+        ch.queue_delete(queue)
+    conn.close()
+    samples.sort()
+    return samples[len(samples) // 2], samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+
+
 async def _confirmed(url: str, count: int, size: int, window: int, quorum: bool) -> float:
     conn = await aio_pika.connect(url)
     async with conn:
@@ -117,8 +147,12 @@ def run_all(name: str, url: str, args, quorum: bool = False) -> dict[str, float]
     results["consume (acks, prefetch 256)"] = bench_consume(url, queue, args.count)
     results[f"persistent + confirms (window {args.window})"] = asyncio.run(
         _confirmed(url, args.confirm_count, args.size, args.window, quorum))
+    p50, p99 = bench_latency(url, quorum)
+    results["round trip p50 (ms, lower is better)"] = p50
+    results["round trip p99 (ms, lower is better)"] = p99
     for key, value in results.items():
-        print(f"  {name:8s} {key:38s} {value:10.0f} msg/s", flush=True)
+        unit = "" if "ms" in key else " msg/s"
+        print(f"  {name:8s} {key:38s} {value:10.1f}{unit}", flush=True)
     return results
 
 
@@ -156,9 +190,11 @@ def main() -> None:
                 table[name] = run_all(name, rmq.url, args, quorum=bool(args.cluster))
     names = list(table)
     ratio = len(names) == 2
-    print(f"\n{'scenario (msg/s)':40s}" + "".join(f"{n:>14s}" for n in names) + ("         ratio" if ratio else ""))
-    for key in next(iter(table.values())):
-        row = f"{key:40s}" + "".join(f"{table[n][key]:14.0f}" for n in names)
+    print(f"\n{'scenario (msg/s unless ms)':40s}" + "".join(f"{n:>14s}" for n in names)
+          + ("         ratio" if ratio else ""))
+    keys = [k for k in next(iter(table.values())) if all(k in t for t in table.values())]
+    for key in keys:
+        row = f"{key:40s}" + "".join(f"{table[n][key]:14.1f}" for n in names)
         if ratio:
             row += f"{table[names[0]][key] / table[names[1]][key]:13.2f}x"
         print(row)
