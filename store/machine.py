@@ -95,10 +95,14 @@ def _b(flag: bool) -> str:
 
 
 class BatchWindow:
-    """The sequence numbers of one origin's recent batches (a bounded window, deterministic)."""
+    """The sequence numbers of one origin's recent batches (a bounded window, deterministic).
+
+    An origin re-proposes only batches still in flight (at most ``ClusterLog.max_in_flight`` of
+    them, within seconds), so a window of the last 4096 sequence numbers is ample.
+    """
 
     __slots__ = ("seen", "order")
-    LIMIT = 65536
+    LIMIT = 4096
 
     def __init__(self) -> None:
         self.seen: set[int] = set()
@@ -321,6 +325,10 @@ class StateMachine:
         keep = f"{keep_boot}." if keep_boot else None
         conns = [c for c in dict.fromkeys([*self.channels, *self.exclusive_queues])
                  if c.startswith(prefix) and not (keep and c.startswith(keep))]
+        if keep:
+            # The node restarted: its earlier incarnations are dead and will never retry a batch.
+            for origin in [o for o in self.applied_batches if o.startswith(prefix) and o != keep_boot]:
+                del self.applied_batches[origin]
         for conn in conns:
             self._connection_close([Op.CONNECTION_CLOSE, conn, None])
             self._out.append((conn, OUT_CLOSE, 320, f"CONNECTION_FORCED - node {node_id} left the cluster"))
