@@ -41,6 +41,17 @@ class Op(IntEnum):
     TICK = 50
     MEMBER_SET = 52  # (node_id, raft_address, amqp_address): a cluster member announces itself
     MEMBER_REMOVE = 53  # (node_id,): a member left the Raft configuration
+    SESSION_ATTACH = 70  # AMQP 0-10 sessions and subscriptions: see store/sessions.py
+    SESSION_DETACH = 71
+    SESSION_TIMEOUT = 72
+    SESSION_COMMAND = 73
+    SESSION_KNOWN_COMPLETED = 74
+    MESSAGE_SUBSCRIBE = 75
+    MESSAGE_FLOW = 76
+    MESSAGE_FLOW_MODE = 77
+    MESSAGE_STOP = 78
+    MESSAGE_FLUSH = 79
+    MESSAGE_SETTLE = 80
     NODE_RESET = 51  # (node_id, keep_boot): a node's old connections are gone (it died or restarted)
     VHOST_ADD = 60
 
@@ -58,6 +69,8 @@ OUT_REPLY = 0  # (conn, OUT_REPLY, token, result, channel)
 OUT_DELIVER = 1  # (conn, OUT_DELIVER, channel, consumer_tag, delivery)
 OUT_CANCEL = 2  # (conn, OUT_CANCEL, channel, consumer_tag): server-side consumer cancel
 OUT_CLOSE = 3  # (conn, OUT_CLOSE, reply_code, reply_text): the cluster closed this connection
+OUT_TRANSFER = 4  # (conn, OUT_TRANSFER, channel, destination, (transfer_id, qid, seq, redelivered, Message))
+OUT_SESSION_DETACHED = 5  # (conn, OUT_SESSION_DETACHED, channel, name): the session moved elsewhere
 
 
 def ok(value: object = None) -> tuple:

@@ -25,6 +25,7 @@ from .commands import (
     OUT_CLOSE,
     OUT_DELIVER,
     OUT_REPLY,
+    OUT_TRANSFER,
     REJECTED,
     ROUTED,
     UNROUTABLE,
@@ -32,8 +33,9 @@ from .commands import (
     ok,
 )
 from .durable import DurableStore, DurableWriter
-from .model import ChannelState, Consumer, Entry, Exchange, Message, Queue, ReadyList, VHost
+from .model import ChannelState, Consumer, Entry, Exchange, Message, Queue, ReadyList, Session, VHost
 from .routing import Binding
+from .sessions import SessionMixin
 from .values import as_int
 
 log = logging.getLogger(__name__)
@@ -118,7 +120,7 @@ class BatchWindow:
         return True
 
 
-class StateMachine:
+class StateMachine(SessionMixin):
     def __init__(self, store: DurableStore | None = None) -> None:
         self.store = store
         self.vhosts: dict[str, VHost] = {}
@@ -140,6 +142,8 @@ class StateMachine:
         # Cluster members as announced through the log: node_id -> (raft address, amqp address).
         # Every node derives known-hosts and "which node is down" from this, not from its config.
         self.members: dict[str, tuple[str, str]] = {}
+        self.sessions: dict[str, Session] = {}  # AMQP 0-10 sessions by key (sessions.py)
+        self.detached_sessions: dict[str, Session] = {}  # the ones waiting out their timeout
         self._now = 0
         self._out: list = []
         self._dirty: dict[int, Queue] = {}
@@ -172,6 +176,7 @@ class StateMachine:
             Op.MEMBER_SET: self._member_set,
             Op.MEMBER_REMOVE: self._member_remove,
             Op.VHOST_ADD: self._vhost_add,
+            **self._session_handlers(),
         }
         if store is not None:
             self._load(store)
@@ -225,8 +230,9 @@ class StateMachine:
         except CommandError as exc:
             result = (ERR, exc.code, exc.text)
             if exc.code not in HARD_ERRORS and len(command) > 3 and command[1] is not None:
-                # A channel exception closes the channel: later commands from it are refused.
-                self._close_channel(command[1], command[3])
+                # A channel exception closes the channel: later commands from it are refused
+                # (an 0-10 execution exception destroys the session the same way).
+                self._close_channel(command[1], command[3], error=True)
         except Exception:  # a bug must not take the node down: answer internal-error
             log.exception("apply failed for op %s", op)
             result = (ERR, 541, "INTERNAL_ERROR - internal error applying command")
@@ -296,11 +302,18 @@ class StateMachine:
     def _channel_close(self, cmd: list) -> None:
         self._close_channel(cmd[1], cmd[3])
 
-    def _close_channel(self, conn: str, number: int) -> None:
+    def _close_channel(self, conn: str, number: int, error: bool = False) -> None:
         channels = self.channels.get(conn)
-        ch = channels.pop(number, None) if channels else None
+        ch = channels.get(number) if channels else None
         if ch is None:
             return
+        if ch.session is not None:
+            if error:
+                self._destroy_session(ch.session)
+            else:
+                self._detach(ch.session)
+            return
+        del channels[number]
         for consumer in list(ch.consumers.values()):
             self._remove_consumer(consumer)
         self._requeue_all(ch)
@@ -835,13 +848,24 @@ class StateMachine:
         redelivered = entry.delivery_count > 0
         entry.delivery_count += 1
         ch = consumer.channel
+        session = ch.session
+        if session is not None:
+            self._take_credit(consumer, len(entry.message.body))
+            transfer_id = session.next_transfer
+            session.next_transfer += 1
+            if not consumer.no_ack:
+                session.transfers[transfer_id] = (queue.qid, entry.seq, consumer.tag)
         if consumer.no_ack:
             self._drop(queue, entry)
         else:
             consumer.unacked += 1
             self._hold(ch, consumer, queue, entry)
-        self._out.append((ch.conn, OUT_DELIVER, ch.number, consumer.tag,
-                          (queue.qid, entry.seq, redelivered, entry.message)))
+        if session is not None:
+            self._out.append((ch.conn, OUT_TRANSFER, ch.number, consumer.tag,
+                              (transfer_id, queue.qid, entry.seq, redelivered, entry.message)))
+        else:
+            self._out.append((ch.conn, OUT_DELIVER, ch.number, consumer.tag,
+                              (queue.qid, entry.seq, redelivered, entry.message)))
 
     def _hold(self, ch: ChannelState, holder: object, queue: Queue, entry: Entry) -> None:
         """Record an unacked delivery; a durable entry's delivery count is persisted so that a
@@ -965,7 +989,9 @@ class StateMachine:
     # ------------------------------------------------------------------ time
 
     def _tick(self, cmd: list) -> None:
-        """Expire message heads and idle queues as of the batch time (proposed by the leader)."""
+        """Expire message heads, idle queues and detached sessions as of the batch time."""
+        if self.detached_sessions:
+            self._expire_sessions()
         for queue in list(self.expiring.values()):
             self._expire_head(queue)
         for qid, queue in list(self.idle_expiring.items()):
@@ -975,7 +1001,11 @@ class StateMachine:
                 self._delete_queue(queue)
 
     def next_expiry_due(self) -> bool:
-        return bool(self.expiring) or bool(self.idle_expiring)
+        return bool(self.expiring) or bool(self.idle_expiring) or bool(self.detached_sessions)
+
+    @staticmethod
+    def _error(code: int, text: str) -> CommandError:
+        return CommandError(code, text)
 
     def _expire_head(self, queue: Queue) -> None:
         ready = queue.ready

@@ -124,6 +124,7 @@ class ChannelState:
     consumers: dict[str, Consumer] = field(default_factory=dict)
     active: bool = True  # channel.flow
     next_tag: int = 0  # for server-generated consumer tags
+    session: Session | None = None  # set for an AMQP 0-10 session's channel state (sessions.py)
 
 
 @dataclass(slots=True, eq=False)
@@ -136,12 +137,19 @@ class Consumer:
     prefetch: int
     unacked: int = 0
 
+    # AMQP 0-10 subscriptions: explicit message/byte credit (None = unlimited, the 0-9-1 case).
+    credit_messages: int | None = None
+    credit_bytes: int | None = None
+    window_mode: bool = False
+
     def has_credit(self) -> bool:
         ch = self.channel
         return (
             ch.active
             and (self.prefetch == 0 or self.unacked < self.prefetch)
             and (ch.prefetch_count == 0 or len(ch.unacked) < ch.prefetch_count)
+            and (self.credit_messages is None or self.credit_messages > 0)
+            and (self.credit_bytes is None or self.credit_bytes > 0)
         )
 
 
@@ -198,6 +206,28 @@ class Exchange:
             if b.same_as(wanted):
                 return i
         return -1
+
+
+@dataclass(slots=True, eq=False)
+class Session:
+    """An AMQP 0-10 session's replicated state: what a client needs to resume it on any node.
+
+    ``completed`` is the idempotence barrier for the client's commands (ids executed here and not
+    yet known-completed by the client); ``transfers`` maps the ids of message.transfer commands sent
+    to the client to the deliveries they carry, until the client accepts (or releases, rejects)
+    them; they are replayed, with the same ids, when the session is resumed.
+    """
+
+    key: str
+    vhost: str
+    principal: str
+    name: bytes
+    channel: ChannelState
+    timeout: int = 0  # seconds the state outlives a detach
+    detached_at: int | None = None  # microseconds
+    completed: list[list[int]] = field(default_factory=list)  # sorted disjoint [lo, hi] ranges
+    next_transfer: int = 0
+    transfers: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # id -> (qid, seq, destination)
 
 
 @dataclass(slots=True, eq=False)

@@ -29,7 +29,7 @@ from .machine import StateMachine
 MODEL_FIELDS = (
     "vhosts", "channels", "exclusive_queues", "queues_by_id", "inbound", "expiring", "idle_expiring",
     "queue_last_used", "next_qid", "next_msg_id", "applied_index", "message_bytes", "_now",
-    "applied_batches", "members",
+    "applied_batches", "members", "sessions", "detached_sessions",
 )
 
 
@@ -112,6 +112,10 @@ def digest(machine: StateMachine) -> str:
                     put("returned", seq, entry.message.id, entry.delivery_count)
             for c in q.consumers:
                 put("consumer", c.channel.conn, c.channel.number, c.tag, c.no_ack, c.exclusive, c.prefetch, c.unacked)
+    for key in sorted(machine.sessions):
+        s = machine.sessions[key]
+        put("session", key, s.channel.conn, s.channel.number, s.timeout, s.detached_at, s.completed,
+            s.next_transfer, sorted(s.transfers.items()))
     for conn in sorted(machine.channels):
         for number in sorted(machine.channels[conn]):
             ch = machine.channels[conn][number]
