@@ -18,7 +18,15 @@ from typing import Protocol
 from raftmq.ops.config import Config
 from raftmq.raft.cluster import ClusterLog
 from raftmq.raft.local import LocalLog
-from raftmq.store.commands import OUT_CANCEL, OUT_CLOSE, OUT_DELIVER, OUT_REPLY, Op
+from raftmq.store.commands import (
+    OUT_CANCEL,
+    OUT_CLOSE,
+    OUT_DELIVER,
+    OUT_REPLY,
+    OUT_SESSION_DETACHED,
+    OUT_TRANSFER,
+    Op,
+)
 from raftmq.store.durable import DurableStore
 from raftmq.store.machine import StateMachine
 
@@ -129,6 +137,20 @@ class Broker:
             return f"{self.config.host}:{self.config.port}"
         return ",".join(amqp for _raft, amqp in self.members.values())
 
+    def client_address(self) -> str:
+        if not self.config.clustered:
+            return f"{self.config.host}:{self.config.port}"
+        member = self.members.get(self.config.node_id)
+        return member[1] if member else self.config.member().amqp
+
+    def leader_client_address(self) -> str | None:
+        """The leader's client address (None in single-node mode or without a leader)."""
+        if not self.config.clustered:
+            return None
+        node_id = self.node_of_raft(self.log.leader)
+        member = self.members.get(node_id) if node_id else None
+        return member[1] if member else None
+
     def node_of_raft(self, raft_address: str | None) -> str | None:
         if not raft_address:
             return None
@@ -176,8 +198,12 @@ class Broker:
                 endpoint.on_reply(out[2], out[3], out[4])
             elif kind == OUT_CANCEL:
                 endpoint.on_cancel(out[2], out[3])
+            elif kind == OUT_TRANSFER:
+                endpoint.on_transfer(out[2], out[3], out[4])
             elif kind == OUT_CLOSE:
                 endpoint.on_forced_close(out[2], out[3])
+            elif kind == OUT_SESSION_DETACHED:
+                endpoint.on_session_detached(out[2], out[3])
             touched[out[0]] = endpoint
         for endpoint in touched.values():
             endpoint.flush()

@@ -8,8 +8,10 @@ import signal
 import sys
 
 from raftmq.ops.config import Config
+from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER as AMQP010_HEADER
 from raftmq.protocol.amqp091.constants import PROTOCOL_HEADER as AMQP091_HEADER
 
+from .amqp010.connection import Amqp010Connection
 from .amqp091.connection import Amqp091Connection
 from .broker import Broker
 
@@ -44,8 +46,9 @@ class HeaderSniffer(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         header, rest = self._buffer[:8], self._buffer[8:]
-        if header == AMQP091_HEADER:
-            front_end = Amqp091Connection(self.broker, self._transport)
+        front_ends = {AMQP091_HEADER: Amqp091Connection, AMQP010_HEADER: Amqp010Connection}
+        if header in front_ends:
+            front_end = front_ends[header](self.broker, self._transport)
             self._transport.set_protocol(front_end)
             front_end.start(rest)
         else:

@@ -1,0 +1,291 @@
+"""One AMQP 0-10 connection (spec 4 and class connection): negotiation, redirect, sessions.
+
+After the protocol header the server sends its own header and connection.start; the client
+authenticates (SASL PLAIN), tunes, and opens a virtual host. In a cluster, a node that is not the
+leader answers connection.open with connection.redirect to the leader (clients then talk to the
+node that sequences everything, one network hop less) unless the client set ``insist``;
+connection.open-ok always lists every member's client address in known-hosts.
+
+Framing and decoding errors close the connection with 501 (framing-error); an unknown command is an
+execution exception (540) on its session; everything else is the sessions' business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from raftmq import __version__
+from raftmq.protocol.amqp010 import codec as c
+from raftmq.protocol.amqp010.errors import FramingError
+from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER, FrameReader, encode_assembly
+
+from ..auth import AuthError, Principal
+from .session import ServerSession
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+
+log = logging.getLogger(__name__)
+
+AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(6)
+CLOSE_NORMAL, CLOSE_FORCED, CLOSE_INVALID_PATH, CLOSE_FRAMING = 200, 320, 402, 501
+MAX_FRAME_SIZE = 0xFFFF
+CLOSE_OK_TIMEOUT = 2.0
+
+
+class Amqp010Connection(asyncio.Protocol):
+    def __init__(self, broker: Broker, transport: asyncio.Transport) -> None:
+        self.broker = broker
+        self.config = broker.config
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.peer_host = peer[0] if peer else None
+        self.reader = FrameReader(MAX_FRAME_SIZE, max_assembly_size=self.config.max_message_size + 65536)
+        self.state = AWAIT_START_OK
+        self.conn_id: str | None = None
+        self.principal: Principal | None = None
+        self.vhost = "/"
+        self.max_frame_size = MAX_FRAME_SIZE
+        self.sessions: dict[int, ServerSession] = {}
+        self.completion_due: dict[int, ServerSession] = {}
+        self.pending: dict[int, tuple] = {}
+        self._next_token = 0
+        self._wbuf: list[bytes] = []
+        self._loop = asyncio.get_running_loop()
+        self._close_handle: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------ asyncio.Protocol
+
+    def start(self, leftover: bytes) -> None:
+        self.conn_id = self.broker.register(self)
+        self.transport.write(PROTOCOL_HEADER)
+        self.send(0, c.ConnectionStart(
+            server_properties={"product": "raftmq", "version": __version__, "platform": "Python",
+                               "known-hosts": self.broker.known_hosts},
+            mechanisms=["PLAIN"], locales=["en_US"]))
+        self.flush()
+        if leftover:
+            self.data_received(leftover)
+
+    def data_received(self, data: bytes) -> None:
+        if self.state == CLOSED:
+            return
+        try:
+            for assembly in self.reader.feed(data):
+                if self.state == CLOSED:
+                    break
+                try:
+                    method = c.decode_assembly(assembly)
+                except c.UnknownCommand as exc:
+                    session = self.sessions.get(assembly.channel)
+                    if session is not None:
+                        session.in_next += 1
+                        session._exception(session.in_next - 1, _Unknown(exc), 540, str(exc))
+                    continue
+                self._on_method(assembly.channel, method)
+        except FramingError as exc:
+            self.close(CLOSE_FRAMING, f"framing-error: {exc.text}")
+        except Exception:
+            log.exception("0-10 connection %s: internal error", self.peer)
+            self.close(CLOSE_FORCED, "internal error")
+        self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state = CLOSED
+        if self._close_handle is not None:
+            self._close_handle.cancel()
+        if self.conn_id is not None:
+            self.broker.unregister(self.conn_id)
+        self.sessions.clear()
+        self.pending.clear()
+
+    # ------------------------------------------------------------------ writing
+
+    def send(self, channel: int, method) -> None:
+        track, segments = c.segments_of(method)
+        self._wbuf.append(encode_assembly(channel, track, segments, self.max_frame_size))
+
+    def flush(self) -> None:
+        if self.completion_due:
+            for session in self.completion_due.values():
+                session.send_completion()
+            self.completion_due.clear()
+        if self._wbuf and self.state != CLOSED:
+            data = b"".join(self._wbuf)
+            self._wbuf.clear()
+            self.transport.write(data)
+        else:
+            self._wbuf.clear()
+
+    # ------------------------------------------------------------------ the broker's endpoint interface
+
+    def submit(self, command: list) -> None:
+        self.broker.submit(command)
+
+    def request(self, session: ServerSession, command: list, on_ok, on_error=None) -> None:
+        self._next_token += 1
+        command[2] = self._next_token
+        self.pending[self._next_token] = (session, on_ok, on_error)
+        self.broker.submit(command)
+
+    def on_reply(self, token: int | None, result: tuple, channel_no: int | None) -> None:
+        entry = self.pending.pop(token, None) if token is not None else None
+        if entry is None:
+            return
+        session, on_ok, on_error = entry
+        if self.sessions.get(session.channel) is not session:
+            return
+        if result[0] == 0:
+            on_ok(result[1])
+        elif on_error is not None:
+            on_error(result[1], result[2])
+        else:
+            session._exception(-1, _Unknown(None), result[1], result[2], destroy=False)
+
+    def on_transfer(self, channel_no: int, destination: str, transfer: tuple) -> None:
+        session = self.sessions.get(channel_no)
+        if session is not None:
+            session.on_transfer(destination, transfer)
+
+    def on_session_detached(self, channel_no: int, name: bytes) -> None:
+        """The session was taken over by another attachment (attach with force)."""
+        session = self.sessions.pop(channel_no, None)
+        if session is not None:
+            session.attached = False
+            self.send(channel_no, c.SessionDetached(name=name, code=1))
+
+    def on_deliver(self, channel_no: int, consumer_tag: str, delivery: tuple) -> None:
+        pass  # 0-9-1 deliveries never target a 0-10 connection
+
+    def on_cancel(self, channel_no: int, consumer_tag: str) -> None:
+        pass  # 0-10 has no server-initiated cancel: the subscription just stops
+
+    def on_forced_close(self, reply_code: int, reply_text: str) -> None:
+        self.close(CLOSE_FORCED, reply_text)
+
+    def set_blocked(self, reason: str | None) -> None:
+        if reason:
+            self.transport.pause_reading()
+        else:
+            self.transport.resume_reading()
+
+    def close_connection(self, code: int, text: str) -> None:  # the broker's shutdown path
+        self.close(CLOSE_FORCED, text)
+
+    def drop_session(self, channel: int) -> None:
+        self.sessions.pop(channel, None)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _on_method(self, channel: int, method) -> None:
+        if isinstance(method, c.Control) and method.CLASS_CODE == 0x01:
+            self._connection_control(method)
+            return
+        if self.state == CLOSING:
+            return
+        if self.state != OPEN:
+            raise FramingError(f"{method.NAME} before the connection was open")
+        if isinstance(method, c.SessionAttach):
+            if channel in self.sessions:
+                self.send(channel, c.SessionDetached(name=method.name, code=1))
+                return
+            session = self.sessions[channel] = ServerSession(self, channel, bytes(method.name or b""))
+            session.attach(bool(method.force))
+            return
+        session = self.sessions.get(channel)
+        if session is None:
+            if isinstance(method, c.Control) and not isinstance(method, (c.SessionDetached, c.SessionDetach)):
+                self.send(channel, c.SessionDetached(name=getattr(method, "name", b"") or b"", code=3))
+            return  # commands on a detached channel are dropped (spec: not-attached)
+        if isinstance(method, c.Control):
+            session.on_control(method)
+        else:
+            session.on_command(method)
+
+    def _connection_control(self, m) -> None:
+        if isinstance(m, c.ConnectionStartOk) and self.state == AWAIT_START_OK:
+            try:
+                self.principal = self.broker.auth.authenticate(m.mechanism or "", bytes(m.response or b""),
+                                                               self.peer_host)
+            except AuthError as exc:
+                self.close(CLOSE_FORCED, f"authentication failed: {exc}")
+                return
+            self.state = AWAIT_TUNE_OK
+            self.send(0, c.ConnectionTune(channel_max=self.config.channel_max, max_frame_size=MAX_FRAME_SIZE,
+                                          heartbeat_min=0, heartbeat_max=self.config.heartbeat or 0))
+        elif isinstance(m, c.ConnectionTuneOk) and self.state == AWAIT_TUNE_OK:
+            size = m.max_frame_size or MAX_FRAME_SIZE
+            if size < 4096:
+                self.close(CLOSE_FRAMING, f"max-frame-size {size} below the 4096 minimum")
+                return
+            self.max_frame_size = min(size, MAX_FRAME_SIZE)
+            self.reader.max_frame_size = self.max_frame_size
+            self.state = AWAIT_OPEN
+        elif isinstance(m, c.ConnectionOpen) and self.state == AWAIT_OPEN:
+            self._open(m)
+        elif isinstance(m, c.ConnectionHeartbeat):
+            pass
+        elif isinstance(m, c.ConnectionClose):
+            self.send(0, c.ConnectionCloseOk())
+            self.flush()
+            self.state = CLOSED
+            self.transport.close()
+        elif isinstance(m, c.ConnectionCloseOk) and self.state == CLOSING:
+            self._finish_close()
+        elif self.state != CLOSING:
+            raise FramingError(f"unexpected {m.NAME}")
+
+    def _open(self, m) -> None:
+        vhost = m.virtual_host or "/"
+        hosts = [h for h in self.broker.known_hosts.split(",") if h]
+        if vhost not in self.broker.machine.vhosts:
+            self.close(CLOSE_INVALID_PATH, f"virtual host '{vhost}' not found")
+            return
+        if not self.principal.may_access_vhost(vhost):
+            self.close(CLOSE_FORCED, f"access to virtual host '{vhost}' refused")
+            return
+        leader_amqp = self.broker.leader_client_address()
+        me = self.broker.client_address()
+        if leader_amqp and leader_amqp != me and not m.insist:
+            # Spec L4135ff: redirect unless the client insists.
+            self.send(0, c.ConnectionRedirect(host=leader_amqp, known_hosts=hosts))
+            self.state = CLOSING
+            self._close_handle = self._loop.call_later(CLOSE_OK_TIMEOUT, self._finish_close)
+            return
+        if not self.broker.accepting:
+            self.close(CLOSE_FORCED, f"this node has no cluster leader; try {self.broker.known_hosts}")
+            return
+        self.vhost = vhost
+        self.state = OPEN
+        self.send(0, c.ConnectionOpenOk(known_hosts=hosts))
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self, code: int, text: str) -> None:
+        if self.state in (CLOSING, CLOSED):
+            return
+        log.info("0-10 connection %s: closing with %s %s", self.peer, code, text)
+        self.state = CLOSING
+        self.send(0, c.ConnectionClose(reply_code=code, reply_text=text[:255]))
+        self.flush()
+        self._close_handle = self._loop.call_later(CLOSE_OK_TIMEOUT, self._finish_close)
+
+    def _finish_close(self) -> None:
+        if self.state == CLOSED:
+            return
+        self.flush()
+        self.state = CLOSED
+        self.transport.close()
+
+
+class _Unknown:
+    """Stands for a command that could not be decoded, in an execution exception."""
+
+    NAME = "unknown"
+
+    def __init__(self, exc: c.UnknownCommand | None) -> None:
+        self.CLASS_CODE = exc.class_code if exc else 0
+        self.CODE = exc.code if exc else 0

@@ -1,0 +1,285 @@
+"""One AMQP 0-10 session attached to a channel of a connection (spec 3.5, class session).
+
+The session layer here is thin because its state lives in the replicated state machine
+(``store/sessions.py``): this object numbers the client's commands, wraps each in
+``SESSION_COMMAND`` so that apply executes it once, reports completion once apply answered, and
+writes the transfers the state machine assigns (with their replicated ids) to the client.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from raftmq.protocol.amqp010 import codec as c
+from raftmq.store import ranges as rs
+from raftmq.store.commands import Op
+from raftmq.store.sessions import (
+    SETTLE_ACCEPT,
+    SETTLE_REJECT,
+    SETTLE_RELEASE,
+    SETTLE_RELEASE_REDELIVERED,
+)
+
+from .properties import from_core, to_core
+
+if TYPE_CHECKING:
+    from .connection import Amqp010Connection
+
+log = logging.getLogger(__name__)
+
+DETACH_NORMAL, DETACH_BUSY, DETACH_TRANSPORT_BUSY, DETACH_NOT_ATTACHED, DETACH_UNKNOWN_IDS = range(5)
+ACCEPT_EXPLICIT, ACCEPT_NONE = 0, 1
+NOT_IMPLEMENTED = 540
+
+
+class ServerSession:
+    def __init__(self, conn: Amqp010Connection, channel: int, name: bytes) -> None:
+        self.conn = conn
+        self.channel = channel
+        self.name = name
+        self.attached = False
+        self.in_next = 0  # id of the next command the client sends (session.command-point sets it)
+        self.completed: list[list[int]] = []  # client command ids completed, not known-completed
+        self.in_flight: set[int] = set()  # client command ids submitted, not yet applied
+        self.syncs: list[int] = []  # execution.sync ids waiting for everything before them
+        self.out_next = 0  # id the client will give the next command we send
+        self.accept_modes: dict[str, int] = {}
+        self.unsettled_none: set[int] = set()  # ids of accept-mode none transfers sent, not yet completed
+        self.completion_due = False
+        self.timely = False
+
+    # ------------------------------------------------------------------ attach / detach
+
+    def attach(self, force: bool) -> None:
+        vhost = self.conn.vhost
+        command = [Op.SESSION_ATTACH, self.conn.conn_id, None, self.channel, vhost, self.conn.principal.name,
+                   self.name, force]
+        self.conn.request(self, command, self._attached)
+
+    def _attached(self, value) -> None:
+        if value[0] == "busy":
+            self.conn.send(self.channel, c.SessionDetached(name=self.name, code=DETACH_BUSY))
+            self.conn.drop_session(self.channel)
+            return
+        _, _resumed, completed, replay = value
+        self.attached = True
+        self.completed = [list(r) for r in completed]
+        if self.completed:
+            self.in_next = self.completed[-1][1] + 1
+        self.conn.send(self.channel, c.SessionAttached(name=self.name))
+        for transfer_id, destination, _qid, _seq, message in replay:
+            self._send_transfer(transfer_id, destination, True, message)
+
+    def detach(self) -> None:
+        self.conn.submit([Op.SESSION_DETACH, self.conn.conn_id, None, self.channel])
+        self.conn.send(self.channel, c.SessionDetached(name=self.name, code=DETACH_NORMAL))
+        self.attached = False
+        self.conn.drop_session(self.channel)
+
+    # ------------------------------------------------------------------ controls
+
+    def on_control(self, control) -> None:
+        if isinstance(control, c.SessionDetach):
+            self.detach()
+        elif not self.attached:
+            self.conn.send(self.channel, c.SessionDetached(name=self.name, code=DETACH_NOT_ATTACHED))
+        elif isinstance(control, c.SessionRequestTimeout):
+            self.conn.request(self, [Op.SESSION_TIMEOUT, self.conn.conn_id, None, self.channel,
+                                     control.timeout or 0],
+                              lambda granted: self.conn.send(self.channel, c.SessionTimeout(timeout=granted)))
+        elif isinstance(control, c.SessionCommandPoint):
+            self.in_next = control.command_id
+        elif isinstance(control, c.SessionFlush):
+            self._on_flush(control)
+        elif isinstance(control, c.SessionCompleted):
+            # The client completed our transfers. Unsettled ones may still be replayed after a
+            # failover, so the client must keep them in its idempotence barrier: only transfers
+            # that need no settlement (accept-mode none) are known-completed now; the others are
+            # when their accept/release/reject has been applied (_applied).
+            ranges = control.commands or ()
+            done = [(i, i) for i in sorted(self.unsettled_none) if any(lo <= i <= hi for lo, hi in ranges)]
+            for i, _ in done:
+                self.unsettled_none.discard(i)
+            if done:
+                self.conn.send(self.channel, c.SessionKnownCompleted(commands=done))
+        elif isinstance(control, c.SessionKnownCompleted):
+            for lo, hi in control.commands or ():
+                rs.remove(self.completed, lo, hi)
+            self.conn.submit([Op.SESSION_KNOWN_COMPLETED, self.conn.conn_id, None, self.channel,
+                              [list(r) for r in control.commands or ()]])
+        elif isinstance(control, c.SessionGap):
+            for lo, hi in control.commands or ():
+                rs.add(self.completed, lo, hi)
+        elif isinstance(control, (c.SessionExpected, c.SessionConfirmed, c.SessionTimeout, c.SessionAttached,
+                                  c.SessionDetached)):
+            pass  # the client's view of our commands: our state is in the log, nothing to do
+
+    def _on_flush(self, control) -> None:
+        ranges = [tuple(r) for r in self.completed]
+        if control.expected:
+            expected = [(self.in_next, self.in_next)] if (self.completed or self.in_next) else []
+            self.conn.send(self.channel, c.SessionExpected(commands=expected))
+        if control.confirmed:
+            self.conn.send(self.channel, c.SessionConfirmed(commands=ranges))
+        if control.completed:
+            self.conn.send(self.channel, c.SessionCompleted(commands=ranges, timely_reply=True))
+
+    # ------------------------------------------------------------------ commands
+
+    def on_command(self, command) -> None:
+        command_id = self.in_next
+        self.in_next += 1
+        if not self.attached:
+            return
+        if rs.contains(self.completed, command_id):
+            self._complete(command_id, command.sync)  # a replay of something already done
+            return
+        if isinstance(command, c.ExecutionSync):
+            self.syncs.append(command_id)
+            self._settle_syncs()
+            return
+        if isinstance(command, (c.SessionCommandPoint,)):
+            return
+        missing = command.missing()
+        if missing:
+            self._exception(command_id, command, 531, f"missing required field(s) {', '.join(missing)}")
+            return
+        inner = self.translate(command)
+        if inner is None:
+            self._exception(command_id, command, NOT_IMPLEMENTED, f"{command.NAME} is not implemented")
+            return
+        self.in_flight.add(command_id)
+        wrapped = [Op.SESSION_COMMAND, self.conn.conn_id, None, self.channel, command_id, inner]
+        sync = command.sync
+        settled = [tuple(r) for r in command.transfers] if inner[0] == Op.MESSAGE_SETTLE else None
+        self.conn.request(self, wrapped, lambda _value: self._applied(command_id, sync, settled),
+                          on_error=lambda code, text: self._failed(command_id, command, code, text))
+
+    def translate(self, cmd) -> list | None:
+        """The core command for a 0-10 command (``[op, None, None, None, *args]``), None if unsupported."""
+        vhost = self.conn.vhost
+        head = [None, None, None]
+        if isinstance(cmd, c.MessageTransfer):
+            routing_key, props, persistent, priority, ttl = to_core(cmd.headers)
+            return [Op.PUBLISH, *head, vhost, cmd.destination or "", routing_key, False, props,
+                    bytes(cmd.body or b""), persistent, priority, ttl]
+        if isinstance(cmd, c.MessageSubscribe):
+            if cmd.acquire_mode != 0:
+                return None  # not-acquired (browsing) is not supported
+            destination = cmd.destination or ""
+            self.accept_modes[destination] = cmd.accept_mode
+            return [Op.MESSAGE_SUBSCRIBE, *head, vhost, cmd.queue, destination, cmd.accept_mode == ACCEPT_NONE,
+                    bool(cmd.exclusive), dict(cmd.arguments or {})]
+        if isinstance(cmd, c.MessageFlow):
+            return [Op.MESSAGE_FLOW, *head, cmd.destination or "", cmd.unit, 0xFFFFFFFF if cmd.value is None
+                    else cmd.value]
+        if isinstance(cmd, c.MessageSetFlowMode):
+            return [Op.MESSAGE_FLOW_MODE, *head, cmd.destination or "", cmd.flow_mode == 1]
+        if isinstance(cmd, c.MessageStop):
+            return [Op.MESSAGE_STOP, *head, cmd.destination or ""]
+        if isinstance(cmd, c.MessageFlush):
+            return [Op.MESSAGE_FLUSH, *head, cmd.destination or ""]
+        if isinstance(cmd, c.MessageCancel):
+            return [Op.CANCEL, *head, cmd.destination]
+        if isinstance(cmd, c.MessageAccept):
+            return [Op.MESSAGE_SETTLE, *head, [list(r) for r in cmd.transfers], SETTLE_ACCEPT]
+        if isinstance(cmd, c.MessageRelease):
+            how = SETTLE_RELEASE_REDELIVERED if cmd.set_redelivered else SETTLE_RELEASE
+            return [Op.MESSAGE_SETTLE, *head, [list(r) for r in cmd.transfers], how]
+        if isinstance(cmd, c.MessageReject):
+            return [Op.MESSAGE_SETTLE, *head, [list(r) for r in cmd.transfers], SETTLE_REJECT]
+        if isinstance(cmd, c.ExchangeDeclare):
+            args = dict(cmd.arguments or {})
+            if cmd.alternate_exchange:
+                args["alternate-exchange"] = cmd.alternate_exchange
+            return [Op.EXCHANGE_DECLARE, *head, vhost, cmd.exchange, cmd.type or "direct", bool(cmd.passive),
+                    bool(cmd.durable), bool(cmd.auto_delete), False, args]
+        if isinstance(cmd, c.ExchangeDelete):
+            return [Op.EXCHANGE_DELETE, *head, vhost, cmd.exchange, bool(cmd.if_unused)]
+        if isinstance(cmd, c.ExchangeBind):
+            return [Op.QUEUE_BIND, *head, vhost, cmd.queue, cmd.exchange, cmd.binding_key,
+                    dict(cmd.arguments or {})]
+        if isinstance(cmd, c.ExchangeUnbind):
+            return [Op.QUEUE_UNBIND, *head, vhost, cmd.queue, cmd.exchange, cmd.binding_key, {}]
+        if isinstance(cmd, c.QueueDeclare):
+            args = dict(cmd.arguments or {})
+            if cmd.alternate_exchange:
+                args["x-dead-letter-exchange"] = cmd.alternate_exchange
+            return [Op.QUEUE_DECLARE, *head, vhost, cmd.queue, bool(cmd.passive), bool(cmd.durable),
+                    bool(cmd.exclusive), bool(cmd.auto_delete), args]
+        if isinstance(cmd, c.QueueDelete):
+            return [Op.QUEUE_DELETE, *head, vhost, cmd.queue, bool(cmd.if_unused), bool(cmd.if_empty)]
+        if isinstance(cmd, c.QueuePurge):
+            return [Op.QUEUE_PURGE, *head, vhost, cmd.queue]
+        return None
+
+    def _applied(self, command_id: int, sync: bool, settled: list | None = None) -> None:
+        self.in_flight.discard(command_id)
+        if settled:
+            # Settled transfers are never replayed: the client may forget them now.
+            self.conn.send(self.channel, c.SessionKnownCompleted(commands=settled))
+        self._complete(command_id, sync)
+        self._settle_syncs()
+
+    def _complete(self, command_id: int, sync: bool) -> None:
+        rs.add(self.completed, command_id, command_id)
+        self.completion_due = True
+        self.timely = self.timely or sync
+        self.conn.completion_due[self.channel] = self
+
+    def _settle_syncs(self) -> None:
+        while self.syncs and not any(i < self.syncs[0] for i in self.in_flight):
+            self._complete(self.syncs.pop(0), True)
+
+    def send_completion(self) -> None:
+        if self.completion_due and self.attached:
+            self.conn.send(self.channel, c.SessionCompleted(commands=[tuple(r) for r in self.completed],
+                                                            timely_reply=False))
+        self.completion_due = self.timely = False
+
+    def _failed(self, command_id: int, command, code: int, text: str) -> None:
+        """Apply refused the command: it has destroyed the session already."""
+        self.in_flight.discard(command_id)
+        self._exception(command_id, command, code, text, destroy=False)
+
+    def _exception(self, command_id: int, command, code: int, text: str, destroy: bool = True) -> None:
+        """3.4.1.3: report the error, destroy the session state, detach."""
+        if destroy:
+            conn_id = self.conn.conn_id
+            self.conn.submit([Op.SESSION_TIMEOUT, conn_id, None, self.channel, 0])
+            self.conn.submit([Op.SESSION_DETACH, conn_id, None, self.channel])
+        exc = c.ExecutionException(error_code=code if code in ERROR_CODES else 541, command_id=command_id,
+                                   class_code=command.CLASS_CODE, command_code=command.CODE,
+                                   description=text[:65535])
+        self._send_command(exc)
+        self.conn.send(self.channel, c.SessionDetach(name=self.name))
+        self.attached = False
+
+    # ------------------------------------------------------------------ commands to the client
+
+    def _send_command(self, command, command_id: int | None = None) -> None:
+        if command_id is not None and command_id != self.out_next:
+            self.conn.send(self.channel, c.SessionCommandPoint(command_id=command_id, command_offset=0))
+            self.out_next = command_id
+        self.conn.send(self.channel, command)
+        self.out_next += 1
+
+    def on_transfer(self, destination: str, transfer: tuple) -> None:
+        transfer_id, _qid, _seq, redelivered, message = transfer
+        self._send_transfer(transfer_id, destination, redelivered, message)
+
+    def _send_transfer(self, transfer_id: int, destination: str, redelivered: bool, message) -> None:
+        if not self.attached:
+            return
+        headers = from_core(message.properties, message.exchange, message.routing_key, redelivered,
+                            len(message.body))
+        accept_mode = self.accept_modes.get(destination, ACCEPT_EXPLICIT)
+        transfer = c.MessageTransfer(destination=destination, accept_mode=accept_mode,
+                                     acquire_mode=0, headers=headers, body=message.body)
+        self._send_command(transfer, transfer_id)
+        if accept_mode == ACCEPT_NONE:
+            self.unsettled_none.add(transfer_id)
+
+
+ERROR_CODES = frozenset((403, 404, 405, 406, 408, 409, 503, 506, 530, 531, 540, 541, 542))

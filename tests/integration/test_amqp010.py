@@ -1,0 +1,116 @@
+"""AMQP 0-10 on a single node with raftmq's client: the same core as 0-9-1 (spec 0-10 part 2).
+
+RabbitMQ does not speak 0-10: these run against raftmq only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pika
+import pytest
+
+from raftmq.client.amqp010 import Connection, SessionException
+from raftmq.protocol.amqp010 import codec as c
+
+
+@pytest.fixture
+def hosts(broker):
+    if broker.kind != "raftmq":
+        pytest.skip("AMQP 0-10 is raftmq's")
+    return [f"{broker.host}:{broker.port}"]
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def name() -> str:
+    return f"t010-{uuid.uuid4().hex[:8]}"
+
+
+def test_publish_subscribe_accept_and_open_ok_known_hosts(hosts):
+    queue = name()
+
+    async def scenario():
+        conn = await Connection.connect(hosts)
+        assert conn.known_hosts == hosts  # connection.open-ok known-hosts (spec L4186)
+        session = await conn.session()
+        await session.queue_declare(queue, auto_delete=False)
+        for i in range(20):
+            await session.publish("", queue, f"m{i}".encode(), headers={"i": i})
+        subscription = await session.subscribe(queue, window=5)
+        got = []
+        for _ in range(20):
+            message = await subscription.get(timeout=5)
+            got.append((message.body, message.headers["i"], message.routing_key))
+            await message.accept()
+        await conn.close()
+        return got
+
+    assert run(scenario()) == [(f"m{i}".encode(), i, queue) for i in range(20)]
+
+
+def test_released_message_comes_back_redelivered(hosts):
+    queue = name()
+
+    async def scenario():
+        conn = await Connection.connect(hosts)
+        session = await conn.session()
+        await session.queue_declare(queue)
+        await session.publish("", queue, b"again")
+        subscription = await session.subscribe(queue, window=1)
+        first = await subscription.get(timeout=5)
+        await first.release(redelivered=True)
+        second = await subscription.get(timeout=5)
+        await second.accept()
+        await conn.close()
+        return first.redelivered, second.body, second.redelivered
+
+    assert run(scenario()) == (False, b"again", True)
+
+
+def test_execution_exception_for_a_missing_queue(hosts):
+    """3.4.1.3: an operational error is an execution.exception and ends the session."""
+
+    async def scenario():
+        conn = await Connection.connect(hosts)
+        session = await conn.session()
+        with pytest.raises(SessionException) as info:
+            await session.execute(c.QueueDeclare(queue=name(), passive=True))
+        await conn.close()
+        return info.value.error_code
+
+    assert run(scenario()) == 404
+
+
+def test_unknown_command_is_not_implemented(hosts):
+    async def scenario():
+        conn = await Connection.connect(hosts)
+        session = await conn.session()
+        with pytest.raises(SessionException) as info:
+            await session.execute(c.DtxSelect())  # distributed transactions are not supported
+        await conn.close()
+        return info.value.error_code
+
+    assert run(scenario()) == 540
+
+
+def test_0_10_publish_is_consumed_by_0_9_1(broker, hosts):
+    """One core: a message published over 0-10 reaches a pika consumer with its properties."""
+    queue = name()
+
+    async def scenario():
+        conn = await Connection.connect(hosts)
+        session = await conn.session()
+        await session.queue_declare(queue)
+        await session.publish("", queue, b"cross", persistent=True, headers={"k": "v"})
+        await conn.close()
+
+    run(scenario())
+    pconn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = pconn.channel()
+    method, props, body = ch.basic_get(queue, auto_ack=True)
+    pconn.close()
+    assert body == b"cross" and props.delivery_mode == 2 and props.headers == {"k": "v"}
