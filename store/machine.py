@@ -435,13 +435,14 @@ class StateMachine(SessionMixin):
         vhost = self.vhosts[exchange.vhost]
         if vhost.exchanges.get(exchange.name) is not exchange:
             return
+        # Gone first: removing its last binding below would otherwise auto-delete it again.
+        del vhost.exchanges[exchange.name]
         for binding in list(exchange.bindings):
             self._remove_binding(vhost, exchange, binding)
         for binding in list(self.inbound.get((vhost.name, False, exchange.name), ())):
             source = vhost.exchanges.get(binding.source)
             if source is not None:
                 self._remove_binding(vhost, source, binding)
-        del vhost.exchanges[exchange.name]
         if exchange.durable and self._w is not None:
             self._w.delete_exchange(vhost.name, exchange.name)
 

@@ -431,8 +431,7 @@ class Amqp091Connection(asyncio.Protocol):
 
     def set_blocked(self, reason: str | None) -> None:
         if self.state != OPEN:
-            self.blocked_reason = reason
-            return
+            return  # connection.open-ok is followed by set_blocked(broker.alarm)
         notify = bool(self.client_capabilities.get("connection.blocked"))
         if reason and not self.blocked_reason:
             self.blocked_reason = reason

@@ -108,12 +108,11 @@ def test_handshake_start_tune_open_and_clean_close(raw, broker):
 
 
 @pytest.mark.parametrize("header", [
-    b"AMQP\x01\x01\x00\x0a",   # AMQP 0-10
     b"AMQP\x00\x01\x00\x00",   # AMQP 1.0
     b"AMQP\x00\x00\x09\x02",   # a 0-9 revision that does not exist
     b"AMQP\x03\x01\x00\x00",   # another protocol id
     b"GET / HTTP/1.1\r\n\r\n",  # not AMQP at all
-], ids=["0-10", "1.0", "0-9-2", "proto-3", "http"])
+], ids=["1.0", "0-9-2", "proto-3", "http"])
 def test_wrong_protocol_header_gets_the_0_9_1_header_and_a_close(raw, broker, header):
     """general 4.2.2 / reference 1.4.2.1: "If the server cannot support the protocol specified in the
     protocol header, it MUST respond with a valid protocol header and then close the socket connection." """
