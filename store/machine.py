@@ -48,6 +48,7 @@ DEFAULT_EXCHANGES = (
     ("amq.topic", "topic"),
     ("amq.headers", "headers"),
     ("amq.match", "headers"),
+    ("amq.failover", "failover"),
 )
 # The x-arguments whose value must match on a queue redeclare (as RabbitMQ checks them).
 EQUIVALENCE_ARGS = (
@@ -349,12 +350,15 @@ class StateMachine(SessionMixin):
 
     def _member_set(self, cmd: list) -> None:
         node_id, raft, amqp = cmd[3], cmd[4], cmd[5]
-        self.members[node_id] = (raft, amqp)
+        if self.members.get(node_id) != (raft, amqp):
+            self.members[node_id] = (raft, amqp)
+            self._failover_update()  # failover_exchange_behavior 2: the candidates changed
 
     def _member_remove(self, cmd: list) -> None:
         node_id = cmd[3]
         if self.members.pop(node_id, None) is not None:
             self._node_reset([Op.NODE_RESET, None, None, node_id, None])
+            self._failover_update()
 
     def _qos(self, cmd: list) -> None:
         _, conn, _, number, prefetch_count, global_ = cmd
@@ -388,6 +392,9 @@ class StateMachine(SessionMixin):
             return None
         if name == "":
             raise CommandError(403, "operation not permitted on the default exchange")
+        if type_ == "failover" and existing is None:
+            # 0-10 11.1.2.3 only_one_failover_exchange: amq.failover is the one.
+            raise CommandError(530, "exchanges of type 'failover' cannot be declared")
         if name.startswith("amq.") and existing is None:
             raise CommandError(
                 403, f"exchange name '{name}' contains reserved prefix 'amq.*'"
@@ -605,8 +612,35 @@ class StateMachine(SessionMixin):
         self._channel(conn, number)
         vhost = self._vhost(vhost_name)
         exchange, queue = self._binding_endpoints(vhost, exchange_name, True, queue_name, conn)
+        if exchange.type == "failover" and queue.exclusive_owner is None:
+            # 0-10 11.1.2.3 failover_exchange_disallow_shared_queues
+            raise CommandError(530, f"only exclusive queues may be bound to '{exchange_name}'")
         self._add_binding(vhost, exchange, Binding(exchange_name, True, queue_name, routing_key, args),
                           queue.durable and queue.exclusive_owner is None)
+        if exchange.type == "failover":
+            self._failover_update([queue])  # failover_exchange_behavior 1: an update at once
+
+    def _failover_update(self, queues: list[Queue] | None = None) -> None:
+        """Write a failover update (empty body, header amq.failover = member URLs) into queues bound
+        to amq.failover: the given ones, or all of them when the member set changed."""
+        from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
+
+        if queues is None:
+            queues = []
+            for vhost in self.vhosts.values():
+                failover = vhost.exchanges.get("amq.failover")
+                for binding in failover.bindings if failover else ():
+                    queue = vhost.queues.get(binding.destination)
+                    if queue is not None and queue not in queues:
+                        queues.append(queue)
+        if not queues:
+            return
+        urls = [f"amqp:tcp:{amqp}" for _raft, amqp in self.members.values()]
+        props = encode_properties(BasicProperties(headers={"amq.failover": urls}))
+        for queue in queues:
+            message = Message(self.next_msg_id, "amq.failover", "", props, b"", False, 0, self._now)
+            self.next_msg_id += 1
+            self._enqueue(queue, message, None)
 
     def _queue_unbind(self, cmd: list) -> None:
         _, conn, _, number, vhost_name, queue_name, exchange_name, routing_key, args = cmd

@@ -54,6 +54,19 @@ class FanoutMatcher:
         return self._all
 
 
+class FailoverMatcher:
+    """amq.failover (AMQP 0-10, 11.1.2.3): clients never route through it; the broker writes failover
+    updates straight into the queues bound to it."""
+
+    __slots__ = ()
+
+    def __init__(self, bindings: list[Binding]) -> None:
+        pass
+
+    def match(self, routing_key: str, headers: HeadersFn) -> list[Binding]:
+        return []
+
+
 @dataclass(slots=True)
 class _TrieNode:
     children: dict[str, _TrieNode] = field(default_factory=dict)
@@ -142,4 +155,5 @@ MATCHERS = {
     "fanout": FanoutMatcher,
     "topic": TopicMatcher,
     "headers": HeadersMatcher,
+    "failover": FailoverMatcher,
 }

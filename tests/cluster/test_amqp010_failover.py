@@ -116,3 +116,25 @@ def test_followers_redirect_to_the_leader_unless_insist(tmp_path):
         assert sorted(answer.known_hosts) == hosts
         answer = raw_open(leader.port, insist=False)
         assert isinstance(answer, c.ConnectionOpenOk)
+
+
+def test_amq_failover_lists_the_members_to_a_0_10_client(tmp_path):
+    """0-10 11.1.2.3: a private queue bound to amq.failover gets an update with every member's URL."""
+    with Cluster(3, tmp_path) as cluster:
+        leader = cluster.leader()
+        hosts = [f"127.0.0.1:{n.port}" for n in cluster.nodes]
+
+        async def scenario():
+            conn = await Connection.connect([f"127.0.0.1:{leader.port}"])
+            session = await conn.session()
+            await session.queue_declare("failover-updates", exclusive=True, auto_delete=True)
+            await session.bind("failover-updates", "amq.failover", "")
+            subscription = await session.subscribe("failover-updates")
+            update = await subscription.get(timeout=10)
+            await update.accept()
+            await conn.close()
+            return update
+
+        update = asyncio.run(asyncio.wait_for(scenario(), 30))
+        assert update.body == b""
+        assert sorted(update.headers["amq.failover"]) == sorted(f"amqp:tcp:{h}" for h in hosts)

@@ -89,3 +89,36 @@ def test_snapshot_round_trip_keeps_every_detail():
     assert repr(copy.apply_batch(NOW, batch)) == repr(m.apply_batch(NOW, batch))
     assert digest(copy) == digest(m)
     assert copy.apply_batch(NOW, [], 8, ("n1.a", 9)) == []  # the dedup window travelled too
+
+
+def test_amq_failover_updates_bound_exclusive_queues():
+    """0-10 11.1.2.3: an update on bind and whenever the failover candidates change."""
+    from raftmq.protocol.amqp091.properties import decode_properties
+    from raftmq.store.commands import ERR, OUT_REPLY
+
+    m = setup_machine()
+    m.apply_batch(NOW, [[Op.MEMBER_SET, None, None, "n1", "127.0.0.1:1", "127.0.0.1:5672"]])
+    out = m.apply_batch(NOW, [
+        [Op.CHANNEL_OPEN, "c", 1, 1],
+        [Op.QUEUE_DECLARE, "c", 2, 1, "/", "shared", False, False, False, False, {}],
+        [Op.QUEUE_BIND, "c", 3, 1, "/", "shared", "amq.failover", "", {}],
+    ])
+    assert next(o[3] for o in out if o[1] == OUT_REPLY and o[2] == 3)[:2] == (ERR, 530)
+    m.apply_batch(NOW, [
+        [Op.CHANNEL_OPEN, "c", 4, 2],
+        [Op.QUEUE_DECLARE, "c", 5, 2, "/", "mine", False, False, True, False, {}],
+        [Op.QUEUE_BIND, "c", 6, 2, "/", "mine", "amq.failover", "", {}],
+    ])
+    queue = m.vhosts["/"].queues["mine"]
+    assert len(queue.ready) == 1
+    m.apply_batch(NOW, [[Op.MEMBER_SET, None, None, "n2", "127.0.0.1:2", "127.0.0.1:5673"]])
+    m.apply_batch(NOW, [[Op.MEMBER_SET, None, None, "n2", "127.0.0.1:2", "127.0.0.1:5673"]])  # no change
+    assert len(queue.ready) == 2
+    queue.ready.pop()
+    update = queue.ready.pop().message
+    assert update.body == b""
+    assert decode_properties(update.properties).headers == {
+        "amq.failover": ["amqp:tcp:127.0.0.1:5672", "amqp:tcp:127.0.0.1:5673"]}
+    out = m.apply_batch(NOW, [[Op.EXCHANGE_DECLARE, "c", 9, 2, "/", "my-failover", "failover", False, False,
+                               False, False, {}]])
+    assert next(o[3] for o in out if o[1] == OUT_REPLY and o[2] == 9)[:2] == (ERR, 530)
