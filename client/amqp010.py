@@ -115,11 +115,15 @@ class Session:
         self.state_reply: asyncio.Future | None = None
         self.error: SessionException | None = None
         self.duplicates_dropped = 0
+        self.results: dict[int, object] = {}  # command id -> execution.result value
 
     # ------------------------------------------------------------------ public API
 
-    async def execute(self, command: c.Command) -> None:
-        """Send a command and wait until the broker completed it (exactly once, across failovers)."""
+    async def execute(self, command: c.Command):
+        """Send a command and wait until the broker completed it (exactly once, across failovers).
+
+        Returns the command's result struct (execution.result) for queries, else None.
+        """
         if self.error is not None:
             raise self.error
         command.sync = True
@@ -129,6 +133,10 @@ class Session:
         self.pending[command_id] = (command, future)
         self.conn.send_if_connected(self.channel, command)
         await future
+        return self.results.pop(command_id, None)
+
+    async def queue_query(self, queue: str) -> c.QueueQueryResult:
+        return await self.execute(c.QueueQuery(queue=queue))
 
     async def queue_declare(self, queue: str, durable: bool = False, exclusive: bool = False,
                             auto_delete: bool = False, arguments: dict | None = None) -> None:
@@ -203,6 +211,8 @@ class Session:
             subscription = self.subscriptions.get(command.destination or "")
             if subscription is not None:
                 subscription.queue.put_nowait(Message(self, command_id, command))
+        elif isinstance(command, c.ExecutionResult):
+            self.results[command.command_id] = command.value
         elif isinstance(command, c.ExecutionException):
             self.error = SessionException(command)
             for _cmd, future in self.pending.values():

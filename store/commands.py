@@ -52,6 +52,9 @@ class Op(IntEnum):
     MESSAGE_STOP = 78
     MESSAGE_FLUSH = 79
     MESSAGE_SETTLE = 80
+    QUEUE_QUERY = 81  # read-only, through the log (linearizable): 0-10 queue.query
+    EXCHANGE_QUERY = 82
+    EXCHANGE_BOUND = 83
     NODE_RESET = 51  # (node_id, keep_boot): a node's old connections are gone (it died or restarted)
     VHOST_ADD = 60
 

@@ -39,6 +39,9 @@ UNLIMITED = 0xFFFFFFFF
 SETTLE_ACCEPT, SETTLE_RELEASE, SETTLE_RELEASE_REDELIVERED, SETTLE_REJECT = range(4)
 
 
+RESULT_OPS = frozenset((Op.QUEUE_QUERY, Op.EXCHANGE_QUERY, Op.EXCHANGE_BOUND))
+
+
 def session_key(vhost: str, principal: str, name: bytes) -> str:
     return f"{vhost}\x00{principal}\x00{bytes(name).hex()}"
 
@@ -61,6 +64,9 @@ class SessionMixin:
             Op.MESSAGE_STOP: self._message_stop,
             Op.MESSAGE_FLUSH: self._message_flush,
             Op.MESSAGE_SETTLE: self._message_settle,
+            Op.QUEUE_QUERY: self._queue_query,
+            Op.EXCHANGE_QUERY: self._exchange_query,
+            Op.EXCHANGE_BOUND: self._exchange_bound,
         }
 
     # ------------------------------------------------------------------ attachment
@@ -159,7 +165,13 @@ class SessionMixin:
         if rs.contains(session.completed, command_id):
             return ("duplicate",)
         rs.add(session.completed, command_id, command_id)
-        return self._handlers[inner[0]]([inner[0], conn, None, number, *inner[4:]])
+        value = self._handlers[inner[0]]([inner[0], conn, None, number, *inner[4:]])
+        if inner[0] in RESULT_OPS:
+            # The result travels in an execution.result command: give it an id of ours.
+            result_id = session.next_transfer
+            session.next_transfer += 1
+            return ("result", result_id, value)
+        return value
 
     def _session_known_completed(self, cmd: list) -> None:
         ch = self._channel(cmd[1], cmd[3])
@@ -247,3 +259,36 @@ class SessionMixin:
             if consumer.credit_messages is not None and consumer.credit_messages < UNLIMITED:
                 consumer.credit_messages += 1
             self._dirty[consumer.queue.qid] = consumer.queue
+
+    # ------------------------------------------------------------------ queries (0-10 results)
+
+    def _queue_query(self, cmd: list):
+        """(name, durable, exclusive, auto_delete, arguments, messages, consumers) or None."""
+        vhost = self._vhost(cmd[4])
+        queue = vhost.queues.get(cmd[5])
+        if queue is None:
+            return None
+        return (queue.name, queue.durable, queue.exclusive_owner is not None, queue.auto_delete,
+                dict(queue.arguments), len(queue.ready), len(queue.consumers))
+
+    def _exchange_query(self, cmd: list):
+        """(type, durable, arguments) or None."""
+        exchange = self._vhost(cmd[4]).exchanges.get(cmd[5])
+        if exchange is None:
+            return None
+        return (exchange.type, exchange.durable, dict(exchange.arguments))
+
+    def _exchange_bound(self, cmd: list):
+        """0-10 exchange.bound: (exchange-not-found, queue-not-found, queue-not-matched,
+        key-not-matched, args-not-matched)."""
+        vhost = self._vhost(cmd[4])
+        exchange_name, queue_name, key, args = cmd[5], cmd[6], cmd[7], cmd[8]
+        exchange = vhost.exchanges.get(exchange_name)
+        queue_missing = queue_name not in vhost.queues
+        if exchange is None:
+            return (True, queue_missing, False, False, False)
+        to_queue = [b for b in exchange.bindings if b.dest_is_queue and b.destination == queue_name]
+        key_match = [b for b in (to_queue if queue_name else exchange.bindings) if key is None or b.routing_key == key]
+        args_match = [b for b in key_match if args is None or b.arguments == args]
+        return (False, queue_missing, bool(queue_name) and not to_queue,
+                key is not None and not key_match, args is not None and not args_match)

@@ -153,7 +153,7 @@ class ServerSession:
         wrapped = [Op.SESSION_COMMAND, self.conn.conn_id, None, self.channel, command_id, inner]
         sync = command.sync
         settled = [tuple(r) for r in command.transfers] if inner[0] == Op.MESSAGE_SETTLE else None
-        self.conn.request(self, wrapped, lambda _value: self._applied(command_id, sync, settled),
+        self.conn.request(self, wrapped, lambda value: self._applied(command_id, sync, settled, value, command),
                           on_error=lambda code, text: self._failed(command_id, command, code, text))
 
     def translate(self, cmd) -> list | None:
@@ -212,10 +212,22 @@ class ServerSession:
             return [Op.QUEUE_DELETE, *head, vhost, cmd.queue, bool(cmd.if_unused), bool(cmd.if_empty)]
         if isinstance(cmd, c.QueuePurge):
             return [Op.QUEUE_PURGE, *head, vhost, cmd.queue]
+        if isinstance(cmd, c.QueueQuery):
+            return [Op.QUEUE_QUERY, *head, vhost, cmd.queue]
+        if isinstance(cmd, c.ExchangeQuery):
+            return [Op.EXCHANGE_QUERY, *head, vhost, cmd.name or ""]
+        if isinstance(cmd, c.ExchangeBound):
+            return [Op.EXCHANGE_BOUND, *head, vhost, cmd.exchange or "", cmd.queue, cmd.binding_key,
+                    None if cmd.arguments is None else dict(cmd.arguments)]
         return None
 
-    def _applied(self, command_id: int, sync: bool, settled: list | None = None) -> None:
+    def _applied(self, command_id: int, sync: bool, settled: list | None = None, value=None,
+                 command=None) -> None:
         self.in_flight.discard(command_id)
+        if isinstance(value, (tuple, list)) and value and value[0] == "result":
+            # 3.4.1.2: the result precedes the completion of the command that asked for it.
+            self._send_command(c.ExecutionResult(command_id=command_id, value=result_struct(command, value[2])),
+                               value[1])
         if settled:
             # Settled transfers are never replayed: the client may forget them now.
             self.conn.send(self.channel, c.SessionKnownCompleted(commands=settled))
@@ -283,3 +295,22 @@ class ServerSession:
 
 
 ERROR_CODES = frozenset((403, 404, 405, 406, 408, 409, 503, 506, 530, 531, 540, 541, 542))
+
+
+def result_struct(command, value):
+    """The result struct of a query command from the state machine's plain answer."""
+    if isinstance(command, c.QueueQuery):
+        if value is None:
+            return c.QueueQueryResult(queue=command.queue)
+        name, durable, exclusive, auto_delete, arguments, messages, consumers = value
+        return c.QueueQueryResult(queue=name, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
+                                  arguments=arguments or None, message_count=messages, subscriber_count=consumers,
+                                  alternate_exchange=(arguments or {}).get("x-dead-letter-exchange"))
+    if isinstance(command, c.ExchangeQuery):
+        if value is None:
+            return c.ExchangeQueryResult(not_found=True)
+        type_, durable, arguments = value
+        return c.ExchangeQueryResult(type=type_, durable=durable, arguments=arguments or None)
+    exchange_nf, queue_nf, queue_nm, key_nm, args_nm = value
+    return c.ExchangeBoundResult(exchange_not_found=exchange_nf, queue_not_found=queue_nf,
+                                 queue_not_matched=queue_nm, key_not_matched=key_nm, args_not_matched=args_nm)

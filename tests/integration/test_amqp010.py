@@ -114,3 +114,25 @@ def test_0_10_publish_is_consumed_by_0_9_1(broker, hosts):
     method, props, body = ch.basic_get(queue, auto_ack=True)
     pconn.close()
     assert body == b"cross" and props.delivery_mode == 2 and props.headers == {"k": "v"}
+
+
+def test_queue_query_returns_a_result(hosts):
+    """queue.query (L7912): the answer travels in execution.result before the command completes."""
+    queue = name()
+
+    async def scenario():
+        conn = await Connection.connect(hosts)
+        session = await conn.session()
+        await session.queue_declare(queue, durable=True)
+        await session.publish("", queue, b"1")
+        await session.publish("", queue, b"2")
+        found = await session.queue_query(queue)
+        missing = await session.queue_query(name())
+        bound = await session.execute(c.ExchangeBound(exchange="amq.direct", queue=queue, binding_key="k"))
+        await conn.close()
+        return found, missing, bound
+
+    found, missing, bound = run(scenario())
+    assert (found.queue, found.durable, found.message_count, found.subscriber_count) == (queue, True, 2, 0)
+    assert missing.message_count is None and missing.durable is False
+    assert bound.queue_not_matched and not bound.exchange_not_found and not bound.queue_not_found
