@@ -124,16 +124,25 @@ class Session:
 
         Returns the command's result struct (execution.result) for queries, else None.
         """
+        command_id, future = self.send(command, sync=True)
+        await future
+        return self.results.pop(command_id, None)
+
+    def send(self, command: c.Command, sync: bool = False) -> tuple[int, asyncio.Future]:
+        """Send without waiting: (command id, future done when the broker completed the command).
+
+        Many commands in flight is how a publisher goes fast; the broker reports completions in
+        batches (and at once for commands with ``sync``).
+        """
         if self.error is not None:
             raise self.error
-        command.sync = True
+        command.sync = sync
         future = asyncio.get_running_loop().create_future()
         command_id = self.out_next
         self.out_next += 1
         self.pending[command_id] = (command, future)
         self.conn.send_if_connected(self.channel, command)
-        await future
-        return self.results.pop(command_id, None)
+        return command_id, future
 
     async def queue_query(self, queue: str) -> c.QueueQueryResult:
         return await self.execute(c.QueueQuery(queue=queue))
@@ -152,10 +161,18 @@ class Session:
 
     async def publish(self, exchange: str, routing_key: str, body: bytes, *, persistent: bool = False,
                       headers: dict | None = None, message_id: uuid.UUID | None = None) -> None:
+        """Publish and wait until the broker completed the transfer (it is replicated)."""
+        await self.publish_nowait(exchange, routing_key, body, persistent=persistent, headers=headers,
+                                  message_id=message_id, sync=True)
+
+    def publish_nowait(self, exchange: str, routing_key: str, body: bytes, *, persistent: bool = False,
+                       headers: dict | None = None, message_id: uuid.UUID | None = None,
+                       sync: bool = False) -> asyncio.Future:
+        """Publish; the returned future completes when the broker has completed the transfer."""
         dp = c.DeliveryProperties(routing_key=routing_key, delivery_mode=2 if persistent else 1)
         mp = c.MessageProperties(application_headers=headers, message_id=message_id)
-        await self.execute(c.MessageTransfer(destination=exchange, accept_mode=1, acquire_mode=0,
-                                             headers=[dp, mp], body=body))
+        return self.send(c.MessageTransfer(destination=exchange, accept_mode=1, acquire_mode=0,
+                                           headers=[dp, mp], body=body), sync=sync)[1]
 
     async def subscribe(self, queue: str, destination: str | None = None, window: int = 100) -> Subscription:
         """Subscribe in window mode: at most ``window`` unaccepted messages in flight (like a prefetch)."""
