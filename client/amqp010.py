@@ -50,6 +50,10 @@ class SessionException(ClientError):
         self.description = exc.description
 
 
+class TransactionAborted(ClientError):
+    """The session failed over while a transaction was open: its work is lost; do it again."""
+
+
 class Message:
     def __init__(self, session: Session, transfer_id: int, transfer: c.MessageTransfer) -> None:
         self._session = session
@@ -116,6 +120,8 @@ class Session:
         self.error: SessionException | None = None
         self.duplicates_dropped = 0
         self.results: dict[int, object] = {}  # command id -> execution.result value
+        self.transactional = False
+        self.tx_aborted = False
 
     # ------------------------------------------------------------------ public API
 
@@ -143,6 +149,22 @@ class Session:
         self.pending[command_id] = (command, future)
         self.conn.send_if_connected(self.channel, command)
         return command_id, future
+
+    async def tx_select(self) -> None:
+        await self.execute(c.TxSelect())
+        self.transactional = True
+
+    async def tx_commit(self) -> None:
+        """Commit the open transaction; TransactionAborted if a failover lost it (it is then rolled back)."""
+        if self.tx_aborted:
+            self.tx_aborted = False
+            await self.execute(c.TxRollback())
+            raise TransactionAborted("the session failed over during the transaction; nothing was committed")
+        await self.execute(c.TxCommit())
+
+    async def tx_rollback(self) -> None:
+        self.tx_aborted = False
+        await self.execute(c.TxRollback())
 
     async def queue_query(self, queue: str) -> c.QueueQueryResult:
         return await self.execute(c.QueueQuery(queue=queue))
@@ -244,6 +266,8 @@ class Session:
         self.attached = loop.create_future()
         self.conn.send(self.channel, c.SessionAttach(name=self.name, force=not first_attach))
         await asyncio.wait_for(self.attached, 10)
+        if not first_attach and self.transactional:
+            self.tx_aborted = True  # the broker lost the buffered work with the node
         self.conn.send(self.channel, c.SessionRequestTimeout(timeout=self.timeout))
         if not first_attach:
             self.state_reply = loop.create_future()

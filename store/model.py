@@ -228,6 +228,7 @@ class Session:
     completed: list[list[int]] = field(default_factory=list)  # sorted disjoint [lo, hi] ranges
     next_transfer: int = 0
     transfers: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # id -> (qid, seq, destination)
+    transactional: bool = False  # tx.select was applied: the front end buffers work until tx.commit
 
 
 @dataclass(slots=True, eq=False)

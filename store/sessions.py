@@ -18,10 +18,10 @@ other node and finds it intact:
 
 Command layouts (``[op, conn, token, channel, *args]``):
 
-  SESSION_ATTACH(vhost, principal, name, force) -> ("busy",) | ("attached", resumed, completed, replay)
+  SESSION_ATTACH(vhost, principal, name, force) -> ("busy",) | ("attached", resumed, completed, replay, tx)
   SESSION_DETACH()                              SESSION_TIMEOUT(seconds) -> granted seconds
   SESSION_COMMAND(command_id, inner)            -> inner's result, or ("duplicate",)
-  SESSION_KNOWN_COMPLETED(ranges)
+  SESSION_KNOWN_COMPLETED(ranges)               SESSION_TX_SELECT()
   MESSAGE_SUBSCRIBE(vhost, queue, destination, accept_none, exclusive, args)
   MESSAGE_FLOW(destination, unit, value)        MESSAGE_FLOW_MODE(destination, window)
   MESSAGE_STOP(destination)                     MESSAGE_FLUSH(destination)
@@ -64,6 +64,7 @@ class SessionMixin:
             Op.MESSAGE_STOP: self._message_stop,
             Op.MESSAGE_FLUSH: self._message_flush,
             Op.MESSAGE_SETTLE: self._message_settle,
+            Op.SESSION_TX_SELECT: self._session_tx_select,
             Op.QUEUE_QUERY: self._queue_query,
             Op.EXCHANGE_QUERY: self._exchange_query,
             Op.EXCHANGE_BOUND: self._exchange_bound,
@@ -106,7 +107,7 @@ class SessionMixin:
                 replay.append((transfer_id, destination, qid, seq, entry.message))
         for consumer in ch.consumers.values():
             self._dirty[consumer.queue.qid] = consumer.queue  # deliveries resume
-        return ("attached", resumed, [list(r) for r in session.completed], replay)
+        return ("attached", resumed, [list(r) for r in session.completed], replay, session.transactional)
 
     def _unregister_channel(self, ch: ChannelState) -> None:
         channels = self.channels.get(ch.conn)
@@ -172,6 +173,12 @@ class SessionMixin:
             session.next_transfer += 1
             return ("result", result_id, value)
         return value
+
+    def _session_tx_select(self, cmd: list) -> None:
+        ch = self._channel(cmd[1], cmd[3])
+        if ch.session is None:
+            raise self._error(503, "tx.select on a channel without a session")
+        ch.session.transactional = True
 
     def _session_known_completed(self, cmd: list) -> None:
         ch = self._channel(cmd[1], cmd[3])

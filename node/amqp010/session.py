@@ -48,6 +48,8 @@ class ServerSession:
         self.unsettled_none: set[int] = set()  # ids of accept-mode none transfers sent, not yet completed
         self.completion_due = False
         self.timely = False
+        self.tx_ops: list[list] | None = None  # buffered work of the open transaction (tx.select)
+        self.tx_broken = False  # the transaction was open on another node that failed
 
     # ------------------------------------------------------------------ attach / detach
 
@@ -62,8 +64,13 @@ class ServerSession:
             self.conn.send(self.channel, c.SessionDetached(name=self.name, code=DETACH_BUSY))
             self.conn.drop_session(self.channel)
             return
-        _, _resumed, completed, replay = value
+        _, _resumed, completed, replay, transactional = value
         self.attached = True
+        if transactional:
+            # The transaction's buffered work was on the node that failed: it is lost, so its
+            # commit must fail (the client then knows to redo it) and only rollback clears it.
+            self.tx_ops = []
+            self.tx_broken = True
         self.completed = [list(r) for r in completed]
         if self.completed:
             self.in_next = self.completed[-1][1] + 1
@@ -145,14 +152,45 @@ class ServerSession:
         if missing:
             self._exception(command_id, command, 531, f"missing required field(s) {', '.join(missing)}")
             return
+        if isinstance(command, (c.TxSelect, c.TxCommit, c.TxRollback)):
+            self._tx(command_id, command)
+            return
         inner = self.translate(command)
         if inner is None:
             self._exception(command_id, command, NOT_IMPLEMENTED, f"{command.NAME} is not implemented")
             return
+        if self.tx_ops is not None and inner[0] in (Op.PUBLISH, Op.MESSAGE_SETTLE):
+            # Transactional work waits for tx.commit; the command itself is complete once buffered.
+            self.tx_ops.append([inner[0], self.conn.conn_id, None, self.channel, *inner[4:]])
+            self._complete(command_id, command.sync)
+            return
+        self._submit(command_id, command, inner)
+
+    def _tx(self, command_id: int, command) -> None:
+        """Class tx (L6205ff): select once, then commit/rollback any number of transactions."""
+        if isinstance(command, c.TxSelect):
+            self.tx_ops = self.tx_ops if self.tx_ops is not None else []
+            self._submit(command_id, command, [Op.SESSION_TX_SELECT, None, None, None])
+        elif self.tx_ops is None:
+            self._exception(command_id, command, 409, f"{command.NAME} without tx.select")  # illegal-state
+        elif isinstance(command, c.TxRollback):
+            self.tx_ops = []
+            self.tx_broken = False
+            self._complete(command_id, command.sync)
+        elif self.tx_broken:
+            self.tx_ops = []
+            self._exception(command_id, command, 409, "transaction aborted: its session failed over")
+        else:
+            operations, self.tx_ops = self.tx_ops, []
+            settled = [tuple(r) for op in operations if op[0] == Op.MESSAGE_SETTLE for r in op[4]]
+            self._submit(command_id, command, [Op.TX_COMMIT, None, None, None, operations], settled)
+
+    def _submit(self, command_id: int, command, inner: list, settled: list | None = None) -> None:
         self.in_flight.add(command_id)
         wrapped = [Op.SESSION_COMMAND, self.conn.conn_id, None, self.channel, command_id, inner]
         sync = command.sync
-        settled = [tuple(r) for r in command.transfers] if inner[0] == Op.MESSAGE_SETTLE else None
+        if inner[0] == Op.MESSAGE_SETTLE:
+            settled = [tuple(r) for r in command.transfers]
         self.conn.request(self, wrapped, lambda value: self._applied(command_id, sync, settled, value, command),
                           on_error=lambda code, text: self._failed(command_id, command, code, text))
 

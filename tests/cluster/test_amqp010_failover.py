@@ -138,3 +138,35 @@ def test_amq_failover_lists_the_members_to_a_0_10_client(tmp_path):
         update = asyncio.run(asyncio.wait_for(scenario(), 30))
         assert update.body == b""
         assert sorted(update.headers["amq.failover"]) == sorted(f"amqp:tcp:{h}" for h in hosts)
+
+
+def test_a_transaction_open_during_failover_is_aborted_not_half_committed(tmp_path):
+    """Buffered transactional work dies with its node: tx.commit after the resume fails (the client
+    raises TransactionAborted) and nothing of the transaction is visible."""
+    from raftmq.client.amqp010 import TransactionAborted
+
+    with Cluster(3, tmp_path) as cluster:
+        hosts = [f"127.0.0.1:{n.port}" for n in cluster.nodes]
+        leader = cluster.leader()
+
+        async def scenario():
+            conn = await Connection.connect(hosts)  # redirected to the leader
+            assert conn.current == f"127.0.0.1:{leader.port}"
+            session = await conn.session(b"tx-session", timeout=60)
+            await session.queue_declare("tx-q", durable=True)
+            await session.tx_select()
+            await session.publish("", "tx-q", b"in-doubt", persistent=True)
+            await asyncio.to_thread(leader.kill9)
+            for _ in range(200):
+                if conn.reconnects and not conn._lost.is_set():
+                    break
+                await asyncio.sleep(0.05)
+            with pytest.raises(TransactionAborted):
+                await session.tx_commit()
+            await session.publish("", "tx-q", b"after", persistent=True)
+            await session.tx_commit()
+            result = await session.queue_query("tx-q")
+            await conn.close()
+            return result.message_count
+
+        assert asyncio.run(asyncio.wait_for(scenario(), 60)) == 1

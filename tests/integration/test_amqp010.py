@@ -136,3 +136,29 @@ def test_queue_query_returns_a_result(hosts):
     assert (found.queue, found.durable, found.message_count, found.subscriber_count) == (queue, True, 2, 0)
     assert missing.message_count is None and missing.durable is False
     assert bound.queue_not_matched and not bound.exchange_not_found and not bound.queue_not_found
+
+
+def test_transactions_commit_and_rollback(hosts):
+    """Class tx (L6205ff): transfers and accepts take effect at tx.commit, vanish at tx.rollback."""
+    queue = name()
+
+    async def scenario():
+        conn = await Connection.connect(hosts)
+        session = await conn.session()
+        await session.queue_declare(queue)
+        await session.tx_select()
+        await session.publish("", queue, b"rolled-back")
+        await session.tx_rollback()
+        await session.publish("", queue, b"committed")
+        before = (await session.queue_query(queue)).message_count
+        await session.tx_commit()
+        after = (await session.queue_query(queue)).message_count
+        subscription = await session.subscribe(queue, window=1)
+        message = await subscription.get(timeout=5)
+        await message.accept()  # transactional: takes effect at commit
+        pending = (await session.queue_query(queue)).message_count
+        await session.tx_commit()
+        await conn.close()
+        return before, after, message.body, pending
+
+    assert run(scenario()) == (0, 1, b"committed", 0)
