@@ -166,6 +166,12 @@ class Session:
         self.tx_aborted = False
         await self.execute(c.TxRollback())
 
+    async def acquire(self, messages: list[Message]) -> list[Message]:
+        """message.acquire: take browsed messages; the ones actually acquired (others were taken)."""
+        result = await self.execute(c.MessageAcquire(transfers=[(m.id, m.id) for m in messages]))
+        got = {i for lo, hi in (result.transfers or ()) for i in range(lo, hi + 1)}
+        return [m for m in messages if m.id in got]
+
     async def queue_query(self, queue: str) -> c.QueueQueryResult:
         return await self.execute(c.QueueQuery(queue=queue))
 
@@ -196,12 +202,17 @@ class Session:
         return self.send(c.MessageTransfer(destination=exchange, accept_mode=1, acquire_mode=0,
                                            headers=[dp, mp], body=body), sync=sync)[1]
 
-    async def subscribe(self, queue: str, destination: str | None = None, window: int = 100) -> Subscription:
-        """Subscribe in window mode: at most ``window`` unaccepted messages in flight (like a prefetch)."""
+    async def subscribe(self, queue: str, destination: str | None = None, window: int = 100,
+                        acquire: bool = True) -> Subscription:
+        """Subscribe in window mode: at most ``window`` unaccepted messages in flight (like a prefetch).
+
+        ``acquire=False`` browses (acquire-mode not-acquired): messages stay on the queue for others
+        unless taken with :meth:`acquire`.
+        """
         destination = destination or f"sub-{queue}"
         subscription = self.subscriptions[destination] = Subscription(self, destination)
         await self.execute(c.MessageSubscribe(queue=queue, destination=destination, accept_mode=0,
-                                              acquire_mode=0))
+                                              acquire_mode=0 if acquire else 1))
         await self.execute(c.MessageSetFlowMode(destination=destination, flow_mode=1))
         await self.execute(c.MessageFlow(destination=destination, unit=0, value=window))
         await self.execute(c.MessageFlow(destination=destination, unit=1, value=UNLIMITED))

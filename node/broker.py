@@ -267,7 +267,10 @@ class Broker:
 
     async def _alarm_loop(self) -> None:
         while True:
-            self.check_alarms()
+            try:
+                self.check_alarms()
+            except Exception:  # a failing check must not end the loop (and with it all alarms)
+                log.exception("resource alarm check failed")
             await asyncio.sleep(ALARM_CHECK_INTERVAL)
 
     def check_alarms(self) -> None:
@@ -276,7 +279,7 @@ class Broker:
             reason = "low on memory"
         else:
             try:
-                free = shutil.disk_usage(self.store.path).free
+                free = shutil.disk_usage(self.config.resolved_data_dir()).free
             except OSError:
                 free = self.config.disk_free_limit + 1
             if free < self.config.disk_free_limit:

@@ -53,6 +53,8 @@ class Op(IntEnum):
     MESSAGE_FLUSH = 79
     MESSAGE_SETTLE = 80
     SESSION_TX_SELECT = 84
+    MESSAGE_ACQUIRE = 85
+    MESSAGE_RESUME = 86
     QUEUE_QUERY = 81  # read-only, through the log (linearizable): 0-10 queue.query
     EXCHANGE_QUERY = 82
     EXCHANGE_BOUND = 83

@@ -687,10 +687,11 @@ class StateMachine(SessionMixin):
         self.queue_last_used.pop(queue.qid, None)
         if queue.exclusive_owner is not None:
             self.exclusive_queues.get(queue.exclusive_owner, {}).pop(queue.qid, None)
-        for consumer in list(queue.consumers):
+        for consumer in [*queue.consumers, *queue.browsers]:
             self._out.append((consumer.channel.conn, OUT_CANCEL, consumer.channel.number, consumer.tag))
             consumer.channel.consumers.pop(consumer.tag, None)
         queue.consumers.clear()
+        queue.browsers.clear()
         # Unacked entries are discarded with the queue; their holders forget them.
         if queue.unacked_count:
             for ch_map in self.channels.values():
@@ -741,6 +742,10 @@ class StateMachine(SessionMixin):
     def _remove_consumer(self, consumer: Consumer) -> None:
         consumer.channel.consumers.pop(consumer.tag, None)
         queue = consumer.queue
+        if consumer.browse:
+            if consumer in queue.browsers:
+                queue.browsers.remove(consumer)
+            return
         if consumer in queue.consumers:
             queue.consumers.remove(consumer)
             queue.next_consumer = 0
@@ -857,6 +862,8 @@ class StateMachine(SessionMixin):
         consumers = queue.consumers
         if queue.qid in self.expiring:
             self._expire_head(queue)
+        if queue.browsers:
+            self._browse(queue)
         while consumers and len(queue.ready):
             n = len(consumers)
             start = queue.next_consumer % n

@@ -8,6 +8,7 @@ clock: times are integer microseconds carried in by commands.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ class Entry:
     durable: bool  # mirrored in LMDB (durable queue and persistent message)
     delivery_count: int = 0
     holder: object | None = None  # the Consumer or ChannelState holding it unacked; None = ready
+
+
+def _seq_of(entry: Entry) -> int:
+    return entry.seq
 
 
 class ReadyList:
@@ -105,6 +110,36 @@ class ReadyList:
             return fresh.popleft()
         return heapq.heappop(returned)[1]
 
+    def next_after(self, seq: int) -> Entry | None:
+        """The entry with the lowest sequence above ``seq``, without taking it (0-10 browsing)."""
+        best = None
+        for fresh, returned in zip(self._levels, self._returned, strict=True):
+            i = bisect_right(fresh, seq, key=_seq_of)
+            if i < len(fresh) and (best is None or fresh[i].seq < best.seq):
+                best = fresh[i]
+            for item_seq, entry in returned:
+                if item_seq > seq and (best is None or item_seq < best.seq):
+                    best = entry
+        return best
+
+    def remove_seq(self, seq: int) -> Entry | None:
+        """Take the entry with sequence ``seq`` out of the list, wherever it is (0-10 message.acquire)."""
+        for fresh, returned in zip(self._levels, self._returned, strict=True):
+            i = bisect_right(fresh, seq, key=_seq_of) - 1
+            if i >= 0 and fresh[i].seq == seq:
+                entry = fresh[i]
+                del fresh[i]
+                self._count -= 1
+                return entry
+            for k, (item_seq, entry) in enumerate(returned):
+                if item_seq == seq:
+                    returned[k] = returned[-1]
+                    returned.pop()
+                    heapq.heapify(returned)
+                    self._count -= 1
+                    return entry
+        return None
+
     def drain(self) -> Iterator[Entry]:
         """Remove and yield every entry in delivery order."""
         while True:
@@ -141,6 +176,8 @@ class Consumer:
     credit_messages: int | None = None
     credit_bytes: int | None = None
     window_mode: bool = False
+    browse: bool = False  # 0-10 acquire-mode not-acquired: sees messages without taking them
+    cursor: int = 0  # browsing: the sequence of the last message seen
 
     def has_credit(self) -> bool:
         ch = self.channel
@@ -172,6 +209,7 @@ class Queue:
     ready: ReadyList = field(default_factory=ReadyList)
     ready_bytes: int = 0
     consumers: list[Consumer] = field(default_factory=list)
+    browsers: list[Consumer] = field(default_factory=list)  # 0-10 not-acquired subscriptions
     next_consumer: int = 0  # round-robin position
     had_consumers: bool = False
     next_seq: int = 1
@@ -229,6 +267,7 @@ class Session:
     next_transfer: int = 0
     transfers: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # id -> (qid, seq, destination)
     transactional: bool = False  # tx.select was applied: the front end buffers work until tx.commit
+    browsed: dict[int, tuple[int, int, str]] = field(default_factory=dict)  # not-acquired transfers
 
 
 @dataclass(slots=True, eq=False)

@@ -22,7 +22,8 @@ Command layouts (``[op, conn, token, channel, *args]``):
   SESSION_DETACH()                              SESSION_TIMEOUT(seconds) -> granted seconds
   SESSION_COMMAND(command_id, inner)            -> inner's result, or ("duplicate",)
   SESSION_KNOWN_COMPLETED(ranges)               SESSION_TX_SELECT()
-  MESSAGE_SUBSCRIBE(vhost, queue, destination, accept_none, exclusive, args)
+  MESSAGE_SUBSCRIBE(vhost, queue, destination, accept_none, exclusive, args[, browse])
+  MESSAGE_ACQUIRE(ranges) -> ("result", id, acquired ranges)    MESSAGE_RESUME() -> ("result", id, 0)
   MESSAGE_FLOW(destination, unit, value)        MESSAGE_FLOW_MODE(destination, window)
   MESSAGE_STOP(destination)                     MESSAGE_FLUSH(destination)
   MESSAGE_SETTLE(ranges, how)                   how: 0 accept, 1 release, 2 release+redelivered, 3 reject
@@ -31,7 +32,7 @@ Command layouts (``[op, conn, token, channel, *args]``):
 from __future__ import annotations
 
 from . import ranges as rs
-from .commands import OUT_SESSION_DETACHED, Op
+from .commands import OUT_SESSION_DETACHED, OUT_TRANSFER, Op
 from .model import ChannelState, Consumer, Session
 
 MAX_SESSION_TIMEOUT = 3600  # seconds: a detached session's state is kept at most this long
@@ -39,7 +40,9 @@ UNLIMITED = 0xFFFFFFFF
 SETTLE_ACCEPT, SETTLE_RELEASE, SETTLE_RELEASE_REDELIVERED, SETTLE_REJECT = range(4)
 
 
-RESULT_OPS = frozenset((Op.QUEUE_QUERY, Op.EXCHANGE_QUERY, Op.EXCHANGE_BOUND))
+RESULT_OPS = frozenset((Op.QUEUE_QUERY, Op.EXCHANGE_QUERY, Op.EXCHANGE_BOUND, Op.MESSAGE_ACQUIRE,
+                        Op.MESSAGE_RESUME))
+MAX_BROWSED = 10_000  # not-acquired transfers remembered per session for a later message.acquire
 
 
 def session_key(vhost: str, principal: str, name: bytes) -> str:
@@ -65,6 +68,8 @@ class SessionMixin:
             Op.MESSAGE_FLUSH: self._message_flush,
             Op.MESSAGE_SETTLE: self._message_settle,
             Op.SESSION_TX_SELECT: self._session_tx_select,
+            Op.MESSAGE_ACQUIRE: self._message_acquire,
+            Op.MESSAGE_RESUME: lambda cmd: 0,  # no partial transfers are kept: resume from offset 0
             Op.QUEUE_QUERY: self._queue_query,
             Op.EXCHANGE_QUERY: self._exchange_query,
             Op.EXCHANGE_BOUND: self._exchange_bound,
@@ -189,13 +194,60 @@ class SessionMixin:
     # ------------------------------------------------------------------ subscriptions
 
     def _message_subscribe(self, cmd: list) -> str:
-        _, conn, _, number, vhost_name, queue_name, destination, accept_none, exclusive, args = cmd
+        _, conn, _, number, vhost_name, queue_name, destination, accept_none, exclusive, args = cmd[:10]
+        browse = len(cmd) > 10 and bool(cmd[10])
         tag = self._consume([Op.CONSUME, conn, None, number, vhost_name, queue_name, destination,
-                             bool(accept_none), bool(exclusive), args])
+                             bool(accept_none) or browse, bool(exclusive), args])
         consumer = self._channel(conn, number).consumers[tag]
         consumer.credit_messages = 0  # 0-10: a subscription starts without credit (message.flow)
         consumer.credit_bytes = 0
+        if browse:  # acquire-mode not-acquired: see messages, leave them for others until acquired
+            queue = consumer.queue
+            queue.consumers.remove(consumer)
+            queue.browsers.append(consumer)
+            consumer.browse = True
         return tag
+
+    def _browse(self, queue) -> None:
+        """Send not-acquired transfers of messages each browser has not seen yet (in queue order)."""
+        for consumer in queue.browsers:
+            session = consumer.channel.session
+            while consumer.has_credit():
+                entry = queue.ready.next_after(consumer.cursor)
+                if entry is None:
+                    break
+                consumer.cursor = entry.seq
+                self._take_credit(consumer, len(entry.message.body))
+                transfer_id = session.next_transfer
+                session.next_transfer += 1
+                session.browsed[transfer_id] = (queue.qid, entry.seq, consumer.tag)
+                if len(session.browsed) > MAX_BROWSED:
+                    del session.browsed[next(iter(session.browsed))]
+                ch = consumer.channel
+                self._out.append((ch.conn, OUT_TRANSFER, ch.number, consumer.tag,
+                                  (transfer_id, queue.qid, entry.seq, entry.delivery_count > 0, entry.message)))
+
+    def _message_acquire(self, cmd: list) -> list:
+        """message.acquire (L5854): take browsed messages that are still available; the ranges acquired."""
+        _, conn, _, number, id_ranges = cmd
+        ch = self._channel(conn, number)
+        session = ch.session
+        acquired = []
+        for transfer_id in rs.ids(id_ranges):
+            item = session.browsed.pop(transfer_id, None) if session else None
+            if item is None:
+                continue
+            qid, seq, destination = item
+            queue = self.queues_by_id.get(qid)
+            entry = queue.ready.remove_seq(seq) if queue is not None else None
+            if entry is None:
+                continue  # consumed, expired or acquired by someone else meanwhile
+            queue.ready_bytes -= len(entry.message.body)
+            entry.delivery_count += 1
+            self._hold(ch, ch, queue, entry)
+            session.transfers[transfer_id] = (qid, seq, destination)
+            acquired.append(transfer_id)
+        return rs.from_ids(acquired)
 
     def _subscription(self, cmd: list) -> Consumer:
         ch = self._channel(cmd[1], cmd[3])

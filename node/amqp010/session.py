@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 DETACH_NORMAL, DETACH_BUSY, DETACH_TRANSPORT_BUSY, DETACH_NOT_ATTACHED, DETACH_UNKNOWN_IDS = range(5)
 ACCEPT_EXPLICIT, ACCEPT_NONE = 0, 1
+PRE_ACQUIRED, NOT_ACQUIRED = 0, 1
 NOT_IMPLEMENTED = 540
 
 
@@ -45,6 +46,7 @@ class ServerSession:
         self.syncs: list[int] = []  # execution.sync ids waiting for everything before them
         self.out_next = 0  # id the client will give the next command we send
         self.accept_modes: dict[str, int] = {}
+        self.acquire_modes: dict[str, int] = {}
         self.unsettled_none: set[int] = set()  # ids of accept-mode none transfers sent, not yet completed
         self.completion_due = False
         self.timely = False
@@ -203,12 +205,15 @@ class ServerSession:
             return [Op.PUBLISH, *head, vhost, cmd.destination or "", routing_key, False, props,
                     bytes(cmd.body or b""), persistent, priority, ttl]
         if isinstance(cmd, c.MessageSubscribe):
-            if cmd.acquire_mode != 0:
-                return None  # not-acquired (browsing) is not supported
             destination = cmd.destination or ""
             self.accept_modes[destination] = cmd.accept_mode
+            self.acquire_modes[destination] = cmd.acquire_mode
             return [Op.MESSAGE_SUBSCRIBE, *head, vhost, cmd.queue, destination, cmd.accept_mode == ACCEPT_NONE,
-                    bool(cmd.exclusive), dict(cmd.arguments or {})]
+                    bool(cmd.exclusive), dict(cmd.arguments or {}), cmd.acquire_mode == NOT_ACQUIRED]
+        if isinstance(cmd, c.MessageAcquire):
+            return [Op.MESSAGE_ACQUIRE, *head, [list(r) for r in cmd.transfers]]
+        if isinstance(cmd, c.MessageResume):
+            return [Op.MESSAGE_RESUME, *head]
         if isinstance(cmd, c.MessageFlow):
             return [Op.MESSAGE_FLOW, *head, cmd.destination or "", cmd.unit, 0xFFFFFFFF if cmd.value is None
                     else cmd.value]
@@ -325,10 +330,11 @@ class ServerSession:
         headers = from_core(message.properties, message.exchange, message.routing_key, redelivered,
                             len(message.body))
         accept_mode = self.accept_modes.get(destination, ACCEPT_EXPLICIT)
+        acquire_mode = self.acquire_modes.get(destination, PRE_ACQUIRED)
         transfer = c.MessageTransfer(destination=destination, accept_mode=accept_mode,
-                                     acquire_mode=0, headers=headers, body=message.body)
+                                     acquire_mode=acquire_mode, headers=headers, body=message.body)
         self._send_command(transfer, transfer_id)
-        if accept_mode == ACCEPT_NONE:
+        if accept_mode == ACCEPT_NONE or acquire_mode == NOT_ACQUIRED:
             self.unsettled_none.add(transfer_id)
 
 
@@ -344,6 +350,10 @@ def result_struct(command, value):
         return c.QueueQueryResult(queue=name, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
                                   arguments=arguments or None, message_count=messages, subscriber_count=consumers,
                                   alternate_exchange=(arguments or {}).get("x-dead-letter-exchange"))
+    if isinstance(command, c.MessageAcquire):
+        return c.Acquired(transfers=[tuple(r) for r in value])
+    if isinstance(command, c.MessageResume):
+        return c.MessageResumeResult(offset=value)
     if isinstance(command, c.ExchangeQuery):
         if value is None:
             return c.ExchangeQueryResult(not_found=True)

@@ -162,3 +162,28 @@ def test_transactions_commit_and_rollback(hosts):
         return before, after, message.body, pending
 
     assert run(scenario()) == (0, 1, b"committed", 0)
+
+
+def test_browse_then_acquire(hosts):
+    """acquire-mode not-acquired (L5529) and message.acquire (L5854): browsing leaves messages on the
+    queue; acquire takes those still there and reports exactly which."""
+    queue = name()
+
+    async def scenario():
+        conn = await Connection.connect(hosts)
+        session = await conn.session()
+        await session.queue_declare(queue)
+        for body in (b"a", b"b", b"c"):
+            await session.publish("", queue, body)
+        browser = await session.subscribe(queue, destination="browse", acquire=False)
+        seen = [await browser.get(timeout=5) for _ in range(3)]
+        still = (await session.queue_query(queue)).message_count
+        taken = await session.acquire(seen[:2])
+        for message in taken:
+            await message.accept()
+        again = await session.acquire(seen[:1])  # already taken: nothing
+        left = (await session.queue_query(queue)).message_count
+        await conn.close()
+        return [m.body for m in seen], still, [m.body for m in taken], again, left
+
+    assert run(scenario()) == ([b"a", b"b", b"c"], 3, [b"a", b"b"], [], 1)
