@@ -29,6 +29,9 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+chaos: $(STAMP)
+	$(BIN)/python -m pytest -q -s tests/chaos
+
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py $(ARGS)
 

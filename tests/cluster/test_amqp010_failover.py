@@ -51,7 +51,9 @@ async def consume(hosts: list[str]) -> tuple[list[int], int]:
 
 def test_exactly_once_across_repeated_leader_kills(tmp_path):
     with Cluster(3, tmp_path) as cluster:
-        hosts = [f"127.0.0.1:{n.port}" for n in cluster.nodes]
+        leader = cluster.leader()
+        # A follower first: the clients start with a connection.redirect to the leader.
+        hosts = [f"127.0.0.1:{n.port}" for n in sorted(cluster.nodes, key=lambda n: n is leader)]
 
         async def chaos() -> int:
             kills = 0

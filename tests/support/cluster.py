@@ -27,30 +27,39 @@ class ClusterError(RuntimeError):
 
 class Cluster:
     def __init__(self, size: int = 3, base_dir: str | os.PathLike[str] | None = None, *,
-                 extra_config: str = "", start_timeout: float = 30.0) -> None:
+                 extra_config: str = "", start_timeout: float = 30.0, network=None) -> None:
+        """``network``: a :class:`tests.support.netns.NetnsNetwork` to run the nodes in (one namespace
+        and address each); by default every node runs on 127.0.0.1 with free ports."""
         self.base = Path(base_dir or tempfile.mkdtemp(prefix="raftmq-cluster-"))
         self.base.mkdir(parents=True, exist_ok=True)
         self.size = size
         self.extra_config = extra_config
         self.start_timeout = start_timeout
-        self.members: list[tuple[str, int, int]] = [(f"n{i + 1}", free_port(), free_port()) for i in range(size)]
+        self.network = network
+        self.hosts = network.addresses if network else ["127.0.0.1"] * size
+        if network:
+            self.members = [(f"n{i + 1}", 5672, 4401) for i in range(size)]
+        else:
+            self.members = [(f"n{i + 1}", free_port(), free_port()) for i in range(size)]
         self.config_path = self._write_config(self.base / "cluster.toml", self.members)
         self.nodes = [
             RaftmqNode(self.base / node_id, amqp, node_id=node_id, config=self.config_path,
-                       start_timeout=start_timeout)
-            for node_id, amqp, _raft in self.members
+                       start_timeout=start_timeout, host=self.hosts[i],
+                       command_prefix=network.prefix(i) if network else None)
+            for i, (node_id, amqp, _raft) in enumerate(self.members)
         ]
 
     def _write_config(self, path: Path, members: list[tuple[str, int, int]]) -> Path:
-        lines = ['host = "127.0.0.1"', 'cluster_secret = "test-secret-not-for-production"', self.extra_config, ""]
-        for node_id, amqp, raft in members:
-            lines += ["[[cluster]]", f'node_id = "{node_id}"', f'raft = "127.0.0.1:{raft}"',
-                      f'amqp = "127.0.0.1:{amqp}"', ""]
+        lines = ['cluster_secret = "test-secret-not-for-production"', self.extra_config, ""]
+        for i, (node_id, amqp, raft) in enumerate(members):
+            host = self.hosts[i] if i < len(self.hosts) else "127.0.0.1"
+            lines += ["[[cluster]]", f'node_id = "{node_id}"', f'raft = "{host}:{raft}"',
+                      f'amqp = "{host}:{amqp}"', ""]
         path.write_text("\n".join(lines))
         return path
 
     def raft_address(self, node: RaftmqNode) -> str:
-        return next(f"127.0.0.1:{raft}" for node_id, _a, raft in self.members if node_id == node.node_id)
+        return next(f"{node.host}:{raft}" for node_id, _a, raft in self.members if node_id == node.node_id)
 
     def admin(self, *args: str) -> str:
         """Run ``raftmq cluster ...`` with this cluster's config; return its stdout."""

@@ -64,7 +64,8 @@ class RaftmqNode:
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, port: int | None = None, *,
                  node_id: str | None = None, config: str | os.PathLike[str] | None = None,
                  extra_args: list[str] | None = None, env: dict[str, str] | None = None,
-                 start_timeout: float = 20.0, require_amqp: bool = True) -> None:
+                 start_timeout: float = 20.0, require_amqp: bool = True, host: str | None = None,
+                 command_prefix: list[str] | None = None) -> None:
         if data_dir is None:
             data_dir = tempfile.mkdtemp(prefix="raftmq-node-")
         self.data_dir = Path(data_dir)
@@ -75,6 +76,9 @@ class RaftmqNode:
         self.extra_env = dict(env or {})
         self.start_timeout = start_timeout
         self.require_amqp = require_amqp
+        if host is not None:
+            self.host = host  # e.g. an address inside a network namespace the test created
+        self.command_prefix = list(command_prefix or [])  # e.g. ["ip", "netns", "exec", "ns1"]
         self.proc: subprocess.Popen[bytes] | None = None
         self._log_fh = None
 
@@ -91,7 +95,8 @@ class RaftmqNode:
         return self.proc.pid if self.proc else None
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "raftmq", "server", "--host", self.host, "--port", str(self.port),
+        cmd = [*self.command_prefix, sys.executable, "-m", "raftmq", "server", "--host", self.host,
+               "--port", str(self.port),
                "--data-dir", str(self.data_dir)]
         if self.node_id:
             cmd += ["--node-id", self.node_id]
