@@ -469,3 +469,67 @@ class Connection:
                         if not future.done():
                             future.set_exception(exc)
                 return
+
+
+class BlockingConnection:
+    """A synchronous wrapper: the asyncio client runs in a private event-loop thread.
+
+    ::
+
+        conn = BlockingConnection(["127.0.0.1:5672"], "guest", "guest")
+        session = conn.session(b"sync-producer", timeout=60)
+        session.queue_declare("orders", durable=True)
+        session.publish("", "orders", b"...", persistent=True)
+        message = session.subscribe("orders").get(timeout=5)
+        message.accept()
+        conn.close()
+    """
+
+    def __init__(self, hosts: list[str], user: str = "guest", password: str = "guest", vhost: str = "/",
+                 timeout: float = 60.0) -> None:
+        import threading
+
+        self.timeout = timeout
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="raftmq-0-10-client", daemon=True)
+        self._thread.start()
+        self._conn = self.call(Connection.connect(hosts, user, password, vhost))
+
+    def call(self, coro):
+        """Run a coroutine of the async client in the client thread and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.timeout)
+
+    def session(self, name: bytes | None = None, timeout: int = 60) -> _BlockingProxy:
+        return _BlockingProxy(self, self.call(self._conn.session(name, timeout)))
+
+    def close(self) -> None:
+        try:
+            self.call(self._conn.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+
+class _BlockingProxy:
+    """Wraps an async object (session, subscription, message): coroutine methods become blocking."""
+
+    def __init__(self, owner: BlockingConnection, target) -> None:
+        self._owner = owner
+        self._target = target
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._target, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            result = attr(*args, **kwargs)
+            if asyncio.iscoroutine(result):
+                result = self._owner.call(result)
+            if isinstance(result, (Subscription, Message)):
+                return _BlockingProxy(self._owner, result)
+            if isinstance(result, list) and result and isinstance(result[0], Message):
+                return [_BlockingProxy(self._owner, m) for m in result]
+            return result
+
+        return call

@@ -187,3 +187,17 @@ def test_browse_then_acquire(hosts):
         return [m.body for m in seen], still, [m.body for m in taken], again, left
 
     assert run(scenario()) == ([b"a", b"b", b"c"], 3, [b"a", b"b"], [], 1)
+
+
+def test_blocking_wrapper(hosts):
+    from raftmq.client.amqp010 import BlockingConnection
+
+    queue = name()
+    conn = BlockingConnection(hosts, timeout=10)
+    session = conn.session()
+    session.queue_declare(queue)
+    session.publish("", queue, b"sync")
+    message = session.subscribe(queue).get(timeout=5)
+    message.accept()
+    assert message.body == b"sync"
+    conn.close()
