@@ -90,6 +90,9 @@ class Broker:
         self.alarm: str | None = None
         self._tasks: list[asyncio.Task] = []
         self._leaderless_since: float | None = None
+        self.leader_changes = 0
+        self._last_leader: str | None = None
+        self._metrics_server = None
         self._declared_down: set[str] = set()
 
     async def start(self) -> None:
@@ -106,6 +109,10 @@ class Broker:
         self._tasks.append(asyncio.create_task(self._tick_loop()))
         self._tasks.append(asyncio.create_task(self._alarm_loop()))
         self._tasks.append(asyncio.create_task(status_loop(self, self.config.resolved_data_dir())))
+        if self.config.metrics_port:
+            from raftmq.ops.metrics import serve_metrics
+
+            self._metrics_server = serve_metrics(self, self.config.host, self.config.metrics_port)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -115,6 +122,8 @@ class Broker:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
         if self.config.clustered:
             self.log.close()
         else:
@@ -235,6 +244,9 @@ class Broker:
                                         f"reconnect to one of {self.known_hosts}")
             else:
                 self._leaderless_since = None
+                if self.log.leader != self._last_leader:
+                    self.leader_changes += self._last_leader is not None
+                    self._last_leader = self.log.leader
             if not self.log.is_leader:
                 unreachable_since.clear()
                 continue

@@ -19,6 +19,7 @@ def _server(args: argparse.Namespace) -> int:
         "data_dir": args.data_dir,
         "use_uvloop": False if args.no_uvloop else None,
         "log_level": args.log_level,
+        "metrics_port": args.metrics_port,
     })
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--data-dir", help="data directory (default ./data/<node-id>)")
     server.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop")
     server.add_argument("--log-level", help="DEBUG, INFO, WARNING... (default INFO)")
+    server.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (default off)")
     server.set_defaults(func=_server)
 
     cluster = sub.add_parser("cluster", help="local cluster helpers")

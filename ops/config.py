@@ -47,6 +47,7 @@ class Config:
     disk_free_limit: int = 50 * 1024 * 1024
     use_uvloop: bool = True
     log_level: str = "INFO"
+    metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0 disables
     # Cluster: empty `cluster` runs a single node with its local log. Otherwise this node is the
     # member whose node_id matches, and the secret authenticates and encrypts the Raft transport.
     cluster: list[MemberConfig] = field(default_factory=list)

@@ -143,6 +143,9 @@ class StateMachine(SessionMixin):
         # Cluster members as announced through the log: node_id -> (raft address, amqp address).
         # Every node derives known-hosts and "which node is down" from this, not from its config.
         self.members: dict[str, tuple[str, str]] = {}
+        # Counters for metrics (ops/metrics.py): deterministic like the rest, not part of the digest.
+        self.stats = {"published": 0, "unroutable": 0, "delivered": 0, "redelivered": 0, "acked": 0,
+                      "rejected": 0, "dead_lettered": 0, "expired": 0}
         self.sessions: dict[str, Session] = {}  # AMQP 0-10 sessions by key (sessions.py)
         self.detached_sessions: dict[str, Session] = {}  # the ones waiting out their timeout
         self._now = 0
@@ -769,7 +772,10 @@ class StateMachine(SessionMixin):
                           priority or 0, self._now)
         self.next_msg_id += 1
         queues = self._route(vhost, exchange, routing_key, props)
+        stats = self.stats
+        stats["published"] += 1
         if not queues:
+            stats["unroutable"] += 1
             return UNROUTABLE
         outcome = ROUTED
         for queue in queues:
@@ -888,6 +894,9 @@ class StateMachine(SessionMixin):
 
     def _deliver(self, consumer: Consumer, queue: Queue, entry: Entry) -> None:
         redelivered = entry.delivery_count > 0
+        self.stats["delivered"] += 1
+        if redelivered:
+            self.stats["redelivered"] += 1
         entry.delivery_count += 1
         ch = consumer.channel
         session = ch.session
@@ -963,6 +972,7 @@ class StateMachine(SessionMixin):
         _, conn, _, number, refs = cmd
         ch = self._channel(conn, number)
         for queue, entry in self._take_unacked(ch, refs):
+            self.stats["acked"] += 1
             self._drop(queue, entry)
 
     def _nack(self, cmd: list) -> None:
@@ -1067,9 +1077,14 @@ class StateMachine(SessionMixin):
     # ------------------------------------------------------------------ dead-lettering
 
     def _dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
+        if reason == "expired":
+            self.stats["expired"] += 1
+        elif reason == "rejected":
+            self.stats["rejected"] += 1
         dlx_name = queue.dead_letter_exchange
         if dlx_name is None:
             return
+        self.stats["dead_lettered"] += 1
         vhost = self.vhosts[queue.vhost]
         dlx = vhost.exchanges.get(dlx_name)
         if dlx is None:

@@ -29,7 +29,7 @@ from .machine import StateMachine
 MODEL_FIELDS = (
     "vhosts", "channels", "exclusive_queues", "queues_by_id", "inbound", "expiring", "idle_expiring",
     "queue_last_used", "next_qid", "next_msg_id", "applied_index", "message_bytes", "_now",
-    "applied_batches", "members", "sessions", "detached_sessions",
+    "applied_batches", "members", "sessions", "detached_sessions", "stats",
 )
 
 
@@ -41,7 +41,8 @@ def import_model(machine: StateMachine, blob: bytes) -> None:
     """Replace ``machine``'s state with a snapshot's (in place: the broker keeps its reference)."""
     state = pickle.loads(blob)  # noqa: S301 - see the module docstring for the trust boundary
     for name in MODEL_FIELDS:
-        setattr(machine, name, state[name])
+        if name in state:  # a field added after the snapshot was written keeps its initial value
+            setattr(machine, name, state[name])
     machine._dirty = {}
 
 

@@ -1,0 +1,92 @@
+"""Prometheus metrics of a node, collected at scrape time from the broker's state.
+
+Nothing is counted on the hot path except a few integers in the state machine (``machine.stats``);
+everything else (queue depths, Raft indexes, connections) is read when Prometheus scrapes.
+Enable with ``metrics_port`` (``raftmq cluster up`` serves 15692, 15693, ... per node).
+
+Metric names (all prefixed ``raftmq_``): ``messages_published_total``, ``messages_unroutable_total``,
+``messages_delivered_total``, ``messages_redelivered_total``, ``messages_acked_total``,
+``messages_rejected_total``, ``messages_dead_lettered_total``, ``messages_expired_total``;
+``queue_messages_ready``, ``queue_messages_unacked``, ``queue_consumers`` (labels vhost, queue);
+``connections``, ``sessions``, ``commands_applied_total``, ``raft_is_leader``, ``raft_term``,
+``raft_commit_index``, ``raft_applied_index``, ``raft_commit_latency_seconds_avg``,
+``raft_leader_changes_total``, ``resource_alarm`` (1 while publishers are blocked).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from raftmq.node.broker import Broker
+
+log = logging.getLogger(__name__)
+
+
+class BrokerCollector:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def collect(self):
+        broker = self.broker
+        machine = broker.machine
+        node = broker.config.node_id
+        for key, value in machine.stats.items():
+            family = CounterMetricFamily(f"raftmq_messages_{key}", f"messages {key.replace('_', ' ')}",
+                                         labels=["node"])
+            family.add_metric([node], value)
+            yield family
+        ready = GaugeMetricFamily("raftmq_queue_messages_ready", "messages ready for delivery",
+                                  labels=["node", "vhost", "queue"])
+        unacked = GaugeMetricFamily("raftmq_queue_messages_unacked", "messages delivered, not acknowledged",
+                                    labels=["node", "vhost", "queue"])
+        consumers = GaugeMetricFamily("raftmq_queue_consumers", "consumers", labels=["node", "vhost", "queue"])
+        for vhost in machine.vhosts.values():
+            for queue in vhost.queues.values():
+                labels = [node, vhost.name, queue.name]
+                ready.add_metric(labels, len(queue.ready))
+                unacked.add_metric(labels, queue.unacked_count)
+                consumers.add_metric(labels, len(queue.consumers))
+        yield ready
+        yield unacked
+        yield consumers
+        yield _gauge("raftmq_connections", "client connections on this node", node, len(broker.endpoints))
+        yield _gauge("raftmq_sessions", "AMQP 0-10 sessions in the cluster", node, len(machine.sessions))
+        yield _gauge("raftmq_resource_alarm", "1 while a resource alarm blocks publishers", node,
+                     1 if broker.alarm else 0)
+        applied = CounterMetricFamily("raftmq_commands_applied", "commands applied by the state machine",
+                                      labels=["node"])
+        applied.add_metric([node], broker.log.commands_applied)
+        yield applied
+        replica = getattr(broker.log, "replica", None)
+        if replica is not None:
+            log_ = broker.log
+            yield _gauge("raftmq_raft_is_leader", "1 on the Raft leader", node, 1 if log_.is_leader else 0)
+            yield _gauge("raftmq_raft_term", "current Raft term", node, replica.raftCurrentTerm)
+            yield _gauge("raftmq_raft_commit_index", "Raft commit index", node, replica.commit_index)
+            yield _gauge("raftmq_raft_applied_index", "Raft index applied", node, replica.last_applied)
+            avg = log_.commit_latency_total / log_.commit_latency_count if log_.commit_latency_count else 0.0
+            yield _gauge("raftmq_raft_commit_latency_seconds_avg",
+                         "average time from proposing a batch to applying it", node, avg)
+            changes = CounterMetricFamily("raftmq_raft_leader_changes", "leader changes seen", labels=["node"])
+            changes.add_metric([node], broker.leader_changes)
+            yield changes
+
+
+def _gauge(name: str, doc: str, node: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=["node"])
+    family.add_metric([node], value)
+    return family
+
+
+def serve_metrics(broker: Broker, host: str, port: int):
+    """Serve /metrics on host:port in a thread; returns the server (call ``shutdown()`` to stop)."""
+    registry = CollectorRegistry()
+    registry.register(BrokerCollector(broker))
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    log.info("metrics on http://%s:%d/metrics", host, port)
+    return server
