@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 import sys
 
 from raftmq.ops.config import Config
@@ -66,14 +67,29 @@ class HeaderSniffer(asyncio.Protocol):
             self._timer.cancel()
 
 
+def tls_context(config: Config) -> ssl.SSLContext:
+    """The server side of amqps: TLS 1.2+, the configured certificate, optional client certificates."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    if config.tls_ca:
+        context.load_verify_locations(config.tls_ca)
+        context.verify_mode = ssl.CERT_REQUIRED if config.tls_verify_peer else ssl.CERT_OPTIONAL
+    return context
+
+
 async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     broker = Broker(config)
     await broker.start()
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: HeaderSniffer(broker), config.host, config.port,
-                                      reuse_address=True, backlog=1024)
+    servers = [await loop.create_server(lambda: HeaderSniffer(broker), config.host, config.port,
+                                        reuse_address=True, backlog=1024)]
     log.info("raftmq node %s listening on %s:%d (data in %s)", config.node_id, config.host, config.port,
              config.resolved_data_dir())
+    if config.tls_port:
+        servers.append(await loop.create_server(lambda: HeaderSniffer(broker), config.host, config.tls_port,
+                                                ssl=tls_context(config), reuse_address=True, backlog=1024))
+        log.info("AMQP over TLS (amqps) on %s:%d", config.host, config.tls_port)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
@@ -86,7 +102,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         await stop.wait()
     finally:
         log.info("shutting down")
-        server.close()
+        for server in servers:
+            server.close()
         for endpoint in list(broker.endpoints.values()):
             close = getattr(endpoint, "close_connection", None)
             if close is not None:

@@ -20,6 +20,9 @@ def _server(args: argparse.Namespace) -> int:
         "use_uvloop": False if args.no_uvloop else None,
         "log_level": args.log_level,
         "metrics_port": args.metrics_port,
+        "tls_port": args.tls_port,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
     })
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -57,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop")
     server.add_argument("--log-level", help="DEBUG, INFO, WARNING... (default INFO)")
     server.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (default off)")
+    server.add_argument("--tls-port", type=int, help="also serve AMQP over TLS on this port (default off)")
+    server.add_argument("--tls-cert", help="PEM certificate chain for --tls-port")
+    server.add_argument("--tls-key", help="PEM private key for --tls-port")
     server.set_defaults(func=_server)
 
     cluster = sub.add_parser("cluster", help="local cluster helpers")

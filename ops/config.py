@@ -48,6 +48,11 @@ class Config:
     use_uvloop: bool = True
     log_level: str = "INFO"
     metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0 disables
+    tls_port: int = 0  # AMQP over TLS (amqps, usually 5671) besides the plain port; 0 disables
+    tls_cert: str = ""  # PEM certificate chain of the node
+    tls_key: str = ""  # PEM private key
+    tls_ca: str = ""  # PEM CA bundle to verify client certificates (optional)
+    tls_verify_peer: bool = False  # with tls_ca: require a client certificate
     # Cluster: empty `cluster` runs a single node with its local log. Otherwise this node is the
     # member whose node_id matches, and the secret authenticates and encrypts the Raft transport.
     cluster: list[MemberConfig] = field(default_factory=list)
