@@ -151,6 +151,9 @@ class StateMachine(SessionMixin):
         self._now = 0
         self._out: list = []
         self._dirty: dict[int, Queue] = {}
+        # The owner identity of the command being applied when it is not its connection: an AMQP
+        # 0-10 session (exclusive queues belong to the session and survive its failover).
+        self._caller_owner: str | None = None
         self._w: DurableWriter | None = None
         self._handlers: dict[int, Callable[[list], object]] = {
             Op.CHANNEL_OPEN: self._channel_open,
@@ -268,7 +271,7 @@ class StateMachine(SessionMixin):
         queue = vhost.queues.get(name)
         if queue is None:
             raise CommandError(404, f"no queue '{name}' in vhost '{vhost.name}'")
-        if conn is not None and queue.exclusive_owner not in (None, conn):
+        if conn is not None and queue.exclusive_owner not in (None, conn, self._caller_owner):
             raise CommandError(
                 405,
                 f"cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost.name}'. "
@@ -548,7 +551,8 @@ class StateMachine(SessionMixin):
             return ok((name, len(existing.ready), len(existing.consumers)))
         if name.startswith("amq.") and not server_named:
             raise CommandError(403, f"queue name '{name}' contains reserved prefix 'amq.*'")
-        queue = Queue(self.next_qid, vhost_name, name, durable, conn if exclusive else None, auto_delete, args)
+        owner = (self._caller_owner or conn) if exclusive else None  # 0-10: the session owns it
+        queue = Queue(self.next_qid, vhost_name, name, durable, owner, auto_delete, args)
         self._configure_queue(queue, args)
         self.next_qid += 1
         self._register_queue(vhost, queue)

@@ -146,6 +146,8 @@ class SessionMixin:
             self._remove_consumer(consumer)
         self._requeue_all(ch)
         session.transfers.clear()
+        for queue in list(self.exclusive_queues.pop(session.key, {}).values()):
+            self._delete_queue(queue)
 
     def _session_timeout(self, cmd: list) -> int:
         ch = self._channel(cmd[1], cmd[3])
@@ -171,7 +173,11 @@ class SessionMixin:
         if rs.contains(session.completed, command_id):
             return ("duplicate",)
         rs.add(session.completed, command_id, command_id)
-        value = self._handlers[inner[0]]([inner[0], conn, None, number, *inner[4:]])
+        self._caller_owner = session.key
+        try:
+            value = self._handlers[inner[0]]([inner[0], conn, None, number, *inner[4:]])
+        finally:
+            self._caller_owner = None
         if inner[0] in RESULT_OPS:
             # The result travels in an execution.result command: give it an id of ours.
             result_id = session.next_transfer

@@ -149,3 +149,20 @@ def test_ranges():
     assert rs.contains(r, 6) and not rs.contains(r, 4)
     assert list(rs.ids([[1, 3]])) == [1, 2, 3]
     assert rs.from_ids([3, 1, 2, 7]) == [[1, 3], [7, 7]]
+
+
+def test_exclusive_queues_belong_to_the_session_and_survive_its_failover():
+    """0-10 queue.declare exclusive: exclusive to the session, so a resumed session keeps it."""
+    m = machine_with_queue()
+    a, _ = attach(m, "n1.x.1")
+    a.call(Op.SESSION_TIMEOUT, 60)
+    a.command(Op.QUEUE_DECLARE, "/", "mine", False, False, True, False, {})
+    other = Client(m, "n3.z.1")
+    other.call(Op.CHANNEL_OPEN)
+    assert other.call(Op.QUEUE_DECLARE, "/", "mine", True, False, False, False, {})[:2] == (ERR, 405)
+    m.apply_batch(NOW, [[Op.NODE_RESET, None, None, "n1", None]])
+    b, _ = attach(m, "n2.y.1", force=True)
+    assert b.command(Op.QUEUE_DECLARE, "/", "mine", True, False, False, False, {}, command_id=10)[0] == 0
+    b.call(Op.SESSION_TIMEOUT, 0)
+    b.call(Op.SESSION_DETACH)  # timeout 0: the session ends, and its exclusive queue with it
+    assert "mine" not in m.vhosts["/"].queues
