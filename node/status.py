@@ -57,6 +57,8 @@ def status_of(broker: Broker) -> dict:
             batches_proposed=log.batches_proposed,
             commands_proposed=log.commands_proposed,
             commit_latency_avg_ms=round(1000 * log.commit_latency_total / max(1, log.commit_latency_count), 3),
+            commit_latency_total_s=log.commit_latency_total,
+            commit_latency_count=log.commit_latency_count,
         )
     else:
         status.update(role="single", leader=None, leader_node=broker.config.node_id, ready=True)
