@@ -223,7 +223,10 @@ class Broker:
         clustered = self.config.clustered
         while True:
             await asyncio.sleep(TICK_INTERVAL)
-            if self.machine.next_expiry_due() and (not clustered or self.log.is_leader):
+            if not self.machine.next_expiry_due() or (clustered and not self.log.is_leader):
+                continue
+            deadline = self.machine.next_deadline()
+            if deadline is not None and time.time_ns() // 1000 >= deadline:
                 self.submit([Op.TICK, None, None])
 
     async def _cluster_watch_loop(self) -> None:

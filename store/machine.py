@@ -1059,6 +1059,29 @@ class StateMachine(SessionMixin):
     def next_expiry_due(self) -> bool:
         return bool(self.expiring) or bool(self.idle_expiring) or bool(self.detached_sessions)
 
+    def next_deadline(self) -> int | None:
+        """The earliest time (microseconds) at which a TICK would change something, or None.
+
+        The node proposes a TICK only once its clock passes this: an idle cluster with detached
+        sessions or TTLs far in the future does not fill the log with ticks.
+        """
+        best = None
+        for queue in self.expiring.values():
+            head = queue.ready.peek()
+            if head is not None and head.expires_at is not None:
+                candidate = head.expires_at + 1  # expiry is strictly after expires_at
+                best = candidate if best is None or candidate < best else best
+        for qid, queue in self.idle_expiring.items():
+            expires = as_int(queue.arguments.get("x-expires"))
+            if expires is not None and not queue.consumers:
+                candidate = self.queue_last_used.get(qid, self._now) + expires * 1000
+                best = candidate if best is None or candidate < best else best
+        for session in self.detached_sessions.values():
+            if session.detached_at is not None:
+                candidate = session.detached_at + session.timeout * 1_000_000
+                best = candidate if best is None or candidate < best else best
+        return best
+
     @staticmethod
     def _error(code: int, text: str) -> CommandError:
         return CommandError(code, text)

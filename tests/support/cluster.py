@@ -28,7 +28,7 @@ class ClusterError(RuntimeError):
 class Cluster:
     def __init__(self, size: int = 3, base_dir: str | os.PathLike[str] | None = None, *,
                  extra_config: str = "", start_timeout: float = 30.0, network=None) -> None:
-        """``network``: a :class:`tests.support.netns.NetnsNetwork` to run the nodes in (one namespace
+        """``network``: a :class:`raftmq.ops.chaos.netns.NetnsNetwork` to run the nodes in (one namespace
         and address each); by default every node runs on 127.0.0.1 with free ports."""
         self.base = Path(base_dir or tempfile.mkdtemp(prefix="raftmq-cluster-"))
         self.base.mkdir(parents=True, exist_ok=True)

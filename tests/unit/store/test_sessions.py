@@ -166,3 +166,17 @@ def test_exclusive_queues_belong_to_the_session_and_survive_its_failover():
     b.call(Op.SESSION_TIMEOUT, 0)
     b.call(Op.SESSION_DETACH)  # timeout 0: the session ends, and its exclusive queue with it
     assert "mine" not in m.vhosts["/"].queues
+
+
+def test_next_deadline_is_the_earliest_expiry():
+    m = machine_with_queue()
+    assert m.next_deadline() is None
+    a, _ = attach(m, "n1.x.1")
+    a.call(Op.SESSION_TIMEOUT, 30)
+    m.apply_batch(NOW, [[Op.CONNECTION_CLOSE, "n1.x.1", None]])
+    assert m.next_deadline() == NOW + 30_000_000
+    c = Client(m, "n2.y.1")
+    c.call(Op.CHANNEL_OPEN)
+    c.call(Op.QUEUE_DECLARE, "/", "ttl", False, False, False, False, {"x-message-ttl": 1000})
+    c.call(Op.PUBLISH, "/", "", "ttl", False, b"\x00\x00", b"x", False, 0, None)
+    assert m.next_deadline() == NOW + 1_000_000 + 1

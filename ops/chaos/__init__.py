@@ -1,0 +1,1 @@
+"""Fault injection for raftmq clusters: network namespaces, nemeses, workloads and the history checker."""

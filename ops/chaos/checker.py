@@ -1,0 +1,103 @@
+"""A total-queue checker in the spirit of Jepsen's: what a message queue must guarantee under faults.
+
+A *history* is the list of operations the workload's clients performed, each with its outcome:
+
+* ``enqueue`` ``ok``: the broker confirmed the message (0-9-1 publisher confirm, 0-10 completion);
+  ``fail``: it certainly did not take it (a nack); ``info``: unknown (the connection died first).
+* ``dequeue`` ``ok``: a message was received (consumers during the run, the final drain after).
+
+Verdict:
+
+* **lost**: confirmed, never received. Always an error.
+* **unexpected**: received, never attempted. Always an error.
+* **duplicated**: received more than once. Allowed for 0-9-1 publishers (at-least-once: a publisher
+  that lost its connection before the confirm publishes again), an error for 0-10 session-resume
+  publishers (exactly-once is the point of sessions).
+* **recovered**: outcome unknown to the publisher, yet delivered (fine, reported).
+* **availability**: for each fault, the time from its end (the heal) to the next confirmed enqueue.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+KINDS = ("0-9-1", "0-10")
+
+
+@dataclass(slots=True)
+class Operation:
+    kind: str  # "enqueue" | "dequeue"
+    value: int
+    status: str  # "ok" | "fail" | "info"
+    client: str = ""
+    client_kind: str = "0-9-1"  # the protocol of the client that *published* the value (for enqueues)
+    time: float = 0.0  # seconds since the start of the run, when the outcome was known
+
+
+@dataclass(slots=True)
+class Fault:
+    name: str
+    start: float
+    end: float
+
+
+@dataclass
+class Report:
+    valid: bool
+    confirmed: int
+    attempted: int
+    received: int
+    lost: list[int]
+    unexpected: list[int]
+    duplicated: dict[str, list[int]]
+    recovered: int
+    availability: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    def summary(self) -> str:
+        dups = ", ".join(f"{k}: {len(v)}" for k, v in self.duplicated.items())
+        return (f"{'VALID' if self.valid else 'INVALID'}: confirmed {self.confirmed}, received {self.received}, "
+                f"lost {len(self.lost)}, unexpected {len(self.unexpected)}, duplicated ({dups}), "
+                f"recovered {self.recovered}")
+
+
+def check(history: list[Operation], faults: list[Fault] | None = None, limit: int = 50) -> Report:
+    """Judge a history; lists in the report are cut to ``limit`` examples."""
+    confirmed: set[int] = set()
+    attempted: dict[int, str] = {}  # value -> kind of the publishing client
+    unknown: set[int] = set()
+    received: Counter[int] = Counter()
+    enqueued_ok_times: list[float] = []
+    for op in history:
+        if op.kind == "enqueue":
+            if op.status in ("ok", "info"):
+                attempted[op.value] = op.client_kind
+            if op.status == "ok":
+                confirmed.add(op.value)
+                enqueued_ok_times.append(op.time)
+            elif op.status == "info":
+                unknown.add(op.value)
+        elif op.kind == "dequeue" and op.status == "ok":
+            received[op.value] += 1
+        else:
+            raise ValueError(f"unknown operation {op!r}")
+    lost = sorted(confirmed - set(received))
+    unexpected = sorted(set(received) - set(attempted))
+    duplicated = {kind: sorted(v for v, n in received.items() if n > 1 and attempted.get(v) == kind)
+                  for kind in KINDS}
+    recovered = len((unknown - confirmed) & set(received))
+    availability = []
+    enqueued_ok_times.sort()
+    for fault in faults or ():
+        after = next((t for t in enqueued_ok_times if t >= fault.end), None)
+        availability.append({"fault": fault.name, "healed_at": fault.end,
+                             "first_confirm_after_s": None if after is None else round(after - fault.end, 3)})
+    valid = not lost and not unexpected and not duplicated["0-10"]
+    return Report(valid=valid, confirmed=len(confirmed), attempted=len(attempted), received=sum(received.values()),
+                  lost=lost[:limit], unexpected=unexpected[:limit],
+                  duplicated={k: v[:limit] for k, v in duplicated.items()}, recovered=recovered,
+                  availability=availability)

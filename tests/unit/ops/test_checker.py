@@ -1,0 +1,51 @@
+"""The chaos checker itself: histories with a lost or duplicated message must be judged invalid."""
+
+from __future__ import annotations
+
+from raftmq.ops.chaos.checker import Fault, Operation, check
+
+
+def enq(v, status="ok", kind="0-9-1", t=0.0):
+    return Operation("enqueue", v, status, client_kind=kind, time=t)
+
+
+def deq(v):
+    return Operation("dequeue", v, "ok")
+
+
+def test_a_clean_history_is_valid():
+    report = check([enq(1), enq(2), deq(1), deq(2)])
+    assert report.valid and report.confirmed == 2 and report.received == 2
+
+
+def test_a_lost_confirmed_message_is_invalid():
+    report = check([enq(1), enq(2), deq(1)])
+    assert not report.valid and report.lost == [2]
+
+
+def test_unknown_outcomes_may_be_missing_or_present():
+    report = check([enq(1), enq(2, "info"), enq(3, "info"), deq(1), deq(3)])
+    assert report.valid and report.recovered == 1
+
+
+def test_duplicates_are_allowed_for_0_9_1_and_invalid_for_0_10():
+    at_least_once = check([enq(1), deq(1), deq(1)])
+    assert at_least_once.valid and at_least_once.duplicated["0-9-1"] == [1]
+    exactly_once = check([enq(1, kind="0-10"), deq(1), deq(1)])
+    assert not exactly_once.valid and exactly_once.duplicated["0-10"] == [1]
+
+
+def test_an_unexpected_message_is_invalid():
+    report = check([enq(1), deq(1), deq(99)])
+    assert not report.valid and report.unexpected == [99]
+
+
+def test_failed_enqueues_must_not_appear():
+    report = check([enq(1, "fail"), deq(1)])
+    assert not report.valid and report.unexpected == [1]
+
+
+def test_availability_after_each_heal():
+    report = check([enq(1, t=1.0), enq(2, t=5.5), deq(1), deq(2)], faults=[Fault("partition", 2.0, 4.0)])
+    assert report.availability == [{"fault": "partition", "healed_at": 4.0, "first_confirm_after_s": 1.5}]
+    assert "VALID" in report.summary()
