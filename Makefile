@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-single test test-cluster lint bench chaos clean
+.PHONY: run run-single test test-cluster lint bench chaos proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+proto: $(STAMP)
+	$(BIN)/pip install --quiet grpcio-tools
+	$(BIN)/python -m grpc_tools.protoc -I ops/proto --python_out=ops/proto --grpc_python_out=ops/proto ops/proto/admin.proto
+	sed -i 's/^import admin_pb2 as/from . import admin_pb2 as/' ops/proto/admin_pb2_grpc.py
 
 chaos: $(STAMP)
 	$(BIN)/python -m pytest -q -s tests/chaos

@@ -93,6 +93,7 @@ class Broker:
         self.leader_changes = 0
         self._last_leader: str | None = None
         self._metrics_server = None
+        self._admin_server = None
         self._declared_down: set[str] = set()
 
     async def start(self) -> None:
@@ -109,6 +110,11 @@ class Broker:
         self._tasks.append(asyncio.create_task(self._tick_loop()))
         self._tasks.append(asyncio.create_task(self._alarm_loop()))
         self._tasks.append(asyncio.create_task(status_loop(self, self.config.resolved_data_dir())))
+        if self.config.admin_port:
+            from raftmq.ops.admin import serve_admin
+
+            self._admin_server = serve_admin(self, asyncio.get_running_loop(), self.config.host,
+                                             self.config.admin_port)
         if self.config.metrics_port:
             from raftmq.ops.metrics import serve_metrics
 
@@ -124,6 +130,8 @@ class Broker:
                 pass
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
+        if self._admin_server is not None:
+            self._admin_server.stop(grace=1)
         if self.config.clustered:
             self.log.close()
         else:

@@ -20,6 +20,7 @@ def _server(args: argparse.Namespace) -> int:
         "use_uvloop": False if args.no_uvloop else None,
         "log_level": args.log_level,
         "metrics_port": args.metrics_port,
+        "admin_port": args.admin_port,
         "tls_port": args.tls_port,
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop")
     server.add_argument("--log-level", help="DEBUG, INFO, WARNING... (default INFO)")
     server.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (default off)")
+    server.add_argument("--admin-port", type=int, help="serve the gRPC admin API on this port (default off)")
     server.add_argument("--tls-port", type=int, help="also serve AMQP over TLS on this port (default off)")
     server.add_argument("--tls-cert", help="PEM certificate chain for --tls-port")
     server.add_argument("--tls-key", help="PEM private key for --tls-port")
@@ -84,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name != "status":
             cmd.add_argument("--raft", required=True, help="the Raft address (host:port) of the node")
         cmd.set_defaults(func=_cluster_admin)
+
+    from .admin_cli import add_parser as add_admin_parser
+
+    add_admin_parser(sub)
     return parser
 
 

@@ -1,0 +1,232 @@
+"""The gRPC admin service of a node (ops/proto/admin.proto) and the client side of `raftmq admin`.
+
+The service runs grpc's thread-pool server beside the node's event loop. Every handler hands its
+work to the loop (``run_coroutine_threadsafe``) because the state machine belongs to the loop
+thread; changes (declare, delete, purge) are commands through the log like any client's, issued
+on the admin's own channel, so they replicate and answer with the same errors.
+
+Bind address: the node's host, port ``admin_port`` (``raftmq cluster up`` uses 15672+i). There is no
+authentication yet: keep it on loopback or a private network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from concurrent import futures
+from typing import TYPE_CHECKING
+
+import grpc
+
+from raftmq.store.commands import ERR, Op
+
+from .proto import admin_pb2 as pb
+from .proto import admin_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from raftmq.node.broker import Broker
+
+log = logging.getLogger(__name__)
+
+ADMIN_CHANNEL = 1
+GRPC_CODES = {404: grpc.StatusCode.NOT_FOUND, 405: grpc.StatusCode.FAILED_PRECONDITION,
+              406: grpc.StatusCode.FAILED_PRECONDITION, 403: grpc.StatusCode.PERMISSION_DENIED}
+
+
+class AdminEndpoint:
+    """The admin's pseudo-connection: receives the replies to its commands."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.conn_id = broker.register(self)
+        self._tokens = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._channel_open = False
+
+    async def command(self, op: Op, *args):
+        """Apply a command through the log on the admin channel; its result value (raises on ERR)."""
+        if not self._channel_open:
+            self._channel_open = True
+            await self._request([Op.CHANNEL_OPEN, self.conn_id, None, ADMIN_CHANNEL])
+        return await self._request([op, self.conn_id, None, ADMIN_CHANNEL, *args])
+
+    async def _request(self, command: list):
+        token = next(self._tokens)
+        command[2] = token
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[token] = future
+        self.broker.submit(command)
+        result = await asyncio.wait_for(future, 10)
+        if result[0] == ERR:
+            if result[1] not in (404, 405, 406, 403):
+                self._channel_open = False  # a hard error closed the admin channel
+            raise AdminError(result[1], result[2])
+        return result[1]
+
+    def on_reply(self, token, result, channel) -> None:
+        future = self._waiting.pop(token, None) if token is not None else None
+        if future is not None and not future.done():
+            future.set_result(result)
+        elif token is None and result[0] == ERR:
+            self._channel_open = False
+
+    def on_deliver(self, *args) -> None:
+        pass
+
+    def on_transfer(self, *args) -> None:
+        pass
+
+    def on_cancel(self, *args) -> None:
+        pass
+
+    def on_session_detached(self, *args) -> None:
+        pass
+
+    def on_forced_close(self, *args) -> None:
+        self._channel_open = False
+
+    def flush(self) -> None:
+        pass
+
+    def set_blocked(self, reason) -> None:
+        pass
+
+
+class AdminError(Exception):
+    def __init__(self, code: int, text: str) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
+
+
+def _typed(value: str):
+    return int(value) if value.lstrip("-").isdigit() else value
+
+
+class AdminService(pb_grpc.AdminServicer):
+    def __init__(self, broker: Broker, loop: asyncio.AbstractEventLoop) -> None:
+        self.broker = broker
+        self.loop = loop
+        self.endpoint: AdminEndpoint | None = None
+
+    def _run(self, coro, context):
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, self.loop).result(15)
+        except AdminError as exc:
+            context.abort(GRPC_CODES.get(exc.code, grpc.StatusCode.INTERNAL), exc.text)
+
+    async def _endpoint(self) -> AdminEndpoint:
+        if self.endpoint is None:
+            self.endpoint = AdminEndpoint(self.broker)
+        return self.endpoint
+
+    # ------------------------------------------------------------------ reads
+
+    def Status(self, request, context):  # noqa: N802 - gRPC method names
+        return self._run(self._status(), context)
+
+    async def _status(self):
+        from raftmq.node.status import status_of
+
+        broker = self.broker
+        st = status_of(broker)
+        connected = set(st.get("connected_partners") or [])
+        members = [pb.Member(node_id=node_id, raft_address=raft, amqp_address=amqp,
+                             connected=node_id == broker.config.node_id or raft in connected)
+                   for node_id, (raft, amqp) in broker.members.items()]
+        replica = getattr(broker.log, "replica", None)
+        return pb.ClusterStatus(
+            node_id=broker.config.node_id, role=st["role"], leader_node=st.get("leader_node") or "",
+            term=replica.raftCurrentTerm if replica else 0, commit_index=st.get("commit_index") or 0,
+            applied_index=st.get("raft_applied") or broker.machine.applied_index, members=members,
+            connections=sum(1 for e in broker.endpoints.values() if not isinstance(e, AdminEndpoint)),
+            ready=bool(st.get("ready")))
+
+    def Health(self, request, context):  # noqa: N802
+        accepting = self.broker.accepting
+        return pb.HealthReply(serving=accepting, detail="" if accepting else "no cluster leader")
+
+    def ListQueues(self, request, context):  # noqa: N802
+        return self._run(self._list_queues(), context)
+
+    async def _list_queues(self):
+        out = []
+        for vhost in self.broker.machine.vhosts.values():
+            for q in vhost.queues.values():
+                out.append(pb.QueueInfo(vhost=vhost.name, name=q.name, durable=q.durable,
+                                        exclusive=q.exclusive_owner is not None, auto_delete=q.auto_delete,
+                                        messages_ready=len(q.ready), messages_unacked=q.unacked_count,
+                                        consumers=len(q.consumers)))
+        return pb.QueueList(queues=out)
+
+    def ListExchanges(self, request, context):  # noqa: N802
+        return self._run(self._list_exchanges(), context)
+
+    async def _list_exchanges(self):
+        return pb.ExchangeList(exchanges=[
+            pb.ExchangeInfo(vhost=v.name, name=e.name, type=e.type, durable=e.durable, bindings=len(e.bindings))
+            for v in self.broker.machine.vhosts.values() for e in v.exchanges.values()])
+
+    def ListConnections(self, request, context):  # noqa: N802
+        return self._run(self._list_connections(), context)
+
+    async def _list_connections(self):
+        out = []
+        for conn_id, endpoint in self.broker.endpoints.items():
+            if isinstance(endpoint, AdminEndpoint):
+                continue
+            protocol = "0-10" if type(endpoint).__name__.startswith("Amqp010") else "0-9-1"
+            principal = getattr(endpoint, "principal", None)
+            out.append(pb.ConnectionInfo(id=conn_id, peer=getattr(endpoint, "peer", ""), protocol=protocol,
+                                         user=principal.name if principal else "",
+                                         vhost=getattr(endpoint, "vhost", "")))
+        return pb.ConnectionList(connections=out)
+
+    # ------------------------------------------------------------------ changes (through the log)
+
+    def DeclareQueue(self, request, context):  # noqa: N802
+        return self._run(self._declare(request), context)
+
+    async def _declare(self, r):
+        endpoint = await self._endpoint()
+        args = {k: _typed(v) for k, v in r.arguments.items()}
+        name, messages, consumers = await endpoint.command(
+            Op.QUEUE_DECLARE, r.vhost or "/", r.name, False, r.durable, False, r.auto_delete, args)
+        return pb.QueueInfo(vhost=r.vhost or "/", name=name, durable=r.durable, auto_delete=r.auto_delete,
+                            messages_ready=messages, consumers=consumers)
+
+    def DeleteQueue(self, request, context):  # noqa: N802
+        return self._run(self._queue_op(Op.QUEUE_DELETE, request, False, False), context)
+
+    def PurgeQueue(self, request, context):  # noqa: N802
+        return self._run(self._queue_op(Op.QUEUE_PURGE, request), context)
+
+    async def _queue_op(self, op, r, *extra):
+        endpoint = await self._endpoint()
+        count = await endpoint.command(op, r.vhost or "/", r.name, *extra)
+        return pb.Count(count=count or 0)
+
+    def CloseConnection(self, request, context):  # noqa: N802
+        return self._run(self._close(request), context)
+
+    async def _close(self, r):
+        endpoint = self.broker.endpoints.get(r.id)
+        if endpoint is None or isinstance(endpoint, AdminEndpoint):
+            raise AdminError(404, f"no connection '{r.id}' on this node")
+        endpoint.close_connection(320, f"CONNECTION_FORCED - {r.reason or 'closed by an administrator'}")
+        endpoint.flush()
+        return pb.Empty()
+
+
+def serve_admin(broker: Broker, loop: asyncio.AbstractEventLoop, host: str, port: int) -> grpc.Server:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="raftmq-admin"))
+    pb_grpc.add_AdminServicer_to_server(AdminService(broker, loop), server)
+    server.add_insecure_port(f"{host}:{port}")
+    server.start()
+    log.info("admin gRPC on %s:%d", host, port)
+    return server
+
+
+def admin_stub(address: str) -> pb_grpc.AdminStub:
+    return pb_grpc.AdminStub(grpc.insecure_channel(address))

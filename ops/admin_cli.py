@@ -1,0 +1,90 @@
+"""`raftmq admin ...`: the gRPC admin API from the command line (tables, or ``--json``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from .admin import admin_stub
+from .proto import admin_pb2 as pb
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    widths = {c: max([len(c)] + [len(str(r.get(c, ""))) for r in rows]) for c in columns}
+    lines = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
+    lines += ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns) for r in rows]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    stub = admin_stub(args.address)
+    try:
+        reply, rows, columns = _call(stub, args)
+    except grpc.RpcError as exc:
+        print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    data = MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    elif rows is not None:
+        print(_table(data.get(rows, []), columns))
+    else:
+        for key, value in data.items():
+            if isinstance(value, list):
+                print(f"{key}:")
+                print(_table(value, list(value[0]) if value else []))
+            else:
+                print(f"{key}: {value}")
+    return 0
+
+
+def _call(stub, args):
+    cmd = args.admin_command
+    if cmd == "status":
+        return stub.Status(pb.Empty(), timeout=10), None, None
+    if cmd == "health":
+        return stub.Health(pb.Empty(), timeout=10), None, None
+    if cmd == "queues":
+        return stub.ListQueues(pb.Empty(), timeout=10), "queues", [
+            "vhost", "name", "durable", "messages_ready", "messages_unacked", "consumers"]
+    if cmd == "exchanges":
+        return stub.ListExchanges(pb.Empty(), timeout=10), "exchanges", ["vhost", "name", "type", "durable",
+                                                                           "bindings"]
+    if cmd == "connections":
+        return stub.ListConnections(pb.Empty(), timeout=10), "connections", ["id", "peer", "protocol", "user",
+                                                                              "vhost"]
+    if cmd == "declare-queue":
+        arguments = dict(a.split("=", 1) for a in args.arg or [])
+        return stub.DeclareQueue(pb.DeclareQueueRequest(vhost=args.vhost, name=args.name, durable=args.durable,
+                                                        arguments=arguments), timeout=10), None, None
+    if cmd == "delete-queue":
+        return stub.DeleteQueue(pb.QueueRef(vhost=args.vhost, name=args.name), timeout=10), None, None
+    if cmd == "purge-queue":
+        return stub.PurgeQueue(pb.QueueRef(vhost=args.vhost, name=args.name), timeout=10), None, None
+    if cmd == "close-connection":
+        return stub.CloseConnection(pb.CloseConnectionRequest(id=args.id, reason=args.reason or ""),
+                                    timeout=10), None, None
+    raise SystemExit(f"unknown admin command {cmd}")
+
+
+def add_parser(sub) -> None:
+    admin = sub.add_parser("admin", help="the node's gRPC admin API (status, queues, connections...)")
+    admin.add_argument("--address", default="127.0.0.1:15672", help="host:port of a node's admin port")
+    admin.add_argument("--json", action="store_true", help="JSON instead of tables")
+    cmds = admin.add_subparsers(dest="admin_command", required=True)
+    for name in ("status", "health", "queues", "exchanges", "connections"):
+        cmds.add_parser(name)
+    for name in ("declare-queue", "delete-queue", "purge-queue"):
+        p = cmds.add_parser(name)
+        p.add_argument("name")
+        p.add_argument("--vhost", default="/")
+        if name == "declare-queue":
+            p.add_argument("--durable", action="store_true")
+            p.add_argument("--arg", action="append", help="x-argument as key=value (repeatable)")
+    close = cmds.add_parser("close-connection")
+    close.add_argument("id")
+    close.add_argument("--reason")
+    admin.set_defaults(func=run)

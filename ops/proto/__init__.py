@@ -1,0 +1,1 @@
+"""Generated gRPC modules for the admin API (``make proto`` regenerates them from admin.proto)."""

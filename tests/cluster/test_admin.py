@@ -1,0 +1,68 @@
+"""The gRPC admin API and `raftmq admin` against a running 3-node cluster."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pika
+import pytest
+
+from tests.support.cluster import Cluster
+from tests.support.raftmq_node import free_port
+
+pytestmark = pytest.mark.cluster
+REPO = Path(__file__).resolve().parents[2]
+
+
+def admin(address: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "raftmq", "admin", "--address", address, *args],
+                          capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_admin_cli_status_declare_list_purge_close(tmp_path):
+    with Cluster(3, tmp_path) as cluster:
+        ports = []
+        for node in cluster.nodes:  # restart with admin ports (same data, same cluster)
+            port = free_port()
+            ports.append(port)
+            node.extra_args = ["--admin-port", str(port)]
+            node.restart()
+        leader = cluster.leader()
+        follower = next(n for n in cluster.nodes if n is not leader)
+        address = f"127.0.0.1:{ports[cluster.nodes.index(follower)]}"
+
+        status = json.loads(admin(address, "--json", "status"))
+        assert status["role"] == "follower" and status["leader_node"] == leader.node_id
+        assert sorted(m["node_id"] for m in status["members"]) == ["n1", "n2", "n3"]
+
+        admin(address, "declare-queue", "audit", "--durable", "--arg", "x-max-length=100")
+        conn = pika.BlockingConnection(pika.URLParameters(leader.url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in range(5):
+            ch.basic_publish("", "audit", str(i).encode())
+        queues = json.loads(admin(address, "--json", "queues"))["queues"]
+        audit = next(q for q in queues if q["name"] == "audit")
+        assert audit["durable"] and int(audit["messages_ready"]) == 5
+        assert "audit" in admin(address, "queues")  # the table form
+        assert json.loads(admin(address, "--json", "purge-queue", "audit"))["count"] == "5"
+
+        leader_address = f"127.0.0.1:{ports[cluster.nodes.index(leader)]}"
+        connections = json.loads(admin(leader_address, "--json", "connections"))["connections"]
+        assert len(connections) == 1 and connections[0]["protocol"] == "0-9-1"
+        admin(leader_address, "close-connection", connections[0]["id"], "--reason", "maintenance")
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
+            for _ in range(50):
+                conn.process_data_events(time_limit=0.1)
+        assert info.value.reply_code == 320 and "maintenance" in info.value.reply_text
+
+        # Deleting a missing queue succeeds (as queue.delete does in RabbitMQ); purging one is NOT_FOUND.
+        assert json.loads(admin(address, "--json", "delete-queue", "missing"))["count"] == "0"
+        done = subprocess.run([sys.executable, "-m", "raftmq", "admin", "--address", address, "purge-queue",
+                               "missing"], capture_output=True, text=True, timeout=30, cwd=REPO)
+        assert done.returncode == 1 and "NOT_FOUND" in done.stderr
