@@ -22,7 +22,19 @@ import subprocess
 
 
 def available() -> bool:
-    return os.geteuid() == 0 and shutil.which("ip") is not None
+    """Root, iproute2, and the kernel lets us make a namespace with a veth pair (containers may not)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return False
+    probe = f"rqprobe{os.getpid() % 100000}"
+    try:
+        subprocess.run(["ip", "netns", "add", probe], check=True, capture_output=True, timeout=10)
+        subprocess.run(["ip", "-n", probe, "link", "add", "p0", "type", "veth", "peer", "name", "p1"],
+                       check=True, capture_output=True, timeout=10)
+        return True
+    except (subprocess.SubprocessError, OSError):
+        return False
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=10)
 
 
 def _ip(*args: str, check: bool = True) -> None:
