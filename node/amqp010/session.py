@@ -148,8 +148,6 @@ class ServerSession:
             self.syncs.append(command_id)
             self._settle_syncs()
             return
-        if isinstance(command, (c.SessionCommandPoint,)):
-            return
         missing = command.missing()
         if missing:
             self._exception(command_id, command, 531, f"missing required field(s) {', '.join(missing)}")
