@@ -5,12 +5,6 @@ from __future__ import annotations
 import json
 import sys
 
-import grpc
-from google.protobuf.json_format import MessageToDict
-
-from .admin import admin_stub
-from .proto import admin_pb2 as pb
-
 
 def _table(rows: list[dict], columns: list[str]) -> str:
     widths = {c: max([len(c)] + [len(str(r.get(c, ""))) for r in rows]) for c in columns}
@@ -20,6 +14,12 @@ def _table(rows: list[dict], columns: list[str]) -> str:
 
 
 def run(args) -> int:
+    # Imported here: the server's command line must not depend on the admin client's modules.
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from .admin import admin_stub
+
     stub = admin_stub(args.address)
     try:
         reply, rows, columns = _call(stub, args)
@@ -42,6 +42,8 @@ def run(args) -> int:
 
 
 def _call(stub, args):
+    from .proto import admin_pb2 as pb
+
     cmd = args.admin_command
     if cmd == "status":
         return stub.Status(pb.Empty(), timeout=10), None, None

@@ -1,0 +1,21 @@
+# raftmq node image. The base is an argument: python:3.11-slim where a registry is reachable, or a
+# locally imported Debian bookworm rootfs (which has python3.11) where none is (see issue notes).
+ARG BASE=python:3.11-slim
+FROM ${BASE}
+WORKDIR /opt/raftmq
+COPY pyproject.toml README.md ./
+COPY raftmq raftmq
+COPY protocol protocol
+COPY store store
+COPY raft raft
+COPY node node
+COPY ops ops
+COPY spark spark
+COPY client client
+# Wheels may be provided in ./wheels for hosts without package index access (pip --no-index).
+COPY docker/wheels* /opt/wheels/
+RUN python3 -m pip install --no-cache-dir $( [ -n "$(ls /opt/wheels 2>/dev/null)" ] && echo --no-index --find-links /opt/wheels ) . \
+    && rm -rf /opt/wheels
+EXPOSE 5672 4401 15672 15692
+HEALTHCHECK --interval=5s --timeout=3s --retries=5 CMD python3 -c "import socket; s = socket.create_connection(('127.0.0.1', 5672), 2); s.sendall(b'AMQP\x00\x00\x09\x01'); assert s.recv(8)"
+ENTRYPOINT ["raftmq", "server", "--config", "/etc/raftmq/cluster.toml", "--host", "0.0.0.0", "--port", "5672", "--data-dir", "/data", "--metrics-port", "15692", "--admin-port", "15672"]
