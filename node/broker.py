@@ -28,6 +28,7 @@ from raftmq.store.commands import (
     Op,
 )
 from raftmq.store.durable import DurableStore
+from raftmq.store.events import EventStore
 from raftmq.store.machine import StateMachine
 
 from .auth import Authenticator
@@ -84,6 +85,13 @@ class Broker:
             self.machine = StateMachine(self.store)
             self.log = LocalLog(self.machine, self._on_outputs)
             self._configured_members = {}
+        self.events: EventStore | None = None
+        if config.audit_retention != "none":
+            self.events = EventStore(os.path.join(data_dir, "events"), config.audit_retention)
+            self.machine.event_sink = self.events.append
+            if not config.clustered:
+                # One node: the history continues its numbering (a cluster's comes from the log).
+                self.machine.event_seq = max(self.machine.event_seq, self.events.last_seq)
         self.auth = Authenticator(config.users)
         self.endpoints: dict[str, Endpoint] = {}
         self._conn_ids = itertools.count(1)
@@ -132,6 +140,8 @@ class Broker:
             self._metrics_server.shutdown()
         if self._admin_server is not None:
             self._admin_server.stop(grace=1)
+        if self.events is not None:
+            self.events.close()
         if self.config.clustered:
             self.log.close()
         else:

@@ -49,6 +49,16 @@ def _cluster_admin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _snapshot(args: argparse.Namespace) -> int:
+    import os
+
+    from raftmq.store.events import snapshot
+
+    last = snapshot(os.path.join(args.data_dir, "events"), args.out)
+    print(f"snapshot of {args.data_dir}/events in {args.out}: events up to sequence {last}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raftmq", description="raftmq: a clustered AMQP broker")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -86,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name != "status":
             cmd.add_argument("--raft", required=True, help="the Raft address (host:port) of the node")
         cmd.set_defaults(func=_cluster_admin)
+
+    snap = sub.add_parser("snapshot", help="consistent compact copy of a node's message history (running or not)")
+    snap.add_argument("--data-dir", required=True, help="the node's data directory")
+    snap.add_argument("--out", required=True, help="an empty directory for the copy")
+    snap.set_defaults(func=_snapshot)
 
     from .admin_cli import add_parser as add_admin_parser
 

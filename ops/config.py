@@ -48,6 +48,7 @@ class Config:
     use_uvloop: bool = True
     log_level: str = "INFO"
     metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0 disables
+    audit_retention: str = "none"  # message history in <data>/events: none (off: it costs throughput), metadata, body
     admin_port: int = 0  # gRPC admin service (ops/proto/admin.proto) on host:admin_port; 0 disables
     tls_port: int = 0  # AMQP over TLS (amqps, usually 5671) besides the plain port; 0 disables
     tls_cert: str = ""  # PEM certificate chain of the node

@@ -18,6 +18,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
+from . import events as EV
 from .commands import (
     ERR,
     OK,
@@ -144,6 +145,9 @@ class StateMachine(SessionMixin):
         # Every node derives known-hosts and "which node is down" from this, not from its config.
         self.members: dict[str, tuple[str, str]] = {}
         # Counters for metrics (ops/metrics.py): deterministic like the rest, not part of the digest.
+        self.event_seq = 0  # audit events are numbered here, identically on every node (events.py)
+        self.event_sink: Callable[[list], None] | None = None
+        self._events: list[list] = []
         self.stats = {"published": 0, "unroutable": 0, "delivered": 0, "redelivered": 0, "acked": 0,
                       "rejected": 0, "dead_lettered": 0, "expired": 0}
         self.sessions: dict[str, Session] = {}  # AMQP 0-10 sessions by key (sessions.py)
@@ -226,7 +230,18 @@ class StateMachine(SessionMixin):
             except Exception:
                 self._w.abort()
                 raise
+        if self._events:
+            events, self._events = self._events, []
+            self.event_sink(events)
         return out
+
+    def _event(self, kind: int, queue: Queue | None, message: Message, detail: str = "") -> None:
+        """Record an audit event (numbered even when this node keeps no history: determinism)."""
+        self.event_seq += 1
+        if self.event_sink is not None:
+            self._events.append([self.event_seq, self._now, kind, queue.vhost if queue else "",
+                                 queue.name if queue else "", message.id, message.exchange, message.routing_key,
+                                 len(message.body), detail, message.body])
 
     def _apply_one(self, command: list) -> None:
         op = command[0]
@@ -662,6 +677,7 @@ class StateMachine(SessionMixin):
         queue = self._queue(self._vhost(vhost_name), name, conn)
         count = 0
         for entry in queue.ready.drain():
+            self._event(EV.PURGED, queue, entry.message)
             self._drop(queue, entry)
             count += 1
         queue.ready_bytes = 0
@@ -706,6 +722,7 @@ class StateMachine(SessionMixin):
                     for key in [k for k in ch.unacked if k[0] == queue.qid]:
                         self._release_message(ch.unacked.pop(key)[1])
         for entry in queue.ready.drain():
+            self._event(EV.DELETED, queue, entry.message)
             self._release_message(entry)
         for binding in list(self.inbound.get((vhost.name, True, queue.name), ())):
             source = vhost.exchanges.get(binding.source)
@@ -776,6 +793,7 @@ class StateMachine(SessionMixin):
                           priority or 0, self._now)
         self.next_msg_id += 1
         queues = self._route(vhost, exchange, routing_key, props)
+        self._event(EV.PUBLISHED, None, message, ",".join(q.name for q in queues))
         stats = self.stats
         stats["published"] += 1
         if not queues:
@@ -898,6 +916,7 @@ class StateMachine(SessionMixin):
 
     def _deliver(self, consumer: Consumer, queue: Queue, entry: Entry) -> None:
         redelivered = entry.delivery_count > 0
+        self._event(EV.DELIVERED, queue, entry.message, consumer.tag)
         self.stats["delivered"] += 1
         if redelivered:
             self.stats["redelivered"] += 1
@@ -949,6 +968,7 @@ class StateMachine(SessionMixin):
             self._drop(queue, entry)
         else:
             self._hold(ch, ch, queue, entry)
+        self._event(EV.DELIVERED, queue, entry.message, "")
         return ok((queue.qid, entry.seq, redelivered, entry.message, len(queue.ready)))
 
     def _take_unacked(self, ch: ChannelState, refs: list) -> list[tuple[Queue, Entry]]:
@@ -977,6 +997,7 @@ class StateMachine(SessionMixin):
         ch = self._channel(conn, number)
         for queue, entry in self._take_unacked(ch, refs):
             self.stats["acked"] += 1
+            self._event(EV.ACKED, queue, entry.message)
             self._drop(queue, entry)
 
     def _nack(self, cmd: list) -> None:
@@ -1004,6 +1025,7 @@ class StateMachine(SessionMixin):
         if self.vhosts[queue.vhost].queues.get(queue.name) is not queue:
             self._release_message(entry)
             return
+        self._event(EV.REQUEUED, queue, entry.message)
         queue.ready.requeue(entry)
         queue.ready_bytes += len(entry.message.body)
         if entry.expires_at is not None:
@@ -1108,10 +1130,13 @@ class StateMachine(SessionMixin):
             self.stats["expired"] += 1
         elif reason == "rejected":
             self.stats["rejected"] += 1
+        kind = {"expired": EV.EXPIRED, "rejected": EV.REJECTED}.get(reason, EV.DROPPED)
+        self._event(kind, queue, message, reason)
         dlx_name = queue.dead_letter_exchange
         if dlx_name is None:
             return
         self.stats["dead_lettered"] += 1
+        self._event(EV.DEAD_LETTERED, queue, message, f"{reason}->{dlx_name}")
         vhost = self.vhosts[queue.vhost]
         dlx = vhost.exchanges.get(dlx_name)
         if dlx is None:

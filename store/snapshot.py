@@ -29,7 +29,7 @@ from .machine import StateMachine
 MODEL_FIELDS = (
     "vhosts", "channels", "exclusive_queues", "queues_by_id", "inbound", "expiring", "idle_expiring",
     "queue_last_used", "next_qid", "next_msg_id", "applied_index", "message_bytes", "_now",
-    "applied_batches", "members", "sessions", "detached_sessions", "stats",
+    "applied_batches", "members", "sessions", "detached_sessions", "stats", "event_seq",
 )
 
 
