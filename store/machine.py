@@ -235,10 +235,16 @@ class StateMachine(SessionMixin):
             self.event_sink(events)
         return out
 
-    def _event(self, kind: int, queue: Queue | None, message: Message, detail: str = "") -> None:
-        """Record an audit event (numbered even when this node keeps no history: determinism)."""
+    def _event(self, kind: int, queue: Queue | None, message: Message, detail: str | list = "") -> None:
+        """Record an audit event (numbered even when this node keeps no history: determinism).
+
+        ``detail`` may be the list of queues a publish was routed to: it is only formatted when
+        the node keeps a history.
+        """
         self.event_seq += 1
         if self.event_sink is not None:
+            if detail.__class__ is list:
+                detail = ",".join(q.name for q in detail)
             self._events.append([self.event_seq, self._now, kind, queue.vhost if queue else "",
                                  queue.name if queue else "", message.id, message.exchange, message.routing_key,
                                  len(message.body), detail, message.body])
@@ -793,7 +799,7 @@ class StateMachine(SessionMixin):
                           priority or 0, self._now)
         self.next_msg_id += 1
         queues = self._route(vhost, exchange, routing_key, props)
-        self._event(EV.PUBLISHED, None, message, ",".join(q.name for q in queues))
+        self._event(EV.PUBLISHED, None, message, queues)
         stats = self.stats
         stats["published"] += 1
         if not queues:
