@@ -67,8 +67,8 @@ class Config:
     raft_append_entries_period: float = 0.01
     raft_batch_append_entries: bool = False  # pysyncobj's timer-batched AppendEntries (higher latency)
     raft_tick_period: float = 0.005
-    raft_election_timeout_min: float = 0.15
-    raft_election_timeout_max: float = 0.3
+    raft_election_timeout_min: float = 0.25  # 0.15 s saw spurious elections on a loaded 2-core CI machine
+    raft_election_timeout_max: float = 0.5
 
     def resolved_data_dir(self) -> str:
         return self.data_dir or os.path.join("data", self.node_id)

@@ -52,7 +52,7 @@ class Replica(SyncObj):
                  sink: Callable[[tuple], None], *, bind_address: str | None = None,
                  snapshot_entries: int = 20_000, snapshot_seconds: float = 600.0,
                  append_entries_period: float = 0.01, tick_period: float = 0.005,
-                 election_timeout: tuple[float, float] = (0.15, 0.3), batch_append_entries: bool = False,
+                 election_timeout: tuple[float, float] = (0.25, 0.5), batch_append_entries: bool = False,
                  on_state_changed: Callable[[int, int], None] | None = None) -> None:
         os.makedirs(data_dir, exist_ok=True)
         self.data_dir = data_dir

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pika
@@ -36,8 +37,12 @@ def test_admin_cli_status_declare_list_purge_close(tmp_path):
         follower = next(n for n in cluster.nodes if n is not leader)
         address = f"127.0.0.1:{ports[cluster.nodes.index(follower)]}"
 
+        deadline = time.monotonic() + 10
         status = json.loads(admin(address, "--json", "status"))
-        assert status["role"] == "follower" and status["leader_node"] == leader.node_id
+        while not status["leader_node"] and time.monotonic() < deadline:  # still catching up
+            time.sleep(0.2)
+            status = json.loads(admin(address, "--json", "status"))
+        assert status["role"] == "follower" and status["leader_node"] == cluster.leader().node_id
         assert sorted(m["node_id"] for m in status["members"]) == ["n1", "n2", "n3"]
 
         admin(address, "declare-queue", "audit", "--durable", "--arg", "x-max-length=100")
