@@ -22,6 +22,7 @@ from raftmq.protocol.amqp010.errors import FramingError
 from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER, FrameReader, encode_assembly
 
 from ..auth import AuthError, Principal
+from ..peer import peer_of
 from .session import ServerSession
 
 if TYPE_CHECKING:
@@ -40,9 +41,7 @@ class Amqp010Connection(asyncio.Protocol):
         self.broker = broker
         self.config = broker.config
         self.transport = transport
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.peer_host = peer[0] if peer else None
+        self.peer, self.peer_host = peer_of(transport)
         self.reader = FrameReader(MAX_FRAME_SIZE, max_assembly_size=self.config.max_message_size + 65536)
         self.state = AWAIT_START_OK
         self.conn_id: str | None = None

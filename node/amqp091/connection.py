@@ -26,6 +26,7 @@ from raftmq.protocol.amqp091.frames import HEARTBEAT_FRAME, FrameReader, encode_
 from raftmq.protocol.amqp091.methods import decode_method
 
 from ..auth import MECHANISMS, AuthError, Principal
+from ..peer import peer_of
 from .channel import Channel
 from .errors import ConnectionException
 
@@ -57,9 +58,7 @@ class Amqp091Connection(asyncio.Protocol):
         self.broker = broker
         self.config = broker.config
         self.transport = transport
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.peer_host = peer[0] if peer else None
+        self.peer, self.peer_host = peer_of(transport)
         self.reader = FrameReader(FRAME_MIN_SIZE)
         self.state = AWAIT_START_OK
         self.conn_id: str | None = None
