@@ -105,6 +105,21 @@ class Replica(SyncObj):
         transport.send = send
         self.addOnTickCallback(self._flush_journal)
 
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803 (pysyncobj's names)
+        """Hold the election clock while this node is connected to no one.
+
+        pysyncobj starts an election at the first tick after the deadline on which the node is
+        connected to anyone.  A node that starts (or comes back from a partition) after its
+        deadline has passed therefore campaigns the instant its first connection comes up, before
+        the sitting leader's first heartbeat can arrive -- and, with a log as long as everyone's,
+        wins and deposes a healthy leader.  Restarting the clock while isolated makes such a node
+        wait one election timeout for a heartbeat first, as a freshly started follower should.
+        """
+        if not self._SyncObj__connectedNodes and self._SyncObj__otherNodes:
+            self._SyncObj__raftElectionDeadline = (_syncobj_module.monotonicTime()
+                                                   + self._SyncObj__generateRaftTimeout())
+        super()._onTick(timeToWait)
+
     def _flush_journal(self) -> None:
         if self.journal.dirty:
             self.journal.flush()

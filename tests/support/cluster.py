@@ -89,8 +89,23 @@ class Cluster:
     def start(self) -> Cluster:
         for node in self.nodes:
             node.start()
-        self.wait_leader()
+        self.wait_formed()
         return self
+
+    def wait_formed(self, timeout: float = 20.0) -> RaftmqNode:
+        """Wait for an agreed leader and for every node to be ready and to know every member's
+        client address (members announce themselves through the log once a leader exists, so
+        known-hosts lists and redirects are complete only after this)."""
+        deadline = time.monotonic() + timeout
+        wanted = sorted(n.node_id for n in self.nodes)
+        while True:
+            leader = self.leader(timeout=max(0.1, deadline - time.monotonic()))
+            statuses = [self.status(n) for n in self.nodes]
+            if all(s and s.get("ready") and s.get("members") == wanted for s in statuses):
+                return leader
+            if time.monotonic() > deadline:
+                raise ClusterError(f"cluster not formed within {timeout}s: {statuses}")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         for node in self.nodes:
