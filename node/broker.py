@@ -28,7 +28,7 @@ from raftmq.store.commands import (
     Op,
 )
 from raftmq.store.durable import DurableStore
-from raftmq.store.events import EventStore
+from raftmq.store.event_writer import EventStore, RetentionPolicy
 from raftmq.store.machine import StateMachine
 
 from .auth import Authenticator
@@ -86,8 +86,10 @@ class Broker:
             self.log = LocalLog(self.machine, self._on_outputs)
             self._configured_members = {}
         self.events: EventStore | None = None
-        if config.audit_retention != "none":
-            self.events = EventStore(os.path.join(data_dir, "events"), config.audit_retention)
+        if config.audit_retention != "none" or config.audit_vhosts:
+            self.events = EventStore(os.path.join(data_dir, "events"),
+                                     RetentionPolicy(config.audit_retention, config.audit_vhosts),
+                                     max_age=config.audit_max_age, max_bytes=config.audit_max_bytes)
             self.machine.event_sink = self.events.append
             if not config.clustered:
                 # One node: the history continues its numbering (a cluster's comes from the log).
@@ -267,6 +269,8 @@ class Broker:
                 self._leaderless_since = None
                 if self.log.leader != self._last_leader:
                     self.leader_changes += self._last_leader is not None
+                    log.info("Raft leader is now %s (%s)%s", self.node_of_raft(self.log.leader) or "?",
+                             self.log.leader, ", this node" if self.log.is_leader else "")
                     self._last_leader = self.log.leader
             if not self.log.is_leader:
                 unreachable_since.clear()

@@ -41,7 +41,12 @@ def status_of(broker: Broker) -> dict:
         "commands_applied": log.commands_applied,
         "connections": len(broker.endpoints),
         "clustered": broker.config.clustered,
+        "event_seq": broker.machine.event_seq,
     }
+    if broker.events is not None:
+        # Equal to event_seq once the audit writer has caught up with everything applied.
+        status.update(audit_last_seq=broker.events.last_seq, audit_raft_index=broker.events.raft_index,
+                      audit_written=broker.events.written, audit_trimmed=broker.events.trimmed)
     if broker.config.clustered and log.replica is not None:
         replica = log.replica
         status.update(
@@ -49,6 +54,7 @@ def status_of(broker: Broker) -> dict:
             leader=log.leader,
             leader_node=broker.node_of_raft(log.leader),
             ready=log.ready,
+            members=sorted(broker.machine.members),  # the replicated list (announced members)
             commit_index=replica.commit_index,
             raft_applied=replica.last_applied,
             journal_entries=len(replica.journal),

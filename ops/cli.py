@@ -50,12 +50,18 @@ def _cluster_admin(args: argparse.Namespace) -> int:
 
 
 def _snapshot(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
     import os
 
     from raftmq.store.events import snapshot
 
-    last = snapshot(os.path.join(args.data_dir, "events"), args.out)
-    print(f"snapshot of {args.data_dir}/events in {args.out}: events up to sequence {last}")
+    source = os.path.join(args.data_dir, "events")
+    if not os.path.exists(os.path.join(source, "data.mdb")):
+        print(f"raftmq snapshot: {source} holds no history (is audit_retention set?)", file=sys.stderr)
+        return 2
+    info = snapshot(source, args.out)
+    print(json.dumps({"snapshot": args.out, **dataclasses.asdict(info)}))
     return 0
 
 

@@ -48,7 +48,12 @@ class Config:
     use_uvloop: bool = True
     log_level: str = "INFO"
     metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0 disables
-    audit_retention: str = "none"  # message history in <data>/events: none (off: it costs throughput), metadata, body
+    # Message history in <data>/events (store/event_writer.py): none (off), metadata, body.  A queue's
+    # x-audit-retention argument and audit_vhosts ({vhost = retention}) override it where history is on.
+    audit_retention: str = "none"
+    audit_vhosts: dict[str, str] = field(default_factory=dict)
+    audit_max_age: float = 0.0  # seconds of history kept (by event time); 0 = no limit
+    audit_max_bytes: int = 0  # bytes of events + messages kept; 0 = no limit
     admin_port: int = 0  # gRPC admin service (ops/proto/admin.proto) on host:admin_port; 0 disables
     tls_port: int = 0  # AMQP over TLS (amqps, usually 5671) besides the plain port; 0 disables
     tls_cert: str = ""  # PEM certificate chain of the node
@@ -102,7 +107,8 @@ def load_config(path: str | None = None, overrides: dict | None = None) -> Confi
     if path:
         with open(path, "rb") as fh:
             values.update(tomllib.load(fh))
-    scalar = {f.name: f.type for f in fields(Config) if f.name not in ("users", "vhosts", "cluster")}
+    scalar = {f.name: f.type for f in fields(Config)
+              if f.name not in ("users", "vhosts", "cluster", "audit_vhosts")}
     for name in scalar:
         env = os.environ.get(_ENV_PREFIX + name.upper())
         if env is not None:
@@ -123,6 +129,8 @@ def load_config(path: str | None = None, overrides: dict | None = None) -> Confi
             }
         elif key == "vhosts":
             config.vhosts = list(value)
+        elif key == "audit_vhosts":
+            config.audit_vhosts = {str(k): str(v) for k, v in value.items()}
         elif key == "cluster":
             config.cluster = [MemberConfig(str(m["node_id"]), str(m["raft"]), str(m["amqp"])) for m in value]
         elif key in scalar:

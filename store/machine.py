@@ -146,7 +146,7 @@ class StateMachine(SessionMixin):
         self.members: dict[str, tuple[str, str]] = {}
         # Counters for metrics (ops/metrics.py): deterministic like the rest, not part of the digest.
         self.event_seq = 0  # audit events are numbered here, identically on every node (events.py)
-        self.event_sink: Callable[[list], None] | None = None
+        self.event_sink: Callable[[int | None, list], None] | None = None
         self._events: list[list] = []
         self.stats = {"published": 0, "unroutable": 0, "delivered": 0, "redelivered": 0, "acked": 0,
                       "rejected": 0, "dead_lettered": 0, "expired": 0}
@@ -232,22 +232,27 @@ class StateMachine(SessionMixin):
                 raise
         if self._events:
             events, self._events = self._events, []
-            self.event_sink(events)
+            self.event_sink(index, events)
         return out
 
-    def _event(self, kind: int, queue: Queue | None, message: Message, detail: str | list = "") -> None:
-        """Record an audit event (numbered even when this node keeps no history: determinism).
-
-        ``detail`` may be the list of queues a publish was routed to: it is only formatted when
-        the node keeps a history.
-        """
+    def _event(self, kind: int, queue: Queue | None, message: Message, detail: str = "",
+               vhost: str = "") -> None:
+        """Record a message's audit event (numbered even when this node keeps no history, so that
+        every node numbers every event alike).  The record carries the message itself: the event
+        writer takes properties and body from it only when its retention asks for them."""
         self.event_seq += 1
         if self.event_sink is not None:
-            if detail.__class__ is list:
-                detail = ",".join(q.name for q in detail)
-            self._events.append([self.event_seq, self._now, kind, queue.vhost if queue else "",
+            self._events.append([self.event_seq, self._now, kind, queue.vhost if queue else vhost,
                                  queue.name if queue else "", message.id, message.exchange, message.routing_key,
-                                 len(message.body), detail, message.body])
+                                 len(message.body), detail, message])
+
+    def _definition_event(self, kind: int, vhost: str, queue: str = "", exchange: str = "",
+                          routing_key: str = "", detail: str = "", definition: tuple = ()) -> None:
+        """Record a queue, exchange or binding change (the catalog tables of the audit history)."""
+        self.event_seq += 1
+        if self.event_sink is not None:
+            self._events.append([self.event_seq, self._now, kind, vhost, queue, None, exchange, routing_key,
+                                 0, detail, definition])
 
     def _apply_one(self, command: list) -> None:
         op = command[0]
@@ -316,6 +321,8 @@ class StateMachine(SessionMixin):
         vhost = self.vhosts[name] = VHost(name)
         for ex_name, ex_type in DEFAULT_EXCHANGES:
             vhost.exchanges[ex_name] = Exchange(name, ex_name, ex_type, True, False, False, {})
+            self._definition_event(EV.EXCHANGE_DECLARED, name, exchange=ex_name, detail=ex_type,
+                                   definition=(True, False, False, {}))
         if self._w is not None:
             self._w.put_vhost(name)
         return None
@@ -445,6 +452,8 @@ class StateMachine(SessionMixin):
         if type_ not in EXCHANGE_TYPES:
             raise CommandError(503, f"unknown exchange type '{type_}'")
         vhost.exchanges[name] = Exchange(vhost_name, name, type_, durable, auto_delete, internal, args)
+        self._definition_event(EV.EXCHANGE_DECLARED, vhost_name, exchange=name, detail=type_,
+                               definition=(bool(durable), bool(auto_delete), bool(internal), args))
         if durable and self._w is not None:
             self._w.put_exchange(vhost_name, name, type_, auto_delete, internal, args)
         return None
@@ -477,6 +486,7 @@ class StateMachine(SessionMixin):
             source = vhost.exchanges.get(binding.source)
             if source is not None:
                 self._remove_binding(vhost, source, binding)
+        self._definition_event(EV.EXCHANGE_DELETED, vhost.name, exchange=exchange.name, detail=exchange.type)
         if exchange.durable and self._w is not None:
             self._w.delete_exchange(vhost.name, exchange.name)
 
@@ -511,6 +521,7 @@ class StateMachine(SessionMixin):
         exchange.bindings.append(binding)
         exchange.rebuild()
         self.inbound.setdefault((vhost.name, binding.dest_is_queue, binding.destination), []).append(binding)
+        self._binding_event(EV.BOUND, vhost, binding)
         if exchange.durable and dest_durable and self._w is not None:
             self._w.put_binding(self._binding_key(vhost, binding))
 
@@ -524,9 +535,15 @@ class StateMachine(SessionMixin):
         if i >= 0:
             self._remove_binding(vhost, exchange, exchange.bindings[i])
 
+    def _binding_event(self, kind: int, vhost: VHost, b: Binding) -> None:
+        self._definition_event(kind, vhost.name, queue=b.destination if b.dest_is_queue else "",
+                               exchange=b.source, routing_key=b.routing_key, detail=b.destination,
+                               definition=(b.dest_is_queue, b.arguments))
+
     def _remove_binding(self, vhost: VHost, exchange: Exchange, binding: Binding) -> None:
         exchange.bindings.remove(binding)
         exchange.rebuild()
+        self._binding_event(EV.UNBOUND, vhost, binding)
         inbound = self.inbound.get((vhost.name, binding.dest_is_queue, binding.destination))
         if inbound is not None:
             inbound.remove(binding)
@@ -577,6 +594,8 @@ class StateMachine(SessionMixin):
         self._configure_queue(queue, args)
         self.next_qid += 1
         self._register_queue(vhost, queue)
+        self._definition_event(EV.QUEUE_DECLARED, vhost_name, queue=name, detail=owner or "",
+                               definition=(bool(durable), bool(exclusive), bool(auto_delete), args))
         if durable and not exclusive and self._w is not None:
             self._w.put_queue(vhost_name, name, queue.qid, auto_delete, args)
         return ok((name, 0, 0))
@@ -726,7 +745,9 @@ class StateMachine(SessionMixin):
             for ch_map in self.channels.values():
                 for ch in ch_map.values():
                     for key in [k for k in ch.unacked if k[0] == queue.qid]:
-                        self._release_message(ch.unacked.pop(key)[1])
+                        entry = ch.unacked.pop(key)[1]
+                        self._event(EV.DELETED, queue, entry.message, "unacked")
+                        self._release_message(entry)
         for entry in queue.ready.drain():
             self._event(EV.DELETED, queue, entry.message)
             self._release_message(entry)
@@ -735,6 +756,7 @@ class StateMachine(SessionMixin):
             if source is not None:
                 self._remove_binding(vhost, source, binding)
         self._dirty.pop(queue.qid, None)
+        self._definition_event(EV.QUEUE_DELETED, vhost.name, queue=queue.name)
         if queue.durable and queue.exclusive_owner is None and self._w is not None:
             self._w.delete_queue(vhost.name, queue.name, queue.qid)
 
@@ -799,11 +821,12 @@ class StateMachine(SessionMixin):
                           priority or 0, self._now)
         self.next_msg_id += 1
         queues = self._route(vhost, exchange, routing_key, props)
-        self._event(EV.PUBLISHED, None, message, queues)
+        self._event(EV.PUBLISHED, None, message, conn or "", vhost_name)
         stats = self.stats
         stats["published"] += 1
         if not queues:
             stats["unroutable"] += 1
+            self._event(EV.UNROUTABLE, None, message, "returned" if mandatory else "dropped", vhost_name)
             return UNROUTABLE
         outcome = ROUTED
         for queue in queues:
@@ -856,6 +879,8 @@ class StateMachine(SessionMixin):
             if full and queue.overflow != "drop-head":
                 if queue.overflow == "reject-publish-dlx":
                     self._dead_letter(queue, message, "maxlen")
+                else:
+                    self._event(EV.DROPPED, queue, message, "reject-publish")
                 return False
         ttl = queue.message_ttl
         if expiration is not None and (ttl is None or expiration < ttl):
@@ -866,6 +891,7 @@ class StateMachine(SessionMixin):
         entry = Entry(queue.next_seq, message, expires_at, priority, durable)
         queue.next_seq += 1
         queue.ready.append(entry)
+        self._event(EV.ROUTED, queue, message)
         size = len(message.body)
         queue.ready_bytes += size
         self.message_bytes += size
@@ -1154,6 +1180,8 @@ class StateMachine(SessionMixin):
         dead = Message(self.next_msg_id, dlx_name, routing_key, props, message.body, message.persistent,
                        message.priority, self._now)
         self.next_msg_id += 1
+        # The copy is a new message: its history links back to the original through the detail.
+        self._event(EV.PUBLISHED, None, dead, f"dead-letter:{message.id}:{queue.name}", queue.vhost)
         for target in self._route(vhost, dlx, routing_key, props):
             if target is queue and reason != "rejected":
                 continue  # RabbitMQ drops a dead-letter cycle back to the same queue (not on reject)

@@ -31,6 +31,7 @@ Command layouts (``[op, conn, token, channel, *args]``):
 
 from __future__ import annotations
 
+from . import events as EV
 from . import ranges as rs
 from .commands import OUT_SESSION_DETACHED, OUT_TRANSFER, Op
 from .model import ChannelState, Consumer, Session
@@ -312,6 +313,8 @@ class SessionMixin:
                 windowed.append(consumer)
         for queue, entry in self._take_unacked(ch, refs):
             if how == SETTLE_ACCEPT:
+                self.stats["acked"] += 1
+                self._event(EV.ACKED, queue, entry.message)
                 self._drop(queue, entry)
             elif how == SETTLE_REJECT:
                 self._dead_letter(queue, entry.message, "rejected")

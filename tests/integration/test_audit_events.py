@@ -3,6 +3,7 @@ event counts checked against what the test's clients did."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -56,15 +57,20 @@ def test_history_of_publish_deliver_ack_reject_dlx_ttl_and_purge(node, tmp_path)
     ch.basic_get("short")  # the expired message is gone (expiry at the head)
     purged = ch.queue_purge("dead").method.message_count
     conn.close()
+    node.wait_history()
 
     out = tmp_path / "snap"
     done = subprocess.run([sys.executable, "-m", "raftmq", "snapshot", "--data-dir", str(node.data_dir),
                            "--out", str(out)], capture_output=True, text=True, timeout=30, cwd=REPO)
     assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
     records = list(ev.read_events(str(out)))
+    assert info["events"] == len(records) and info["last_seq"] == records[-1][0]
     assert [r[0] for r in records] == sorted({r[0] for r in records})  # increasing, no gaps in order
     kinds = Counter(ev.KIND_NAMES[r[2]] for r in records)
-    assert kinds["published"] == 12  # client publishes (a dead-lettered copy is a dead_lettered event)
+    assert kinds["published"] == 12 + 2  # client publishes, and the two dead-lettered copies
+    assert kinds["routed"] == 11 + 2  # all but the unroutable one; the copies into "dead"
+    assert kinds["unroutable"] == 1
     assert kinds["acked"] == acked == 8  # ten messages, two rejected
     assert kinds["rejected"] == rejected == 2
     assert kinds["dead_lettered"] == 2
@@ -72,6 +78,15 @@ def test_history_of_publish_deliver_ack_reject_dlx_ttl_and_purge(node, tmp_path)
     assert kinds["expired"] == 1
     assert kinds["purged"] == purged == 2
     assert kinds["delivered"] == 11  # ten gets plus the requeued one
-    unroutable = [r for r in records if ev.KIND_NAMES[r[2]] == "published" and r[7] == "nowhere"]
-    assert len(unroutable) == 1 and unroutable[0][9] == ""  # routed to no queue
-    assert all(r[10] is None for r in records)  # retention "metadata": no bodies
+    unroutable = [r for r in records if ev.KIND_NAMES[r[2]] == "unroutable"]
+    assert unroutable[0][7] == "nowhere" and unroutable[0][9] == "dropped"  # not mandatory
+    copies = [r for r in records if ev.KIND_NAMES[r[2]] == "published" and r[9].startswith("dead-letter:")]
+    assert {r[9].rsplit(":", 1)[1] for r in copies} == {"work"}
+    messages = list(ev.read_table(str(out), "messages"))
+    assert len(messages) == 14
+    assert all(m[8] is None for m in messages)  # retention "metadata": no bodies
+    publishers = {m[6] for m in messages if not m[6].startswith("dead-letter:")}
+    assert len(publishers) == 1 and publishers.pop().startswith("n1.")  # the one client connection
+    catalog = {name: list(ev.read_table(str(out), name)) for name in ("queues", "exchanges", "bindings")}
+    assert sorted(q[1] for q in catalog["queues"]) == ["dead", "short", "work"]
+    assert {"amq.direct", "amq.topic", ""} <= {e[1] for e in catalog["exchanges"]}

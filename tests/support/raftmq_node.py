@@ -6,6 +6,7 @@ The node is started as ``sys.executable -m raftmq server --host 127.0.0.1 --port
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -183,6 +184,29 @@ class RaftmqNode:
 
     def is_alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def status(self) -> dict | None:
+        """The node's status.json (written twice a second), or None before the first one."""
+        try:
+            return json.loads((self.data_dir / "status.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def wait_history(self, timeout: float = 15.0) -> dict:
+        """Wait until the audit writer has written every event the node applied (status.json);
+        stop applying first (no client traffic) or the target keeps moving."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = self.status()
+            if st and st.get("pid") == self.pid and st.get("audit_last_seq") == st.get("event_seq") \
+                    and st.get("time", 0) > time.time() - 0.4:
+                first = st["event_seq"]
+                time.sleep(0.6)  # and a later status agrees (nothing still in flight)
+                st = self.status()
+                if st and st.get("audit_last_seq") == st.get("event_seq") == first:
+                    return st
+            time.sleep(0.1)
+        raise TimeoutError(f"audit history of {self.data_dir} did not catch up: {self.status()}")
 
     def log_tail(self, n: int = 60) -> str:
         try:
