@@ -65,6 +65,15 @@ def _snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit(args: argparse.Namespace) -> int:
+    try:
+        from raftmq.spark.report import run
+    except ImportError as exc:
+        print(f"raftmq audit needs Spark: pip install 'raftmq[spark]' ({exc})", file=sys.stderr)
+        return 2
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raftmq", description="raftmq: a clustered AMQP broker")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -107,6 +116,19 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--data-dir", required=True, help="the node's data directory")
     snap.add_argument("--out", required=True, help="an empty directory for the copy")
     snap.set_defaults(func=_snapshot)
+
+    audit = sub.add_parser("audit", help="audit a message history snapshot with Spark (pip install raftmq[spark])")
+    audit.add_argument("job", choices=["summary", "unconsumed", "redelivered", "dead-letters", "latency",
+                                       "throughput"])
+    source = audit.add_mutually_exclusive_group(required=True)
+    source.add_argument("--snapshot", help="a snapshot directory (raftmq snapshot)")
+    source.add_argument("--data-dir", help="a node's data directory: snapshot its history first")
+    audit.add_argument("--out", help="also write the whole result: NAME.csv, or Parquet (any other name)")
+    audit.add_argument("--plot", help="also draw the result to this PNG file")
+    audit.add_argument("--limit", type=int, default=50, help="rows printed (default 50)")
+    audit.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    audit.add_argument("--quiet", action="store_true", help="no progress line on stderr")
+    audit.set_defaults(func=_audit)
 
     from .admin_cli import add_parser as add_admin_parser
 

@@ -140,6 +140,18 @@ class EventStore:
         self.env.sync(True)
         self.env.close()
 
+    def records(self, table: str = "events") -> list[list]:
+        """A table's records as written so far (for tools and tests in this process)."""
+        return list(EV.records(self.env, table))
+
+    def snapshot(self, destination: str) -> EV.HistoryInfo:
+        """A compact consistent copy of the history so far (``events.snapshot``)."""
+        return EV.copy_snapshot(self.env, destination)
+
+    def info(self) -> EV.HistoryInfo:
+        with self.env.begin() as txn:
+            return EV.info(txn, self.tables)
+
     # ------------------------------------------------------------------ the writer thread
 
     def _run(self) -> None:

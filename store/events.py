@@ -143,31 +143,41 @@ def read_table(path: str, table: str, start: int = 0, stop: int | None = None) -
     tables (``events``, ``messages``) and must be left out for the catalog tables."""
     env = open_history(path)
     try:
-        with env.begin() as txn:
-            db = open_tables(env, create=False, txn=txn).get(table)
-            if db is None:
-                return
-            cursor = txn.cursor(db=db)
-            if not (cursor.set_range(U64.pack(start)) if start else cursor.first()):
-                return
-            for key, value in cursor:
-                if stop is not None and U64.unpack(key)[0] >= stop:
-                    return
-                yield msgpack.unpackb(value, raw=False)
+        yield from records(env, table, start, stop)
     finally:
         env.close()
+
+
+def records(env: lmdb.Environment, table: str, start: int = 0, stop: int | None = None) -> Iterator[list]:
+    """``read_table`` on an environment already open (LMDB allows one handle per process)."""
+    with env.begin() as txn:
+        db = open_tables(env, create=False, txn=txn).get(table)
+        if db is None:
+            return
+        cursor = txn.cursor(db=db)
+        if not (cursor.set_range(U64.pack(start)) if start else cursor.first()):
+            return
+        for key, value in cursor:
+            if stop is not None and U64.unpack(key)[0] >= stop:
+                return
+            yield msgpack.unpackb(value, raw=False)
 
 
 def snapshot(path: str, destination: str) -> HistoryInfo:
     """Write a compact, consistent copy of a (possibly running) node's history to an empty directory."""
+    env = open_history(path)
+    try:
+        return copy_snapshot(env, destination)
+    finally:
+        env.close()
+
+
+def copy_snapshot(env: lmdb.Environment, destination: str) -> HistoryInfo:
+    """``snapshot`` from an environment already open (the node's own, for the admin API)."""
     os.makedirs(destination, exist_ok=True)
     if os.listdir(destination):
         raise ValueError(f"snapshot destination {destination} must be empty")
-    env = open_history(path)
-    try:
-        with env.begin() as txn:
-            tables = open_tables(env, create=False, txn=txn)
-            env.copy(destination, compact=True, txn=txn)
-            return info(txn, tables)
-    finally:
-        env.close()
+    with env.begin() as txn:
+        tables = open_tables(env, create=False, txn=txn)
+        env.copy(destination, compact=True, txn=txn)
+        return info(txn, tables)

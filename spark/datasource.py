@@ -1,0 +1,355 @@
+"""``spark.read.format("raftmq")``: a PySpark Python data source over audit-history snapshots.
+
+    spark.dataSource.register(RaftmqDataSource)
+    df = (spark.read.format("raftmq").option("path", "/snapshots/s1")
+          .option("table", "events").load())
+
+Tables (``option("table", ...)``, default ``events``): ``events``, ``messages``, ``queues``,
+``exchanges``, ``bindings`` -- the layout is documented in ``raftmq.store.events``.
+
+* **Partitions** are key ranges of the u64-keyed tables (``events`` by sequence, ``messages`` by
+  message id); ``option("partitions", n)`` overrides the default of one per 250,000 rows.
+  The catalog tables are small and read as one partition.
+* **Arrow**: ``read()`` yields ``pyarrow.RecordBatch`` objects (``option("batchRows", n)``,
+  default 8,192 rows), which Spark takes without a per-row Python conversion.
+* **Filter pushdown** (needs ``spark.sql.python.filterPushdown.enabled=true``): comparisons on
+  ``seq`` / ``message_id`` narrow the key range; comparisons on ``time`` become a key range too,
+  because time never decreases along the sequence (the state machine keeps the largest
+  leader-stamped time) -- found by binary search, then applied exactly row by row.  ``kind``,
+  ``queue`` and ``vhost`` equalities (and ``kind IN (...)``) are applied while reading.
+
+**Self-joins**: Spark 4.3 keeps one pushed-down reader (and one partition list) per loaded
+relation, so two scans of the *same* ``load()`` with different filters (a self-join, a union)
+both read with the filters of the last one planned -- a silently wrong result (seen here: an
+anti-join of ``kind = 'routed'`` against ``kind = 'delivered'`` of one DataFrame returned nothing).
+Load the table once per scan (as ``raftmq.spark.audit`` does), or turn pushdown off for that
+load with ``option("pushdown", "false")``.
+
+Each ``read()`` opens the snapshot itself (an ``lmdb.Environment`` cannot be pickled, and one
+process may not open the same environment twice) and closes it before returning.  Workers import
+this module, so raftmq must be installed where Spark's Python workers run (``PYSPARK_PYTHON``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import lmdb
+import msgpack
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    EqualTo,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+
+from raftmq.store import events as EV
+
+SCHEMAS = {
+    "events": "seq long, time timestamp, kind string, vhost string, queue string, message_id long, "
+              "exchange string, routing_key string, size long, detail string, raft_index long",
+    "messages": "message_id long, time timestamp, vhost string, exchange string, routing_key string, "
+                "size long, publisher string, seq long, content_type string, delivery_mode int, priority int, "
+                "correlation_id string, reply_to string, expiration string, amqp_message_id string, "
+                "type string, user_id string, app_id string, headers map<string,string>, body binary",
+    "queues": "vhost string, name string, durable boolean, exclusive boolean, auto_delete boolean, "
+              "arguments string, retention string, declared timestamp, deleted timestamp",
+    "exchanges": "vhost string, name string, type string, durable boolean, auto_delete boolean, "
+                 "internal boolean, arguments string, declared timestamp, deleted timestamp",
+    "bindings": "vhost string, source string, destination string, destination_type string, routing_key string, "
+                "arguments string, bound timestamp, unbound timestamp",
+}
+KEY_COLUMN = {"events": "seq", "messages": "message_id"}  # the u64-keyed tables
+ROWS_PER_PARTITION = 250_000
+_COMPARISONS = (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)
+_KIND_CODES = {name: code for code, name in EV.KIND_NAMES.items()}
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _micros(value) -> int | None:
+    """A pushed-down time literal as integer microseconds since the epoch (naive = UTC)."""
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return (value - _EPOCH) // dt.timedelta(microseconds=1)
+    if isinstance(value, dt.date):
+        return _micros(dt.datetime(value.year, value.month, value.day))
+    if isinstance(value, int):
+        return value
+    return None
+
+
+class RaftmqDataSource(DataSource):
+    """The ``raftmq`` format (see the module docstring)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "raftmq"
+
+    def __init__(self, options: dict) -> None:
+        super().__init__(options)
+        opts = {k.lower(): v for k, v in dict(options).items()}
+        self.path = opts.get("path")
+        if not self.path:
+            raise ValueError('the raftmq data source needs option("path", <snapshot directory>)')
+        self.table = opts.get("table", "events").lower()
+        if self.table not in SCHEMAS:
+            raise ValueError(f"unknown raftmq table {self.table!r}; one of {sorted(SCHEMAS)}")
+        if not os.path.exists(os.path.join(self.path, "data.mdb")):
+            raise FileNotFoundError(f"{self.path} is not a raftmq history snapshot (no data.mdb)")
+        self.partition_count = int(opts["partitions"]) if "partitions" in opts else None
+        self.batch_rows = int(opts.get("batchrows", 8192))
+        self.pushdown = opts.get("pushdown", "true").lower() not in ("false", "0", "no")
+
+    def schema(self) -> str:
+        return SCHEMAS[self.table]
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return RaftmqReader(self.path, self.table, schema, self.partition_count, self.batch_rows,
+                            self.pushdown)
+
+
+class RaftmqReader(DataSourceReader):
+    def __init__(self, path: str, table: str, schema: StructType, partition_count: int | None,
+                 batch_rows: int, pushdown: bool = True) -> None:
+        self.pushdown = pushdown
+        self.path = path
+        self.table = table
+        self.schema = schema
+        self.partition_count = partition_count
+        self.batch_rows = batch_rows
+        self._reset()
+
+    # ------------------------------------------------------------------ planning (driver)
+
+    def _reset(self) -> None:
+        # Key bounds [low, high) and time bounds [low, high) in microseconds; None = open.
+        self.key_low, self.key_high = 0, None
+        self.time_low, self.time_high = None, None
+        self.kinds: set[int] | None = None
+        self.equal: dict[int, str] = {}  # record position -> required value (queue, vhost)
+
+    def pushFilters(self, filters):  # noqa: N802 - the pyspark API's name
+        self._reset()
+        if not self.pushdown:
+            yield from filters
+            return
+        key = KEY_COLUMN.get(self.table)
+        for f in filters:
+            column = f.attribute[0] if len(f.attribute) == 1 else None
+            if key and column in (key, "time") and self._bound(column == key, f):
+                continue
+            if self.table == "events" and column == "kind" and isinstance(f, EqualTo | In):
+                values = f.value if isinstance(f, In) else (f.value,)
+                codes = {_KIND_CODES.get(v, -1) for v in values}
+                self.kinds = codes if self.kinds is None else self.kinds & codes
+                continue
+            if self.table == "events" and column in ("queue", "vhost") and isinstance(f, EqualTo) \
+                    and isinstance(f.value, str):
+                position = EV.EVENT_FIELDS.index(column)
+                if self.equal.get(position, f.value) != f.value:
+                    self.kinds = set()  # two different equalities on one column: nothing matches
+                self.equal[position] = f.value
+                continue
+            yield f
+
+    def _bound(self, on_key: bool, f) -> bool:
+        """Narrow the key or time range by one comparison; False if it cannot be pushed."""
+        if not isinstance(f, _COMPARISONS):
+            return False
+        value = f.value if on_key else _micros(f.value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            return False
+        if isinstance(f, EqualTo):
+            low, high = value, value + 1
+        elif isinstance(f, GreaterThan):
+            low, high = value + 1, None
+        elif isinstance(f, GreaterThanOrEqual):
+            low, high = value, None
+        elif isinstance(f, LessThan):
+            low, high = None, value
+        elif isinstance(f, LessThanOrEqual):
+            low, high = None, value + 1
+        else:
+            return False
+        if on_key:
+            self.key_low = max(self.key_low, low) if low is not None else self.key_low
+            if high is not None:
+                self.key_high = high if self.key_high is None else min(self.key_high, high)
+        else:
+            if low is not None:
+                self.time_low = low if self.time_low is None else max(self.time_low, low)
+            if high is not None:
+                self.time_high = high if self.time_high is None else min(self.time_high, high)
+        return True
+
+    def partitions(self):
+        if self.table not in KEY_COLUMN:
+            return [self._partition(0, 0)]
+        env = EV.open_history(self.path)
+        try:
+            with env.begin() as txn:
+                db = EV.open_tables(env, create=False, txn=txn).get(self.table)
+                if db is None:
+                    return [self._partition(0, 0)]
+                cursor = txn.cursor(db=db)
+                if not cursor.first():
+                    return [self._partition(0, 0)]
+                first = EV.U64.unpack(cursor.key())[0]
+                cursor.last()
+                last = EV.U64.unpack(cursor.key())[0]
+                low, high = max(self.key_low, first), last + 1
+                if self.key_high is not None:
+                    high = min(high, self.key_high)
+                if self.time_low is not None:
+                    low = max(low, _first_key_at(cursor, low, high, self.time_low))
+                if self.time_high is not None:
+                    high = min(high, _first_key_at(cursor, low, high, self.time_high))
+                rows = txn.stat(db)["entries"]
+        finally:
+            env.close()
+        if low >= high:
+            return [self._partition(0, 0)]
+        count = self.partition_count or max(1, min(64, rows // ROWS_PER_PARTITION + 1))
+        count = max(1, min(count, high - low))
+        step = -(-(high - low) // count)
+        return [self._partition(start, min(start + step, high)) for start in range(low, high, step)]
+
+    def _partition(self, start: int, stop: int) -> InputPartition:
+        """A key range with the scan's pushed-down filters (plain values: partitions are pickled)."""
+        kinds = tuple(sorted(self.kinds)) if self.kinds is not None else None
+        return InputPartition((start, stop, kinds, tuple(sorted(self.equal.items())), self.time_low,
+                               self.time_high))
+
+    # ------------------------------------------------------------------ reading (workers)
+
+    def read(self, partition):
+        start, stop, kinds, equal, self.time_low, self.time_high = partition.value
+        self.kinds = set(kinds) if kinds is not None else None
+        self.equal = dict(equal)
+        arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+        if self.table in KEY_COLUMN and start >= stop:
+            return
+        env = EV.open_history(self.path)
+        try:
+            with env.begin() as txn:
+                db = EV.open_tables(env, create=False, txn=txn).get(self.table)
+                if db is None:
+                    return
+                rows = _ROWS[self.table](self, txn.cursor(db=db), start, stop)
+                yield from _batches(rows, arrow_schema, self.batch_rows)
+        finally:
+            env.close()
+
+    def _event_rows(self, cursor: lmdb.Cursor, start: int, stop: int):
+        unpack, key_of = msgpack.unpackb, EV.U64.unpack
+        kinds, equal = self.kinds, list(self.equal.items())
+        t_low, t_high = self.time_low, self.time_high
+        if kinds is not None and not kinds:
+            return
+        if not cursor.set_range(EV.U64.pack(start)):
+            return
+        for key, value in cursor:
+            if key_of(key)[0] >= stop:
+                return
+            r = unpack(value, raw=False)
+            if kinds is not None and r[2] not in kinds:
+                continue
+            if equal and any(r[pos] != want for pos, want in equal):
+                continue
+            t = r[1]
+            if (t_low is not None and t < t_low) or (t_high is not None and t >= t_high):
+                continue
+            r[2] = EV.KIND_NAMES.get(r[2], str(r[2]))
+            yield r
+
+    def _message_rows(self, cursor: lmdb.Cursor, start: int, stop: int):
+        from raftmq.protocol.amqp091.properties import decode_properties
+
+        unpack, key_of = msgpack.unpackb, EV.U64.unpack
+        t_low, t_high = self.time_low, self.time_high
+        if not cursor.set_range(EV.U64.pack(start)):
+            return
+        for key, value in cursor:
+            if key_of(key)[0] >= stop:
+                return
+            mid, t, vhost, exchange, rk, size, publisher, props, body, seq = unpack(value, raw=False)
+            if (t_low is not None and t < t_low) or (t_high is not None and t >= t_high):
+                continue
+            try:
+                p = decode_properties(props)
+            except Exception:  # noqa: BLE001 - a malformed property list still yields the row
+                p = None
+            if p is None:
+                yield [mid, t, vhost, exchange, rk, size, publisher, seq, *([None] * 11), body]
+                continue
+            headers = {str(k): _text(v) for k, v in p.headers.items()} if p.headers else None
+            yield [mid, t, vhost, exchange, rk, size, publisher, seq, p.content_type, p.delivery_mode, p.priority,
+                   p.correlation_id, p.reply_to, p.expiration, p.message_id, p.type, p.user_id, p.app_id,
+                   headers, body]
+
+    def _catalog_rows(self, cursor: lmdb.Cursor, _start: int, _stop: int):
+        for _key, value in cursor:
+            yield msgpack.unpackb(value, raw=False)
+
+
+_ROWS = {"events": RaftmqReader._event_rows, "messages": RaftmqReader._message_rows,
+         "queues": RaftmqReader._catalog_rows, "exchanges": RaftmqReader._catalog_rows,
+         "bindings": RaftmqReader._catalog_rows}
+
+
+def _text(value) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _first_key_at(cursor: lmdb.Cursor, low: int, high: int, time_us: int) -> int:
+    """The first key in [low, high) whose record's time is >= time_us, else high (binary search:
+    time never decreases along the key; keys may have gaps, hence set_range)."""
+    while low < high:
+        mid = (low + high) // 2
+        if not cursor.set_range(EV.U64.pack(mid)):
+            high = mid
+            continue
+        key = EV.U64.unpack(cursor.key())[0]
+        if key >= high:
+            high = mid
+        elif msgpack.unpackb(cursor.value())[1] < time_us:
+            low = key + 1
+        else:
+            high = mid
+    return low
+
+
+def _batches(rows, arrow_schema: pa.Schema, batch_rows: int):
+    """Group rows into RecordBatches built column by column."""
+    width = len(arrow_schema)
+    types = [f.type for f in arrow_schema]
+    pending: list[list] = []
+    for row in rows:
+        pending.append(row)
+        if len(pending) >= batch_rows:
+            yield _batch(pending, width, types, arrow_schema)
+            pending = []
+    if pending:
+        yield _batch(pending, width, types, arrow_schema)
+
+
+def _batch(rows: list[list], width: int, types: list, arrow_schema: pa.Schema) -> pa.RecordBatch:
+    columns = list(zip(*rows, strict=True)) if rows else [()] * width
+    arrays = []
+    for values, type_ in zip(columns, types, strict=True):
+        if pa.types.is_map(type_):
+            values = [list(v.items()) if v is not None else None for v in values]
+        arrays.append(pa.array(values, type=type_))
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
