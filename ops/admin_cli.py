@@ -69,6 +69,8 @@ def _call(stub, args):
     if cmd == "close-connection":
         return stub.CloseConnection(pb.CloseConnectionRequest(id=args.id, reason=args.reason or ""),
                                     timeout=10), None, None
+    if cmd == "snapshot":
+        return stub.SnapshotHistory(pb.SnapshotRequest(path=args.path), timeout=600), None, None
     raise SystemExit(f"unknown admin command {cmd}")
 
 
@@ -89,4 +91,6 @@ def add_parser(sub) -> None:
     close = cmds.add_parser("close-connection")
     close.add_argument("id")
     close.add_argument("--reason")
+    snap = cmds.add_parser("snapshot", help="snapshot the node's message history (on the node's disk)")
+    snap.add_argument("path", help="an empty or absent directory on the node's machine")
     admin.set_defaults(func=run)

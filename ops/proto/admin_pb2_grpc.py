@@ -79,6 +79,11 @@ class AdminStub:
                 request_serializer=admin__pb2.CloseConnectionRequest.SerializeToString,
                 response_deserializer=admin__pb2.Empty.FromString,
                 _registered_method=True)
+        self.SnapshotHistory = channel.unary_unary(
+                '/raftmq.admin.Admin/SnapshotHistory',
+                request_serializer=admin__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=admin__pb2.SnapshotReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -138,6 +143,12 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SnapshotHistory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +196,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.CloseConnection,
                     request_deserializer=admin__pb2.CloseConnectionRequest.FromString,
                     response_serializer=admin__pb2.Empty.SerializeToString,
+            ),
+            'SnapshotHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnapshotHistory,
+                    request_deserializer=admin__pb2.SnapshotRequest.FromString,
+                    response_serializer=admin__pb2.SnapshotReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +446,33 @@ class Admin:
             '/raftmq.admin.Admin/CloseConnection',
             admin__pb2.CloseConnectionRequest.SerializeToString,
             admin__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.admin.Admin/SnapshotHistory',
+            admin__pb2.SnapshotRequest.SerializeToString,
+            admin__pb2.SnapshotReply.FromString,
             options,
             channel_credentials,
             insecure,

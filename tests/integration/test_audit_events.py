@@ -14,7 +14,7 @@ import pika
 import pytest
 
 from raftmq.store import events as ev
-from tests.support.raftmq_node import RaftmqNode
+from tests.support.raftmq_node import RaftmqNode, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,10 @@ REPO = Path(__file__).resolve().parents[2]
 def node(tmp_path, broker):
     if broker.kind != "raftmq":
         pytest.skip("raftmq's audit history")
-    with RaftmqNode(tmp_path / "n", env={"RAFTMQ_AUDIT_RETENTION": "metadata"}) as n:
+    admin_port = free_port()
+    with RaftmqNode(tmp_path / "n", env={"RAFTMQ_AUDIT_RETENTION": "metadata"},
+                    extra_args=["--admin-port", str(admin_port)]) as n:
+        n.admin_address = f"127.0.0.1:{admin_port}"
         yield n
 
 
@@ -90,3 +93,32 @@ def test_history_of_publish_deliver_ack_reject_dlx_ttl_and_purge(node, tmp_path)
     catalog = {name: list(ev.read_table(str(out), name)) for name in ("queues", "exchanges", "bindings")}
     assert sorted(q[1] for q in catalog["queues"]) == ["dead", "short", "work"]
     assert {"amq.direct", "amq.topic", ""} <= {e[1] for e in catalog["exchanges"]}
+
+
+def raftmq(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "raftmq", *args], capture_output=True, text=True, timeout=60,
+                          cwd=REPO)
+
+
+def test_admin_api_snapshots_the_history_of_the_running_node(node, tmp_path):
+    conn = pika.BlockingConnection(pika.URLParameters(node.url))
+    ch = conn.channel()
+    ch.queue_declare("q")
+    for i in range(20):
+        ch.basic_publish("", "q", f"m{i}".encode())
+    conn.close()
+    node.wait_history()
+    done = raftmq("admin", "--address", node.admin_address, "--json", "snapshot", str(tmp_path / "via-grpc"))
+    assert done.returncode == 0, done.stderr
+    reply = json.loads(done.stdout)
+    on_disk = list(ev.read_events(str(tmp_path / "via-grpc")))
+    assert int(reply["events"]) == len(on_disk) and int(reply["last_seq"]) == on_disk[-1][0]
+    assert sum(1 for r in on_disk if r[2] == ev.PUBLISHED) == 20
+    # Not empty any more: refused with the reason, nothing overwritten.
+    again = raftmq("admin", "--address", node.admin_address, "snapshot", str(tmp_path / "via-grpc"))
+    assert again.returncode == 1 and "FAILED_PRECONDITION" in again.stderr and "must be empty" in again.stderr
+
+
+def test_snapshot_of_a_node_without_history_is_refused(fresh_node, tmp_path):
+    done = raftmq("snapshot", "--data-dir", str(fresh_node.data_dir), "--out", str(tmp_path / "s"))
+    assert done.returncode == 2 and "holds no history" in done.stderr
