@@ -141,6 +141,7 @@ class Broker:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         if self._admin_server is not None:
+            self._admin_server.health_task.cancel()
             self._admin_server.stop(grace=1)
         if self.events is not None:
             self.events.close()

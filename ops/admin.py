@@ -238,11 +238,32 @@ class AdminService(pb_grpc.AdminServicer):
                                 last_seq=info.last_seq, events=info.events, messages=info.messages)
 
 
+ADMIN_SERVICE = "raftmq.admin.Admin"
+HEALTH_INTERVAL = 0.5  # seconds between refreshes of the standard health service
+
+
 def serve_admin(broker: Broker, loop: asyncio.AbstractEventLoop, host: str, port: int) -> grpc.Server:
+    """The admin service, plus the standard ``grpc.health.v1.Health`` service (for load balancers
+    and orchestrators: SERVING while the node can make progress, i.e. has a cluster leader)."""
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="raftmq-admin"))
     pb_grpc.add_AdminServicer_to_server(AdminService(broker, loop), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     server.add_insecure_port(f"{host}:{port}")
     server.start()
+
+    async def refresh_health() -> None:
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        while True:
+            status = serving if broker.accepting else not_serving
+            for service in ("", ADMIN_SERVICE):
+                health_servicer.set(service, status)
+            await asyncio.sleep(HEALTH_INTERVAL)
+
+    server.health_task = loop.create_task(refresh_health())  # cancelled with the loop's other tasks
     log.info("admin gRPC on %s:%d", host, port)
     return server
 

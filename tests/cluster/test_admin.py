@@ -71,3 +71,24 @@ def test_admin_cli_status_declare_list_purge_close(tmp_path):
         done = subprocess.run([sys.executable, "-m", "raftmq", "admin", "--address", address, "purge-queue",
                                "missing"], capture_output=True, text=True, timeout=30, cwd=REPO)
         assert done.returncode == 1 and "NOT_FOUND" in done.stderr
+
+        # The standard grpc.health.v1 service: SERVING with a leader; NOT_SERVING once the node
+        # is alone (its two peers stopped: no quorum, no progress possible).
+        assert health(address) == "SERVING"
+        assert health(address, "raftmq.admin.Admin") == "SERVING"
+        for node in cluster.nodes:
+            if node is not follower:
+                node.terminate()
+        deadline = time.monotonic() + 15
+        while health(address) != "NOT_SERVING" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert health(address) == "NOT_SERVING"
+
+
+def health(address: str, service: str = "") -> str:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
