@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.throughput import TIME_LIMIT, _confirmed  # noqa: E402
 from raftmq.client.amqp010 import Connection  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
+from raftmq.ops.local.cluster import Cluster  # noqa: E402
 
 
 async def publish_010(hosts: list[str], count: int, size: int, window: int) -> float:

@@ -21,7 +21,7 @@ import pika
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.cluster import Cluster  # noqa: E402
+from raftmq.ops.local.cluster import Cluster  # noqa: E402
 
 ROUND_LIMIT = 30.0  # seconds to wait for a confirm after a kill
 

@@ -30,9 +30,9 @@ import pika
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from raftmq.ops.local.cluster import Cluster  # noqa: E402
+from raftmq.ops.local.node import RaftmqNode  # noqa: E402
 from tests.support import rabbitmq  # noqa: E402
-from tests.support.cluster import Cluster  # noqa: E402
-from tests.support.raftmq_node import RaftmqNode  # noqa: E402
 
 TIME_LIMIT = 30.0  # seconds per scenario, whatever the count
 

@@ -20,7 +20,7 @@ import pytest
 from raftmq.client.amqp010 import Connection
 from raftmq.ops.chaos import netns
 from raftmq.ops.chaos.checker import Fault, Operation, check
-from tests.support.cluster import Cluster
+from raftmq.ops.local.cluster import Cluster
 
 pytestmark = [pytest.mark.chaos,
               pytest.mark.skipif(not netns.available(), reason="needs root and iproute2 (network namespaces)")]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pika
 import pytest
 
-from tests.support.cluster import Cluster
-from tests.support.raftmq_node import free_port
+from raftmq.ops.local.cluster import Cluster
+from raftmq.ops.local.node import free_port
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ import socket
 import pytest
 
 from raftmq.client.amqp010 import Connection
+from raftmq.ops.local.cluster import Cluster
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER, FrameReader, encode_assembly
-from tests.support.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

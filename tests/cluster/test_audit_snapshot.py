@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pika
 
+from raftmq.ops.local.cluster import Cluster
 from raftmq.store import events as EV
-from tests.support.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 

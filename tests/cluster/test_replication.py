@@ -7,7 +7,7 @@ import time
 import pika
 import pytest
 
-from tests.support.cluster import Cluster
+from raftmq.ops.local.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

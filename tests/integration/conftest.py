@@ -22,9 +22,9 @@ import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
+from raftmq.ops.local.node import RaftmqNode, probe_amqp
 from tests.integration.helpers import connect
 from tests.support import rabbitmq as rabbitmq_support
-from tests.support.raftmq_node import RaftmqNode, probe_amqp
 
 KINDS = ("raftmq", "rabbitmq")
 DEFAULT_TEST_TIMEOUT = 60  # seconds, per test (pytest-timeout); every single wait inside is <= 10 s

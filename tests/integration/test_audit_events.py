@@ -13,8 +13,8 @@ from pathlib import Path
 import pika
 import pytest
 
+from raftmq.ops.local.node import RaftmqNode, free_port
 from raftmq.store import events as ev
-from tests.support.raftmq_node import RaftmqNode, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -25,6 +25,8 @@ import pika
 import pika.exceptions as pex
 import pytest
 
+from raftmq.ops.local.cluster import Cluster
+from raftmq.ops.local.node import RaftmqNode
 from tests.integration import rawamqp as r
 from tests.integration.helpers import (
     OP_TIMEOUT,
@@ -38,8 +40,6 @@ from tests.integration.helpers import (
     wait_until,
 )
 from tests.integration.rawamqp import ConnectionEnded, RawClient
-from tests.support.cluster import Cluster
-from tests.support.raftmq_node import RaftmqNode
 
 GUEST_PLAIN = b"\x00guest\x00guest"
 CONNECTION_BLOCKED = (10, 60)  # RabbitMQ's extension methods (capability connection.blocked)

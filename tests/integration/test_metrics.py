@@ -8,7 +8,7 @@ import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.raftmq_node import RaftmqNode, free_port
+from raftmq.ops.local.node import RaftmqNode, free_port
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.support.raftmq_node import RaftmqNode, free_port
+from raftmq.ops.local.node import RaftmqNode, free_port
 
 
 def self_signed(tmp_path):

@@ -12,10 +12,10 @@ from pathlib import Path
 import pika
 import pytest
 
+from raftmq.ops.local.node import RaftmqNode
 from raftmq.spark import audit
 from raftmq.spark.session import load
 from raftmq.store import events as EV
-from tests.support.raftmq_node import RaftmqNode
 
 REPO = Path(__file__).resolve().parents[2]
 ORDERS = 120

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.support.raftmq_node import free_port, probe_amqp
+from raftmq.ops.local.node import free_port, probe_amqp
 
 SERVER_CANDIDATES = ("/usr/lib/rabbitmq/bin/rabbitmq-server", "/usr/sbin/rabbitmq-server")
 CTL_CANDIDATES = ("/usr/lib/rabbitmq/bin/rabbitmqctl", "/usr/sbin/rabbitmqctl")

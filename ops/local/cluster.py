@@ -1,4 +1,5 @@
-"""Launch an N-node raftmq cluster of real processes on loopback ports for tests and benchmarks.
+"""Launch an N-node raftmq cluster of real processes (loopback ports, or network namespaces) for
+tests, benchmarks and chaos runs.
 
 Each member is a :class:`RaftmqNode` started with one shared TOML file (members, secret).  The
 nodes report their Raft role in ``<data>/status.json`` (node/status.py); ``digests()`` asks every
@@ -16,9 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import pika
-
-from tests.support.raftmq_node import RaftmqNode, free_port
+from .node import RaftmqNode, free_port
 
 
 class ClusterError(RuntimeError):
@@ -64,7 +63,7 @@ class Cluster:
     def admin(self, *args: str) -> str:
         """Run ``raftmq cluster ...`` with this cluster's config; return its stdout."""
         done = subprocess.run([sys.executable, "-m", "raftmq", "cluster", *args, "--config", str(self.config_path)],
-                              capture_output=True, text=True, timeout=30, cwd=str(Path(__file__).resolve().parents[2]))
+                              capture_output=True, text=True, timeout=30)
         if done.returncode != 0:
             raise ClusterError(f"raftmq cluster {' '.join(args)} failed: {done.stdout}{done.stderr}")
         return done.stdout
@@ -213,8 +212,10 @@ class Cluster:
 
     # ------------------------------------------------------------------ clients
 
-    def connection(self, node: RaftmqNode, timeout: float = 10.0, **params) -> pika.BlockingConnection:
+    def connection(self, node: RaftmqNode, timeout: float = 10.0, **params):
         """A pika connection to ``node``, retried until the node accepts clients (has a leader)."""
+        import pika  # a client library: needed by tests and chaos runs, not by the broker
+
         deadline = time.monotonic() + timeout
         while True:
             try:

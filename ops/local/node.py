@@ -1,4 +1,4 @@
-"""Launch a raftmq broker node as a real OS process for integration tests.
+"""Launch a raftmq broker node as a real OS process (tests, benchmarks, chaos runs).
 
 The node is started as ``sys.executable -m raftmq server --host 127.0.0.1 --port PORT --data-dir DIR``
 (plus ``--node-id`` / ``--config`` when given), with stdout and stderr going to ``DIR/node.log``.
@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -111,14 +110,12 @@ class RaftmqNode:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
-        pp = env.get("PYTHONPATH")
-        env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + pp if pp else "")
         env.update(self.extra_env)
         self._log_fh = open(self.log_path, "ab")  # noqa: SIM115 - kept open while the node runs
         self._log_fh.write(f"\n=== start {time.strftime('%H:%M:%S')}: {' '.join(self.command())}\n".encode())
         self._log_fh.flush()
         self.proc = subprocess.Popen(self.command(), stdout=self._log_fh, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, cwd=str(REPO_ROOT))
+                                     stdin=subprocess.DEVNULL, env=env)
         try:
             self.wait_ready(self.start_timeout)
         except BaseException:
