@@ -65,6 +65,40 @@ def _snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chaos_run(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from .chaos import backends, runner
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("pika").setLevel(logging.WARNING)
+    if args.backend == "netns":
+        if not backends.netns.available():
+            print("raftmq chaos: the netns backend needs root and iproute2", file=sys.stderr)
+            return 2
+        backend = backends.NetnsBackend(tempfile.mkdtemp(prefix="raftmq-chaos-"))
+    else:
+        backend = backends.ComposeBackend(args.compose_file)
+    config = runner.RunConfig(duration=args.duration, nemeses=[n.strip() for n in args.nemesis.split(",") if n.strip()],
+                              fault_seconds=args.fault_seconds, quiet_seconds=args.quiet_seconds, seed=args.seed,
+                              out_dir=args.out)
+    backend.start()
+    try:
+        result = runner.run(backend, config)
+    finally:
+        backend.stop()
+    r = result.report
+    print(f"{'VALID' if result.valid else 'INVALID'}: {len(result.faults)} faults; confirmed {r['confirmed']} "
+          f"({r['confirmed_by_kind']}), received {r['received']}, lost {len(r['lost'])}, "
+          f"unexpected {len(r['unexpected'])}, duplicated 0-9-1 {len(r['duplicated']['0-9-1'])} "
+          f"0-10 {len(r['duplicated']['0-10'])}, replicas identical {r['replicas_identical']}")
+    for item in r["availability"]:
+        print(f"  {item['fault']}: longest time without a confirm {item['longest_gap_s']} s; "
+              f"first confirm {item['first_confirm_after_s']} s after the heal")
+    print(f"report: {args.out}/report.json, timeline: {args.out}/timeline.png")
+    return 0 if result.valid else 1
+
+
 def _audit(args: argparse.Namespace) -> int:
     try:
         from raftmq.spark.report import run
@@ -129,6 +163,21 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     audit.add_argument("--quiet", action="store_true", help="no progress line on stderr")
     audit.set_defaults(func=_audit)
+
+    chaos = sub.add_parser("chaos", help="fault-injection runs with a Jepsen-style checker")
+    chaos_sub = chaos.add_subparsers(dest="chaos_command", required=True)
+    chaos_run = chaos_sub.add_parser("run", help="workload + faults on a 3-node cluster, then check")
+    chaos_run.add_argument("--backend", choices=["netns", "compose"], default="netns",
+                           help="netns: node processes in network namespaces (root); compose: docker-compose.yml")
+    chaos_run.add_argument("--duration", type=float, default=120.0, help="seconds of faults (default 120)")
+    chaos_run.add_argument("--nemesis", default="kill,partition,pause,leader-kill",
+                           help="comma-separated: kill, leader-kill, pause, partition, bridge, loss, restart-all")
+    chaos_run.add_argument("--fault-seconds", type=float, default=4.0, help="how long each fault lasts")
+    chaos_run.add_argument("--quiet-seconds", type=float, default=4.0, help="recovery time between faults")
+    chaos_run.add_argument("--seed", type=int, default=1)
+    chaos_run.add_argument("--out", default="chaos-run", help="directory for report.json, history, timeline.png")
+    chaos_run.add_argument("--compose-file", default="docker-compose.yml")
+    chaos_run.set_defaults(func=_chaos_run)
 
     from .admin_cli import add_parser as add_admin_parser
 

@@ -79,6 +79,9 @@ class Replica(SyncObj):
             raftMinTimeout=election_timeout[0],
             raftMaxTimeout=election_timeout[1],
             connectionTimeout=max(3.5, election_timeout[1]),
+            # Check quorum: a leader that has heard from no majority for this long steps down
+            # (pysyncobj's default, 30 s, kept a cut-off leader's clients waiting that long).
+            leaderFallbackTimeout=max(1.0, 2 * election_timeout[1]),
             connectionRetryTime=1.0,
             dynamicMembershipChange=True,
             commandsWaitLeader=True,

@@ -14,7 +14,9 @@ Verdict:
   that lost its connection before the confirm publishes again), an error for 0-10 session-resume
   publishers (exactly-once is the point of sessions).
 * **recovered**: outcome unknown to the publisher, yet delivered (fine, reported).
-* **availability**: for each fault, the time from its end (the heal) to the next confirmed enqueue.
+* **availability**: for each fault, the time from its end (the heal) to the next confirmed enqueue,
+  and the longest stretch without any confirmed enqueue from its start to RECOVERY_WINDOW after
+  its end (how long clients saw the broker unavailable).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 KINDS = ("0-9-1", "0-10")
+RECOVERY_WINDOW = 5.0  # seconds after a fault's end still counted as its effect
 
 
 @dataclass(slots=True)
@@ -34,6 +37,7 @@ class Operation:
     client: str = ""
     client_kind: str = "0-9-1"  # the protocol of the client that *published* the value (for enqueues)
     time: float = 0.0  # seconds since the start of the run, when the outcome was known
+    latency: float = 0.0  # seconds from the publish to its confirm (confirmed enqueues)
 
 
 @dataclass(slots=True)
@@ -92,12 +96,23 @@ def check(history: list[Operation], faults: list[Fault] | None = None, limit: in
     recovered = len((unknown - confirmed) & set(received))
     availability = []
     enqueued_ok_times.sort()
+    horizon = enqueued_ok_times[-1] if enqueued_ok_times else 0.0  # the workload's last confirm
     for fault in faults or ():
         after = next((t for t in enqueued_ok_times if t >= fault.end), None)
         availability.append({"fault": fault.name, "healed_at": fault.end,
-                             "first_confirm_after_s": None if after is None else round(after - fault.end, 3)})
+                             "first_confirm_after_s": None if after is None else round(after - fault.end, 3),
+                             "longest_gap_s": _longest_gap(enqueued_ok_times, fault.start,
+                                                           max(fault.end, min(fault.end + RECOVERY_WINDOW,
+                                                                              horizon)))})
     valid = not lost and not unexpected and not duplicated["0-10"]
     return Report(valid=valid, confirmed=len(confirmed), attempted=len(attempted), received=sum(received.values()),
                   lost=lost[:limit], unexpected=unexpected[:limit],
                   duplicated={k: v[:limit] for k, v in duplicated.items()}, recovered=recovered,
                   availability=availability)
+
+
+def _longest_gap(times: list[float], start: float, end: float) -> float:
+    """The longest interval in [start, end] without an element of the sorted ``times``."""
+    inside = [t for t in times if start <= t <= end]
+    edges = [start, *inside, end]
+    return round(max(b - a for a, b in zip(edges, edges[1:], strict=False)), 3)

@@ -84,12 +84,15 @@ class NetnsNetwork:
     def partition(self, group: list[int]) -> None:
         """Cut node-to-node traffic between ``group`` and the other nodes (both directions)."""
         others = [j for j in range(self.size) if j not in group]
-        for i in group:
-            for j in others:
-                for a, b in ((i, j), (j, i)):
-                    if (a, b) not in self._blackholes:
-                        _ip("-n", self.namespaces[a], "route", "add", "blackhole", f"{self.addresses[b]}/32")
-                        self._blackholes.add((a, b))
+        self.cut([(i, j) for i in group for j in others])
+
+    def cut(self, pairs: list[tuple[int, int]]) -> None:
+        """Cut the traffic between each pair of nodes, both directions (clients still reach all)."""
+        for i, j in pairs:
+            for a, b in ((i, j), (j, i)):
+                if (a, b) not in self._blackholes:
+                    _ip("-n", self.namespaces[a], "route", "add", "blackhole", f"{self.addresses[b]}/32")
+                    self._blackholes.add((a, b))
 
     def heal(self) -> None:
         for a, b in sorted(self._blackholes):

@@ -46,6 +46,9 @@ def test_failed_enqueues_must_not_appear():
 
 
 def test_availability_after_each_heal():
-    report = check([enq(1, t=1.0), enq(2, t=5.5), deq(1), deq(2)], faults=[Fault("partition", 2.0, 4.0)])
-    assert report.availability == [{"fault": "partition", "healed_at": 4.0, "first_confirm_after_s": 1.5}]
+    history = [enq(1, t=1.0), enq(2, t=5.5), enq(3, t=6.0), deq(1), deq(2), deq(3)]
+    report = check(history, faults=[Fault("partition", 2.0, 4.0)])
+    # No confirm from the fault's start (2.0) until 5.5; then a short gap and the window's end (9.0).
+    assert report.availability == [{"fault": "partition", "healed_at": 4.0, "first_confirm_after_s": 1.5,
+                                     "longest_gap_s": 3.5}]
     assert "VALID" in report.summary()

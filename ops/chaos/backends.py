@@ -1,0 +1,258 @@
+"""Where a chaos run's three nodes live and how faults are made there.
+
+Both backends offer the same operations on node indexes 0..n-1: ``kill`` (SIGKILL) and
+``start``, ``pause`` / ``resume`` (SIGSTOP / SIGCONT, docker pause), ``cut`` (drop the traffic
+between pairs of nodes, both ways), ``loss`` (drop a fraction of a node's incoming packets),
+``heal`` (undo cuts and loss), ``restart_all``, ``leader`` and ``settle`` (wait until the nodes
+agree again).
+
+* ``NetnsBackend``: node processes in network namespaces (``netns.py``); cuts are blackhole
+  routes, loss is ``iptables -m statistic`` inside the node's namespace.  Runs in CI (root).
+* ``ComposeBackend``: the docker-compose cluster (``docker-compose.yml``); cuts and loss are
+  iptables rules in the host's ``DOCKER-USER`` chain, which sees container-to-container traffic
+  on the compose bridge (dockerd enables bridge netfilter).  Clients use the published ports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from . import netns
+
+GUEST_ANYWHERE = '[users.guest]\npassword = "guest"\nloopback_only = false\n'
+
+
+class Unsupported(RuntimeError):
+    """This backend cannot make that fault."""
+
+
+def _run(*cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), check=check, capture_output=True, text=True, timeout=timeout)
+
+
+class NetnsBackend:
+    name = "netns"
+
+    def __init__(self, base_dir: str, size: int = 3, extra_config: str = "") -> None:
+        from raftmq.ops.local.cluster import Cluster
+
+        self.net = netns.NetnsNetwork(size)
+        self.cluster = Cluster(size, base_dir, network=self.net,
+                               extra_config="node_down_after = 2.0\n" + extra_config + "\n" + GUEST_ANYWHERE)
+        self.size = size
+        self._lossy: set[int] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self.net.create()
+        self.cluster.start()
+
+    def stop(self) -> None:
+        for node in self.cluster.nodes:
+            if node.is_alive():
+                os.kill(node.pid, signal.SIGCONT)
+        self.cluster.__exit__(None, None, None)
+        self.net.destroy()
+
+    def urls(self) -> list[str]:
+        return [n.url for n in self.cluster.nodes]
+
+    def hosts(self) -> list[str]:
+        return [f"{n.host}:{n.port}" for n in self.cluster.nodes]
+
+    def node_name(self, i: int) -> str:
+        return self.cluster.nodes[i].node_id
+
+    def leader(self) -> int | None:
+        try:
+            return self.cluster.nodes.index(self.cluster.leader(timeout=5))
+        except Exception:  # noqa: BLE001 - no agreed leader right now
+            return None
+
+    # ------------------------------------------------------------------ faults
+
+    def kill(self, i: int) -> None:
+        node = self.cluster.nodes[i]
+        if node.is_alive():
+            os.kill(node.pid, signal.SIGCONT)  # a paused process dies as well, but be explicit
+            node.kill9()
+
+    def start_node(self, i: int) -> None:
+        if not self.cluster.nodes[i].is_alive():
+            self.cluster.nodes[i].start()
+
+    def pause(self, i: int) -> None:
+        os.kill(self.cluster.nodes[i].pid, signal.SIGSTOP)
+
+    def resume(self, i: int) -> None:
+        node = self.cluster.nodes[i]
+        if node.is_alive():
+            os.kill(node.pid, signal.SIGCONT)
+
+    def cut(self, pairs: list[tuple[int, int]]) -> None:
+        self.net.cut(pairs)
+
+    def loss(self, i: int, probability: float) -> None:
+        _run("ip", "netns", "exec", self.net.namespaces[i], "iptables", "-I", "INPUT", "-m", "statistic",
+             "--mode", "random", "--probability", f"{probability:.3f}", "-j", "DROP")
+        self._lossy.add(i)
+
+    def heal(self) -> None:
+        self.net.heal()
+        for i in sorted(self._lossy):
+            _run("ip", "netns", "exec", self.net.namespaces[i], "iptables", "-F", "INPUT", check=False)
+        self._lossy.clear()
+
+    def restart_all(self) -> None:
+        for i in range(self.size):
+            self.kill(i)
+        for node in self.cluster.nodes:
+            node.start()
+
+    def settle(self, timeout: float = 60.0) -> dict:
+        """Every node running, caught up, with identical state: the digests."""
+        for i in range(self.size):
+            self.resume(i)
+            self.start_node(i)
+        self.cluster.wait_formed(timeout=timeout)
+        self.cluster.wait_applied_equal(timeout=timeout)
+        return {node_id: digest for node_id, (_index, digest) in self.cluster.digests().items()}
+
+
+class ComposeBackend:
+    """The docker-compose cluster; node i is service n<i+1> of project ``project``."""
+
+    name = "compose"
+
+    def __init__(self, compose_file: str = "docker-compose.yml", project: str = "raftmqchaos",
+                 size: int = 3, amqp_base: int = 5672, admin_base: int = 15672) -> None:
+        self.compose_file = str(Path(compose_file).resolve())
+        self.project = project
+        self.size = size
+        self.amqp_base, self.admin_base = amqp_base, admin_base
+        self._rules: list[list[str]] = []
+
+    def _compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        return _run("docker-compose", "-p", self.project, "-f", self.compose_file, *args, timeout=timeout)
+
+    def container(self, i: int) -> str:
+        return f"{self.project}_n{i + 1}_1"
+
+    def address(self, i: int) -> str:
+        done = _run("docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                    self.container(i))
+        return done.stdout.strip()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self._compose("up", "-d", "--build")
+        self._wait_amqp(range(self.size), timeout=120)
+        self.settle(timeout=120)
+
+    def stop(self) -> None:
+        self.heal()
+        self._compose("down", "-v")
+
+    def urls(self) -> list[str]:
+        return [f"amqp://guest:guest@127.0.0.1:{self.amqp_base + i}/%2F" for i in range(self.size)]
+
+    def hosts(self) -> list[str]:
+        return [f"127.0.0.1:{self.amqp_base + i}" for i in range(self.size)]
+
+    def node_name(self, i: int) -> str:
+        return f"n{i + 1}"
+
+    def _status(self, i: int) -> dict | None:
+        from raftmq.ops.admin import admin_stub
+        from raftmq.ops.proto import admin_pb2 as pb
+
+        try:
+            reply = admin_stub(f"127.0.0.1:{self.admin_base + i}").Status(pb.Empty(), timeout=2)
+        except Exception:  # noqa: BLE001 - down, paused or cut off
+            return None
+        return {"role": reply.role, "leader_node": reply.leader_node, "applied_index": reply.applied_index,
+                "ready": reply.ready}
+
+    def leader(self) -> int | None:
+        for i in range(self.size):
+            st = self._status(i)
+            if st and st["role"] == "leader":
+                return i
+        return None
+
+    def _wait_amqp(self, nodes, timeout: float) -> None:
+        from raftmq.ops.local.node import probe_amqp
+
+        deadline = time.monotonic() + timeout
+        for i in nodes:
+            while not probe_amqp("127.0.0.1", self.amqp_base + i):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.container(i)} does not answer AMQP")
+                time.sleep(0.5)
+
+    # ------------------------------------------------------------------ faults
+
+    def kill(self, i: int) -> None:
+        _run("docker", "kill", "-s", "KILL", self.container(i), check=False)
+
+    def start_node(self, i: int) -> None:
+        _run("docker", "start", self.container(i))
+        self._wait_amqp([i], timeout=60)
+
+    def pause(self, i: int) -> None:
+        _run("docker", "pause", self.container(i))
+
+    def resume(self, i: int) -> None:
+        _run("docker", "unpause", self.container(i), check=False)
+
+    def _rule(self, *spec: str) -> None:
+        _run("iptables", "-I", "DOCKER-USER", *spec)
+        self._rules.append(list(spec))
+
+    def cut(self, pairs: list[tuple[int, int]]) -> None:
+        for a, b in pairs:
+            ip_a, ip_b = self.address(a), self.address(b)
+            self._rule("-s", ip_a, "-d", ip_b, "-j", "DROP")
+            self._rule("-s", ip_b, "-d", ip_a, "-j", "DROP")
+
+    def loss(self, i: int, probability: float) -> None:
+        self._rule("-d", self.address(i), "-m", "statistic", "--mode", "random", "--probability",
+                   f"{probability:.3f}", "-j", "DROP")
+
+    def heal(self) -> None:
+        for spec in reversed(self._rules):
+            _run("iptables", "-D", "DOCKER-USER", *spec, check=False)
+        self._rules.clear()
+
+    def restart_all(self) -> None:
+        for i in range(self.size):
+            self.kill(i)
+        for i in range(self.size):
+            _run("docker", "start", self.container(i))
+        self._wait_amqp(range(self.size), timeout=120)
+
+    def settle(self, timeout: float = 120.0) -> dict:
+        """Every container running and every node ready at the same applied index (twice in a row).
+        No digests here (they are read from the data directories): an empty dict."""
+        for i in range(self.size):
+            self.resume(i)
+            state = _run("docker", "inspect", "-f", "{{.State.Running}}", self.container(i)).stdout.strip()
+            if state != "true":
+                self.start_node(i)
+        deadline = time.monotonic() + timeout
+        previous = None
+        while time.monotonic() < deadline:
+            statuses = [self._status(i) for i in range(self.size)]
+            if all(s and s["ready"] for s in statuses):
+                indexes = {s["applied_index"] for s in statuses}
+                if len(indexes) == 1 and indexes == previous:
+                    return {}
+                previous = indexes
+            time.sleep(0.5)
+        raise TimeoutError(f"the compose cluster did not settle: {[self._status(i) for i in range(self.size)]}")
