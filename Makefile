@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-single test test-cluster lint bench chaos proto clean
+.PHONY: run run-single test test-cluster lint bench chaos chaos-compose proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,7 +35,11 @@ proto: $(STAMP)
 	sed -i 's/^import admin_pb2 as/from . import admin_pb2 as/' ops/proto/admin_pb2_grpc.py
 
 chaos: $(STAMP)
-	$(BIN)/python -m pytest -q -s tests/chaos
+	$(BIN)/raftmq chaos run --backend netns --duration 300 --nemesis kill,leader-kill,pause,partition,bridge,loss,restart-all --out chaos-run
+
+chaos-compose: $(STAMP)
+	docker/make-base-image.sh
+	RAFTMQ_BASE_IMAGE=raftmq-base:bookworm $(BIN)/raftmq chaos run --backend compose --duration 300 --nemesis kill,leader-kill,pause,partition,bridge,loss,restart-all --fault-seconds 5 --quiet-seconds 5 --out chaos-run
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py $(ARGS)
