@@ -166,8 +166,9 @@ def bench_failover(cluster: Cluster, kills: int) -> tuple[float, float]:
             leader.kill9()
             deadline = killed_at + 30
             while time.monotonic() < deadline:
+                # A message published after the kill has been confirmed: measured when seen.
                 if publisher.confirmed and publisher.confirmed[-1][0] > killed_at:
-                    samples.append((publisher.confirmed[-1][0] - killed_at) * 1000)
+                    samples.append((time.monotonic() - killed_at) * 1000)
                     break
                 time.sleep(0.005)
             leader.start()

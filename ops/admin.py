@@ -238,6 +238,32 @@ class AdminService(pb_grpc.AdminServicer):
                                 last_seq=info.last_seq, events=info.events, messages=info.messages)
 
 
+    # ------------------------------------------------------------------ membership
+
+    def AddMember(self, request, context):  # noqa: N802
+        return self._membership("add", request, context)
+
+    def RemoveMember(self, request, context):  # noqa: N802
+        return self._membership("remove", request, context)
+
+    def _membership(self, action: str, request, context):
+        """The same change as ``raftmq cluster add|remove`` (pysyncobj's admin protocol on the Raft
+        port, through the leader), started from this node with its cluster configuration."""
+        from . import cluster_admin
+
+        if not self.broker.config.clustered:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a single node has no cluster membership")
+        if not request.raft_address:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a member is named by its Raft address host:port")
+        try:
+            result = cluster_admin.change(self.broker.config, action, request.raft_address)
+        except SystemExit as exc:  # cluster_admin reports refusals this way, for its CLI
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except Exception as exc:  # noqa: BLE001 - unreachable leader and the like
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"{action} {request.raft_address}: {exc}")
+        return pb.MemberReply(result=result)
+
+
 ADMIN_SERVICE = "raftmq.admin.Admin"
 HEALTH_INTERVAL = 0.5  # seconds between refreshes of the standard health service
 
@@ -251,7 +277,13 @@ def serve_admin(broker: Broker, loop: asyncio.AbstractEventLoop, host: str, port
     pb_grpc.add_AdminServicer_to_server(AdminService(broker, loop), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    server.add_insecure_port(f"{host}:{port}")
+    config = broker.config
+    if config.admin_tls_cert:
+        with open(config.admin_tls_key, "rb") as key, open(config.admin_tls_cert, "rb") as cert:
+            credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
+        server.add_secure_port(f"{host}:{port}", credentials)
+    else:
+        server.add_insecure_port(f"{host}:{port}")
     server.start()
 
     async def refresh_health() -> None:
@@ -268,5 +300,11 @@ def serve_admin(broker: Broker, loop: asyncio.AbstractEventLoop, host: str, port
     return server
 
 
-def admin_stub(address: str) -> pb_grpc.AdminStub:
-    return pb_grpc.AdminStub(grpc.insecure_channel(address))
+def admin_stub(address: str, tls_ca: str | None = None) -> pb_grpc.AdminStub:
+    """A client of a node's admin API; ``tls_ca``: a PEM file to verify a TLS admin port with."""
+    if tls_ca:
+        with open(tls_ca, "rb") as fh:
+            channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=fh.read()))
+    else:
+        channel = grpc.insecure_channel(address)
+    return pb_grpc.AdminStub(channel)

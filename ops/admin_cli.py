@@ -20,7 +20,7 @@ def run(args) -> int:
 
     from .admin import admin_stub
 
-    stub = admin_stub(args.address)
+    stub = admin_stub(args.address, args.tls_ca)
     try:
         reply, rows, columns = _call(stub, args)
     except grpc.RpcError as exc:
@@ -69,6 +69,9 @@ def _call(stub, args):
     if cmd == "close-connection":
         return stub.CloseConnection(pb.CloseConnectionRequest(id=args.id, reason=args.reason or ""),
                                     timeout=10), None, None
+    if cmd in ("add-member", "remove-member"):
+        call = stub.AddMember if cmd == "add-member" else stub.RemoveMember
+        return call(pb.MemberRequest(raft_address=args.raft_address), timeout=60), None, None
     if cmd == "snapshot":
         return stub.SnapshotHistory(pb.SnapshotRequest(path=args.path), timeout=600), None, None
     raise SystemExit(f"unknown admin command {cmd}")
@@ -78,6 +81,7 @@ def add_parser(sub) -> None:
     admin = sub.add_parser("admin", help="the node's gRPC admin API (status, queues, connections...)")
     admin.add_argument("--address", default="127.0.0.1:15672", help="host:port of a node's admin port")
     admin.add_argument("--json", action="store_true", help="JSON instead of tables")
+    admin.add_argument("--tls-ca", help="CA certificate (PEM) to verify a TLS admin port (admin_tls_cert)")
     cmds = admin.add_subparsers(dest="admin_command", required=True)
     for name in ("status", "health", "queues", "exchanges", "connections"):
         cmds.add_parser(name)
@@ -91,6 +95,9 @@ def add_parser(sub) -> None:
     close = cmds.add_parser("close-connection")
     close.add_argument("id")
     close.add_argument("--reason")
+    for name in ("add-member", "remove-member"):
+        member = cmds.add_parser(name, help=f"{name.split('-')[0]} a cluster member (through the leader)")
+        member.add_argument("raft_address", help="the member's Raft address host:port")
     snap = cmds.add_parser("snapshot", help="snapshot the node's message history (on the node's disk)")
     snap.add_argument("path", help="an empty or absent directory on the node's machine")
     admin.set_defaults(func=run)

@@ -19,14 +19,16 @@ def _server(args: argparse.Namespace) -> int:
         "data_dir": args.data_dir,
         "use_uvloop": False if args.no_uvloop else None,
         "log_level": args.log_level,
+        "log_format": args.log_format,
         "metrics_port": args.metrics_port,
         "admin_port": args.admin_port,
         "tls_port": args.tls_port,
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
     })
-    logging.basicConfig(level=config.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from .logs import configure
+
+    configure(config.log_level, config.log_format, config.node_id)
     run(config)
     return 0
 
@@ -119,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--data-dir", help="data directory (default ./data/<node-id>)")
     server.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop")
     server.add_argument("--log-level", help="DEBUG, INFO, WARNING... (default INFO)")
+    server.add_argument("--log-format", choices=["text", "json"], help="log lines as text (default) or JSON")
     server.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (default off)")
     server.add_argument("--admin-port", type=int, help="serve the gRPC admin API on this port (default off)")
     server.add_argument("--tls-port", type=int, help="also serve AMQP over TLS on this port (default off)")

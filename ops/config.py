@@ -47,6 +47,7 @@ class Config:
     disk_free_limit: int = 50 * 1024 * 1024
     use_uvloop: bool = True
     log_level: str = "INFO"
+    log_format: str = "text"  # or "json": one object per line (ops/logs.py)
     metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0 disables
     # Message history in <data>/events (store/event_writer.py): none (off), metadata, body.  A queue's
     # x-audit-retention argument and audit_vhosts ({vhost = retention}) override it where history is on.
@@ -55,6 +56,8 @@ class Config:
     audit_max_age: float = 0.0  # seconds of history kept (by event time); 0 = no limit
     audit_max_bytes: int = 0  # bytes of events + messages kept; 0 = no limit
     admin_port: int = 0  # gRPC admin service (ops/proto/admin.proto) on host:admin_port; 0 disables
+    admin_tls_cert: str = ""  # PEM files: serve the admin API over TLS instead of plaintext
+    admin_tls_key: str = ""
     tls_port: int = 0  # AMQP over TLS (amqps, usually 5671) besides the plain port; 0 disables
     tls_cert: str = ""  # PEM certificate chain of the node
     tls_key: str = ""  # PEM private key

@@ -68,20 +68,36 @@ class Cluster:
             raise ClusterError(f"raftmq cluster {' '.join(args)} failed: {done.stdout}{done.stderr}")
         return done.stdout
 
-    def add_node(self) -> RaftmqNode:
-        """Start a new member (its config lists every member and itself) and add it through the admin CLI."""
+    def add_node(self, admin_address: str | None = None) -> RaftmqNode:
+        """Start a new member (its config lists every member and itself) and add it with
+        ``raftmq cluster add``, or through the gRPC admin API at ``admin_address``."""
         node_id = f"n{len(self.members) + 1}"
         self.members.append((node_id, free_port(), free_port()))
         config = self._write_config(self.base / f"cluster-{node_id}.toml", self.members)
         node = RaftmqNode(self.base / node_id, self.members[-1][1], node_id=node_id, config=config,
                           start_timeout=self.start_timeout)
         node.start()
-        self.admin("add", "--raft", self.raft_address(node))
+        if admin_address:
+            self.grpc_admin(admin_address, "add-member", self.raft_address(node))
+        else:
+            self.admin("add", "--raft", self.raft_address(node))
         self.nodes.append(node)
         return node
 
-    def remove_node(self, node: RaftmqNode) -> None:
-        self.admin("remove", "--raft", self.raft_address(node))
+    def remove_node(self, node: RaftmqNode, admin_address: str | None = None) -> None:
+        if admin_address:
+            self.grpc_admin(admin_address, "remove-member", self.raft_address(node))
+        else:
+            self.admin("remove", "--raft", self.raft_address(node))
+
+    @staticmethod
+    def grpc_admin(address: str, *args: str) -> str:
+        """Run ``raftmq admin --address ADDRESS ...``; return its stdout."""
+        done = subprocess.run([sys.executable, "-m", "raftmq", "admin", "--address", address, *args],
+                              capture_output=True, text=True, timeout=90)
+        if done.returncode != 0:
+            raise ClusterError(f"raftmq admin {' '.join(args)} failed: {done.stdout}{done.stderr}")
+        return done.stdout
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -84,6 +84,16 @@ class AdminStub:
                 request_serializer=admin__pb2.SnapshotRequest.SerializeToString,
                 response_deserializer=admin__pb2.SnapshotReply.FromString,
                 _registered_method=True)
+        self.AddMember = channel.unary_unary(
+                '/raftmq.admin.Admin/AddMember',
+                request_serializer=admin__pb2.MemberRequest.SerializeToString,
+                response_deserializer=admin__pb2.MemberReply.FromString,
+                _registered_method=True)
+        self.RemoveMember = channel.unary_unary(
+                '/raftmq.admin.Admin/RemoveMember',
+                request_serializer=admin__pb2.MemberRequest.SerializeToString,
+                response_deserializer=admin__pb2.MemberReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -149,6 +159,18 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddMember(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveMember(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +223,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.SnapshotHistory,
                     request_deserializer=admin__pb2.SnapshotRequest.FromString,
                     response_serializer=admin__pb2.SnapshotReply.SerializeToString,
+            ),
+            'AddMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddMember,
+                    request_deserializer=admin__pb2.MemberRequest.FromString,
+                    response_serializer=admin__pb2.MemberReply.SerializeToString,
+            ),
+            'RemoveMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveMember,
+                    request_deserializer=admin__pb2.MemberRequest.FromString,
+                    response_serializer=admin__pb2.MemberReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -473,6 +505,60 @@ class Admin:
             '/raftmq.admin.Admin/SnapshotHistory',
             admin__pb2.SnapshotRequest.SerializeToString,
             admin__pb2.SnapshotReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.admin.Admin/AddMember',
+            admin__pb2.MemberRequest.SerializeToString,
+            admin__pb2.MemberReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.admin.Admin/RemoveMember',
+            admin__pb2.MemberRequest.SerializeToString,
+            admin__pb2.MemberReply.FromString,
             options,
             channel_credentials,
             insecure,

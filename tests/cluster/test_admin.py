@@ -92,3 +92,32 @@ def health(address: str, service: str = "") -> str:
     with grpc.insecure_channel(address) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def test_members_added_and_removed_through_the_admin_api(tmp_path):
+    with Cluster(3, tmp_path) as cluster:
+        port = free_port()
+        first = cluster.nodes[0]
+        first.extra_args = ["--admin-port", str(port)]
+        first.restart()
+        cluster.wait_formed()
+        address = f"127.0.0.1:{port}"
+        new = cluster.add_node(admin_address=address)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (cluster.status(new) or {}).get("ready"):
+            time.sleep(0.2)
+        assert (cluster.status(new) or {}).get("ready"), cluster.status(new)
+        members = lambda: sorted(m["node_id"] for m in json.loads(admin(address, "--json", "status"))["members"])  # noqa: E731
+        deadline = time.monotonic() + 10
+        while members() != ["n1", "n2", "n3", "n4"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert members() == ["n1", "n2", "n3", "n4"]
+        cluster.remove_node(cluster.nodes[2], admin_address=address)
+        deadline = time.monotonic() + 10
+        while members() != ["n1", "n2", "n4"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert members() == ["n1", "n2", "n4"]
+        # Refusals come back as gRPC errors with the reason, not as a crash.
+        done = subprocess.run([sys.executable, "-m", "raftmq", "admin", "--address", address, "add-member", ""],
+                              capture_output=True, text=True, timeout=30, cwd=REPO)
+        assert done.returncode == 1 and "INVALID_ARGUMENT" in done.stderr
