@@ -78,6 +78,9 @@ class Broker:
                 append_entries_period=config.raft_append_entries_period, tick_period=config.raft_tick_period,
                 election_timeout=(config.raft_election_timeout_min, config.raft_election_timeout_max),
                 batch_append_entries=config.raft_batch_append_entries,
+                message_bytes=config.raft_message_bytes,
+                leader_fallback=config.raft_leader_fallback,
+                max_batch_bytes=config.raft_batch_bytes, high_water_bytes=config.raft_backlog_bytes,
             )
             self._configured_members = {m.node_id: (m.raft, m.amqp) for m in config.cluster}
         else:
@@ -85,6 +88,10 @@ class Broker:
             self.machine = StateMachine(self.store)
             self.log = LocalLog(self.machine, self._on_outputs)
             self._configured_members = {}
+        self.flow_throttled = False
+        self.flow_paused: set = set()  # endpoints not read until the backlog is low again
+        if hasattr(self.log, "on_throttle"):
+            self.log.on_throttle = self._on_throttle
         self.events: EventStore | None = None
         if config.audit_retention != "none" or config.audit_vhosts:
             self.events = EventStore(os.path.join(data_dir, "events"),
@@ -202,7 +209,9 @@ class Broker:
         return conn_id
 
     def unregister(self, conn_id: str) -> None:
-        if self.endpoints.pop(conn_id, None) is not None:
+        endpoint = self.endpoints.pop(conn_id, None)
+        if endpoint is not None:
+            self.flow_paused.discard(endpoint)
             self.submit([Op.CONNECTION_CLOSE, conn_id, None])
 
     @property
@@ -211,6 +220,25 @@ class Broker:
 
     def submit(self, command: list) -> None:
         self.log.submit(command)
+
+    # ------------------------------------------------------------------ flow control
+
+    def _on_throttle(self, on: bool) -> None:
+        """The Raft proposal backlog crossed its high (on) or low (off) water mark.
+
+        Publishing connections stop being read while it is high -- TCP pushes back on the
+        clients, as RabbitMQ's credit flow does -- and are read again once it is low."""
+        self.flow_throttled = on
+        if on:
+            log.info("proposal backlog above %d bytes: throttling publishers",
+                     getattr(self.log, "high_water_bytes", 0))
+        else:
+            paused, self.flow_paused = self.flow_paused, set()
+            for endpoint in paused:
+                endpoint.resume_flow()
+
+    def pause_for_flow(self, endpoint) -> None:
+        self.flow_paused.add(endpoint)
 
     # ------------------------------------------------------------------ outputs
 

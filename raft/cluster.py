@@ -41,12 +41,24 @@ class ClusterLog:
     def __init__(self, machine: StateMachine, on_outputs: OutputsCallback, *, origin: str,
                  self_address: str, partners: list[str], data_dir: str, secret: str,
                  max_in_flight: int = 8, retry_after: float = 5.0, use_fork: bool = True,
+                 max_batch_bytes: int = 1 << 20, high_water_bytes: int = 16 << 20,
                  clock: Callable[[], int] = time.time_ns, **replica_options) -> None:
         self.machine = machine
         self._on_outputs = on_outputs
         self.origin = origin
         self._clock = clock
         self.max_in_flight = max_in_flight
+        # A batch is one Raft entry: pickled, compressed and encrypted in pysyncobj's tick thread
+        # for every follower.  Multi-megabyte entries (large messages under load) held that thread
+        # long enough to miss heartbeats and flap the leadership, so batches are cut at this size.
+        self.max_batch_bytes = max_batch_bytes
+        # Back-pressure: commands waiting for a proposal slot past ``high_water_bytes`` (bodies
+        # mostly) throttle publishers (on_throttle(True)) until half of it is proposed.
+        self.high_water_bytes = high_water_bytes
+        self.throttled = False
+        self.on_throttle: Callable[[bool], None] | None = None
+        self._pending_sizes: list[int] = []
+        self._pending_bytes = 0
         self.retry_after = retry_after
         self.use_fork = use_fork
         self._pending: list[list] = []
@@ -113,6 +125,14 @@ class ClusterLog:
 
     def submit(self, command: list) -> None:
         self._pending.append(command)
+        size = 32
+        for item in command:
+            if item.__class__ is bytes:
+                size += len(item)
+        self._pending_sizes.append(size)
+        self._pending_bytes += size
+        if self._pending_bytes > self.high_water_bytes and not self.throttled:
+            self._throttle(True)
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self._propose_pending)
@@ -121,14 +141,40 @@ class ClusterLog:
         self._scheduled = False
         if not self._pending or len(self._in_flight) >= self.max_in_flight:
             return
-        batch, self._pending = self._pending, []
+        batch = self._take_batch()
+        blob = msgpack.packb(batch, use_bin_type=True)
         self._seq += 1
         now_us = self._clock() // 1000
-        blob = msgpack.packb(batch, use_bin_type=True)
         self._in_flight[self._seq] = (time.monotonic(), now_us, blob)
         self.batches_proposed += 1
         self.commands_proposed += len(batch)
         self._propose(self._seq, now_us, blob)
+
+    def _take_batch(self) -> list:
+        """The pending commands up to ``max_batch_bytes`` (at least one), in order."""
+        sizes = self._pending_sizes
+        total, count, cap = 0, 0, self.max_batch_bytes
+        for size in sizes:
+            if count and total + size > cap:
+                break
+            total += size
+            count += 1
+        if count == len(sizes):
+            batch, self._pending, self._pending_sizes = self._pending, [], []
+        else:
+            batch, self._pending = self._pending[:count], self._pending[count:]
+            del sizes[:count]
+            self._scheduled = True  # the rest goes as soon as there is room in flight
+            self._loop.call_soon(self._propose_pending)
+        self._pending_bytes -= total
+        if self.throttled and self._pending_bytes < self.high_water_bytes // 2:
+            self._throttle(False)
+        return batch
+
+    def _throttle(self, on: bool) -> None:
+        self.throttled = on
+        if self.on_throttle is not None:
+            self.on_throttle(on)
 
     def _propose(self, seq: int, now_us: int, blob: bytes) -> None:
         loop = self._loop

@@ -53,6 +53,7 @@ class Replica(SyncObj):
                  snapshot_entries: int = 20_000, snapshot_seconds: float = 600.0,
                  append_entries_period: float = 0.01, tick_period: float = 0.005,
                  election_timeout: tuple[float, float] = (0.25, 0.5), batch_append_entries: bool = False,
+                 message_bytes: int = 4 << 20, leader_fallback: float = 1.0,
                  on_state_changed: Callable[[int, int], None] | None = None) -> None:
         os.makedirs(data_dir, exist_ok=True)
         self.data_dir = data_dir
@@ -75,13 +76,14 @@ class Replica(SyncObj):
             # Each Raft entry is already a group-commit batch, so entries are few and large: send
             # them at once (latency ~ network + fsync) instead of on pysyncobj's batching timer.
             appendEntriesUseBatch=batch_append_entries,
+            appendEntriesBatchSizeBytes=message_bytes,
             autoTickPeriod=tick_period,
             raftMinTimeout=election_timeout[0],
             raftMaxTimeout=election_timeout[1],
             connectionTimeout=max(3.5, election_timeout[1]),
             # Check quorum: a leader that has heard from no majority for this long steps down
             # (pysyncobj's default, 30 s, kept a cut-off leader's clients waiting that long).
-            leaderFallbackTimeout=max(1.0, 2 * election_timeout[1]),
+            leaderFallbackTimeout=leader_fallback,
             connectionRetryTime=1.0,
             dynamicMembershipChange=True,
             commandsWaitLeader=True,

@@ -50,6 +50,8 @@ class Amqp010Connection(asyncio.Protocol):
         self.max_frame_size = MAX_FRAME_SIZE
         self.sessions: dict[int, ServerSession] = {}
         self.completion_due: dict[int, ServerSession] = {}
+        self._alarm_blocked = False  # a resource alarm stopped reading
+        self._flow_paused = False  # the broker's proposal backlog stopped reading
         self.pending: dict[int, tuple] = {}
         self._next_token = 0
         self._wbuf: list[bytes] = []
@@ -91,6 +93,16 @@ class Amqp010Connection(asyncio.Protocol):
             log.exception("0-10 connection %s: internal error", self.peer)
             self.close(CLOSE_FORCED, "internal error")
         self.flush()
+        if self.broker.flow_throttled and not self._flow_paused and self.state != CLOSED:
+            self._flow_paused = True
+            self.transport.pause_reading()
+            self.broker.pause_for_flow(self)
+
+    def resume_flow(self) -> None:
+        if self._flow_paused and self.state != CLOSED:
+            self._flow_paused = False
+            if not self._alarm_blocked:
+                self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = CLOSED
@@ -166,9 +178,10 @@ class Amqp010Connection(asyncio.Protocol):
         self.close(CLOSE_FORCED, reply_text)
 
     def set_blocked(self, reason: str | None) -> None:
+        self._alarm_blocked = bool(reason)
         if reason:
             self.transport.pause_reading()
-        else:
+        elif not self._flow_paused:
             self.transport.resume_reading()
 
     def close_connection(self, code: int, text: str) -> None:  # the broker's shutdown path

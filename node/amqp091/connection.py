@@ -134,8 +134,12 @@ class Amqp091Connection(asyncio.Protocol):
             log.exception("connection %s: internal error", self.peer)
             self.close_connection(541, "INTERNAL_ERROR - internal error")
         self.flush()
-        if self.blocked_reason and self.is_publisher and not self._reading_paused:
-            self._pause_reading()
+        if self.is_publisher and not self._reading_paused:
+            if self.blocked_reason:
+                self._pause_reading()
+            elif self.broker.flow_throttled:
+                self._pause_reading()
+                self.broker.pause_for_flow(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = CLOSED
@@ -446,6 +450,12 @@ class Amqp091Connection(asyncio.Protocol):
                 self._reading_paused = False
                 self.transport.resume_reading()
         self.flush()
+
+    def resume_flow(self) -> None:
+        """The broker's backlog is low again (it paused this connection for flow, not an alarm)."""
+        if self._reading_paused and not self.blocked_reason and self.state != CLOSED:
+            self._reading_paused = False
+            self.transport.resume_reading()
 
     def _pause_reading(self) -> None:
         self._reading_paused = True

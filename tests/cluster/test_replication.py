@@ -236,3 +236,26 @@ def test_node_without_a_leader_closes_clients_with_320(tmp_path):
         assert f"127.0.0.1:{cluster.nodes[1].port}" in closed[0].reply_text
         with pytest.raises(pika.exceptions.AMQPError):
             pika.BlockingConnection(pika.URLParameters(lonely.url + "?connection_attempts=1&socket_timeout=5"))
+
+
+def test_a_publish_flood_is_throttled_and_nothing_is_lost(tmp_path):
+    """Publishers faster than Raft are stopped being read once the proposal backlog passes
+    raft_backlog_bytes (TCP back-pressure), and resumed; every message arrives."""
+    with Cluster(3, tmp_path, extra_config="raft_backlog_bytes = 300000") as cluster:
+        follower = cluster.followers()[0]
+        conn = cluster.connection(follower)
+        ch = conn.channel()
+        ch.queue_declare("flood")
+        body = b"f" * 65536
+        for _ in range(400):  # 26 MB without confirms: far beyond the 300 kB backlog
+            ch.basic_publish("", "flood", body)
+        deadline = time.monotonic() + 60
+        count = 0
+        while time.monotonic() < deadline:
+            count = ch.queue_declare("flood", passive=True).method.message_count
+            if count == 400:
+                break
+            time.sleep(0.2)
+        assert count == 400
+        conn.close()
+        assert "throttling publishers" in follower.log_path.read_text()
