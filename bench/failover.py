@@ -55,6 +55,28 @@ class Publisher(threading.Thread):
                 time.sleep(0.05)  # reconnect (the node may have closed us with 320)
 
 
+def kill_leader_once(cluster: Cluster, publisher: Publisher) -> float | None:
+    """Kill -9 the leader (moving the publisher off it first); seconds until the first confirm of
+    a message published after the kill, or None; then restart the node and wait for it."""
+    leader = cluster.leader()
+    if publisher.node is leader:
+        publisher.node = next(n for n in cluster.nodes if n is not leader)
+        time.sleep(1.0)
+    killed_at = time.monotonic()
+    leader.kill9()
+    deadline = killed_at + ROUND_LIMIT
+    confirm_time = None
+    while time.monotonic() < deadline:
+        if publisher.confirmed and publisher.confirmed[-1][0] > killed_at:  # appended in order
+            # The first confirm after the kill: the time it arrived is when the list grew past it.
+            confirm_time = time.monotonic() - killed_at
+            break
+        time.sleep(0.005)
+    leader.start()
+    cluster.wait_caught_up(leader)
+    return confirm_time
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=10)
@@ -67,27 +89,12 @@ def main() -> None:
         publisher.start()
         time.sleep(1.0)
         for round_no in range(1, args.kills + 1):
-            leader = cluster.leader()
-            if publisher.node is leader:
-                publisher.node = next(n for n in cluster.nodes if n is not leader)
-                time.sleep(1.0)
-            killed_at = time.monotonic()
-            leader.kill9()
-            deadline = killed_at + ROUND_LIMIT
-            first = None
-            while time.monotonic() < deadline and first is None:
-                first = next((t for t, _ in reversed(publisher.confirmed) if t > killed_at), None)
-                if first is None:
-                    time.sleep(0.005)
-            if first is None:
+            confirm_time = kill_leader_once(cluster, publisher)
+            if confirm_time is None:
                 print(f"round {round_no}: no confirm within {ROUND_LIMIT}s", flush=True)
             else:
-                # The first confirm after the kill: the time it arrived is when the list grew past it.
-                confirm_time = time.monotonic() - killed_at
                 times.append(confirm_time)
                 print(f"round {round_no}: first confirm {confirm_time * 1000:.0f} ms after kill -9", flush=True)
-            leader.start()
-            cluster.wait_caught_up(leader)
         publisher.stop.set()
         publisher.join(timeout=10)
         confirmed = {seq for _, seq in publisher.confirmed}

@@ -149,30 +149,18 @@ def bench_memory(url: str, pids: list[int], count: int = 100_000, quorum: bool =
 
 def bench_failover(cluster: Cluster, kills: int) -> tuple[float, float]:
     """Leader kill -9 to the first confirm of a publisher on a follower (ms): p50, max."""
-    from bench.failover import Publisher
+    from bench.failover import Publisher, kill_leader_once
 
-    samples = []
     publisher = Publisher(cluster, f"bench-fo-{uuid.uuid4().hex[:6]}")
     publisher.node = cluster.followers()[0]
     publisher.start()
+    samples = []
     try:
         for _ in range(kills):
             time.sleep(1.0)
-            leader = cluster.leader()
-            if publisher.node is leader:
-                publisher.node = next(n for n in cluster.nodes if n is not leader)
-                time.sleep(1.0)
-            killed_at = time.monotonic()
-            leader.kill9()
-            deadline = killed_at + 30
-            while time.monotonic() < deadline:
-                # A message published after the kill has been confirmed: measured when seen.
-                if publisher.confirmed and publisher.confirmed[-1][0] > killed_at:
-                    samples.append((time.monotonic() - killed_at) * 1000)
-                    break
-                time.sleep(0.005)
-            leader.start()
-            cluster.wait_caught_up(leader)
+            seconds = kill_leader_once(cluster, publisher)
+            if seconds is not None:
+                samples.append(seconds * 1000)
     finally:
         publisher.stop.set()
         publisher.join(timeout=30)

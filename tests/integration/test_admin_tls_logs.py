@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
 
 from raftmq.ops.local.node import RaftmqNode, free_port
 from tests.integration.test_tls import self_signed
+from tests.support.cli import raftmq
 
 
-def admin(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "raftmq", "admin", *args], capture_output=True, text=True,
-                          timeout=30)
+def admin(*args: str):
+    return raftmq("admin", *args)
 
 
 @pytest.fixture

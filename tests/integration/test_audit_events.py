@@ -4,19 +4,15 @@ event counts checked against what the test's clients did."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pika
 import pytest
 
 from raftmq.ops.local.node import RaftmqNode, free_port
 from raftmq.store import events as ev
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.cli import raftmq
 
 
 @pytest.fixture
@@ -63,8 +59,7 @@ def test_history_of_publish_deliver_ack_reject_dlx_ttl_and_purge(node, tmp_path)
     node.wait_history()
 
     out = tmp_path / "snap"
-    done = subprocess.run([sys.executable, "-m", "raftmq", "snapshot", "--data-dir", str(node.data_dir),
-                           "--out", str(out)], capture_output=True, text=True, timeout=30, cwd=REPO)
+    done = raftmq("snapshot", "--data-dir", str(node.data_dir), "--out", str(out))
     assert done.returncode == 0, done.stderr
     info = json.loads(done.stdout)
     records = list(ev.read_events(str(out)))
@@ -93,11 +88,6 @@ def test_history_of_publish_deliver_ack_reject_dlx_ttl_and_purge(node, tmp_path)
     catalog = {name: list(ev.read_table(str(out), name)) for name in ("queues", "exchanges", "bindings")}
     assert sorted(q[1] for q in catalog["queues"]) == ["dead", "short", "work"]
     assert {"amq.direct", "amq.topic", ""} <= {e[1] for e in catalog["exchanges"]}
-
-
-def raftmq(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "raftmq", *args], capture_output=True, text=True, timeout=60,
-                          cwd=REPO)
 
 
 def test_admin_api_snapshots_the_history_of_the_running_node(node, tmp_path):

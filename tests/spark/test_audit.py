@@ -3,11 +3,8 @@ and redeliveries; the results checked against what the test's own clients counte
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pika
 import pytest
@@ -16,8 +13,8 @@ from raftmq.ops.local.node import RaftmqNode
 from raftmq.spark import audit
 from raftmq.spark.session import load
 from raftmq.store import events as EV
+from tests.support.cli import raftmq
 
-REPO = Path(__file__).resolve().parents[2]
 ORDERS = 120
 
 
@@ -63,8 +60,7 @@ def history(tmp_path_factory):
         conn.close()
         node.wait_history()
         out = base / "snapshot"
-        done = subprocess.run([sys.executable, "-m", "raftmq", "snapshot", "--data-dir", str(node.data_dir),
-                               "--out", str(out)], capture_output=True, text=True, timeout=60, cwd=REPO)
+        done = raftmq("snapshot", "--data-dir", str(node.data_dir), "--out", str(out))
         assert done.returncode == 0, done.stderr
     return str(out), seen
 
@@ -167,9 +163,8 @@ def test_pushdown_of_sequence_time_and_kind_matches_a_plain_scan(spark, history)
 
 def test_audit_cli_prints_and_writes_csv_and_png(history, tmp_path):
     path, seen = history
-    done = subprocess.run([sys.executable, "-m", "raftmq", "audit", "dead-letters", "--snapshot", path, "--quiet",
-                           "--out", str(tmp_path / "dl.csv"), "--plot", str(tmp_path / "dl.png")],
-                          capture_output=True, text=True, timeout=180, cwd=REPO)
+    done = raftmq("audit", "dead-letters", "--snapshot", path, "--quiet", "--out", str(tmp_path / "dl.csv"),
+                  "--plot", str(tmp_path / "dl.png"), timeout=180)
     assert done.returncode == 0, done.stderr
     assert "rejected" in done.stdout and "(1 rows)" in done.stdout
     lines = (tmp_path / "dl.csv").read_text().splitlines()
