@@ -306,6 +306,14 @@ class Broker:
                 continue
             connected = set(replica.connected_partners())
             raft_members = set(replica.member_addresses())
+            if self.machine.members:
+                # A configured member back in the Raft configuration (removed, then added again while
+                # it kept running) announces itself only at start: the leader announces it instead.
+                known = {raft for raft, _amqp in self.machine.members.values()}
+                for member in config.cluster:
+                    if member.raft in raft_members and member.raft not in known:
+                        log.info("member %s is back in the Raft configuration", member.node_id)
+                        self.submit([Op.MEMBER_SET, None, None, member.node_id, member.raft, member.amqp])
             for node_id, (raft_address, _amqp) in list(self.members.items()):
                 if node_id == config.node_id:
                     continue

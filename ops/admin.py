@@ -132,10 +132,12 @@ class AdminService(pb_grpc.AdminServicer):
         broker = self.broker
         st = status_of(broker)
         connected = set(st.get("connected_partners") or [])
-        members = [pb.Member(node_id=node_id, raft_address=raft, amqp_address=amqp,
-                             connected=node_id == broker.config.node_id or raft in connected)
-                   for node_id, (raft, amqp) in broker.members.items()]
         replica = getattr(broker.log, "replica", None)
+        lags = _member_lags(replica) if replica is not None and st["role"] == "leader" else {}
+        members = [pb.Member(node_id=node_id, raft_address=raft, amqp_address=amqp,
+                             connected=node_id == broker.config.node_id or raft in connected,
+                             lag=lags.get(raft, 0))
+                   for node_id, (raft, amqp) in broker.members.items()]
         return pb.ClusterStatus(
             node_id=broker.config.node_id, role=st["role"], leader_node=st.get("leader_node") or "",
             term=replica.raftCurrentTerm if replica else 0, commit_index=st.get("commit_index") or 0,
@@ -183,7 +185,35 @@ class AdminService(pb_grpc.AdminServicer):
                                          vhost=getattr(endpoint, "vhost", "")))
         return pb.ConnectionList(connections=out)
 
+    def ListConsumers(self, request, context):  # noqa: N802
+        return self._run(self._list_consumers(), context)
+
+    async def _list_consumers(self):
+        return pb.ConsumerList(consumers=[
+            pb.ConsumerInfo(vhost=v.name, queue=q.name, tag=c.tag, connection=c.channel.conn,
+                            channel=c.channel.number, prefetch=c.prefetch, unacked=c.unacked,
+                            ack_required=not c.no_ack)
+            for v in self.broker.machine.vhosts.values() for q in v.queues.values() for c in q.consumers])
+
     # ------------------------------------------------------------------ changes (through the log)
+
+    def DeclareExchange(self, request, context):  # noqa: N802
+        return self._run(self._declare_exchange(request), context)
+
+    async def _declare_exchange(self, r):
+        endpoint = await self._endpoint()
+        args = {k: _typed(v) for k, v in r.arguments.items()}
+        await endpoint.command(Op.EXCHANGE_DECLARE, r.vhost or "/", r.name, r.type or "direct", False, r.durable,
+                               r.auto_delete, r.internal, args)
+        return pb.ExchangeInfo(vhost=r.vhost or "/", name=r.name, type=r.type or "direct", durable=r.durable)
+
+    def DeleteExchange(self, request, context):  # noqa: N802
+        return self._run(self._delete_exchange(request), context)
+
+    async def _delete_exchange(self, r):
+        endpoint = await self._endpoint()
+        await endpoint.command(Op.EXCHANGE_DELETE, r.vhost or "/", r.name, r.if_unused)
+        return pb.Empty()
 
     def DeclareQueue(self, request, context):  # noqa: N802
         return self._run(self._declare(request), context)
@@ -262,6 +292,13 @@ class AdminService(pb_grpc.AdminServicer):
         except Exception as exc:  # noqa: BLE001 - unreachable leader and the like
             context.abort(grpc.StatusCode.UNAVAILABLE, f"{action} {request.raft_address}: {exc}")
         return pb.MemberReply(result=result)
+
+
+def _member_lags(replica) -> dict[str, int]:
+    """On the leader: per member Raft address, committed entries it has not acknowledged yet."""
+    commit = replica.commit_index
+    match = replica._SyncObj__raftMatchIndex  # pysyncobj keeps it per node object
+    return {node.address: max(0, commit - index) for node, index in dict(match).items()}
 
 
 ADMIN_SERVICE = "raftmq.admin.Admin"

@@ -58,6 +58,17 @@ def _call(stub, args):
     if cmd == "connections":
         return stub.ListConnections(pb.Empty(), timeout=10), "connections", ["id", "peer", "protocol", "user",
                                                                               "vhost"]
+    if cmd == "consumers":
+        return stub.ListConsumers(pb.Empty(), timeout=10), "consumers", [
+            "vhost", "queue", "tag", "connection", "channel", "prefetch", "unacked", "ack_required"]
+    if cmd == "declare-exchange":
+        arguments = dict(a.split("=", 1) for a in args.arg or [])
+        return stub.DeclareExchange(pb.DeclareExchangeRequest(
+            vhost=args.vhost, name=args.name, type=args.type, durable=args.durable, auto_delete=args.auto_delete,
+            internal=args.internal, arguments=arguments), timeout=10), None, None
+    if cmd == "delete-exchange":
+        return stub.DeleteExchange(pb.ExchangeRef(vhost=args.vhost, name=args.name, if_unused=args.if_unused),
+                                   timeout=10), None, None
     if cmd == "declare-queue":
         arguments = dict(a.split("=", 1) for a in args.arg or [])
         return stub.DeclareQueue(pb.DeclareQueueRequest(vhost=args.vhost, name=args.name, durable=args.durable,
@@ -83,7 +94,7 @@ def add_parser(sub) -> None:
     admin.add_argument("--json", action="store_true", help="JSON instead of tables")
     admin.add_argument("--tls-ca", help="CA certificate (PEM) to verify a TLS admin port (admin_tls_cert)")
     cmds = admin.add_subparsers(dest="admin_command", required=True)
-    for name in ("status", "health", "queues", "exchanges", "connections"):
+    for name in ("status", "health", "queues", "exchanges", "connections", "consumers"):
         cmds.add_parser(name)
     for name in ("declare-queue", "delete-queue", "purge-queue"):
         p = cmds.add_parser(name)
@@ -92,6 +103,18 @@ def add_parser(sub) -> None:
         if name == "declare-queue":
             p.add_argument("--durable", action="store_true")
             p.add_argument("--arg", action="append", help="x-argument as key=value (repeatable)")
+    declare_exchange = cmds.add_parser("declare-exchange")
+    declare_exchange.add_argument("name")
+    declare_exchange.add_argument("--type", default="direct", choices=["direct", "fanout", "topic", "headers"])
+    declare_exchange.add_argument("--vhost", default="/")
+    declare_exchange.add_argument("--durable", action="store_true")
+    declare_exchange.add_argument("--auto-delete", action="store_true")
+    declare_exchange.add_argument("--internal", action="store_true")
+    declare_exchange.add_argument("--arg", action="append", help="x-argument as key=value (repeatable)")
+    delete_exchange = cmds.add_parser("delete-exchange")
+    delete_exchange.add_argument("name")
+    delete_exchange.add_argument("--vhost", default="/")
+    delete_exchange.add_argument("--if-unused", action="store_true")
     close = cmds.add_parser("close-connection")
     close.add_argument("id")
     close.add_argument("--reason")

@@ -74,6 +74,21 @@ class AdminStub:
                 request_serializer=admin__pb2.Empty.SerializeToString,
                 response_deserializer=admin__pb2.ConnectionList.FromString,
                 _registered_method=True)
+        self.ListConsumers = channel.unary_unary(
+                '/raftmq.admin.Admin/ListConsumers',
+                request_serializer=admin__pb2.Empty.SerializeToString,
+                response_deserializer=admin__pb2.ConsumerList.FromString,
+                _registered_method=True)
+        self.DeclareExchange = channel.unary_unary(
+                '/raftmq.admin.Admin/DeclareExchange',
+                request_serializer=admin__pb2.DeclareExchangeRequest.SerializeToString,
+                response_deserializer=admin__pb2.ExchangeInfo.FromString,
+                _registered_method=True)
+        self.DeleteExchange = channel.unary_unary(
+                '/raftmq.admin.Admin/DeleteExchange',
+                request_serializer=admin__pb2.ExchangeRef.SerializeToString,
+                response_deserializer=admin__pb2.Empty.FromString,
+                _registered_method=True)
         self.CloseConnection = channel.unary_unary(
                 '/raftmq.admin.Admin/CloseConnection',
                 request_serializer=admin__pb2.CloseConnectionRequest.SerializeToString,
@@ -147,6 +162,24 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListConsumers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeclareExchange(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteExchange(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CloseConnection(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -213,6 +246,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListConnections,
                     request_deserializer=admin__pb2.Empty.FromString,
                     response_serializer=admin__pb2.ConnectionList.SerializeToString,
+            ),
+            'ListConsumers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConsumers,
+                    request_deserializer=admin__pb2.Empty.FromString,
+                    response_serializer=admin__pb2.ConsumerList.SerializeToString,
+            ),
+            'DeclareExchange': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeclareExchange,
+                    request_deserializer=admin__pb2.DeclareExchangeRequest.FromString,
+                    response_serializer=admin__pb2.ExchangeInfo.SerializeToString,
+            ),
+            'DeleteExchange': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteExchange,
+                    request_deserializer=admin__pb2.ExchangeRef.FromString,
+                    response_serializer=admin__pb2.Empty.SerializeToString,
             ),
             'CloseConnection': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseConnection,
@@ -451,6 +499,87 @@ class Admin:
             '/raftmq.admin.Admin/ListConnections',
             admin__pb2.Empty.SerializeToString,
             admin__pb2.ConnectionList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConsumers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.admin.Admin/ListConsumers',
+            admin__pb2.Empty.SerializeToString,
+            admin__pb2.ConsumerList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeclareExchange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.admin.Admin/DeclareExchange',
+            admin__pb2.DeclareExchangeRequest.SerializeToString,
+            admin__pb2.ExchangeInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteExchange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.admin.Admin/DeleteExchange',
+            admin__pb2.ExchangeRef.SerializeToString,
+            admin__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

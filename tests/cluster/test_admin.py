@@ -46,6 +46,11 @@ def test_admin_cli_status_declare_list_purge_close(tmp_path):
         assert sorted(m["node_id"] for m in status["members"]) == ["n1", "n2", "n3"]
 
         admin(address, "declare-queue", "audit", "--durable", "--arg", "x-max-length=100")
+        admin(address, "declare-exchange", "audit-x", "--type", "fanout", "--durable")
+        exchanges = json.loads(admin(address, "--json", "exchanges"))["exchanges"]
+        assert any(e["name"] == "audit-x" and e["type"] == "fanout" and e["durable"] for e in exchanges)
+        admin(address, "delete-exchange", "audit-x")
+        assert "audit-x" not in admin(address, "exchanges")
         conn = pika.BlockingConnection(pika.URLParameters(leader.url))
         ch = conn.channel()
         ch.confirm_delivery()
@@ -56,6 +61,11 @@ def test_admin_cli_status_declare_list_purge_close(tmp_path):
         assert audit["durable"] and int(audit["messages_ready"]) == 5
         assert "audit" in admin(address, "queues")  # the table form
         assert json.loads(admin(address, "--json", "purge-queue", "audit"))["count"] == "5"
+        ch.basic_consume("audit", lambda *a: None, consumer_tag="watcher")
+        consumers = json.loads(admin(address, "--json", "consumers"))["consumers"]
+        assert [(c["queue"], c["tag"], c["ack_required"]) for c in consumers] == [("audit", "watcher", True)]
+        leader_status = json.loads(admin(f"127.0.0.1:{ports[cluster.nodes.index(leader)]}", "--json", "status"))
+        assert all(int(m["lag"]) < 1000 for m in leader_status["members"])  # all caught up (a few in flight)
 
         leader_address = f"127.0.0.1:{ports[cluster.nodes.index(leader)]}"
         connections = json.loads(admin(leader_address, "--json", "connections"))["connections"]
@@ -112,11 +122,19 @@ def test_members_added_and_removed_through_the_admin_api(tmp_path):
         while members() != ["n1", "n2", "n3", "n4"] and time.monotonic() < deadline:
             time.sleep(0.2)
         assert members() == ["n1", "n2", "n3", "n4"]
-        cluster.remove_node(cluster.nodes[2], admin_address=address)
+        removed = cluster.nodes[2]
+        cluster.remove_node(removed, admin_address=address)
         deadline = time.monotonic() + 10
         while members() != ["n1", "n2", "n4"] and time.monotonic() < deadline:
             time.sleep(0.2)
         assert members() == ["n1", "n2", "n4"]
+        # ... and back again (the node kept running; it rejoins and announces itself).
+        cluster.grpc_admin(address, "add-member", cluster.raft_address(removed))
+        deadline = time.monotonic() + 20
+        while members() != ["n1", "n2", "n3", "n4"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert members() == ["n1", "n2", "n3", "n4"]
+        cluster.wait_applied_equal(nodes=cluster.nodes)
         # Refusals come back as gRPC errors with the reason, not as a crash.
         done = subprocess.run([sys.executable, "-m", "raftmq", "admin", "--address", address, "add-member", ""],
                               capture_output=True, text=True, timeout=30, cwd=REPO)
