@@ -254,7 +254,12 @@ class Amqp010Connection(asyncio.Protocol):
         vhost = m.virtual_host or "/"
         hosts = [h for h in self.broker.known_hosts.split(",") if h]
         if vhost not in self.broker.machine.vhosts:
-            self.close(CLOSE_INVALID_PATH, f"virtual host '{vhost}' not found")
+            if not self.broker.accepting:
+                # A node that has not caught up yet knows no vhost at all: that is not the
+                # client's fault (402 would end a failing-over client), so send it elsewhere.
+                self.close(CLOSE_FORCED, f"this node has no cluster leader; try {self.broker.known_hosts}")
+            else:
+                self.close(CLOSE_INVALID_PATH, f"virtual host '{vhost}' not found")
             return
         if not self.principal.may_access_vhost(vhost):
             self.close(CLOSE_FORCED, f"access to virtual host '{vhost}' refused")
