@@ -25,12 +25,17 @@ which was therefore never acknowledged) is cut off at load.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 import zlib
 
 from pysyncobj.journal import Journal
+from pysyncobj.syncobj import _COMMAND_TYPE
 
+log = logging.getLogger(__name__)
+
+_MEMBERSHIP = bytes([_COMMAND_TYPE.MEMBERSHIP])
 _HEAD = struct.Struct("<II")  # length, crc32
 _IDX_TERM = struct.Struct("<QQ")
 
@@ -83,6 +88,16 @@ class AppendJournal(Journal):
     # ------------------------------------------------------------------ pysyncobj's interface
 
     def add(self, command: bytes, idx: int, term: int) -> None:
+        entries = self._entries
+        if entries and idx <= entries[-1][1]:
+            # The leader re-sends an entry this follower kept (see deleteEntriesFrom).
+            pos = idx - entries[0][1]
+            if pos >= 0 and entries[pos][1] == idx:
+                if entries[pos][2] == term:
+                    return  # the same entry (same index and term): nothing to write
+                log.warning("raft journal: entry %d of term %d conflicts with the leader's (term %d); "
+                            "dropping %d entries from it", idx, entries[pos][2], term, len(entries) - pos)
+                self._cut(pos)
         body = _IDX_TERM.pack(idx, term) + command
         record = _HEAD.pack(len(body), zlib.crc32(body)) + body
         self._entries.append((command, idx, term))
@@ -101,12 +116,37 @@ class AppendJournal(Journal):
         self._end = 0
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802 - pysyncobj's name
-        """Drop the entries from list position ``entryFrom`` on (a suffix the leader overrides).
+        """Drop the entries from list position ``entryFrom`` on -- unless none of them can conflict.
 
-        pysyncobj does this for every AppendEntries that overlaps what the follower has, even when
-        the entries are the same, and re-adds them at once; so the file is not touched here. The
-        next flush truncates and appends in one go, under the same fdatasync. Until then the old
-        suffix is still on disk, which is safe: nothing about the new suffix has been acknowledged.
+        Raft (§5.3) deletes a follower's entry only when a new one conflicts with it (same index,
+        other term).  pysyncobj instead deletes the whole suffix after ``prevLogIdx`` on every
+        AppendEntries that overlaps the follower's log and re-adds the entries the message carries.
+        When the message carries fewer entries than the follower holds (a resend after a reset
+        that crossed later messages, or a size-limited batch), entries this follower had already
+        acknowledged vanish from it -- while the leader keeps counting them toward a majority, so
+        a full-cluster restart at that moment can elect a node without them and undo a commit.
+
+        So the suffix is kept when its last entry is of the current term: only the current leader
+        creates entries of its term and it never removes them, so by the Log Matching Property
+        every entry held here is the leader's own and none can conflict; the re-sent copies are
+        recognised and skipped in :meth:`add` (which still cuts at a real conflict).  A suffix
+        holding a membership change is cut as pysyncobj expects, because pysyncobj has already
+        rolled those changes back before calling this.
+        """
+        entries = self._entries
+        if entryFrom >= len(entries):
+            return
+        if entries[-1][2] == self.getCurrentTerm() and not any(
+                command[:1] == _MEMBERSHIP for command, _idx, _term in entries[entryFrom:]):
+            return
+        self._cut(entryFrom)
+
+    def _cut(self, entryFrom: int) -> None:
+        """Remove list positions ``entryFrom``.. now; the file follows at the next flush.
+
+        The file is not touched here: the next flush truncates and appends in one go, under the
+        same fdatasync.  Until then the old suffix is still on disk, which is safe: nothing about
+        the new suffix has been acknowledged.
         """
         dropped = len(self._entries) - entryFrom
         if dropped <= 0:
