@@ -2,14 +2,41 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import ipaddress
+import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from raftmq.ops.config import UserConfig
+from raftmq.store.users import UserRecord
 
 MECHANISMS = ("PLAIN", "AMQPLAIN")
+HASH_SCHEME = "pbkdf2-sha256"
+HASH_ITERATIONS = 20_000  # ~5 ms per login on this machine: cheap for clients, costly to brute-force
+
+
+def hash_password(password: str, *, salt: bytes | None = None, iterations: int = HASH_ITERATIONS) -> str:
+    """``pbkdf2-sha256$iterations$salt$hash`` (base64): what the log and LMDB hold, never the password."""
+    salt = os.urandom(16) if salt is None else salt
+    digest = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    b64 = base64.b64encode
+    return f"{HASH_SCHEME}${iterations}${b64(salt).decode()}${b64(digest).decode()}"
+
+
+def verify_password(stored: str, password: str) -> bool:
+    try:
+        scheme, iterations, salt, digest = stored.split("$")
+        if scheme != HASH_SCHEME:
+            return False
+        expected = base64.b64decode(digest)
+        actual = hashlib.pbkdf2_hmac("sha256", password.encode(), base64.b64decode(salt), int(iterations))
+    except (ValueError, TypeError):
+        return False
+    return hmac.compare_digest(expected, actual)
 
 
 class AuthError(Exception):
@@ -74,14 +101,23 @@ class Principal:
         return self._check(vhost, 2, resource)
 
 
+def _compile(permissions: Mapping[str, tuple[str, str, str]]) -> dict[str, tuple[re.Pattern, re.Pattern, re.Pattern]]:
+    return {vh: tuple(re.compile(p) for p in perms) for vh, perms in permissions.items()}
+
+
 class Authenticator:
-    def __init__(self, users: dict[str, UserConfig]) -> None:
+    """Checks logins against the configured users and the users managed through the admin API.
+
+    ``managed`` returns the replicated users (``StateMachine.users``); one of them with the same
+    name as a configured user replaces it.  Their permissions are compiled once per change.
+    """
+
+    def __init__(self, users: dict[str, UserConfig],
+                 managed: Callable[[], Mapping[str, UserRecord]] = dict) -> None:
         self._users = users
-        self._principals = {
-            name: Principal(name, {vh: tuple(re.compile(p) for p in perms)
-                                   for vh, perms in user.permissions.items()})
-            for name, user in users.items()
-        }
+        self._managed = managed
+        self._principals = {name: Principal(name, _compile(user.permissions)) for name, user in users.items()}
+        self._managed_principals: dict[str, tuple[tuple, Principal]] = {}
 
     def authenticate(self, mechanism: str, response: bytes, peer_host: str | None) -> Principal:
         if mechanism == "PLAIN":
@@ -90,9 +126,26 @@ class Authenticator:
             username, password = parse_amqplain(response)
         else:
             raise AuthError(f"unsupported authentication mechanism '{mechanism}'")
-        user = self._users.get(username)
-        if user is None or not hmac.compare_digest(user.password.encode(), password.encode()):
-            raise AuthError(f"Login was refused using authentication mechanism {mechanism}.")
-        if user.loopback_only and not is_loopback(peer_host):
+        refused = AuthError(f"Login was refused using authentication mechanism {mechanism}.")
+        record = self._managed().get(username)
+        if record is not None:
+            if not verify_password(record.password_hash, password):
+                raise refused
+            loopback_only = record.loopback_only
+            principal = self._managed_principal(record)
+        else:
+            user = self._users.get(username)
+            if user is None or not hmac.compare_digest(user.password.encode(), password.encode()):
+                raise refused
+            loopback_only = user.loopback_only
+            principal = self._principals[username]
+        if loopback_only and not is_loopback(peer_host):
             raise AuthError(f"user '{username}' can only connect via localhost")
-        return self._principals[username]
+        return principal
+
+    def _managed_principal(self, record: UserRecord) -> Principal:
+        key = tuple(sorted(record.permissions.items()))
+        cached = self._managed_principals.get(record.name)
+        if cached is None or cached[0] != key:
+            cached = self._managed_principals[record.name] = (key, Principal(record.name, _compile(record.permissions)))
+        return cached[1]

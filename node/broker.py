@@ -101,7 +101,7 @@ class Broker:
             if not config.clustered:
                 # One node: the history continues its numbering (a cluster's comes from the log).
                 self.machine.event_seq = max(self.machine.event_seq, self.events.last_seq)
-        self.auth = Authenticator(config.users)
+        self.auth = Authenticator(config.users, lambda: self.machine.users)
         self.endpoints: dict[str, Endpoint] = {}
         self._conn_ids = itertools.count(1)
         self.alarm: str | None = None

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
+import time
 from concurrent import futures
 from typing import TYPE_CHECKING
 
@@ -292,6 +294,86 @@ class AdminService(pb_grpc.AdminServicer):
         except Exception as exc:  # noqa: BLE001 - unreachable leader and the like
             context.abort(grpc.StatusCode.UNAVAILABLE, f"{action} {request.raft_address}: {exc}")
         return pb.MemberReply(result=result)
+
+
+    # ------------------------------------------------------------------ users and permissions
+
+    def ListUsers(self, request, context):  # noqa: N802
+        return self._run(self._list_users(), context)
+
+    async def _list_users(self):
+        managed = self.broker.machine.users
+        users = [_user_info(u.name, u.tags, u.loopback_only, u.permissions, "cluster") for u in managed.values()]
+        users += [_user_info(name, [], u.loopback_only, u.permissions, "config")
+                  for name, u in self.broker.config.users.items() if name not in managed]
+        return pb.UserList(users=sorted(users, key=lambda u: u.name))
+
+    def PutUser(self, request, context):  # noqa: N802
+        if not request.name or not request.password:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a user needs a name and a password")
+        from raftmq.node.auth import hash_password
+
+        # Hashed here, with fresh salt: the log and every node's store only ever see the hash.
+        password_hash = hash_password(request.password)
+        return self._run(self._user_command(request.name, Op.USER_PUT, password_hash, list(request.tags),
+                                            request.loopback_only), context)
+
+    def DeleteUser(self, request, context):  # noqa: N802
+        self._run(self._user_command(request.name, Op.USER_DELETE), context)
+        return pb.Empty()
+
+    def SetPermissions(self, request, context):  # noqa: N802
+        patterns = (request.configure, request.write, request.read)
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad regular expression {pattern!r}: {exc}")
+        return self._run(self._user_command(request.user, Op.PERMISSION_SET, request.vhost or "/", *patterns),
+                         context)
+
+    def ClearPermissions(self, request, context):  # noqa: N802
+        return self._run(self._user_command(request.user, Op.PERMISSION_CLEAR, request.vhost or "/"), context)
+
+    async def _user_command(self, name: str, op: Op, *args):
+        if op != Op.USER_PUT and name not in self.broker.machine.users and name in self.broker.config.users:
+            raise AdminError(405, f"user '{name}' is defined in the configuration file; create it here "
+                                  "(put-user) to manage it through the cluster")
+        endpoint = await self._endpoint()
+        await endpoint.command(op, name, *args)
+        user = self.broker.machine.users.get(name)
+        if user is None:
+            return pb.UserInfo(name=name)
+        return _user_info(user.name, user.tags, user.loopback_only, user.permissions, "cluster")
+
+    # ------------------------------------------------------------------ Raft log compaction
+
+    def CompactLog(self, request, context):  # noqa: N802
+        """Snapshot the whole state at the applied index and cut the journal to it (what the node
+        does by itself every ``snapshot_entries`` entries or ``snapshot_seconds``)."""
+        replica = getattr(self.broker.log, "replica", None)
+        if replica is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "a single node keeps no Raft log: its state is in LMDB (raftmq snapshot copies it)")
+        target = replica.last_applied
+        replica.forceLogCompaction()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                head, snapshot_index, entries = replica.journal[0][1], replica.journal[1][1], len(replica.journal)
+            except IndexError:  # the tick thread is rewriting the journal right now
+                head = snapshot_index = entries = 0
+            if head >= target - 1 and entries:
+                return pb.CompactReply(snapshot_index=snapshot_index, journal_entries=entries)
+            if time.monotonic() > deadline:
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no snapshot at index {target} within 60 s")
+            time.sleep(0.05)
+
+
+def _user_info(name: str, tags, loopback_only: bool, permissions: dict, source: str) -> pb.UserInfo:
+    return pb.UserInfo(name=name, tags=list(tags), loopback_only=loopback_only, source=source,
+                       permissions=[pb.Permission(vhost=vh, configure=p[0], write=p[1], read=p[2])
+                                    for vh, p in sorted(permissions.items())])
 
 
 def _member_lags(replica) -> dict[str, int]:

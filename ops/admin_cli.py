@@ -6,10 +6,20 @@ import json
 import sys
 
 
+def _cell(value) -> str:
+    """A table cell: lists comma-separated, a nested record as its values joined by spaces."""
+    if isinstance(value, list):
+        return ", ".join(_cell(v) for v in value)
+    if isinstance(value, dict):
+        return " ".join(str(v) for v in value.values())
+    return str(value)
+
+
 def _table(rows: list[dict], columns: list[str]) -> str:
-    widths = {c: max([len(c)] + [len(str(r.get(c, ""))) for r in rows]) for c in columns}
+    cells = [{c: _cell(r.get(c, "")) for c in columns} for r in rows]
+    widths = {c: max([len(c)] + [len(r[c]) for r in cells]) for c in columns}
     lines = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
-    lines += ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns) for r in rows]
+    lines += ["  ".join(r[c].ljust(widths[c]) for c in columns) for r in cells]
     return "\n".join(lines)
 
 
@@ -33,11 +43,11 @@ def run(args) -> int:
         print(_table(data.get(rows, []), columns))
     else:
         for key, value in data.items():
-            if isinstance(value, list):
+            if isinstance(value, list) and value and isinstance(value[0], dict):
                 print(f"{key}:")
                 print(_table(value, list(value[0]) if value else []))
             else:
-                print(f"{key}: {value}")
+                print(f"{key}: {_cell(value)}")
     return 0
 
 
@@ -83,6 +93,21 @@ def _call(stub, args):
     if cmd in ("add-member", "remove-member"):
         call = stub.AddMember if cmd == "add-member" else stub.RemoveMember
         return call(pb.MemberRequest(raft_address=args.raft_address), timeout=60), None, None
+    if cmd == "users":
+        return stub.ListUsers(pb.Empty(), timeout=10), "users", ["name", "source", "tags", "loopback_only",
+                                                                  "permissions"]
+    if cmd == "put-user":
+        return stub.PutUser(pb.PutUserRequest(name=args.name, password=args.password, tags=args.tag or [],
+                                              loopback_only=args.loopback_only), timeout=10), None, None
+    if cmd == "delete-user":
+        return stub.DeleteUser(pb.UserRef(name=args.name), timeout=10), None, None
+    if cmd == "set-permissions":
+        return stub.SetPermissions(pb.PermissionRequest(user=args.user, vhost=args.vhost, configure=args.configure,
+                                                        write=args.write, read=args.read), timeout=10), None, None
+    if cmd == "clear-permissions":
+        return stub.ClearPermissions(pb.PermissionRequest(user=args.user, vhost=args.vhost), timeout=10), None, None
+    if cmd == "compact":
+        return stub.CompactLog(pb.Empty(), timeout=90), None, None
     if cmd == "snapshot":
         return stub.SnapshotHistory(pb.SnapshotRequest(path=args.path), timeout=600), None, None
     raise SystemExit(f"unknown admin command {cmd}")
@@ -94,8 +119,24 @@ def add_parser(sub) -> None:
     admin.add_argument("--json", action="store_true", help="JSON instead of tables")
     admin.add_argument("--tls-ca", help="CA certificate (PEM) to verify a TLS admin port (admin_tls_cert)")
     cmds = admin.add_subparsers(dest="admin_command", required=True)
-    for name in ("status", "health", "queues", "exchanges", "connections", "consumers"):
+    for name in ("status", "health", "queues", "exchanges", "connections", "consumers", "users"):
         cmds.add_parser(name)
+    put_user = cmds.add_parser("put-user", help="create or replace a user (replicated; the password is hashed)")
+    put_user.add_argument("name")
+    put_user.add_argument("--password", required=True)
+    put_user.add_argument("--tag", action="append", help="a tag such as administrator (repeatable)")
+    put_user.add_argument("--loopback-only", action="store_true", help="may only connect from localhost")
+    cmds.add_parser("delete-user").add_argument("name")
+    set_perms = cmds.add_parser("set-permissions", help="configure/write/read regular expressions for a vhost")
+    set_perms.add_argument("user")
+    set_perms.add_argument("configure")
+    set_perms.add_argument("write")
+    set_perms.add_argument("read")
+    set_perms.add_argument("--vhost", default="/")
+    clear_perms = cmds.add_parser("clear-permissions")
+    clear_perms.add_argument("user")
+    clear_perms.add_argument("--vhost", default="/")
+    cmds.add_parser("compact", help="snapshot the state and compact this node's Raft journal")
     for name in ("declare-queue", "delete-queue", "purge-queue"):
         p = cmds.add_parser(name)
         p.add_argument("name")

@@ -60,6 +60,10 @@ class Op(IntEnum):
     EXCHANGE_BOUND = 83
     NODE_RESET = 51  # (node_id, keep_boot): a node's old connections are gone (it died or restarted)
     VHOST_ADD = 60
+    USER_PUT = 61  # users and permissions managed through the admin API: see store/users.py
+    USER_DELETE = 62
+    PERMISSION_SET = 63
+    PERMISSION_CLEAR = 64
 
 
 OK = 0

@@ -7,6 +7,7 @@ loads everything back with ``DurableStore.load`` at start.
 Key layouts (all big-endian so LMDB's byte order is the natural order):
   meta        b"counters" -> msgpack [next_qid, next_msg_id]; b"applied" -> msgpack index
   vhosts      name (utf-8) -> b""
+  users       name (utf-8) -> msgpack [password_hash, tags, loopback_only, {vhost: [configure, write, read]}]
   exchanges   msgpack [vhost, name] -> msgpack [type, auto_delete, internal, arguments]
   queues      msgpack [vhost, name] -> msgpack [qid, auto_delete, arguments]
   bindings    msgpack [vhost, source, dest_is_queue, destination, routing_key, arguments] -> b""
@@ -32,7 +33,7 @@ import msgpack
 _U64 = struct.Struct(">Q")
 _QID_SEQ = struct.Struct(">QQ")
 
-TABLES = ("meta", "vhosts", "exchanges", "queues", "bindings", "messages", "entries")
+TABLES = ("meta", "vhosts", "exchanges", "queues", "bindings", "messages", "entries", "users")
 
 
 def _pack(obj: object) -> bytes:
@@ -54,6 +55,7 @@ class LoadedState:
     counters: tuple[int, int] = (1, 1)
     applied_index: int = 0
     vhosts: list[str] = field(default_factory=list)
+    users: list[tuple[str, list]] = field(default_factory=list)
     exchanges: list[tuple[str, str, str, bool, bool, dict]] = field(default_factory=list)
     queues: list[tuple[str, str, int, bool, dict]] = field(default_factory=list)
     bindings: list[tuple[str, str, bool, str, str, dict]] = field(default_factory=list)
@@ -98,6 +100,7 @@ class DurableStore:
             if raw is not None:
                 state.applied_index = _unpack(raw)
             state.vhosts = [bytes(k).decode() for k, _ in txn.cursor(db=db["vhosts"])]
+            state.users = [(bytes(k).decode(), _unpack(v)) for k, v in txn.cursor(db=db["users"])]
             for k, v in txn.cursor(db=db["exchanges"]):
                 vhost, name = _unpack(k)
                 type_, auto_delete, internal, args = _unpack(v)
@@ -176,6 +179,12 @@ class DurableWriter:
 
     def put_vhost(self, name: str) -> None:
         self._put("vhosts", name.encode(), b"")
+
+    def put_user(self, name: str, record: list) -> None:
+        self._put("users", name.encode(), _pack(record))
+
+    def delete_user(self, name: str) -> None:
+        self._delete("users", name.encode())
 
     def put_exchange(self, vhost: str, name: str, type_: str, auto_delete: bool, internal: bool, args: dict):
         self._put("exchanges", _pack([vhost, name]), _pack([type_, auto_delete, internal, args]))

@@ -37,6 +37,7 @@ from .durable import DurableStore, DurableWriter
 from .model import ChannelState, Consumer, Entry, Exchange, Message, Queue, ReadyList, Session, VHost
 from .routing import Binding
 from .sessions import SessionMixin
+from .users import UserMixin, UserRecord
 from .values import as_int
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class BatchWindow:
         return True
 
 
-class StateMachine(SessionMixin):
+class StateMachine(SessionMixin, UserMixin):
     def __init__(self, store: DurableStore | None = None) -> None:
         self.store = store
         self.vhosts: dict[str, VHost] = {}
@@ -151,6 +152,7 @@ class StateMachine(SessionMixin):
         self.stats = {"published": 0, "unroutable": 0, "delivered": 0, "redelivered": 0, "acked": 0,
                       "rejected": 0, "dead_lettered": 0, "expired": 0}
         self.sessions: dict[str, Session] = {}  # AMQP 0-10 sessions by key (sessions.py)
+        self.users: dict[str, UserRecord] = {}  # managed through the admin API (users.py)
         self.detached_sessions: dict[str, Session] = {}  # the ones waiting out their timeout
         self._now = 0
         self._out: list = []
@@ -188,6 +190,7 @@ class StateMachine(SessionMixin):
             Op.MEMBER_REMOVE: self._member_remove,
             Op.VHOST_ADD: self._vhost_add,
             **self._session_handlers(),
+            **self._user_handlers(),
         }
         if store is not None:
             self._load(store)
@@ -1195,6 +1198,9 @@ class StateMachine(SessionMixin):
         self.applied_index = state.applied_index
         for name in state.vhosts:
             self._vhost_add([Op.VHOST_ADD, None, None, name])
+        for name, (password_hash, tags, loopback_only, permissions) in state.users:
+            self.users[name] = UserRecord(name, password_hash, list(tags), loopback_only,
+                                          {vh: tuple(p) for vh, p in permissions.items()})
         for vhost_name, name, type_, auto_delete, internal, args in state.exchanges:
             vhost = self.vhosts.setdefault(vhost_name, VHost(vhost_name))
             vhost.exchanges[name] = Exchange(vhost_name, name, type_, True, auto_delete, internal, args)

@@ -29,7 +29,7 @@ from .machine import StateMachine
 MODEL_FIELDS = (
     "vhosts", "channels", "exclusive_queues", "queues_by_id", "inbound", "expiring", "idle_expiring",
     "queue_last_used", "next_qid", "next_msg_id", "applied_index", "message_bytes", "_now",
-    "applied_batches", "members", "sessions", "detached_sessions", "stats", "event_seq",
+    "applied_batches", "members", "sessions", "detached_sessions", "stats", "event_seq", "users",
 )
 
 
@@ -113,6 +113,9 @@ def digest(machine: StateMachine) -> str:
                     put("returned", seq, entry.message.id, entry.delivery_count)
             for c in q.consumers:
                 put("consumer", c.channel.conn, c.channel.number, c.tag, c.no_ack, c.exclusive, c.prefetch, c.unacked)
+    for name in sorted(machine.users):
+        u = machine.users[name]
+        put("user", name, u.password_hash, u.tags, u.loopback_only, sorted(u.permissions.items()))
     for key in sorted(machine.sessions):
         s = machine.sessions[key]
         put("session", key, s.channel.conn, s.channel.number, s.timeout, s.detached_at, s.completed,

@@ -109,6 +109,36 @@ class AdminStub:
                 request_serializer=admin__pb2.MemberRequest.SerializeToString,
                 response_deserializer=admin__pb2.MemberReply.FromString,
                 _registered_method=True)
+        self.ListUsers = channel.unary_unary(
+                '/raftmq.admin.Admin/ListUsers',
+                request_serializer=admin__pb2.Empty.SerializeToString,
+                response_deserializer=admin__pb2.UserList.FromString,
+                _registered_method=True)
+        self.PutUser = channel.unary_unary(
+                '/raftmq.admin.Admin/PutUser',
+                request_serializer=admin__pb2.PutUserRequest.SerializeToString,
+                response_deserializer=admin__pb2.UserInfo.FromString,
+                _registered_method=True)
+        self.DeleteUser = channel.unary_unary(
+                '/raftmq.admin.Admin/DeleteUser',
+                request_serializer=admin__pb2.UserRef.SerializeToString,
+                response_deserializer=admin__pb2.Empty.FromString,
+                _registered_method=True)
+        self.SetPermissions = channel.unary_unary(
+                '/raftmq.admin.Admin/SetPermissions',
+                request_serializer=admin__pb2.PermissionRequest.SerializeToString,
+                response_deserializer=admin__pb2.UserInfo.FromString,
+                _registered_method=True)
+        self.ClearPermissions = channel.unary_unary(
+                '/raftmq.admin.Admin/ClearPermissions',
+                request_serializer=admin__pb2.PermissionRequest.SerializeToString,
+                response_deserializer=admin__pb2.UserInfo.FromString,
+                _registered_method=True)
+        self.CompactLog = channel.unary_unary(
+                '/raftmq.admin.Admin/CompactLog',
+                request_serializer=admin__pb2.Empty.SerializeToString,
+                response_deserializer=admin__pb2.CompactReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -204,6 +234,42 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetPermissions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClearPermissions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompactLog(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -281,6 +347,36 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RemoveMember,
                     request_deserializer=admin__pb2.MemberRequest.FromString,
                     response_serializer=admin__pb2.MemberReply.SerializeToString,
+            ),
+            'ListUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsers,
+                    request_deserializer=admin__pb2.Empty.FromString,
+                    response_serializer=admin__pb2.UserList.SerializeToString,
+            ),
+            'PutUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutUser,
+                    request_deserializer=admin__pb2.PutUserRequest.FromString,
+                    response_serializer=admin__pb2.UserInfo.SerializeToString,
+            ),
+            'DeleteUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteUser,
+                    request_deserializer=admin__pb2.UserRef.FromString,
+                    response_serializer=admin__pb2.Empty.SerializeToString,
+            ),
+            'SetPermissions': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPermissions,
+                    request_deserializer=admin__pb2.PermissionRequest.FromString,
+                    response_serializer=admin__pb2.UserInfo.SerializeToString,
+            ),
+            'ClearPermissions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearPermissions,
+                    request_deserializer=admin__pb2.PermissionRequest.FromString,
+                    response_serializer=admin__pb2.UserInfo.SerializeToString,
+            ),
+            'CompactLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompactLog,
+                    request_deserializer=admin__pb2.Empty.FromString,
+                    response_serializer=admin__pb2.CompactReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -688,6 +784,168 @@ class Admin:
             '/raftmq.admin.Admin/RemoveMember',
             admin__pb2.MemberRequest.SerializeToString,
             admin__pb2.MemberReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.admin.Admin/ListUsers',
+            admin__pb2.Empty.SerializeToString,
+            admin__pb2.UserList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.admin.Admin/PutUser',
+            admin__pb2.PutUserRequest.SerializeToString,
+            admin__pb2.UserInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.admin.Admin/DeleteUser',
+            admin__pb2.UserRef.SerializeToString,
+            admin__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPermissions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.admin.Admin/SetPermissions',
+            admin__pb2.PermissionRequest.SerializeToString,
+            admin__pb2.UserInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearPermissions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.admin.Admin/ClearPermissions',
+            admin__pb2.PermissionRequest.SerializeToString,
+            admin__pb2.UserInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompactLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.admin.Admin/CompactLog',
+            admin__pb2.Empty.SerializeToString,
+            admin__pb2.CompactReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -139,3 +139,55 @@ def test_members_added_and_removed_through_the_admin_api(tmp_path):
         done = subprocess.run([sys.executable, "-m", "raftmq", "admin", "--address", address, "add-member", ""],
                               capture_output=True, text=True, timeout=30, cwd=REPO)
         assert done.returncode == 1 and "INVALID_ARGUMENT" in done.stderr
+
+
+def admin_fails(address: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "raftmq", "admin", "--address", address, *args],
+                          capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert done.returncode == 1, done.stdout
+    return done.stderr
+
+
+def test_users_and_permissions_replicate_and_the_journal_compacts(tmp_path):
+    """Users managed on one node log in on another; permissions are RabbitMQ's (403 ACCESS_REFUSED
+    outside them); a deleted user is refused; a compaction snapshots and cuts the journal."""
+    with Cluster(3, tmp_path) as cluster:
+        port = free_port()
+        first = cluster.nodes[0]
+        first.extra_args = ["--admin-port", str(port)]
+        first.restart()
+        cluster.wait_formed()
+        address = f"127.0.0.1:{port}"
+        other = cluster.nodes[1]
+
+        admin(address, "put-user", "alice", "--password", "wonderland", "--tag", "monitoring")
+        admin(address, "set-permissions", "alice", "^alice-.*", "^alice-.*", "^alice-.*")
+        users = {u["name"]: u for u in json.loads(admin(address, "--json", "users"))["users"]}
+        assert users["alice"]["source"] == "cluster" and users["alice"]["tags"] == ["monitoring"]
+        assert users["alice"]["permissions"] == [{"vhost": "/", "configure": "^alice-.*", "write": "^alice-.*",
+                                                  "read": "^alice-.*"}]
+        assert users["guest"]["source"] == "config"
+        assert "wonderland" not in admin(address, "--json", "users")
+        assert "FAILED_PRECONDITION" in admin_fails(address, "set-permissions", "guest", ".*", ".*", ".*")
+        assert "INVALID_ARGUMENT" in admin_fails(address, "set-permissions", "alice", "(", ".*", ".*")
+        assert "NOT_FOUND" in admin_fails(address, "delete-user", "nobody")
+
+        url = f"amqp://alice:wonderland@{other.host}:{other.port}/%2F"
+        cluster.wait_applied_equal(nodes=cluster.nodes)
+        conn = pika.BlockingConnection(pika.URLParameters(url))  # on another node than the admin's
+        ch = conn.channel()
+        ch.queue_declare("alice-jobs")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+            ch.queue_declare("bob-jobs")
+        assert info.value.reply_code == 403 and "ACCESS_REFUSED" in info.value.reply_text
+        conn.close()
+
+        admin(address, "delete-user", "alice")
+        cluster.wait_applied_equal(nodes=cluster.nodes)
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+            pika.BlockingConnection(pika.URLParameters(url))
+
+        before = json.loads(admin(address, "--json", "status"))
+        reply = json.loads(admin(address, "--json", "compact"))
+        assert int(reply["snapshot_index"]) >= int(before["applied_index"]) - 1
+        assert int(reply["journal_entries"]) < int(before["applied_index"])

@@ -1,0 +1,82 @@
+"""Users and vhost permissions managed at runtime (the admin API), replicated like everything else.
+
+Users from the configuration file stay as they are; a user created through the log with the same
+name takes precedence on every node.  The state machine holds only what the front ends need to
+check a login and the permissions: a salted password hash made *before* the command is proposed
+(apply never draws random salt), tags, the loopback-only flag and RabbitMQ-style permissions
+(configure, write and read regular expressions per vhost).
+
+Command layouts (``[op, conn, token, channel, *args]``):
+
+  USER_PUT(name, password_hash, tags, loopback_only)   creates or replaces; keeps permissions
+  USER_DELETE(name)                                    404 if unknown
+  PERMISSION_SET(name, vhost, configure, write, read)  404 for an unknown user or vhost
+  PERMISSION_CLEAR(name, vhost)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .commands import Op
+
+
+@dataclass(slots=True)
+class UserRecord:
+    name: str
+    password_hash: str
+    tags: list[str] = field(default_factory=list)
+    loopback_only: bool = False
+    permissions: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # vhost -> (c, w, r)
+
+
+class UserMixin:
+    """The user handlers of ``StateMachine``."""
+
+    users: dict[str, UserRecord]
+
+    def _user_handlers(self) -> dict:
+        return {
+            Op.USER_PUT: self._user_put,
+            Op.USER_DELETE: self._user_delete,
+            Op.PERMISSION_SET: self._permission_set,
+            Op.PERMISSION_CLEAR: self._permission_clear,
+        }
+
+    def _user_put(self, cmd: list) -> None:
+        name, password_hash, tags, loopback_only = cmd[4], cmd[5], list(cmd[6]), bool(cmd[7])
+        old = self.users.get(name)
+        user = UserRecord(name, password_hash, tags, loopback_only, dict(old.permissions) if old else {})
+        self.users[name] = user
+        self._store_user(user)
+
+    def _user_delete(self, cmd: list) -> None:
+        name = cmd[4]
+        if self.users.pop(name, None) is None:
+            raise self._error(404, f"NOT_FOUND - no user '{name}'")
+        if self._w is not None:
+            self._w.delete_user(name)
+
+    def _permission_set(self, cmd: list) -> None:
+        name, vhost, configure, write, read = cmd[4:9]
+        user = self._user(name)
+        if vhost not in self.vhosts:
+            raise self._error(404, f"NOT_FOUND - no vhost '{vhost}'")
+        user.permissions[vhost] = (configure, write, read)
+        self._store_user(user)
+
+    def _permission_clear(self, cmd: list) -> None:
+        user = self._user(cmd[4])
+        if user.permissions.pop(cmd[5], None) is not None:
+            self._store_user(user)
+
+    def _user(self, name: str) -> UserRecord:
+        user = self.users.get(name)
+        if user is None:
+            raise self._error(404, f"NOT_FOUND - no user '{name}'")
+        return user
+
+    def _store_user(self, user: UserRecord) -> None:
+        if self._w is not None:
+            self._w.put_user(user.name, [user.password_hash, user.tags, user.loopback_only,
+                                         {vh: list(p) for vh, p in user.permissions.items()}])

@@ -1,0 +1,44 @@
+"""Logins against configured users and users managed through the admin API (replicated)."""
+
+from __future__ import annotations
+
+import pytest
+
+from raftmq.node.auth import Authenticator, AuthError, hash_password, verify_password
+from raftmq.ops.config import UserConfig
+from raftmq.store.users import UserRecord
+
+
+def plain(user: str, password: str) -> bytes:
+    return b"\x00" + user.encode() + b"\x00" + password.encode()
+
+
+def test_password_hash_is_salted_and_verifies():
+    first, second = hash_password("s3cret"), hash_password("s3cret")
+    assert first != second and "s3cret" not in first  # fresh salt each time, never the password
+    assert verify_password(first, "s3cret") and verify_password(second, "s3cret")
+    assert not verify_password(first, "S3cret")
+    assert not verify_password("garbage", "s3cret") and not verify_password("md5$1$x$y", "s3cret")
+
+
+def test_a_managed_user_replaces_a_configured_one_and_permissions_follow_changes():
+    managed: dict[str, UserRecord] = {}
+    auth = Authenticator({"guest": UserConfig("guest")}, lambda: managed)
+    assert auth.authenticate("PLAIN", plain("guest", "guest"), "127.0.0.1").name == "guest"
+
+    managed["guest"] = UserRecord("guest", hash_password("changed"), permissions={"/": ("^g-.*", ".*", ".*")})
+    with pytest.raises(AuthError):
+        auth.authenticate("PLAIN", plain("guest", "guest"), "127.0.0.1")
+    principal = auth.authenticate("PLAIN", plain("guest", "changed"), "10.0.0.5")
+    assert principal.may_configure("/", "g-1") and not principal.may_configure("/", "other")
+    assert not principal.may_access_vhost("/other")
+
+    managed["guest"].permissions["/"] = (".*", ".*", ".*")  # set-permissions: new logins see it
+    assert auth.authenticate("PLAIN", plain("guest", "changed"), "10.0.0.5").may_configure("/", "other")
+
+    managed["ops"] = UserRecord("ops", hash_password("pw"), loopback_only=True, permissions={"/": (".*",) * 3})
+    assert auth.authenticate("PLAIN", plain("ops", "pw"), "::1").name == "ops"
+    with pytest.raises(AuthError, match="localhost"):
+        auth.authenticate("PLAIN", plain("ops", "pw"), "10.0.0.5")
+    with pytest.raises(AuthError):
+        auth.authenticate("PLAIN", plain("nobody", "pw"), "127.0.0.1")
