@@ -102,9 +102,15 @@ class Cluster:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> Cluster:
-        for node in self.nodes:
-            node.start()
-        self.wait_formed()
+        """Start every node and wait for the cluster to form; on failure stop what was started
+        (``with Cluster(...)`` never reaches ``__exit__`` when ``__enter__`` raises)."""
+        try:
+            for node in self.nodes:
+                node.start()
+            self.wait_formed()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def wait_formed(self, timeout: float = 20.0) -> RaftmqNode:
