@@ -295,7 +295,6 @@ class AdminService(pb_grpc.AdminServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, f"{action} {request.raft_address}: {exc}")
         return pb.MemberReply(result=result)
 
-
     # ------------------------------------------------------------------ users and permissions
 
     def ListUsers(self, request, context):  # noqa: N802
