@@ -3,26 +3,29 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pika
 import pytest
 
 from raftmq.ops.local.cluster import Cluster
 from raftmq.ops.local.node import free_port
+from tests.support.cli import raftmq
 
 pytestmark = pytest.mark.cluster
-REPO = Path(__file__).resolve().parents[2]
 
 
 def admin(address: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "raftmq", "admin", "--address", address, *args],
-                          capture_output=True, text=True, timeout=30, cwd=REPO)
+    done = raftmq("admin", "--address", address, *args, timeout=30)
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def admin_fails(address: str, *args: str) -> str:
+    """The error output of an admin command that must fail (exit status 1)."""
+    done = raftmq("admin", "--address", address, *args, timeout=30)
+    assert done.returncode == 1, done.stdout
+    return done.stderr
 
 
 def test_admin_cli_status_declare_list_purge_close(tmp_path):
@@ -78,9 +81,7 @@ def test_admin_cli_status_declare_list_purge_close(tmp_path):
 
         # Deleting a missing queue succeeds (as queue.delete does in RabbitMQ); purging one is NOT_FOUND.
         assert json.loads(admin(address, "--json", "delete-queue", "missing"))["count"] == "0"
-        done = subprocess.run([sys.executable, "-m", "raftmq", "admin", "--address", address, "purge-queue",
-                               "missing"], capture_output=True, text=True, timeout=30, cwd=REPO)
-        assert done.returncode == 1 and "NOT_FOUND" in done.stderr
+        assert "NOT_FOUND" in admin_fails(address, "purge-queue", "missing")
 
         # The standard grpc.health.v1 service: SERVING with a leader; NOT_SERVING once the node
         # is alone (its two peers stopped: no quorum, no progress possible).
@@ -136,16 +137,7 @@ def test_members_added_and_removed_through_the_admin_api(tmp_path):
         assert members() == ["n1", "n2", "n3", "n4"]
         cluster.wait_applied_equal(nodes=cluster.nodes)
         # Refusals come back as gRPC errors with the reason, not as a crash.
-        done = subprocess.run([sys.executable, "-m", "raftmq", "admin", "--address", address, "add-member", ""],
-                              capture_output=True, text=True, timeout=30, cwd=REPO)
-        assert done.returncode == 1 and "INVALID_ARGUMENT" in done.stderr
-
-
-def admin_fails(address: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "raftmq", "admin", "--address", address, *args],
-                          capture_output=True, text=True, timeout=30, cwd=REPO)
-    assert done.returncode == 1, done.stdout
-    return done.stderr
+        assert "INVALID_ARGUMENT" in admin_fails(address, "add-member", "")
 
 
 def test_users_and_permissions_replicate_and_the_journal_compacts(tmp_path):
