@@ -84,11 +84,7 @@ def _chaos_run(args: argparse.Namespace) -> int:
     config = runner.RunConfig(duration=args.duration, nemeses=[n.strip() for n in args.nemesis.split(",") if n.strip()],
                               fault_seconds=args.fault_seconds, quiet_seconds=args.quiet_seconds, seed=args.seed,
                               out_dir=args.out)
-    backend.start()
-    try:
-        result = runner.run(backend, config)
-    finally:
-        backend.stop()
+    result = runner.run_on_fresh(backend, config)
     r = result.report
     print(f"{'VALID' if result.valid else 'INVALID'}: {len(result.faults)} faults; confirmed {r['confirmed']} "
           f"({r['confirmed_by_kind']}), received {r['received']}, lost {len(r['lost'])}, "

@@ -43,6 +43,15 @@ class RunResult:
     valid: bool
 
 
+def run_on_fresh(backend, config: RunConfig) -> RunResult:
+    """Start ``backend``, run, and stop it whatever happens (the CLI's and the tests' way)."""
+    backend.start()
+    try:
+        return run(backend, config)
+    finally:
+        backend.stop()
+
+
 def run(backend, config: RunConfig) -> RunResult:
     for name in config.nemeses:
         if name not in nemeses.NEMESES:

@@ -28,11 +28,7 @@ def run(tmp_path, nemeses: list[str], duration: float) -> runner.RunResult:
     backend = backends.NetnsBackend(str(tmp_path / "cluster"))
     config = runner.RunConfig(duration=duration, nemeses=nemeses, fault_seconds=3.5, quiet_seconds=3.0, seed=7,
                               out_dir=str(tmp_path / "run"))
-    backend.start()
-    try:
-        result = runner.run(backend, config)
-    finally:
-        backend.stop()
+    result = runner.run_on_fresh(backend, config)
     report = result.report
     print(json.dumps({k: report[k] for k in ("confirmed", "confirmed_by_kind", "received", "recovered", "lost",
                                                 "availability", "skipped")}, indent=1))
