@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import time
 
-from pysyncobj.utility import TcpUtility, UtilityException
+from pysyncobj.utility import UtilityException
+
+from raftmq.raft.wire import admin_utility
 
 from .config import Config
 
@@ -27,7 +29,7 @@ def run_admin(config: Config, command: list[str], via: str | None = None, timeou
     errors = []
     for address in _target(config, via):
         try:
-            result = TcpUtility(password=config.secret(), timeout=timeout).executeCommand(address, command)
+            result = admin_utility(config.secret(), timeout).executeCommand(address, command)
             return address, result
         except UtilityException as exc:
             errors.append(f"{address}: {exc}")

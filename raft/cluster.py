@@ -183,7 +183,7 @@ class ClusterLog:
             if error:
                 loop.call_soon_threadsafe(self._failed, seq, error)
 
-        self.replica.apply_batch(now_us, self.origin, seq, blob, callback=done)
+        self.replica.propose(now_us, self.origin, seq, blob, done)
 
     def _failed(self, seq: int, error: int) -> None:
         entry = self._in_flight.get(seq)

@@ -62,6 +62,7 @@ class AppendJournal(Journal):
         self._truncate = False  # the file holds records past _end that the next flush cuts off
         self._meta_dirty = False
         self.flushes = 0
+        self.copies_skipped = 0  # entries the leader sent again that were already here
         if os.path.exists(self._meta_path):
             with open(self._meta_path) as fh:
                 self._meta = json.load(fh)
@@ -94,6 +95,7 @@ class AppendJournal(Journal):
             pos = idx - entries[0][1]
             if pos >= 0 and entries[pos][1] == idx:
                 if entries[pos][2] == term:
+                    self.copies_skipped += 1
                     return  # the same entry (same index and term): nothing to write
                 log.warning("raft journal: entry %d of term %d conflicts with the leader's (term %d); "
                             "dropping %d entries from it", idx, entries[pos][2], term, len(entries) - pos)

@@ -17,23 +17,29 @@ What it changes in pysyncobj's behaviour, and why (see shared/notes/pysyncobj.md
   exactly that index and writes the snapshot (forked child, copy-on-write, so the loop does not
   stall); the checker reports completion and pysyncobj then truncates the journal.  Installing a
   snapshot received from the leader posts an *install* marker the same way.
-* **Security**: the transport binds to the configured address only and is encrypted and
-  authenticated with the cluster secret (pysyncobj ``password``; needs ``cryptography``).
+* **Transport**: binds to the configured address only; frames are pickle protocol 5 sealed with
+  AES-GCM under keys derived from the cluster secret (:mod:`raft.wire`), instead of pysyncobj's
+  protocol-2 pickle + zlib + Fernet, which was most of the Raft thread's time.
+* **Commands**: a batch is proposed as one raw command (type byte ``BATCH_COMMAND``, a small
+  header, the msgpack blob) rather than through ``@replicated``, whose protocol-2 pickle turned
+  every body into latin-1 text on the way in and back on every apply.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
 from collections.abc import Callable
 
 import msgpack
-from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj import syncobj as _syncobj_module
 from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.node import TCPNode
 
+from . import wire
 from .journal import AppendJournal
 
 log = logging.getLogger(__name__)
@@ -59,6 +65,13 @@ logging.getLogger("pysyncobj.syncobj").addFilter(_KeptSuffixFilter())
 # Items handed to the sink, in log order.
 ENTRY, SNAPSHOT, INSTALL = 0, 1, 2
 
+# A group-commit batch in the log: this type byte (pysyncobj's own command types are 0-3), then
+# the leader's clock (µs), the proposer's sequence number and origin length, the origin, the blob.
+BATCH_COMMAND = 0x10
+_BATCH_HEAD = struct.Struct("<BqQH")
+
+wire.install()
+
 
 class Replica(SyncObj):
     def __init__(self, self_address: str, partners: list[str], data_dir: str, secret: str,
@@ -77,8 +90,9 @@ class Replica(SyncObj):
         self._installs = 0
         self.journal = AppendJournal(os.path.join(data_dir, "journal"))
         self._align_journal_with_snapshot()
+        self._sealer = wire.Sealer(secret) if secret else None
         conf = SyncObjConf(
-            password=secret,
+            password=None,  # pysyncobj's Fernet: replaced by raft.wire (see the ``encryptor`` property)
             bindAddress=bind_address or self_address,
             fullDumpFile=self.snapshot_path,
             serializer=self._serialize,
@@ -139,17 +153,52 @@ class Replica(SyncObj):
                                                    + self._SyncObj__generateRaftTimeout())
         super()._onTick(timeToWait)
 
+    def _SyncObj__onMessageReceived(self, node, message: dict) -> None:  # noqa: N802 (pysyncobj's name)
+        """Keep the leader's nextIndex for a follower from moving back on a successful reply.
+
+        The leader sends entries as they are appended, without waiting for replies (pipelining),
+        and advances nextIndex past what it sent.  pysyncobj then set nextIndex to the index a
+        reply acknowledged -- the reply to an *earlier* AppendEntries -- so every entry still in
+        flight was sent again at the next period (the journal skips the copies, but each was
+        pickled, sealed and sent once more per follower).  Raft only moves nextIndex back on a
+        rejection, which pysyncobj marks ``reset``.
+        """
+        if message.get("type") == "next_node_idx" and message.get("success") and not message.get("reset"):
+            next_index = self._SyncObj__raftNextIndex
+            sent_up_to = next_index.get(node)
+            super()._SyncObj__onMessageReceived(node, message)
+            if sent_up_to is not None and next_index.get(node, sent_up_to) < sent_up_to:
+                next_index[node] = sent_up_to
+            return
+        super()._SyncObj__onMessageReceived(node, message)
+
     def _flush_journal(self) -> None:
         if self.journal.dirty:
             self.journal.flush()
 
-    # ------------------------------------------------------------------ the replicated method
+    @property
+    def encryptor(self) -> wire.Sealer | None:
+        """What pysyncobj's transport hands every connection: raft.wire's sealer, not Fernet."""
+        return self._sealer
 
-    @replicated
-    def apply_batch(self, now: int, origin: str, seq: int, blob: bytes) -> None:
-        """Runs in the tick thread once the entry is committed: pass it on, in order."""
+    # ------------------------------------------------------------------ batches in the log
+
+    def propose(self, now: int, origin: str, seq: int, blob: bytes, callback: Callable) -> None:
+        """Append a batch to the log (through the leader); ``callback(result, error)`` as pysyncobj's."""
+        origin_bytes = origin.encode()
+        head = _BATCH_HEAD.pack(BATCH_COMMAND, now, seq, len(origin_bytes))
+        self._applyCommand(b"".join((head, origin_bytes, blob)), callback)
+
+    def _SyncObj__doApplyCommand(self, command: bytes) -> object:  # noqa: N802 (pysyncobj's name)
+        """Runs in the tick thread once an entry is committed: pass a batch on, in order."""
+        if command[0] != BATCH_COMMAND:
+            return super()._SyncObj__doApplyCommand(command)
+        _, now, seq, origin_length = _BATCH_HEAD.unpack_from(command)
+        start = _BATCH_HEAD.size + origin_length
+        origin = command[_BATCH_HEAD.size:start].decode()
         index = self._SyncObj__raftLastApplied + 1
-        self._sink((ENTRY, index, now, origin, seq, blob))
+        self._sink((ENTRY, index, now, origin, seq, memoryview(command)[start:]))
+        return None
 
     # ------------------------------------------------------------------ status
 

@@ -1,0 +1,58 @@
+"""Three in-process replicas: pipelined entries reach each follower once, and are applied in order."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+from raftmq.raft.replica import ENTRY, Replica
+
+
+def free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_pipelined_entries_are_sent_to_each_follower_once(tmp_path):
+    """The leader sends entries without waiting for replies.  A reply acknowledges an earlier
+    AppendEntries, and must not move the leader's nextIndex back over entries already on their
+    way (pysyncobj did, and re-sent every entry in flight: the followers' journals saw copies)."""
+    addresses = [free_address() for _ in range(3)]
+    applied: dict[int, list[tuple]] = {i: [] for i in range(3)}
+    lock = threading.Lock()
+
+    def sink(i):
+        def receive(item):
+            if item[0] == ENTRY:
+                with lock:
+                    applied[i].append((item[3], item[4], bytes(item[5])))
+        return receive
+
+    replicas = [Replica(addr, [a for a in addresses if a != addr], str(tmp_path / f"n{i}"), "secret",
+                        sink=sink(i)) for i, addr in enumerate(addresses)]
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not any(r.is_leader for r in replicas):
+            time.sleep(0.02)
+        leader = next(r for r in replicas if r.is_leader)
+        while time.monotonic() < deadline and not all(r.leader_address for r in replicas):
+            time.sleep(0.02)
+        blobs = [os.urandom(64 << 10) for _ in range(200)]  # 12.5 MiB, proposed back to back
+        for seq, blob in enumerate(blobs):
+            leader.propose(seq, "test", seq, blob, lambda _res, err: None)
+        expected = [("test", seq, blob) for seq, blob in enumerate(blobs)]
+        while time.monotonic() < deadline + 30:
+            with lock:
+                if all(len(applied[i]) >= len(blobs) for i in range(3)):
+                    break
+            time.sleep(0.05)
+        for i in range(3):
+            assert applied[i] == expected, f"replica {i} applied other entries"
+        followers = [r for r in replicas if r is not leader]
+        assert [f.journal.copies_skipped for f in followers] == [0, 0]
+    finally:
+        for r in replicas:
+            r.destroy()
