@@ -42,6 +42,9 @@ class Config:
     channel_max: int = 2047
     heartbeat: int = 60  # seconds offered in connection.tune; 0 disables
     max_message_size: int = 128 * 1024 * 1024
+    # 0-9-1 consumers with prefetch >= 32: assign up to twice the prefetch, send as the client acks
+    # (node/amqp091/window.py); the client never has more than its prefetch unacked.
+    prefetch_readahead: bool = True
     max_connections: int = 10_000
     memory_high_watermark: int = 1024 * 1024 * 1024  # bytes of queued message bodies
     disk_free_limit: int = 50 * 1024 * 1024

@@ -1036,9 +1036,14 @@ class StateMachine(SessionMixin, UserMixin):
             self._drop(queue, entry)
 
     def _nack(self, cmd: list) -> None:
-        _, conn, _, number, refs, requeue = cmd
+        _, conn, _, number, refs, requeue = cmd[:6]
+        # ``unsent``: the front end held these assignments and never sent them (a cancelled
+        # consumer's read-ahead, node/amqp091/window.py): back to the queue as not delivered.
+        unsent = len(cmd) > 6 and cmd[6]
         ch = self._channel(conn, number)
         for queue, entry in self._take_unacked(ch, refs):
+            if unsent and entry.delivery_count > 0:
+                entry.delivery_count -= 1
             if requeue:
                 self._return_to_ready(queue, entry)
             else:

@@ -21,6 +21,7 @@ from raftmq.store.machine import HARD_ERRORS
 from raftmq.store.values import to_plain
 
 from .errors import ChannelException, ConnectionException
+from .window import ClientWindow, assigned_window
 
 if TYPE_CHECKING:
     from .connection import Amqp091Connection
@@ -52,6 +53,8 @@ class Channel:
         self._next_delivery_tag = 0
         self._unacked: dict[int, tuple[int, int]] = {}
         self._consumers: dict[str, bool] = {}  # consumer tag -> no_ack
+        self._window = ClientWindow()  # the client's basic.qos, and deliveries held beyond it
+        self._paused = False  # channel.flow active=false
         # Publisher confirms.
         self.confirm_mode = False
         self._publish_seq = 0
@@ -131,6 +134,7 @@ class Channel:
         self._body_parts = []
         self._unacked.clear()
         self._consumers.clear()
+        self._window = ClientWindow()
         self._confirms.clear()
         self._tx_ops.clear()
         self._tx_returns.clear()
@@ -225,8 +229,12 @@ class Channel:
         return None  # only meaningful while we are closing (handled in on_method)
 
     def _channel_flow(self, method: m.ChannelFlow) -> None:
-        self._request(self._command(Op.FLOW, bool(method.active)), method,
-                      lambda active: m.ChannelFlowOk(active=active))
+        def flowed(active):
+            self._paused = not active
+            self._send_held()
+            return m.ChannelFlowOk(active=active)
+
+        self._request(self._command(Op.FLOW, bool(method.active)), method, flowed)
 
     def _channel_flow_ok(self, method) -> None:
         return None  # the server never sends channel.flow, so an answer is simply dropped
@@ -348,7 +356,12 @@ class Channel:
         if method.prefetch_size:
             raise ConnectionException(540, f"NOT_IMPLEMENTED - prefetch_size!=0 ({method.prefetch_size})",
                                       method.CLASS_ID, method.METHOD_ID)
-        command = self._command(Op.QOS, method.prefetch_count, bool(method.global_))
+        if method.global_:
+            self._window.channel_limit = method.prefetch_count
+        else:
+            self._window.next_consumer_limit = method.prefetch_count
+        window = assigned_window(method.prefetch_count, self.conn.config.prefetch_readahead)
+        command = self._command(Op.QOS, window, bool(method.global_))
         self._request(command, method, lambda _: m.BasicQosOk())
 
     def _basic_consume(self, method: m.BasicConsume) -> None:
@@ -360,9 +373,11 @@ class Channel:
         no_ack = bool(method.no_ack)
         command = self._command(Op.CONSUME, self.conn.vhost, queue, method.consumer_tag, no_ack,
                                 bool(method.exclusive), to_plain(method.arguments or {}))
+        limit = self._window.next_consumer_limit
 
         def consuming(tag):
             self._consumers[tag] = no_ack
+            self._window.add_consumer(tag, limit)
             return m.BasicConsumeOk(consumer_tag=tag)
 
         self._request(command, method, consuming, method.no_wait)
@@ -372,6 +387,7 @@ class Channel:
 
         def cancelled(tag):
             self._consumers.pop(tag, None)
+            self._return_held(tag)
             return m.BasicCancelOk(consumer_tag=tag)
 
         self._request(command, method, cancelled, method.no_wait)
@@ -498,14 +514,36 @@ class Channel:
         return tag
 
     def deliver(self, consumer_tag: str, delivery: tuple) -> None:
+        """A delivery the state machine assigned: send it, or hold it until the client's window has room."""
         if self.state != OPEN:
             return
-        qid, seq, redelivered, message = delivery
         no_ack = self._consumers.get(consumer_tag, False)
+        window = self._window
+        if not no_ack and (self._paused or window.holds(consumer_tag) or not window.has_room(consumer_tag)):
+            window.hold(consumer_tag, delivery)
+            return
+        self._send_delivery(consumer_tag, delivery, no_ack)
+
+    def _send_held(self) -> None:
+        if self._paused or self.state != OPEN:
+            return
+        for consumer_tag, delivery in self._window.releasable():
+            self._send_delivery(consumer_tag, delivery, False)
+
+    def _return_held(self, consumer_tag: str) -> None:
+        """A cancelled consumer's held deliveries go back to their queues, as never delivered."""
+        held = self._window.take_held(consumer_tag)
+        if held:
+            refs = [[qid, seq] for qid, seq, _redelivered, _message in held]
+            self.conn.broker.submit(self._command(Op.NACK, refs, True, True))
+
+    def _send_delivery(self, consumer_tag: str, delivery: tuple, no_ack: bool) -> None:
+        qid, seq, redelivered, message = delivery
         self._next_delivery_tag += 1
         tag = self._next_delivery_tag
         if not no_ack:
             self._unacked[tag] = (qid, seq)
+            self._window.sent(tag, consumer_tag)
         self.conn.write(encode_content(
             self.number,
             m.BasicDeliver(consumer_tag=consumer_tag, delivery_tag=tag, redelivered=redelivered,
@@ -516,6 +554,7 @@ class Channel:
         """The queue went away: basic.cancel to clients that announced consumer_cancel_notify."""
         if self.state != OPEN or self._consumers.pop(consumer_tag, None) is None:
             return
+        self._window.take_held(consumer_tag)  # the queue is gone, and its messages with it
         if self.conn.client_capabilities.get("consumer_cancel_notify"):
             self.conn.write(encode_method_frame(self.number, m.BasicCancel(consumer_tag=consumer_tag,
                                                                           no_wait=True)))
@@ -534,21 +573,26 @@ class Channel:
             if self.tx_mode:
                 self._tx_acked[tag] = ref
             refs.append(list(ref))
+        if not self.tx_mode:  # in a transaction they stay in the client's window until commit
+            self._window.settled(tags)
         return refs
 
     def _basic_ack(self, method: m.BasicAck) -> None:
         refs = self._take_tags(method.delivery_tag, bool(method.multiple))
         if refs:
             self._settle(self._command(Op.ACK, refs))
+        self._send_held()
 
     def _basic_nack(self, method: m.BasicNack) -> None:
         refs = self._take_tags(method.delivery_tag, bool(method.multiple))
         if refs:
             self._settle(self._command(Op.NACK, refs, bool(method.requeue)))
+        self._send_held()
 
     def _basic_reject(self, method: m.BasicReject) -> None:
         refs = self._take_tags(method.delivery_tag, False)
         self._settle(self._command(Op.NACK, refs, bool(method.requeue)))
+        self._send_held()
 
     def _settle(self, command: list) -> None:
         if self.tx_mode:
@@ -558,6 +602,7 @@ class Channel:
 
     def _basic_recover(self, method) -> None:
         self._unacked.clear()
+        self._window.forget()  # the state machine requeues held deliveries too: they are unacked there
         command = self._command(Op.RECOVER, bool(method.requeue))
         if isinstance(method, m.BasicRecover):
             self._request(command, method, lambda _: m.BasicRecoverOk())
@@ -577,7 +622,9 @@ class Channel:
             raise ChannelException(406, "PRECONDITION_FAILED - channel is not transactional")
         operations, returns = self._tx_ops, self._tx_returns
         self._tx_ops, self._tx_returns = [], []
+        self._window.settled(list(self._tx_acked))
         self._tx_acked.clear()
+        self._send_held()
         command = self._command(Op.TX_COMMIT, operations)
 
         def committed(outcomes):

@@ -390,6 +390,49 @@ def test_qos_prefetch_count_limits_unacked_deliveries(conn, ch):
     assert settle(10) == 10
 
 
+@pytest.mark.parametrize("global_qos", [False, True], ids=["per-consumer", "global"])
+def test_a_large_prefetch_is_still_exact_and_cancel_leaves_unsent_messages_undelivered(conn, ch, global_qos):
+    """reference 1.8.3.1 (basic.qos prefetch-count) with a prefetch large enough for raftmq's read-ahead
+    (node/amqp091/window.py: the node is assigned twice the prefetch and holds the rest): the client
+    still never has more than prefetch-count unacked, each ack lets exactly as many through, in queue
+    order (general 4.7).  After basic.cancel, messages assigned but never sent are back in the queue
+    and not marked redelivered (reference 1.8.3.9.3: redelivered means "may have been delivered")."""
+    prefetch, total = 40, 200
+    q = declare_queue(ch)
+    ch.confirm_delivery()
+    for i in range(total):
+        ch.basic_publish("", q, str(i).encode())
+    ch.basic_qos(prefetch_count=prefetch, global_qos=global_qos)
+    got = []
+    tag = ch.basic_consume(q, lambda _c, m, _p, b: got.append((m.delivery_tag, int(b))), auto_ack=False)
+
+    def settle(n):
+        deadline = time.monotonic() + 5
+        while len(got) < n and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.05)
+        pump(conn, 0.3)  # nothing beyond the window may arrive
+        return len(got)
+
+    assert settle(prefetch) == prefetch
+    ch.basic_ack(got[9][0], multiple=True)  # 10 acked -> exactly 10 more
+    assert settle(prefetch + 10) == prefetch + 10
+    ch.basic_ack(got[12][0])  # one more
+    assert settle(prefetch + 11) == prefetch + 11
+    assert [n for _, n in got] == list(range(prefetch + 11))
+    ch.basic_cancel(tag)
+    pump(conn, 0.3)
+    assert len(got) == prefetch + 11
+    rest = []
+    while True:
+        method, _, body = ch.basic_get(q, auto_ack=True)
+        if method is None:
+            break
+        rest.append((int(body), method.redelivered))
+    assert rest == [(n, False) for n in range(prefetch + 11, total)]
+    ch.basic_ack(0, multiple=True)  # the 40 still unacked after the cancel
+    ch.queue_delete(q)
+
+
 def test_nack_and_reject_with_requeue_set_redelivered(conn, ch):
     """reference 1.8.3.14 (basic.reject) / basic.nack: a requeued message comes back with redelivered set
     (reference 1.8.3.9.3 / 1.8.3.11.2); requeue=false discards it."""
