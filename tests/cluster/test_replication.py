@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import pickle
+import socket
+import struct
 import time
 
 import pika
 import pytest
+from pysyncobj.utility import UtilityException
 
 from raftmq.ops.local.cluster import Cluster
+from raftmq.raft.wire import admin_utility
 
 pytestmark = pytest.mark.cluster
 
@@ -259,3 +265,33 @@ def test_a_publish_flood_is_throttled_and_nothing_is_lost(tmp_path):
         assert count == 400
         conn.close()
         assert "throttling publishers" in follower.log_path.read_text()
+
+
+def test_strangers_on_the_raft_port_are_dropped_and_harm_nothing(cluster):
+    """raft/wire.py: the Raft port takes only frames sealed with the cluster secret.  Garbage, an
+    announced 1 GiB frame, a plain pickle (pysyncobj's format without a password: arbitrary code on
+    load) and a peer with another secret are disconnected before anything is decoded; the nodes
+    stay up, and confirms keep flowing through the leader whose port was hit."""
+    leader = cluster.leader()
+    host, port = cluster.raft_address(leader).rsplit(":", 1)
+    payloads = [os.urandom(4096), struct.pack("<I", 1 << 30) + b"x" * 1000,
+                struct.pack("<I", 40) + pickle.dumps(["status"], 5).ljust(40, b"\0")]
+    for payload in payloads:
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(payload)
+            sock.settimeout(5)
+            try:
+                assert sock.recv(1024) == b""  # closed by the node, nothing answered
+            except ConnectionResetError:
+                pass
+    with pytest.raises(UtilityException):
+        admin_utility("not the cluster secret", timeout=3).executeCommand(cluster.raft_address(leader), ["status"])
+
+    assert all(n.is_alive() for n in cluster.nodes)
+    assert cluster.leader() is leader
+    conn = cluster.connection(leader)
+    ch = conn.channel()
+    ch.queue_declare("after-strangers", durable=True)
+    publish_confirmed(ch, "after-strangers", [b"still here"])
+    conn.close()
+    assert "raft connection closed" in leader.log_tail(200)
