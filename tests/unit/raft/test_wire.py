@@ -9,6 +9,8 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pysyncobj.poller import createPoller
 
 from raftmq.raft.wire import HANDSHAKE_FRAME_BYTES, FrameError, SealedConnection, Sealer
@@ -177,3 +179,18 @@ def test_session_keys_are_bound_to_the_connection_key():
     _, other_receiver = _ends(sealer)
     with pytest.raises(FrameError):
         sealer.open(other_receiver, _frame(sealer, sender, b"recorded"))
+
+
+_FUZZ_SEALER = Sealer("fuzz")
+
+
+@settings(max_examples=300, deadline=None)
+@given(frame=st.binary(max_size=200), session=st.booleans())
+def test_any_bytes_either_open_as_the_next_frame_or_raise_frame_error(frame, session):
+    """Nothing but FrameError comes out of opening a frame an attacker made up (no pickle is
+    reached: the caller unpickles only what opened)."""
+    sender, receiver = _ends(_FUZZ_SEALER)
+    if not session:
+        receiver.recvRandKey = None
+    with pytest.raises(FrameError):
+        _FUZZ_SEALER.open(receiver, memoryview(frame))
