@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from raftmq.protocol.amqp091 import methods as m
 from raftmq.protocol.amqp091.errors import AMQPError
-from raftmq.protocol.amqp091.frames import encode_content, encode_method_frame
+from raftmq.protocol.amqp091.frames import encode_content, encode_delivery, encode_method_frame
 from raftmq.protocol.amqp091.properties import decode_content_header, peek_properties
 from raftmq.store.commands import REJECTED, UNROUTABLE, Op
 from raftmq.store.machine import HARD_ERRORS
@@ -544,11 +544,9 @@ class Channel:
         if not no_ack:
             self._unacked[tag] = (qid, seq)
             self._window.sent(tag, consumer_tag)
-        self.conn.write(encode_content(
-            self.number,
-            m.BasicDeliver(consumer_tag=consumer_tag, delivery_tag=tag, redelivered=redelivered,
-                           exchange=message.exchange, routing_key=message.routing_key),
-            message.properties, message.body, self.conn.frame_max))
+        self.conn.write(encode_delivery(self.number, consumer_tag, tag, redelivered, message.exchange,
+                                        message.routing_key, message.properties, message.body,
+                                        self.conn.frame_max))
 
     def server_cancel(self, consumer_tag: str) -> None:
         """The queue went away: basic.cancel to clients that announced consumer_cancel_notify."""
