@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import ssl
@@ -111,8 +112,28 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         await asyncio.sleep(0.05)
         await broker.stop()
 
+GC_THRESHOLDS = (50_000, 20, 20)  # see tune_gc
+
+
+def tune_gc() -> None:
+    """Run the cyclic garbage collector far less often than CPython's default.
+
+    Every queued message is a handful of container objects, so under publish load the default
+    thresholds (700, 10, 10) collect every 700 net allocations, and full collections walk the whole
+    growing model while holding the GIL (the Raft thread's too).  Measured by applying publishes to
+    a state machine: 300k messages spent 33 % of the time in the collector (pauses up to 94 ms);
+    1M messages spent 35 %, with a 319 ms pause, longer than the minimum election timeout.  With
+    (50,000, 20, 20): 6 % and 13 %, pauses of at most 6 and 129 ms.  End to end, publishing
+    300k messages into one queue on one node ran at the same rate either way (the client is
+    the limit there).  Reference counting still frees nearly everything at once; only cycles
+    wait for a collection.  Objects alive after start-up are frozen out of every collection.
+    """
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
 
 def run(config: Config) -> None:
+    tune_gc()
     if config.clustered:
         # The Raft tick thread and the event loop share the GIL. With the default 5 ms switch
         # interval, a message arriving for the idle thread waits up to 5 ms whenever the other one
