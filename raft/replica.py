@@ -66,7 +66,7 @@ logging.getLogger("pysyncobj.syncobj").addFilter(_KeptSuffixFilter())
 ENTRY, SNAPSHOT, INSTALL = 0, 1, 2
 
 # A group-commit batch in the log: this type byte (pysyncobj's own command types are 0-3), then
-# the leader's clock (µs), the proposer's sequence number and origin length, the origin, the blob.
+# the proposer's clock (µs), its sequence number and origin length, the origin, the blob.
 BATCH_COMMAND = 0x10
 _BATCH_HEAD = struct.Struct("<BqQH")
 
