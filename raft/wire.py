@@ -16,11 +16,13 @@ side sends under it (``sendRandKey``).  What changes:
 * **Framing**: ``u32 length | nonce (12) | AES-GCM(pickle protocol 5)``.  No compression.
 * **Keys**: the handshake frames are sealed with the cluster key (PBKDF2 of the secret) and
   random nonces.  Everything after is sealed with a per-direction session key,
-  HMAC-SHA256(cluster key, random key), and the nonce is a counter that the receiver requires to
-  be exactly the next one: a frame replayed, dropped or reordered by the network closes the
-  connection (pysyncobj's Fernet timestamps only rejected frames older than the last one, to the
-  second).  A frame that fails authentication is logged and closes the connection before
-  anything is unpickled.
+  HMAC-SHA256(cluster key, random key).  Its nonce is 4 random bytes the sender picks for the
+  session, then a 64-bit counter, and the receiver requires exactly the next counter: a frame
+  replayed, dropped or reordered by the network closes the connection (pysyncobj's Fernet
+  timestamps only rejected frames older than the last one, to the second).  The random part keeps
+  nonces unique even if a recorded handshake is replayed to make a node reuse a random key.  A
+  frame that fails authentication is logged and closes the connection before anything is
+  unpickled.
 * **Sending**: a message that does not fit the socket buffer subscribes the connection for
   writability, so the rest goes out as the peer reads (pysyncobj left it until the next send).
 * **Buffers**: ``bytearray`` read and write buffers consumed from the front (``del buf[:n]`` is
@@ -52,7 +54,7 @@ from pysyncobj.tcp_connection import TcpConnection
 log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct("<I")
-_COUNTER_NONCE = struct.Struct(">IQ")  # 4 zero bytes, then the 64-bit frame counter
+_COUNTER = struct.Struct(">Q")  # a session nonce: 4 random bytes per session, then this counter
 NONCE_BYTES = 12
 READ_CHUNK = 256 << 10
 # Largest frame accepted: an AppendEntries of up to 4 MiB of entries plus one entry that may hold a
@@ -91,8 +93,9 @@ class Sealer:
             return nonce, self._cluster.encrypt(nonce, plain, None)
         if conn.tx_key_for is not random_key:
             conn.tx_key_for, conn.tx_aead, conn.tx_count = random_key, self.session(random_key), 0
+            conn.tx_prefix = os.urandom(4)
         conn.tx_count += 1
-        nonce = _COUNTER_NONCE.pack(0, conn.tx_count)
+        nonce = conn.tx_prefix + _COUNTER.pack(conn.tx_count)
         return nonce, conn.tx_aead.encrypt(nonce, plain, None)
 
     def open(self, conn: SealedConnection, frame: memoryview) -> bytes:
@@ -106,8 +109,8 @@ class Sealer:
                 return self._cluster.decrypt(nonce, sealed, None)
             if conn.rx_key_for is not random_key:
                 conn.rx_key_for, conn.rx_aead, conn.rx_count = random_key, self.session(random_key), 0
-            expected = _COUNTER_NONCE.pack(0, conn.rx_count + 1)
-            if nonce != expected:
+                conn.rx_prefix = bytes(nonce[:4])  # the sender's, for this session
+            if nonce != conn.rx_prefix + _COUNTER.pack(conn.rx_count + 1):
                 raise FrameError("frame out of sequence (replayed, lost or reordered)")
             plain = conn.rx_aead.decrypt(nonce, sealed, None)
         except InvalidTag:
@@ -123,9 +126,11 @@ class SealedConnection(TcpConnection):
     tx_key_for: bytes | None = None
     tx_aead: AESGCM | None = None
     tx_count = 0
+    tx_prefix = b""
     rx_key_for: bytes | None = None
     rx_aead: AESGCM | None = None
     rx_count = 0
+    rx_prefix = b""
 
     def send(self, message: object) -> None:
         plain = pickle.dumps(message, PICKLE_PROTOCOL)

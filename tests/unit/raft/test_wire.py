@@ -194,3 +194,15 @@ def test_any_bytes_either_open_as_the_next_frame_or_raise_frame_error(frame, ses
         receiver.recvRandKey = None
     with pytest.raises(FrameError):
         _FUZZ_SEALER.open(receiver, memoryview(frame))
+
+
+def test_a_reused_random_key_still_gets_fresh_nonces():
+    """Replaying a recorded handshake can make a node send under a random key it used before; the
+    session's random nonce prefix keeps AES-GCM nonces from repeating under that key."""
+    sealer = Sealer("s")
+    first, _ = _ends(sealer)
+    second = SimpleNamespace(**vars(first))  # the same random key, a new session
+    second.tx_key_for, second.tx_count = None, 0
+    nonce_a, _ = sealer.seal(first, b"x")
+    nonce_b, _ = sealer.seal(second, b"x")
+    assert nonce_a != nonce_b
