@@ -532,7 +532,7 @@ class Channel:
 
     def _return_held(self, consumer_tag: str) -> None:
         """A cancelled consumer's held deliveries go back to their queues, as never delivered."""
-        held = self._window.take_held(consumer_tag)
+        held = self._window.remove_consumer(consumer_tag)
         if held:
             refs = [[qid, seq] for qid, seq, _redelivered, _message in held]
             self.conn.broker.submit(self._command(Op.NACK, refs, True, True))
@@ -552,7 +552,7 @@ class Channel:
         """The queue went away: basic.cancel to clients that announced consumer_cancel_notify."""
         if self.state != OPEN or self._consumers.pop(consumer_tag, None) is None:
             return
-        self._window.take_held(consumer_tag)  # the queue is gone, and its messages with it
+        self._window.remove_consumer(consumer_tag)  # the queue is gone, and its messages with it
         if self.conn.client_capabilities.get("consumer_cancel_notify"):
             self.conn.write(encode_method_frame(self.number, m.BasicCancel(consumer_tag=consumer_tag,
                                                                           no_wait=True)))

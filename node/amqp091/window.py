@@ -77,6 +77,16 @@ class ClientWindow:
             if consumer_tag is not None:
                 in_client[consumer_tag] -= 1
                 self._total -= 1
+                if not in_client[consumer_tag] and consumer_tag not in self._consumer_limit:
+                    del in_client[consumer_tag]  # a cancelled consumer's last delivery
+
+    def remove_consumer(self, consumer_tag: str) -> list[tuple]:
+        """The consumer is gone: forget its limit and return its held deliveries (its unacked
+        deliveries stay counted until they are settled)."""
+        self._consumer_limit.pop(consumer_tag, None)
+        if not self._in_client.get(consumer_tag):
+            self._in_client.pop(consumer_tag, None)
+        return self.take_held(consumer_tag)
 
     def releasable(self) -> list[tuple[str, tuple]]:
         """Held deliveries that now fit the client's window, taken off the hold, in order.

@@ -70,3 +70,18 @@ def test_take_held_and_forget():
     assert not w.holds("a") and w.holds("b")
     w.forget()
     assert w.has_room("a") and w.has_room("b") and not w.held
+
+
+def test_a_cancelled_consumer_is_forgotten_once_its_deliveries_are_settled():
+    """A channel that consumes and cancels over and over must not keep an entry per consumer."""
+    w = ClientWindow()
+    for round_ in range(3):
+        tag = f"c{round_}"
+        w.add_consumer(tag, 2)
+        w.sent(10 * round_ + 1, tag)
+        w.sent(10 * round_ + 2, tag)
+        w.hold(tag, delivery(10 * round_ + 3))
+        assert w.remove_consumer(tag) == [delivery(10 * round_ + 3)]
+        assert w._in_client[tag] == 2  # its sent deliveries still count until settled
+        w.settled([10 * round_ + 1, 10 * round_ + 2])
+    assert w._in_client == {} and w._consumer_limit == {} and w._tag_consumer == {}
