@@ -93,12 +93,18 @@ def encode_method_frame(channel: int, method: Method) -> bytes:
 def encode_content(channel: int, method: Method, properties: bytes, body: bytes, frame_max: int) -> bytes:
     """A content method with its header frame and body frames, bodies split to fit ``frame_max``."""
     payload = method.encode()
-    header = _CONTENT_HEADER.pack(BASIC_CLASS_ID, 0, len(body)) + properties
-    pack = _FRAME_HEADER.pack
-    parts = [pack(FRAME_METHOD, channel, len(payload)), payload, b"\xce",
-             pack(FRAME_HEADER, channel, len(header)), header, b"\xce"]
-    chunk = (frame_max - FRAME_OVERHEAD) if frame_max else len(body) or 1
+    parts = [_FRAME_HEADER.pack(FRAME_METHOD, channel, len(payload)), payload, b"\xce"]
+    _add_content_frames(parts, channel, properties, body, frame_max)
+    return b"".join(parts)
+
+
+def _add_content_frames(parts: list, channel: int, properties: bytes, body: bytes, frame_max: int) -> None:
+    """Append the content header frame and the body frames, bodies split to fit ``frame_max``."""
     size = len(body)
+    header = _CONTENT_HEADER.pack(BASIC_CLASS_ID, 0, size) + properties
+    pack = _FRAME_HEADER.pack
+    parts += (pack(FRAME_HEADER, channel, len(header)), header, b"\xce")
+    chunk = (frame_max - FRAME_OVERHEAD) if frame_max else size or 1
     if size <= chunk:
         if size:
             parts += (pack(FRAME_BODY, channel, size), body, b"\xce")
@@ -107,7 +113,6 @@ def encode_content(channel: int, method: Method, properties: bytes, body: bytes,
         for start in range(0, size, chunk):
             piece = view[start:start + chunk]
             parts += (pack(FRAME_BODY, channel, len(piece)), piece, b"\xce")
-    return b"".join(parts)
 
 
 _DELIVER_FIXED = Struct(">BHIHH")  # method frame header, then class 60 method 60 (basic.deliver)
@@ -132,18 +137,6 @@ def encode_delivery(channel: int, consumer_tag: str, delivery_tag: int, redelive
     ...)``, built without a method object (the consumer's hot path)."""
     tail = b"".join((shortstr_cached(consumer_tag), _TAG_AND_FLAG.pack(delivery_tag, 1 if redelivered else 0),
                      shortstr_cached(exchange), shortstr_cached(routing_key)))
-    size = len(body)
-    header = _CONTENT_HEADER.pack(BASIC_CLASS_ID, 0, size) + properties
-    pack = _FRAME_HEADER.pack
-    parts = [_DELIVER_FIXED.pack(FRAME_METHOD, channel, 4 + len(tail), BASIC_CLASS_ID, 60), tail, b"\xce",
-             pack(FRAME_HEADER, channel, len(header)), header, b"\xce"]
-    chunk = (frame_max - FRAME_OVERHEAD) if frame_max else size or 1
-    if size <= chunk:
-        if size:
-            parts += (pack(FRAME_BODY, channel, size), body, b"\xce")
-    else:
-        view = memoryview(body)
-        for start in range(0, size, chunk):
-            piece = view[start:start + chunk]
-            parts += (pack(FRAME_BODY, channel, len(piece)), piece, b"\xce")
+    parts = [_DELIVER_FIXED.pack(FRAME_METHOD, channel, 4 + len(tail), BASIC_CLASS_ID, 60), tail, b"\xce"]
+    _add_content_frames(parts, channel, properties, body, frame_max)
     return b"".join(parts)
