@@ -362,6 +362,16 @@ def test_publisher_confirms_ack_every_message(ch):
 
 
 # -- consuming and acknowledgements -------------------------------------------------------------------
+def settle(conn, got: list, n: int) -> int:
+    """Wait (5 s at most) until ``got`` holds ``n`` deliveries, then 0.3 s more, in which nothing
+    beyond the prefetch window may arrive; the count of deliveries."""
+    deadline = time.monotonic() + 5
+    while len(got) < n and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.05)
+    pump(conn, 0.3)
+    return len(got)
+
+
 def test_qos_prefetch_count_limits_unacked_deliveries(conn, ch):
     """reference 1.8.3.1 (basic.qos prefetch-count): the server sends no more than prefetch-count messages
     ahead of acknowledgements; each ack lets more through."""
@@ -373,21 +383,14 @@ def test_qos_prefetch_count_limits_unacked_deliveries(conn, ch):
     got = []
     ch.basic_consume(q, lambda _c, m, _p, b: got.append((m.delivery_tag, b)), auto_ack=False)
 
-    def settle(n):
-        deadline = time.monotonic() + 5
-        while len(got) < n and time.monotonic() < deadline:
-            conn.process_data_events(time_limit=0.05)
-        pump(conn, 0.3)  # nothing beyond the window may arrive
-        return len(got)
-
-    assert settle(3) == 3
+    assert settle(conn, got, 3) == 3
     ch.basic_ack(got[0][0])
-    assert settle(4) == 4
+    assert settle(conn, got, 4) == 4
     ch.basic_ack(got[3][0], multiple=True)  # acks 2, 3, 4 -> three more
-    assert settle(7) == 7
+    assert settle(conn, got, 7) == 7
     assert [b for _, b in got] == [str(i).encode() for i in range(7)]
     ch.basic_ack(got[-1][0], multiple=True)
-    assert settle(10) == 10
+    assert settle(conn, got, 10) == 10
 
 
 @pytest.mark.parametrize("global_qos", [False, True], ids=["per-consumer", "global"])
@@ -406,18 +409,11 @@ def test_a_large_prefetch_is_still_exact_and_cancel_leaves_unsent_messages_undel
     got = []
     tag = ch.basic_consume(q, lambda _c, m, _p, b: got.append((m.delivery_tag, int(b))), auto_ack=False)
 
-    def settle(n):
-        deadline = time.monotonic() + 5
-        while len(got) < n and time.monotonic() < deadline:
-            conn.process_data_events(time_limit=0.05)
-        pump(conn, 0.3)  # nothing beyond the window may arrive
-        return len(got)
-
-    assert settle(prefetch) == prefetch
+    assert settle(conn, got, prefetch) == prefetch
     ch.basic_ack(got[9][0], multiple=True)  # 10 acked -> exactly 10 more
-    assert settle(prefetch + 10) == prefetch + 10
+    assert settle(conn, got, prefetch + 10) == prefetch + 10
     ch.basic_ack(got[12][0])  # one more
-    assert settle(prefetch + 11) == prefetch + 11
+    assert settle(conn, got, prefetch + 11) == prefetch + 11
     assert [n for _, n in got] == list(range(prefetch + 11))
     ch.basic_cancel(tag)
     pump(conn, 0.3)

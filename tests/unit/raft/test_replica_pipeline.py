@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 
+from raftmq.ops.local.node import free_port
 from raftmq.raft.replica import ENTRY, Replica
 
 
 def free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
+
+
+def wait_for_leader(replicas: list[Replica], timeout: float = 15.0) -> Replica:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not any(r.is_leader for r in replicas):
+        time.sleep(0.02)
+    return next(r for r in replicas if r.is_leader)
 
 
 def test_pipelined_entries_are_sent_to_each_follower_once(tmp_path):
@@ -35,9 +40,7 @@ def test_pipelined_entries_are_sent_to_each_follower_once(tmp_path):
                         sink=sink(i)) for i, addr in enumerate(addresses)]
     try:
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and not any(r.is_leader for r in replicas):
-            time.sleep(0.02)
-        leader = next(r for r in replicas if r.is_leader)
+        leader = wait_for_leader(replicas)
         while time.monotonic() < deadline and not all(r.leader_address for r in replicas):
             time.sleep(0.02)
         blobs = [os.urandom(64 << 10) for _ in range(200)]  # 12.5 MiB, proposed back to back
@@ -67,10 +70,7 @@ def test_followers_idle_for_longer_than_the_connection_timeout_elect_in_one_roun
     replicas = [Replica(addr, [a for a in addresses if a != addr], str(tmp_path / f"n{i}"), "secret",
                         sink=lambda _item: None) for i, addr in enumerate(addresses)]
     try:
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and not any(r.is_leader for r in replicas):
-            time.sleep(0.02)
-        leader = next(r for r in replicas if r.is_leader)
+        leader = wait_for_leader(replicas)
         followers = [r for r in replicas if r is not leader]
         time.sleep(5.0)  # longer than pysyncobj's connectionTimeout (3.5 s): the followers' link idles
         term = leader._SyncObj__raftCurrentTerm

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import msgpack
 
+from raftmq.ops.local.node import free_port
 from raftmq.raft.journal import AppendJournal
 from raftmq.raft.replica import INSTALL, Replica
 from raftmq.store.machine import StateMachine
@@ -16,9 +16,7 @@ NO_OP = b"\x01"  # pysyncobj applies these without calling us
 
 
 def free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
 
 
 def test_a_journal_not_yet_compacted_to_the_snapshot_keeps_the_entries_after_it(tmp_path):
