@@ -105,14 +105,19 @@ def health(address: str, service: str = "") -> str:
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
+def serve_admin_on_first_node(cluster: Cluster) -> str:
+    """Restart the cluster's first node with the gRPC admin API on a free port; its address."""
+    port = free_port()
+    first = cluster.nodes[0]
+    first.extra_args = ["--admin-port", str(port)]
+    first.restart()
+    cluster.wait_formed()
+    return f"127.0.0.1:{port}"
+
+
 def test_members_added_and_removed_through_the_admin_api(tmp_path):
     with Cluster(3, tmp_path) as cluster:
-        port = free_port()
-        first = cluster.nodes[0]
-        first.extra_args = ["--admin-port", str(port)]
-        first.restart()
-        cluster.wait_formed()
-        address = f"127.0.0.1:{port}"
+        address = serve_admin_on_first_node(cluster)
         new = cluster.add_node(admin_address=address)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not (cluster.status(new) or {}).get("ready"):
@@ -144,12 +149,7 @@ def test_users_and_permissions_replicate_and_the_journal_compacts(tmp_path):
     """Users managed on one node log in on another; permissions are RabbitMQ's (403 ACCESS_REFUSED
     outside them); a deleted user is refused; a compaction snapshots and cuts the journal."""
     with Cluster(3, tmp_path) as cluster:
-        port = free_port()
-        first = cluster.nodes[0]
-        first.extra_args = ["--admin-port", str(port)]
-        first.restart()
-        cluster.wait_formed()
-        address = f"127.0.0.1:{port}"
+        address = serve_admin_on_first_node(cluster)
         other = cluster.nodes[1]
 
         admin(address, "put-user", "alice", "--password", "wonderland", "--tag", "monitoring")
