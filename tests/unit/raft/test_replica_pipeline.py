@@ -70,9 +70,10 @@ def test_followers_idle_for_longer_than_the_connection_timeout_elect_in_one_roun
     replicas = [Replica(addr, [a for a in addresses if a != addr], str(tmp_path / f"n{i}"), "secret",
                         sink=lambda _item: None) for i, addr in enumerate(addresses)]
     try:
-        leader = wait_for_leader(replicas)
-        followers = [r for r in replicas if r is not leader]
+        wait_for_leader(replicas)
         time.sleep(5.0)  # longer than pysyncobj's connectionTimeout (3.5 s): the followers' link idles
+        leader = wait_for_leader(replicas)  # the one now (a loaded machine may have seen an election)
+        followers = [r for r in replicas if r is not leader]
         term = leader._SyncObj__raftCurrentTerm
         leader.destroy()
         deadline = time.monotonic() + 10
