@@ -922,44 +922,61 @@ class StateMachine(SessionMixin, UserMixin):
     # ------------------------------------------------------------------ delivery
 
     def _dispatch(self, queue: Queue) -> None:
+        """Give ready messages to consumers with credit, round-robin, one message per turn.
+
+        A queue's only consumer takes as many in a row as its credit allows (``Consumer.room``):
+        the same order as turn by turn, without re-checking every limit before every message
+        (this loop runs for every delivery on every node)."""
         consumers = queue.consumers
         if queue.qid in self.expiring:
             self._expire_head(queue)
         if queue.browsers:
             self._browse(queue)
-        while consumers and len(queue.ready):
+        ready = queue.ready
+        while consumers and len(ready):
             n = len(consumers)
-            start = queue.next_consumer % n
-            chosen = None
-            for i in range(n):
-                candidate = consumers[(start + i) % n]
-                if candidate.has_credit():
-                    chosen = candidate
-                    queue.next_consumer = (start + i + 1) % n
-                    break
-            if chosen is None:
-                return
-            entry = queue.ready.pop()
-            if entry is None:
-                return
-            queue.ready_bytes -= len(entry.message.body)
-            if entry.expires_at is not None and entry.expires_at < self._now:
-                self._dead_letter(queue, entry.message, "expired")
-                self._drop(queue, entry)
-                continue
-            self._deliver(chosen, queue, entry)
+            if n == 1:
+                chosen = consumers[0]
+                room = chosen.room()
+                if room <= 0:
+                    return
+            else:
+                start = queue.next_consumer % n
+                chosen = None
+                for i in range(n):
+                    candidate = consumers[(start + i) % n]
+                    if candidate.room() > 0:
+                        chosen = candidate
+                        queue.next_consumer = (start + i + 1) % n
+                        break
+                if chosen is None:
+                    return
+                room = 1
+            while room > 0:
+                entry = ready.pop()
+                if entry is None:
+                    return
+                queue.ready_bytes -= len(entry.message.body)
+                if entry.expires_at is not None and entry.expires_at < self._now:
+                    self._dead_letter(queue, entry.message, "expired")
+                    self._drop(queue, entry)
+                    continue
+                self._deliver(chosen, queue, entry)
+                room -= 1
 
     def _deliver(self, consumer: Consumer, queue: Queue, entry: Entry) -> None:
+        message = entry.message
         redelivered = entry.delivery_count > 0
-        self._event(EV.DELIVERED, queue, entry.message, consumer.tag)
-        self.stats["delivered"] += 1
+        self._event(EV.DELIVERED, queue, message, consumer.tag)
+        stats = self.stats
+        stats["delivered"] += 1
         if redelivered:
-            self.stats["redelivered"] += 1
+            stats["redelivered"] += 1
         entry.delivery_count += 1
         ch = consumer.channel
         session = ch.session
         if session is not None:
-            self._take_credit(consumer, len(entry.message.body))
+            self._take_credit(consumer, len(message.body))
             transfer_id = session.next_transfer
             session.next_transfer += 1
             if not consumer.no_ack:
@@ -971,10 +988,10 @@ class StateMachine(SessionMixin, UserMixin):
             self._hold(ch, consumer, queue, entry)
         if session is not None:
             self._out.append((ch.conn, OUT_TRANSFER, ch.number, consumer.tag,
-                              (transfer_id, queue.qid, entry.seq, redelivered, entry.message)))
+                              (transfer_id, queue.qid, entry.seq, redelivered, message)))
         else:
             self._out.append((ch.conn, OUT_DELIVER, ch.number, consumer.tag,
-                              (queue.qid, entry.seq, redelivered, entry.message)))
+                              (queue.qid, entry.seq, redelivered, message)))
 
     def _hold(self, ch: ChannelState, holder: object, queue: Queue, entry: Entry) -> None:
         """Record an unacked delivery; a durable entry's delivery count is persisted so that a

@@ -44,6 +44,9 @@ class Entry:
     holder: object | None = None  # the Consumer or ChannelState holding it unacked; None = ready
 
 
+_NO_LIMIT = 1 << 62  # Consumer.room() of a consumer without any limit
+
+
 def _seq_of(entry: Entry) -> int:
     return entry.seq
 
@@ -180,14 +183,31 @@ class Consumer:
     cursor: int = 0  # browsing: the sequence of the last message seen
 
     def has_credit(self) -> bool:
+        return self.room() > 0
+
+    def room(self) -> int:
+        """How many messages this consumer may be given now, one after another (0 or less: none).
+
+        Byte credit (AMQP 0-10) depends on each message's size, so with byte credit the answer is
+        at most 1 and the caller asks again after each delivery.  The dispatcher delivers up to
+        this many in a row instead of re-checking every limit before every message.
+        """
         ch = self.channel
-        return (
-            ch.active
-            and (self.prefetch == 0 or self.unacked < self.prefetch)
-            and (ch.prefetch_count == 0 or len(ch.unacked) < ch.prefetch_count)
-            and (self.credit_messages is None or self.credit_messages > 0)
-            and (self.credit_bytes is None or self.credit_bytes > 0)
-        )
+        if not ch.active:
+            return 0
+        if self.credit_bytes is not None:
+            if self.credit_bytes <= 0:
+                return 0
+            room = 1
+        else:
+            room = _NO_LIMIT
+        if self.prefetch and self.prefetch - self.unacked < room:
+            room = self.prefetch - self.unacked
+        if ch.prefetch_count and ch.prefetch_count - len(ch.unacked) < room:
+            room = ch.prefetch_count - len(ch.unacked)
+        if self.credit_messages is not None and self.credit_messages < room:
+            room = self.credit_messages
+        return room
 
 
 @dataclass(slots=True, eq=False)

@@ -102,6 +102,28 @@ def test_consumer_round_robin_and_prefetch(driver):
     assert [(o[3], o[4][3].body) for o in deliveries(outputs)] == [("c1", b"4")]
 
 
+
+def test_a_single_consumer_takes_a_backlog_up_to_its_prefetch_in_queue_order(driver):
+    """The dispatcher hands a lone consumer a run of messages (Consumer.room); the limits are
+    the same as one by one: per-consumer prefetch, then the channel-wide one (basic.qos
+    global), and an expired message is dead and uses no credit."""
+    declare(driver, "q", args={"x-message-ttl": 100})
+    for i in range(10):
+        driver.publish("", "q", b"%d" % i)
+        if i == 2:
+            driver.now += 150_000  # messages 0-2 are expired from here on
+    driver.ok(Op.QOS, 4, False)
+    _, outputs = driver.ok(Op.CONSUME, "/", "q", "c1", False, False, {})
+    assert [o[4][3].body for o in deliveries(outputs)] == [b"3", b"4", b"5", b"6"]
+    queue = driver.machine.vhosts["/"].queues["q"]
+    assert len(queue.ready) == 3 and queue.unacked_count == 4
+    # A channel-wide prefetch of 2 (basic.qos global=true) binds once it is below the consumer's.
+    _, outputs = driver.ok(Op.QOS, 2, True)
+    assert deliveries(outputs) == []
+    outputs = driver.apply([Op.ACK, C, None, 1, [[queue.qid, seq] for seq in (4, 5, 6, 7)]])
+    assert [o[4][3].body for o in deliveries(outputs)] == [b"7", b"8"]
+    assert len(queue.ready) == 1 and queue.unacked_count == 2
+
 def test_nack_requeue_keeps_position_and_sets_redelivered(driver):
     declare(driver, "q")
     for i in range(3):
