@@ -82,7 +82,7 @@ class Replica(SyncObj):
     def __init__(self, self_address: str, partners: list[str], data_dir: str, secret: str,
                  sink: Callable[[tuple], None], *, bind_address: str | None = None,
                  snapshot_entries: int = 20_000, snapshot_seconds: float = 600.0,
-                 append_entries_period: float = 0.01, tick_period: float = 0.005,
+                 append_entries_period: float = 0.05, tick_period: float = 0.02,
                  election_timeout: tuple[float, float] = (0.25, 0.5), batch_append_entries: bool = False,
                  message_bytes: int = 4 << 20, leader_fallback: float = 1.0,
                  on_state_changed: Callable[[int, int], None] | None = None) -> None:
