@@ -7,10 +7,14 @@ Scenarios (each bounded by a message count and a time limit):
   keeping a window of unconfirmed messages in flight (what a careful producer does).
 * ``consume``: pika consumes what ``publish`` left, with manual acks and prefetch 256.
 
+Both brokers run side by side for the whole run; each round measures every scenario on each broker,
+alternating which goes first, and the summary gives medians and the per-round ratios.
+
 Usage::
 
     python bench/throughput.py                 # raftmq only (starts its own node)
     python bench/throughput.py --rabbitmq      # also Debian's rabbitmq-server on a private port
+    python bench/throughput.py --cluster 3 --rabbitmq --rounds 5   # issue #3: 3 nodes vs a quorum queue
     python bench/throughput.py --url amqp://guest:guest@127.0.0.1:5672/%2F   # an already running broker
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import statistics
 import sys
 import tempfile
 import time
@@ -140,20 +145,49 @@ async def _confirmed(url: str, count: int, size: int, window: int, quorum: bool)
         return done / elapsed
 
 
+PUBLISH = "publish (no confirms)"
+CONSUME = "consume (acks, prefetch 256)"
+RTT_P50 = "round trip p50 (ms, lower is better)"
+RTT_P99 = "round trip p99 (ms, lower is better)"
+
+
+def confirms_key(window: int) -> str:
+    return f"persistent + confirms (window {window})"
+
+
 def run_all(name: str, url: str, args, quorum: bool = False) -> dict[str, float]:
+    """One round of every scenario against one broker, printed as it goes."""
     results = {}
     rate, queue = bench_publish(url, args.count, args.size, quorum)
-    results["publish (no confirms)"] = rate
-    results["consume (acks, prefetch 256)"] = bench_consume(url, queue, args.count)
-    results[f"persistent + confirms (window {args.window})"] = asyncio.run(
+    results[PUBLISH] = rate
+    results[CONSUME] = bench_consume(url, queue, args.count)
+    results[confirms_key(args.window)] = asyncio.run(
         _confirmed(url, args.confirm_count, args.size, args.window, quorum))
-    p50, p99 = bench_latency(url, quorum)
-    results["round trip p50 (ms, lower is better)"] = p50
-    results["round trip p99 (ms, lower is better)"] = p99
+    results[RTT_P50], results[RTT_P99] = bench_latency(url, quorum)
     for key, value in results.items():
-        unit = "" if "ms" in key else " msg/s"
-        print(f"  {name:8s} {key:38s} {value:10.1f}{unit}", flush=True)
+        unit = "" if "(ms" in key else " msg/s"
+        print(f"  {name:10s} {key:38s} {value:10.1f}{unit}", flush=True)
     return results
+
+
+def summarise(rounds: dict[str, list[dict[str, float]]]) -> None:
+    """Median of each scenario per broker; with two brokers, the ratio of the medians and the
+    range of the per-round ratios (each round measures both brokers back to back)."""
+    names = list(rounds)
+    pair = len(names) == 2
+    n = len(next(iter(rounds.values())))
+    print(f"\nmedian of {n} round{'s' if n > 1 else ''} (msg/s unless ms)")
+    print(f"{'scenario':40s}" + "".join(f"{name:>14s}" for name in names)
+          + ("         ratio  per-round ratios" if pair else ""))
+    for key in rounds[names[0]][0]:
+        medians = [statistics.median(r[key] for r in rounds[name]) for name in names]
+        row = f"{key:40s}" + "".join(f"{m:14.1f}" for m in medians)
+        if pair:
+            ratios = sorted(a[key] / b[key] for a, b in zip(rounds[names[0]], rounds[names[1]], strict=True))
+            row += f"{medians[0] / medians[1]:13.2f}x  {ratios[0]:.2f}-{ratios[-1]:.2f}x"
+        print(row)
+    if pair:
+        print("(ratio: first / second broker; for the latency rows lower is better)")
 
 
 def main() -> None:
@@ -164,40 +198,40 @@ def main() -> None:
     parser.add_argument("--confirm-count", type=int, default=20_000)
     parser.add_argument("--size", type=int, default=100, help="message body size in bytes")
     parser.add_argument("--window", type=int, default=1000, help="unconfirmed messages in flight")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of every scenario per broker, brokers alternating; medians are reported")
     parser.add_argument("--cluster", type=int, default=0, metavar="N",
                         help="benchmark an N-node raftmq cluster (clients on a follower) instead of one node; "
                              "RabbitMQ then uses quorum queues")
     args = parser.parse_args()
 
-    table: dict[str, dict[str, float]] = {}
+    targets: list[tuple[str, str, bool]] = []  # (name, url, quorum queues)
     with contextlib.ExitStack() as stack:
         if args.url:
-            table["broker"] = run_all("broker", args.url, args)
+            targets.append(("broker", args.url, False))
         elif args.cluster:
             cluster = stack.enter_context(Cluster(args.cluster))
             follower = cluster.followers()[0]
             cluster.connection(follower).close()
-            table[f"raftmq x{args.cluster}"] = run_all(f"raftmq x{args.cluster}", follower.url, args)
+            targets.append((f"raftmq x{args.cluster}", follower.url, False))
         else:
             node = stack.enter_context(RaftmqNode(tempfile.mkdtemp(prefix="raftmq-bench-")))
-            table["raftmq"] = run_all("raftmq", node.url, args)
+            targets.append(("raftmq", node.url, False))
         if args.rabbitmq:
             if not rabbitmq.available():
                 print("rabbitmq-server is not installed (apt-get install rabbitmq-server)", file=sys.stderr)
             else:
                 rmq = stack.enter_context(rabbitmq.RabbitMQ())
-                name = "rmq quorum" if args.cluster else "rabbitmq"
-                table[name] = run_all(name, rmq.url, args, quorum=bool(args.cluster))
-    names = list(table)
-    ratio = len(names) == 2
-    print(f"\n{'scenario (msg/s unless ms)':40s}" + "".join(f"{n:>14s}" for n in names)
-          + ("         ratio" if ratio else ""))
-    keys = [k for k in next(iter(table.values())) if all(k in t for t in table.values())]
-    for key in keys:
-        row = f"{key:40s}" + "".join(f"{table[n][key]:14.1f}" for n in names)
-        if ratio:
-            row += f"{table[names[0]][key] / table[names[1]][key]:13.2f}x"
-        print(row)
+                targets.append(("rmq quorum" if args.cluster else "rabbitmq", rmq.url, bool(args.cluster)))
+        # Identical runs on this machine differ by 10-25 %, and its speed drifts over minutes: so
+        # both brokers stay up, every round measures each once, and the order alternates.
+        rounds: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in targets}
+        for number in range(args.rounds):
+            print(f"round {number + 1} of {args.rounds}", flush=True)
+            order = targets if number % 2 == 0 else targets[::-1]
+            for name, url, quorum in order:
+                rounds[name].append(run_all(name, url, args, quorum))
+    summarise(rounds)
 
 
 if __name__ == "__main__":
