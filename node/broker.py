@@ -81,6 +81,7 @@ class Broker:
                 message_bytes=config.raft_message_bytes,
                 leader_fallback=config.raft_leader_fallback,
                 max_batch_bytes=config.raft_batch_bytes, high_water_bytes=config.raft_backlog_bytes,
+                pipeline_min_bytes=config.raft_pipeline_min_bytes,
             )
             self._configured_members = {m.node_id: (m.raft, m.amqp) for m in config.cluster}
         else:

@@ -2,9 +2,15 @@
 
 Commands submitted during one event-loop iteration become one batch, proposed as one Raft entry
 (group commit: one pysyncobj command carries every connection's operations of that iteration).
-At most ``max_in_flight`` batches are proposed and not yet applied; while that many are in flight,
-new commands accumulate into the next batch, so batches grow with load and the number of Raft
-entries per second stays bounded.
+While a batch is in flight (proposed, not yet applied), new commands accumulate into the next one,
+which is proposed when the batch in flight is applied -- or at once if it already carries
+``pipeline_min_bytes``, up to ``max_in_flight`` batches.  Every batch has a fixed cost on all three
+nodes, whatever it carries: about ten Raft messages, an fsync per node, and a wake-up of every
+node's two threads.  On a machine shared with clients that cost is CPU taken from them: with
+publisher confirms (window 1,000) and every small batch pipelined (10 commands a batch, 8 in
+flight), the client spent 12-16 % of its time waiting for a CPU against 6-8 % with RabbitMQ.
+Pipelining only batches worth it halved the batches and raised confirmed publishes by ~8 %;
+a flood of publishes still fills batches fast enough to keep several in flight.
 
 Committed entries arrive from pysyncobj's tick thread and are applied here, in the asyncio loop, in
 log order; the loop is the only thread that touches the state machine.  Outputs go to the broker as
@@ -40,7 +46,8 @@ OutputsCallback = Callable[[list], None]
 class ClusterLog:
     def __init__(self, machine: StateMachine, on_outputs: OutputsCallback, *, origin: str,
                  self_address: str, partners: list[str], data_dir: str, secret: str,
-                 max_in_flight: int = 8, retry_after: float = 5.0, use_fork: bool = True,
+                 max_in_flight: int = 8, pipeline_min_bytes: int = 16 << 10,
+                 retry_after: float = 5.0, use_fork: bool = True,
                  max_batch_bytes: int = 1 << 20, high_water_bytes: int = 16 << 20,
                  clock: Callable[[], int] = time.time_ns, **replica_options) -> None:
         self.machine = machine
@@ -48,6 +55,7 @@ class ClusterLog:
         self.origin = origin
         self._clock = clock
         self.max_in_flight = max_in_flight
+        self.pipeline_min_bytes = pipeline_min_bytes
         # A batch is one Raft entry: pickled, compressed and encrypted in pysyncobj's tick thread
         # for every follower.  Multi-megabyte entries (large messages under load) held that thread
         # long enough to miss heartbeats and flap the leadership, so batches are cut at this size.
@@ -139,8 +147,11 @@ class ClusterLog:
 
     def _propose_pending(self) -> None:
         self._scheduled = False
-        if not self._pending or len(self._in_flight) >= self.max_in_flight:
+        in_flight = len(self._in_flight)
+        if not self._pending or in_flight >= self.max_in_flight:
             return
+        if in_flight and self._pending_bytes < self.pipeline_min_bytes:
+            return  # proposed when the batch in flight is applied (_drain), or once it is bigger
         batch = self._take_batch()
         blob = msgpack.packb(batch, use_bin_type=True)
         self._seq += 1

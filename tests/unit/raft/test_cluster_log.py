@@ -1,0 +1,100 @@
+"""ClusterLog's group commit: when a batch is proposed while another is in flight.
+
+The replica is replaced by a recorder of proposals (this is the batching policy alone; the cluster
+tests run it over real Raft), and committed entries are fed back the way the tick thread does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+
+from raftmq.raft.cluster import ClusterLog
+from raftmq.raft.replica import ENTRY
+from raftmq.store.commands import Op
+from raftmq.store.machine import StateMachine
+
+
+class RecordedProposals:
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, list]] = []  # (seq, commands)
+
+    def propose(self, now: int, origin: str, seq: int, blob: bytes, callback) -> None:
+        self.batches.append((seq, msgpack.unpackb(blob, raw=False)))
+
+
+def make_log(tmp_path, loop: asyncio.AbstractEventLoop, **options) -> tuple[ClusterLog, RecordedProposals]:
+    log = ClusterLog(StateMachine(None), lambda outputs: None, origin="n1.boot", self_address="127.0.0.1:1",
+                     partners=[], data_dir=str(tmp_path), secret="s", **options)
+    log._loop = loop
+    log.replica = recorder = RecordedProposals()
+    return log, recorder
+
+
+def publish(body: bytes) -> list:
+    return [Op.PUBLISH, "n1.boot.1", None, 1, "/", "", "q", False, b"\x00\x00", body, False, 0, None]
+
+
+def commit(log: ClusterLog, recorder: RecordedProposals, index: int, seq: int) -> None:
+    blob = msgpack.packb(next(c for s, c in recorder.batches if s == seq), use_bin_type=True)
+    log._from_raft((ENTRY, index, 1, log.origin, seq, memoryview(blob)))
+
+
+def settle(loop: asyncio.AbstractEventLoop) -> None:
+    loop.run_until_complete(asyncio.sleep(0))
+    loop.run_until_complete(asyncio.sleep(0))
+
+
+def test_small_batches_wait_for_the_one_in_flight_and_large_ones_are_pipelined(tmp_path):
+    loop = asyncio.new_event_loop()
+    try:
+        log, recorder = make_log(tmp_path, loop, pipeline_min_bytes=4096, max_in_flight=3)
+        log.submit(publish(b"a"))
+        settle(loop)
+        assert [len(c) for _, c in recorder.batches] == [1]
+        # Small commands while that batch is in flight accumulate into the next one.
+        for _ in range(5):
+            log.submit(publish(b"b"))
+            settle(loop)
+        assert len(recorder.batches) == 1
+        # Once the next batch carries pipeline_min_bytes it goes without waiting for the commit.
+        log.submit(publish(b"c" * 4096))
+        settle(loop)
+        assert [len(c) for _, c in recorder.batches] == [1, 6]
+        # Up to max_in_flight batches: a third large one goes, a fourth waits.
+        log.submit(publish(b"d" * 4096))
+        settle(loop)
+        log.submit(publish(b"e" * 4096))
+        settle(loop)
+        assert len(recorder.batches) == 3
+        # The first commit frees a slot: the waiting command goes at once.
+        commit(log, recorder, 1, 1)
+        settle(loop)
+        assert len(recorder.batches) == 4 and recorder.batches[-1][1][0][9] == b"e" * 4096
+        # With nothing pending, a later small command goes alone after the others commit.
+        for index, seq in ((2, 2), (3, 3), (4, 4)):
+            commit(log, recorder, index, seq)
+        settle(loop)
+        log.submit(publish(b"f"))
+        settle(loop)
+        assert len(recorder.batches) == 5 and len(recorder.batches[-1][1]) == 1
+    finally:
+        loop.close()
+
+
+def test_a_small_batch_goes_as_soon_as_the_one_in_flight_is_applied(tmp_path):
+    loop = asyncio.new_event_loop()
+    try:
+        log, recorder = make_log(tmp_path, loop)
+        log.submit(publish(b"a"))
+        settle(loop)
+        log.submit(publish(b"b"))
+        log.submit(publish(b"c"))
+        settle(loop)
+        assert len(recorder.batches) == 1
+        commit(log, recorder, 1, 1)
+        settle(loop)
+        assert [len(c) for _, c in recorder.batches] == [1, 2]
+    finally:
+        loop.close()
