@@ -122,6 +122,10 @@ class Session:
         self.results: dict[int, object] = {}  # command id -> execution.result value
         self.transactional = False
         self.tx_aborted = False
+        # Between a reconnect and the end of this session's resume, new commands wait in
+        # ``pending`` (the resume sends them after the replay, in order) instead of overtaking it.
+        self.resuming = False
+        self._aborted_commits: set[int] = set()  # tx.commit ids replaced by a rollback on resume
 
     # ------------------------------------------------------------------ public API
 
@@ -147,7 +151,8 @@ class Session:
         command_id = self.out_next
         self.out_next += 1
         self.pending[command_id] = (command, future)
-        self.conn.send_if_connected(self.channel, command)
+        if not self.resuming:
+            self.conn.send_if_connected(self.channel, command)
         return command_id, future
 
     async def tx_select(self) -> None:
@@ -243,7 +248,13 @@ class Session:
         for command_id, (_command, future) in self.pending.items():
             if any(lo <= command_id <= hi for lo, hi in ranges):
                 done.append(command_id)
-                if not future.done():
+                if future.done():
+                    continue
+                if command_id in self._aborted_commits:
+                    self._aborted_commits.discard(command_id)
+                    future.set_exception(TransactionAborted(
+                        "the session failed over during the transaction; nothing was committed"))
+                else:
                     future.set_result(None)
         for command_id in done:
             del self.pending[command_id]
@@ -286,8 +297,18 @@ class Session:
             self._completed(await asyncio.wait_for(self.state_reply, 10))
         first = next(iter(self.pending), self.out_next)
         self.conn.send(self.channel, c.SessionCommandPoint(command_id=first, command_offset=0))
-        for command, _future in self.pending.values():
+        for command_id, (command, future) in list(self.pending.items()):
+            if self.tx_aborted and isinstance(command, c.TxCommit):
+                # A commit of the transaction that died with the node: the broker would refuse
+                # it with an execution exception (409), which ends the session.  Roll back under
+                # the same id instead, and fail the caller's commit with TransactionAborted.
+                command = c.TxRollback()
+                command.sync = True
+                self.pending[command_id] = (command, future)
+                self._aborted_commits.add(command_id)
+                self.tx_aborted = False
             self.conn.send(self.channel, command)
+        self.resuming = False
 
 
 class Connection:
@@ -372,6 +393,8 @@ class Connection:
             if redirect is not None:
                 candidates.insert(0, redirect)
                 continue
+            for session in self.sessions:
+                session.resuming = True
             self._lost.clear()
             for session in self.sessions:
                 await session.resume(first_attach=False)
