@@ -81,7 +81,7 @@ class Broker:
                 message_bytes=config.raft_message_bytes,
                 leader_fallback=config.raft_leader_fallback,
                 max_batch_bytes=config.raft_batch_bytes, high_water_bytes=config.raft_backlog_bytes,
-                pipeline_min_bytes=config.raft_pipeline_min_bytes,
+                pipeline_min_bytes=config.raft_pipeline_min_bytes, defer_seconds=config.raft_defer_seconds,
             )
             self._configured_members = {m.node_id: (m.raft, m.amqp) for m in config.cluster}
         else:
@@ -219,8 +219,8 @@ class Broker:
     def connection_count(self) -> int:
         return len(self.endpoints)
 
-    def submit(self, command: list) -> None:
-        self.log.submit(command)
+    def submit(self, command: list, deferrable: bool = False) -> None:
+        self.log.submit(command, deferrable)
 
     # ------------------------------------------------------------------ flow control
 

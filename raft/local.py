@@ -47,7 +47,8 @@ class LocalLog:
         """Batches applied but not yet released (waiting for an fsync)."""
         return len(self._held)
 
-    def submit(self, command: list) -> None:
+    def submit(self, command: list, deferrable: bool = False) -> None:
+        """Queue ``command`` for the next batch (``deferrable`` matters only in a cluster)."""
         self._pending.append(command)
         if not self._scheduled:
             self._scheduled = True

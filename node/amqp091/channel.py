@@ -578,7 +578,9 @@ class Channel:
     def _basic_ack(self, method: m.BasicAck) -> None:
         refs = self._take_tags(method.delivery_tag, bool(method.multiple))
         if refs:
-            self._settle(self._command(Op.ACK, refs))
+            # With read-ahead still held here, the client has work: this ack only returns credit
+            # for later assignments, so it may wait a moment to share a batch (raft/cluster.py).
+            self._settle(self._command(Op.ACK, refs), deferrable=self._window.ample())
         self._send_held()
 
     def _basic_nack(self, method: m.BasicNack) -> None:
@@ -592,11 +594,11 @@ class Channel:
         self._settle(self._command(Op.NACK, refs, bool(method.requeue)))
         self._send_held()
 
-    def _settle(self, command: list) -> None:
+    def _settle(self, command: list, deferrable: bool = False) -> None:
         if self.tx_mode:
             self._tx_ops.append(command)
         else:
-            self.conn.broker.submit(command)
+            self.conn.broker.submit(command, deferrable)
 
     def _basic_recover(self, method) -> None:
         self._unacked.clear()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raftmq.node.amqp091.window import READAHEAD_MIN_PREFETCH, ClientWindow, assigned_window
+from raftmq.node.amqp091.window import AMPLE_HELD, READAHEAD_MIN_PREFETCH, ClientWindow, assigned_window
 
 
 def delivery(n: int) -> tuple:
@@ -33,6 +33,19 @@ def test_per_consumer_limit_holds_the_excess_and_releases_it_in_order():
     w.settled([2, 3])
     assert w.releasable() == [("a", delivery(4)), ("a", delivery(5))]
     assert not w.holds("a")
+
+
+def test_acks_may_wait_only_while_plenty_is_held_for_the_client():
+    w = ClientWindow()
+    w.add_consumer("a", 1)
+    w.sent(1, "a")
+    for n in range(AMPLE_HELD - 1):
+        w.hold("a", delivery(n))
+    assert not w.ample()
+    w.hold("a", delivery(AMPLE_HELD))
+    assert w.ample()
+    w.settled([1])
+    assert len(w.releasable()) == 1 and not w.ample()
 
 
 def test_one_consumer_waiting_does_not_block_another():

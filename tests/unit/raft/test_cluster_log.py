@@ -98,3 +98,44 @@ def test_a_small_batch_goes_as_soon_as_the_one_in_flight_is_applied(tmp_path):
         assert [len(c) for _, c in recorder.batches] == [1, 2]
     finally:
         loop.close()
+
+
+def ack(refs: list) -> list:
+    return [Op.ACK, "n1.boot.1", None, 1, refs]
+
+
+def test_deferrable_commands_wait_for_company_and_any_other_command_ends_the_wait(tmp_path):
+    loop = asyncio.new_event_loop()
+    try:
+        log, recorder = make_log(tmp_path, loop, defer_seconds=5.0)
+        log.submit(ack([[1, 1]]), deferrable=True)
+        log.submit(ack([[1, 2]]), deferrable=True)
+        settle(loop)
+        assert recorder.batches == []  # only deferrable commands: they wait
+        log.submit(publish(b"p"))
+        settle(loop)
+        # The publish goes at once and takes the acks along, in submission order.
+        assert [[c[0] for c in batch] for _, batch in recorder.batches] == [[Op.ACK, Op.ACK, Op.PUBLISH]]
+        assert recorder.batches[0][1][1][4] == [[1, 2]]
+    finally:
+        loop.close()
+
+
+def test_deferrable_commands_alone_go_after_the_delay(tmp_path):
+    loop = asyncio.new_event_loop()
+    try:
+        log, recorder = make_log(tmp_path, loop, defer_seconds=0.02)
+        log.submit(ack([[1, 1]]), deferrable=True)
+        settle(loop)
+        assert recorder.batches == []
+        loop.run_until_complete(asyncio.sleep(0.1))
+        assert [len(batch) for _, batch in recorder.batches] == [1]
+        # The wait is over with the batch: the next deferrable command waits again.
+        commit(log, recorder, 1, 1)
+        log.submit(ack([[1, 2]]), deferrable=True)
+        settle(loop)
+        assert len(recorder.batches) == 1
+        loop.run_until_complete(asyncio.sleep(0.1))
+        assert len(recorder.batches) == 2
+    finally:
+        loop.close()
