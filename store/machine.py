@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
+from sys import intern
 
 from . import events as EV
 from .commands import (
@@ -157,6 +158,7 @@ class StateMachine(SessionMixin, UserMixin):
         self._now = 0
         self._out: list = []
         self._dirty: dict[int, Queue] = {}
+        self._shared_props: dict[bytes, bytes] = {}  # see _publish
         # The owner identity of the command being applied when it is not its connection: an AMQP
         # 0-10 session (exclusive queues belong to the session and survive its failover).
         self._caller_owner: str | None = None
@@ -820,7 +822,17 @@ class StateMachine(SessionMixin, UserMixin):
         if exchange.internal:
             raise CommandError(403, f"cannot publish to internal exchange '{exchange_name}' in vhost "
                                f"'{vhost_name}'")
-        message = Message(self.next_msg_id, exchange_name, routing_key, props, body, bool(persistent),
+        # Share the strings and small property blocks that messages repeat: every message holds
+        # them for as long as it is queued (100 B of the ~650 B a queued 256 B message took).
+        if len(props) <= 64:
+            shared = self._shared_props.get(props)
+            if shared is None:
+                if len(self._shared_props) >= 1024:
+                    self._shared_props.clear()
+                self._shared_props[props] = props
+            else:
+                props = shared
+        message = Message(self.next_msg_id, exchange.name, intern(routing_key), props, body, bool(persistent),
                           priority or 0, self._now)
         self.next_msg_id += 1
         queues = self._route(vhost, exchange, routing_key, props)
