@@ -168,8 +168,8 @@ class Replica(SyncObj):
             due = self._SyncObj__newAppendEntriesTime
         else:
             due = self._SyncObj__raftElectionDeadline
-        if due - now < timeToWait:
-            timeToWait = max(0.0, due - now) + 0.0002  # just past it: the tick then sees it due
+        if now < due < now + timeToWait:  # (a deadline already past is pysyncobj's to act on)
+            timeToWait = due - now + 0.0002  # just past it: the tick then sees it due
         super()._onTick(timeToWait)
 
     def _SyncObj__onMessageReceived(self, node, message: dict) -> None:  # noqa: N802 (pysyncobj's name)
