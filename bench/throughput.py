@@ -200,6 +200,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=1000, help="unconfirmed messages in flight")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of every scenario per broker, brokers alternating; medians are reported")
+    parser.add_argument("--sched-batch", action="store_true",
+                        help="run the raftmq nodes with sched_batch = true (SCHED_BATCH threads)")
     parser.add_argument("--cluster", type=int, default=0, metavar="N",
                         help="benchmark an N-node raftmq cluster (clients on a follower) instead of one node; "
                              "RabbitMQ then uses quorum queues")
@@ -210,12 +212,14 @@ def main() -> None:
         if args.url:
             targets.append(("broker", args.url, False))
         elif args.cluster:
-            cluster = stack.enter_context(Cluster(args.cluster))
+            cluster = stack.enter_context(Cluster(args.cluster,
+                                                  extra_config="sched_batch = true" if args.sched_batch else ""))
             follower = cluster.followers()[0]
             cluster.connection(follower).close()
             targets.append((f"raftmq x{args.cluster}", follower.url, False))
         else:
-            node = stack.enter_context(RaftmqNode(tempfile.mkdtemp(prefix="raftmq-bench-")))
+            node = stack.enter_context(RaftmqNode(tempfile.mkdtemp(prefix="raftmq-bench-"),
+                                                  env={"RAFTMQ_SCHED_BATCH": "true"} if args.sched_batch else None))
             targets.append(("raftmq", node.url, False))
         if args.rabbitmq:
             if not rabbitmq.available():

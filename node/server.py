@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -132,8 +133,23 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def use_batch_scheduling() -> None:
+    """SCHED_BATCH for this thread and every thread it starts later (Linux threads inherit it).
+
+    Measured with publisher confirms through a follower, client and three nodes on two cores: the
+    client (aio-pika) waited for a CPU 10 % of the time and was preempted ~1,000 times a second by
+    the nodes' wake-ups; under SCHED_BATCH 3-4 % and 260-440 times, and it confirmed ~13 % more.
+    """
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError) as exc:
+        log.warning("sched_batch: cannot use SCHED_BATCH here (%s); running with the default policy", exc)
+
+
 def run(config: Config) -> None:
     tune_gc()
+    if config.sched_batch:
+        use_batch_scheduling()
     if config.clustered:
         # The Raft tick thread and the event loop share the GIL. With the default 5 ms switch
         # interval, a message arriving for the idle thread waits up to 5 ms whenever the other one

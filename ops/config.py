@@ -49,6 +49,10 @@ class Config:
     memory_high_watermark: int = 1024 * 1024 * 1024  # bytes of queued message bodies
     disk_free_limit: int = 50 * 1024 * 1024
     use_uvloop: bool = True
+    # Run the node's threads under Linux SCHED_BATCH: their many short wake-ups (every Raft message
+    # and batch) then do not preempt other busy processes on the same cores.  For a node sharing
+    # cores with CPU-bound clients; costs latency when the cores are saturated (docs/benchmarks.md).
+    sched_batch: bool = False
     log_level: str = "INFO"
     log_format: str = "text"  # or "json": one object per line (ops/logs.py)
     metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0 disables

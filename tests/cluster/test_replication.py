@@ -60,6 +60,23 @@ def test_publish_on_one_node_consume_on_another(cluster):
     assert len({d for _, d in digests.values()}) == 1, digests
 
 
+def test_sched_batch_puts_every_node_thread_under_sched_batch_and_the_cluster_works(tmp_path):
+    """``sched_batch = true``: the loop, the Raft thread and every helper thread run under
+    SCHED_BATCH (threads inherit it from the main thread), and replication is unaffected."""
+    with Cluster(3, tmp_path, extra_config="sched_batch = true") as cluster:
+        for node in cluster.nodes:
+            tids = [int(t) for t in os.listdir(f"/proc/{node.pid}/task")]
+            assert len(tids) >= 2  # at least the event loop and pysyncobj's tick thread
+            assert {os.sched_getscheduler(tid) for tid in tids} == {os.SCHED_BATCH}, node.node_id
+        conn = cluster.connection(cluster.followers()[0])
+        ch = conn.channel()
+        ch.queue_declare("batch-policy", durable=True)
+        bodies = [str(i).encode() for i in range(50)]
+        publish_confirmed(ch, "batch-policy", bodies)
+        assert drain(ch, "batch-policy") == bodies
+        conn.close()
+
+
 def test_leader_kill_loses_no_confirmed_message(cluster):
     """kill -9 of the leader: a new leader is elected, every confirmed message is still there."""
     leader = cluster.leader()
