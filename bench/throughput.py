@@ -15,6 +15,7 @@ Usage::
     python bench/throughput.py                 # raftmq only (starts its own node)
     python bench/throughput.py --rabbitmq      # also Debian's rabbitmq-server on a private port
     python bench/throughput.py --cluster 3 --rabbitmq --rounds 5   # issue #3: 3 nodes vs a quorum queue
+    python bench/throughput.py --cluster 3 --rabbitmq --sched-batch   # the nodes under SCHED_BATCH
     python bench/throughput.py --url amqp://guest:guest@127.0.0.1:5672/%2F   # an already running broker
 """
 
