@@ -96,8 +96,9 @@ class Config:
     # While a batch is in flight, the next is proposed before the first commits only if it carries
     # this much (raft/cluster.py: a batch's fixed cost on every node is CPU taken from clients).
     raft_pipeline_min_bytes: int = 16 << 10
-    # How long a batch of deferrable commands only (acks of consumers with read-ahead to spare)
-    # waits for other commands before it is proposed; 0 proposes at once.
+    # How long a batch of deferrable commands only (acks of consumers with read-ahead to spare,
+    # publishes of publishers with several unconfirmed) waits for other commands before it is
+    # proposed; 0 proposes at once.
     raft_defer_seconds: float = 0.002
     # Commands waiting to be proposed beyond this many bytes stop the reading of publishers
     # (TCP back-pressure) until half of it is proposed: memory stays bounded under a flood.

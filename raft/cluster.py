@@ -13,9 +13,12 @@ Pipelining only batches worth it halved the batches and raised confirmed publish
 a flood of publishes still fills batches fast enough to keep several in flight.
 
 A command submitted as *deferrable* (a consumer's acks while its node still holds read-ahead for
-it: nobody waits for them) may wait up to ``defer_seconds`` for company when nothing else is
-pending; any other command ends the wait at once, so the order of commands never changes.
-Consuming through a follower, that cut the batches by a third (630 -> 420 per 100k messages).
+it; a publish from a publisher that already has several unconfirmed: nobody waits for it alone)
+may wait up to ``defer_seconds`` for company when nothing else is pending, unless the pending
+commands already carry ``pipeline_min_bytes``; any other command ends the wait at once, so the
+order of commands never changes.  Consuming through a follower, that cut the batches by a third
+(630 -> 420 per 100k messages); publishing with confirms (aio-pika, window 1,000) it halved them
+(~1,050 -> ~620 per 20k messages) and the client, preempted less, confirmed ~14 % more.
 
 Committed entries arrive from pysyncobj's tick thread and are applied here, in the asyncio loop, in
 log order; the loop is the only thread that touches the state machine.  Outputs go to the broker as
@@ -164,7 +167,7 @@ class ClusterLog:
             return
         if in_flight and self._pending_bytes < self.pipeline_min_bytes:
             return  # proposed when the batch in flight is applied (_drain), or once it is bigger
-        if not self._urgent and self.defer_seconds > 0:
+        if not self._urgent and self.defer_seconds > 0 and self._pending_bytes < self.pipeline_min_bytes:
             if self._defer_handle is None:
                 self._defer_handle = self._loop.call_later(self.defer_seconds, self._deferred_due)
             return

@@ -23,6 +23,15 @@ from raftmq.store.values import to_plain
 from .errors import ChannelException, ConnectionException
 from .window import ClientWindow, assigned_window
 
+# Unconfirmed publishes beyond which a confirm-mode publisher is pipelining: it is not waiting for
+# this publish's confirm, so the publish may wait ``raft_defer_seconds`` in the log for company
+# (raft/cluster.py).  A publisher that waits for each confirm, or for a few, is never held back.
+# Measured with aio-pika (window 1,000) through a follower: the client, CPU-bound, only ever had
+# ~20-40 publishes unconfirmed (rate x commit latency), so a threshold near the window would never
+# apply; at 8, batches per 20k publishes fell from ~1,050 to ~620, the client's preemptions from
+# ~1,070 to ~700 a second, and it confirmed ~14 % more (paired runs, median of 10).
+AMPLE_UNCONFIRMED = 8
+
 if TYPE_CHECKING:
     from .connection import Amqp091Connection
 
@@ -58,6 +67,7 @@ class Channel:
         # Publisher confirms.
         self.confirm_mode = False
         self._publish_seq = 0
+        self._unconfirmed = 0  # publishes submitted whose outcome has not come back
         self._confirms: list[tuple[int, bool]] = []  # (seq, ack?) waiting for flush
         # Transactions.
         self.tx_mode = False
@@ -136,6 +146,7 @@ class Channel:
         self._consumers.clear()
         self._window = ClientWindow()
         self._confirms.clear()
+        self._unconfirmed = 0
         self._tx_ops.clear()
         self._tx_returns.clear()
         self._tx_acked.clear()
@@ -441,9 +452,11 @@ class Channel:
             self._publish_seq += 1
             seq = self._publish_seq
             mandatory = method.mandatory
+            self._unconfirmed += 1
             conn.request(self, command, m.BasicPublish,
                          lambda outcome: self._published(outcome, seq, method if mandatory else None,
-                                                         props, body))
+                                                         props, body),
+                         deferrable=self._unconfirmed > AMPLE_UNCONFIRMED)
         elif method.mandatory:
             conn.request(self, command, m.BasicPublish,
                          lambda outcome: self._published(outcome, 0, method, props, body))
@@ -454,6 +467,7 @@ class Channel:
         if outcome == UNROUTABLE and mandatory_method is not None:
             self._send_return(mandatory_method, props, body)
         if seq:
+            self._unconfirmed -= 1
             self._confirms.append((seq, outcome != REJECTED))
             self.conn.confirm_dirty[self.number] = self
 

@@ -178,13 +178,13 @@ class Amqp091Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ requests to the broker
 
-    def request(self, channel: Channel, command: list, method_cls, on_ok) -> None:
+    def request(self, channel: Channel, command: list, method_cls, on_ok, deferrable: bool = False) -> None:
         """Submit ``command`` with a token; ``on_ok(value)`` runs when its OK result arrives."""
         self._next_token += 1
         token = self._next_token
         command[2] = token
         self.pending[token] = (channel, on_ok, method_cls)
-        self.broker.submit(command)
+        self.broker.submit(command, deferrable)
 
     def on_reply(self, token: int | None, result: tuple, channel_no: int | None) -> None:
         if token is None:

@@ -139,3 +139,19 @@ def test_deferrable_commands_alone_go_after_the_delay(tmp_path):
         assert len(recorder.batches) == 2
     finally:
         loop.close()
+
+
+def test_deferrable_commands_worth_a_batch_do_not_wait(tmp_path):
+    loop = asyncio.new_event_loop()
+    try:
+        log, recorder = make_log(tmp_path, loop, defer_seconds=5.0, pipeline_min_bytes=4096)
+        log.submit(publish(b"a" * 1000), deferrable=True)
+        settle(loop)
+        assert recorder.batches == []  # a pipelining publisher's publish may wait for company
+        for _ in range(3):
+            log.submit(publish(b"b" * 1000), deferrable=True)
+        settle(loop)
+        # Four kilobytes pending: as big as a batch worth pipelining, so waiting gains nothing.
+        assert [len(batch) for _, batch in recorder.batches] == [4]
+    finally:
+        loop.close()
