@@ -75,6 +75,7 @@ class Broker:
                 partners=[m.raft for m in config.cluster if m.node_id != config.node_id],
                 data_dir=os.path.join(data_dir, "raft"), secret=config.secret(),
                 snapshot_entries=config.snapshot_entries, snapshot_seconds=config.snapshot_seconds,
+                snapshot_bytes=config.snapshot_bytes,
                 append_entries_period=config.raft_append_entries_period, tick_period=config.raft_tick_period,
                 election_timeout=(config.raft_election_timeout_min, config.raft_election_timeout_max),
                 batch_append_entries=config.raft_batch_append_entries,

@@ -58,6 +58,7 @@ def status_of(broker: Broker) -> dict:
             commit_index=replica.commit_index,
             raft_applied=replica.last_applied,
             journal_entries=len(replica.journal),
+            journal_bytes=replica.journal.size_bytes,
             journal_flushes=replica.journal.flushes,
             connected_partners=replica.connected_partners(),
             batches_proposed=log.batches_proposed,

@@ -200,6 +200,12 @@ class AppendJournal(Journal):
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of log records since the last compaction, flushed or not (also, roughly, the
+        memory the entries take: they are kept in memory until compacted)."""
+        return self._end + self._buffered
+
     def _destroy(self) -> None:
         self.flush()
         os.close(self._fd)

@@ -82,6 +82,7 @@ class Replica(SyncObj):
     def __init__(self, self_address: str, partners: list[str], data_dir: str, secret: str,
                  sink: Callable[[tuple], None], *, bind_address: str | None = None,
                  snapshot_entries: int = 20_000, snapshot_seconds: float = 600.0,
+                 snapshot_bytes: int = 256 << 20,
                  append_entries_period: float = 0.05, tick_period: float = 0.02,
                  election_timeout: tuple[float, float] = (0.25, 0.5), batch_append_entries: bool = False,
                  message_bytes: int = 4 << 20, leader_fallback: float = 1.0,
@@ -93,6 +94,7 @@ class Replica(SyncObj):
         self._snapshot_state = SERIALIZER_STATE.NOT_SERIALIZING
         self._snapshot_pid: int | None = None
         self._installs = 0
+        self.snapshot_bytes = snapshot_bytes
         self.journal = AppendJournal(os.path.join(data_dir, "journal"))
         self._align_journal_with_snapshot()
         self._sealer = wire.Sealer(secret) if secret else None
@@ -155,12 +157,19 @@ class Replica(SyncObj):
         wins and deposes a healthy leader.  Restarting the clock while isolated makes such a node
         wait one election timeout for a heartbeat first, as a freshly started follower should.
 
-        Also: sleep no later than the next timer.  pysyncobj looks at its election deadline and
+        Also: compact the log once the journal holds ``snapshot_bytes``.  pysyncobj counts only
+        entries and time, and an entry is a batch of up to ``max_batch_bytes`` (1 MiB): 20,000
+        entries of large messages would be gigabytes, on disk and in memory, before a snapshot.
+
+        And: sleep no later than the next timer.  pysyncobj looks at its election deadline and
         heartbeat time only when a tick runs, so with a 20 ms tick an election started up to 20 ms
         late -- and two followers whose random timeouts fell into the same 20 ms both campaigned
         and split the vote (leader kill to first confirm: p50 389 ms, max 787 ms over 10 kills,
         against p50 333 ms, max 447 ms with a 5 ms tick, which costs an idle node twice the CPU).
         """
+        if (self.snapshot_bytes and self.journal.size_bytes > self.snapshot_bytes
+                and self._snapshot_state == SERIALIZER_STATE.NOT_SERIALIZING):
+            self.forceLogCompaction()
         now = _syncobj_module.monotonicTime()
         if not self._SyncObj__connectedNodes and self._SyncObj__otherNodes:
             self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()

@@ -235,6 +235,33 @@ def test_lagging_follower_catches_up_through_a_snapshot(tmp_path):
         lconn.close()
 
 
+def test_the_log_is_compacted_by_size_when_entries_are_large(tmp_path):
+    """Few but large entries (64 KiB messages) reach ``snapshot_bytes`` long before
+    ``snapshot_entries``: every node compacts by size, its journal stays bounded, and nothing is
+    lost."""
+    config = "snapshot_entries = 1000000\nsnapshot_seconds = 100000\nsnapshot_bytes = 1000000"
+    with Cluster(3, tmp_path, extra_config=config) as cluster:
+        leader = cluster.leader()
+        conn = cluster.connection(leader)
+        ch = conn.channel()
+        ch.queue_declare("big", durable=True)
+        bodies = [bytes([i]) * 65536 for i in range(60)]  # ~3.9 MB: ~4x snapshot_bytes
+        publish_confirmed(ch, "big", bodies)
+        cluster.wait_applied_equal()
+        deadline = time.monotonic() + 20
+        sizes = {}
+        while time.monotonic() < deadline:
+            sizes = {n.node_id: cluster.fresh_status(n)["journal_bytes"] for n in cluster.nodes}
+            if max(sizes.values()) < 1_000_000:
+                break
+            time.sleep(0.2)
+        assert max(sizes.values()) < 1_000_000, sizes
+        digests = cluster.digests()
+        assert len({d for _, d in digests.values()}) == 1, digests
+        assert drain(ch, "big") == bodies
+        conn.close()
+
+
 def test_add_and_remove_a_member_at_runtime(cluster):
     """A fourth node joins, catches up to identical state and appears in known-hosts; removing a
     member takes it out of known-hosts while the others carry on."""
