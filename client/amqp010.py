@@ -35,6 +35,7 @@ from raftmq.store import ranges as rs
 log = logging.getLogger(__name__)
 
 UNLIMITED = 0xFFFFFFFF
+ANSWER_TIMEOUT = 10.0  # seconds to wait for session.attached and other answers during a resume
 
 
 class ClientError(Exception):
@@ -48,6 +49,14 @@ class SessionException(ClientError):
         super().__init__(f"{exc.error_code}: {exc.description}")
         self.error_code = exc.error_code
         self.description = exc.description
+
+
+class ConnectionLost(ClientError):
+    """The connection dropped while the client waited for the broker's answer."""
+
+
+class AttachRefused(ClientError):
+    """The broker answered session.attach with session.detached: resuming elsewhere will not help."""
 
 
 class TransactionAborted(ClientError):
@@ -117,7 +126,7 @@ class Session:
         self.subscriptions: dict[str, Subscription] = {}
         self.attached: asyncio.Future | None = None
         self.state_reply: asyncio.Future | None = None
-        self.error: SessionException | None = None
+        self.error: ClientError | None = None  # set when the session is over
         self.duplicates_dropped = 0
         self.results: dict[int, object] = {}  # command id -> execution.result value
         self.transactional = False
@@ -230,7 +239,7 @@ class Session:
             self.attached.set_result(True)
         elif isinstance(control, c.SessionDetached):
             if self.attached and not self.attached.done():
-                self.attached.set_exception(ClientError(f"attach refused (detach code {control.code})"))
+                self.attached.set_exception(AttachRefused(f"attach refused (detach code {control.code})"))
         elif isinstance(control, c.SessionCommandPoint):
             self.in_next = control.command_id
         elif isinstance(control, c.SessionCompleted):
@@ -282,19 +291,29 @@ class Session:
             self.pending.clear()
         self.conn.send_if_connected(self.channel, c.SessionCompleted(commands=[(command_id, command_id)]))
 
+    def fail(self, error: ClientError) -> None:
+        """The session is over (its connection could not be re-established): every pending command
+        and every later one fails with ``error`` instead of waiting for a resume that will not come."""
+        self.error = error
+        self.resuming = False
+        for _cmd, future in self.pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self.pending.clear()
+
     async def resume(self, first_attach: bool) -> None:
         """(Re-)attach on the current connection and replay what the broker has not completed."""
         loop = asyncio.get_running_loop()
         self.attached = loop.create_future()
         self.conn.send(self.channel, c.SessionAttach(name=self.name, force=not first_attach))
-        await asyncio.wait_for(self.attached, 10)
+        await self.conn.answer(self.attached)
         if not first_attach and self.transactional:
             self.tx_aborted = True  # the broker lost the buffered work with the node
         self.conn.send(self.channel, c.SessionRequestTimeout(timeout=self.timeout))
         if not first_attach:
             self.state_reply = loop.create_future()
             self.conn.send(self.channel, c.SessionFlush(completed=True))
-            self._completed(await asyncio.wait_for(self.state_reply, 10))
+            self._completed(await self.conn.answer(self.state_reply))
         first = next(iter(self.pending), self.out_next)
         self.conn.send(self.channel, c.SessionCommandPoint(command_id=first, command_offset=0))
         for command_id, (command, future) in list(self.pending.items()):
@@ -371,6 +390,26 @@ class Connection:
         if self._writer is not None and not self._lost.is_set():
             self.send(channel, method)
 
+    async def answer(self, future: asyncio.Future, timeout: float = ANSWER_TIMEOUT):
+        """``future``'s result once the broker answered; ConnectionLost as soon as the connection
+        drops (a resume on a node that died need not wait out the timeout); TimeoutError after
+        ``timeout`` seconds of silence."""
+        lost = asyncio.ensure_future(self._lost.wait())
+        try:
+            await asyncio.wait({future, lost}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+        if future.done():
+            return future.result()
+        if self._lost.is_set():
+            raise ConnectionLost(f"connection to {self.current} lost while waiting for the broker")
+        raise TimeoutError(f"no answer from {self.current} in {timeout} s")
+
+    def _drop_transport(self) -> None:
+        """Abandon the current connection (the next _open replaces the reader)."""
+        if self._writer is not None:
+            self._writer.close()
+
     # ------------------------------------------------------------------ connecting
 
     async def _establish(self) -> None:
@@ -395,9 +434,16 @@ class Connection:
                 continue
             for session in self.sessions:
                 session.resuming = True
-            self._lost.clear()
-            for session in self.sessions:
-                await session.resume(first_attach=False)
+            try:
+                for session in self.sessions:
+                    await session.resume(first_attach=False)
+            except (TimeoutError, OSError, ConnectionLost) as exc:
+                # This node failed (or went silent) in the middle of the resume.  The sessions
+                # are still resuming, their commands still pending: resume them on another node.
+                log.info("resume on %s failed (%s); trying another node", host, exc)
+                last_error = exc
+                self._drop_transport()
+                continue
             return
         raise ClientError(f"could not connect to any of {self.known_hosts}: {last_error}")
 
@@ -412,6 +458,7 @@ class Connection:
         writer.write(PROTOCOL_HEADER)
         if self._reader_task:
             self._reader_task.cancel()
+        self._lost.clear()  # the old reader no longer reports (see _read): only this one counts
         self._reader_task = loop.create_task(self._read(reader))
         try:
             result = await asyncio.wait_for(self._opened, 10)
@@ -438,9 +485,10 @@ class Connection:
         except (OSError, asyncio.IncompleteReadError, ClientError) as exc:
             log.debug("connection to %s lost: %s", self.current, exc)
         finally:
-            if self._opened is not None and not self._opened.done():
-                self._opened.set_exception(ClientError(f"connection to {self.current} closed"))
-            self._lost.set()
+            if self._reader_task is asyncio.current_task():  # not a reader replaced by a reconnect
+                if self._opened is not None and not self._opened.done():
+                    self._opened.set_exception(ClientError(f"connection to {self.current} closed"))
+                self._lost.set()
 
     def _on_method(self, channel: int, method) -> None:
         if channel == 0 and isinstance(method, c.Control):
@@ -485,12 +533,11 @@ class Connection:
             log.info("connection to %s lost; failing over (known hosts %s)", self.current, self.known_hosts)
             try:
                 await self._establish()
-            except ClientError as exc:
+            except Exception as exc:  # whatever it was, callers must not wait for a resume forever
+                error = exc if isinstance(exc, ClientError) else ClientError(f"failover failed: {exc!r}")
                 log.error("failover failed: %s", exc)
                 for session in self.sessions:
-                    for _cmd, future in session.pending.values():
-                        if not future.done():
-                            future.set_exception(exc)
+                    session.fail(error)
                 return
 
 

@@ -11,7 +11,7 @@ import uuid
 import pika
 import pytest
 
-from raftmq.client.amqp010 import Connection, SessionException
+from raftmq.client.amqp010 import ClientError, Connection, ConnectionLost, SessionException
 from raftmq.protocol.amqp010 import codec as c
 
 
@@ -201,3 +201,44 @@ def test_blocking_wrapper(hosts):
     message.accept()
     assert message.body == b"sync"
     conn.close()
+
+
+def test_a_session_whose_brokers_are_gone_fails_its_commands_instead_of_waiting(fresh_node):
+    """When no broker can be reached within ``reconnect_timeout``, the pending command and every
+    later one fail with ClientError: nothing waits for a resume that will not come."""
+    hosts = [f"{fresh_node.host}:{fresh_node.port}"]
+
+    async def scenario():
+        conn = await Connection.connect(hosts, reconnect_timeout=1.0)
+        session = await conn.session()
+        queue = name()
+        await session.queue_declare(queue, auto_delete=False)
+        await session.publish("", queue, b"before")
+        fresh_node.kill9()
+        pending = session.publish_nowait("", queue, b"during", sync=True)
+        with pytest.raises(ClientError):
+            await asyncio.wait_for(pending, 20)
+        with pytest.raises(ClientError):
+            await asyncio.wait_for(session.publish("", queue, b"after"), 5)
+        assert conn.reconnects == 1
+
+    run(scenario())
+
+
+def test_waiting_for_the_broker_ends_when_the_connection_drops(fresh_node):
+    """A resume waits for session.attached and the session's state with ``Connection.answer``: a
+    node that dies meanwhile ends the wait at once (ConnectionLost), so the client moves on to the
+    next node instead of waiting out the timeout."""
+    hosts = [f"{fresh_node.host}:{fresh_node.port}"]
+
+    async def scenario():
+        conn = await Connection.connect(hosts, reconnect_timeout=60.0)
+        never_answered = asyncio.get_running_loop().create_future()
+        waiting = asyncio.ensure_future(conn.answer(never_answered, timeout=25.0))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        fresh_node.kill9()
+        with pytest.raises(ConnectionLost):
+            await asyncio.wait_for(waiting, 10)  # well before the 25 s timeout
+
+    run(scenario())
