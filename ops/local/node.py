@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,9 +20,40 @@ from pathlib import Path
 AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
 
 
+_LISTEN_PORTS = (10_000, 32_767)  # below Linux's ephemeral range (32768-60999 by default)
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (bind to port 0 and read it back)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A TCP port that was free on ``host`` a moment ago, for a server started later.
+
+    Taken below the kernel's ephemeral range: a port from that range (what binding to port 0
+    gives) can be taken in the meantime as the local port of any outgoing connection -- a node's
+    Raft links, a client -- and the server then fails with "address already in use" (seen in
+    bench/failover.py).  Ports below it are only ever taken by explicit binds; none is handed out
+    twice by one process.
+    """
+    low, high = _LISTEN_PORTS[0], min(_LISTEN_PORTS[1], _ephemeral_low() - 1)
+    for _ in range(200):
+        port = random.randint(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded range: the old way
         s.bind((host, 0))
         return s.getsockname()[1]
 
