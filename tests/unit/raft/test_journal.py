@@ -11,6 +11,10 @@ def entries(journal):
     return [journal[i] for i in range(len(journal))]
 
 
+def segments(path) -> list:
+    return sorted(path.glob("seg-*.log"))
+
+
 def test_flushed_entries_and_term_survive_reopen(tmp_path):
     j = AppendJournal(str(tmp_path))
     for i in range(1, 6):
@@ -28,8 +32,9 @@ def test_torn_tail_is_cut_at_load(tmp_path):
     j.add(b"a", 1, 1)
     j.add(b"b", 2, 1)
     j.flush()
-    size = os.path.getsize(tmp_path / "journal.log")
-    with open(tmp_path / "journal.log", "r+b") as fh:
+    segment = segments(tmp_path)[-1]
+    size = os.path.getsize(segment)
+    with open(segment, "r+b") as fh:
         fh.truncate(size - 3)  # the last record was half written when the node died
     reopened = AppendJournal(str(tmp_path))
     assert entries(reopened) == [(b"a", 1, 1)]
@@ -138,3 +143,82 @@ def test_a_suffix_of_an_older_term_or_with_a_membership_change_is_cut(tmp_path):
     j.add(b"\x00e5", 5, 4)
     j.deleteEntriesFrom(3)
     assert [e[1] for e in entries(j)] == [1, 2, 3]
+
+
+def test_compaction_deletes_whole_segments_and_rewrites_nothing_it_keeps(tmp_path):
+    j = AppendJournal(str(tmp_path), segment_bytes=200)
+    for i in range(1, 31):
+        j.add(b"e" * 50 + b"%d" % i, i, 1)
+        j.flush()  # a segment rolls over at the first flush after it holds 200 bytes
+    files = segments(tmp_path)
+    assert len(files) > 5
+    first_segment = files[0].read_bytes()
+    kept = {path.name: (path.stat().st_ino, path.stat().st_mtime_ns) for path in files[-3:]}
+    first_kept_index = j[len(j) - 6][1]
+    j.deleteEntriesTo(len(j) - 6)  # a snapshot covers all but the last six entries
+    j.reaper.join(5)  # compacted segments are deleted off the tick thread
+    remaining = segments(tmp_path)
+    assert len(remaining) < len(files)
+    for path in remaining:  # kept segments are the very same files, untouched
+        if path.name in kept:
+            assert (path.stat().st_ino, path.stat().st_mtime_ns) == kept[path.name]
+    assert [e[1] for e in entries(j)] == list(range(first_kept_index, 31))
+    assert entries(AppendJournal(str(tmp_path), segment_bytes=200)) == entries(j)
+    # A compacted segment whose deletion did not reach the disk before a crash: skipped, deleted.
+    files[0].write_bytes(first_segment)
+    assert entries(AppendJournal(str(tmp_path), segment_bytes=200)) == entries(j)
+    assert not files[0].exists()
+    assert j.size_bytes == sum(8 + 16 + 50 + len(b"%d" % i) for i in range(first_kept_index, 31))
+
+
+def test_a_cut_across_segments_deletes_the_later_ones(tmp_path):
+    j = AppendJournal(str(tmp_path), segment_bytes=100)
+    for i in range(1, 21):
+        j.add(b"c" * 40, i, 1)
+        j.flush()
+    j._cut(4)  # a conflict: list positions 4.. (indexes 5..20) go
+    j.add(b"new", 5, 2)
+    j.flush()
+    expected = [(b"c" * 40, i, 1) for i in range(1, 5)] + [(b"new", 5, 2)]
+    assert entries(j) == expected
+    assert entries(AppendJournal(str(tmp_path), segment_bytes=100)) == expected
+
+
+def test_a_segment_left_behind_by_an_interrupted_cut_is_ignored(tmp_path):
+    j = AppendJournal(str(tmp_path), segment_bytes=100)
+    for i in range(1, 11):
+        j.add(b"d" * 40, i, 1)
+        j.flush()
+    files = segments(tmp_path)
+    saved = files[-1].read_bytes()
+    j._cut(2)
+    j.add(b"new", 3, 2)
+    j.flush()
+    files[-1].write_bytes(saved)  # as if its deletion had not reached the disk before a crash
+    reopened = entries(AppendJournal(str(tmp_path), segment_bytes=100))
+    assert reopened == [(b"d" * 40, 1, 1), (b"d" * 40, 2, 1), (b"new", 3, 2)]
+    assert not files[-1].exists()  # removed at load: its indexes do not follow on
+
+
+def test_a_single_file_journal_of_an_earlier_version_is_taken_over(tmp_path):
+    j = AppendJournal(str(tmp_path))
+    for i in range(1, 4):
+        j.add(b"old%d" % i, i, 1)
+    j.flush()
+    j._destroy()
+    segments(tmp_path)[0].rename(tmp_path / "journal.log")
+    assert entries(AppendJournal(str(tmp_path))) == [(b"old%d" % i, i, 1) for i in range(1, 4)]
+    assert not (tmp_path / "journal.log").exists()
+
+
+def test_entries_after_a_clear_may_start_below_the_old_first_index(tmp_path):
+    j = AppendJournal(str(tmp_path))
+    for i in range(1, 11):
+        j.add(b"x", i, 1)
+    j.flush()
+    j.deleteEntriesTo(8)  # first index 9 now
+    j.clear()  # installing a snapshot
+    j.add(b"s1", 5, 2)
+    j.add(b"s2", 6, 2)
+    j.flush()
+    assert entries(AppendJournal(str(tmp_path))) == [(b"s1", 5, 2), (b"s2", 6, 2)]
