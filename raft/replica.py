@@ -93,6 +93,7 @@ class Replica(SyncObj):
         self._sink = sink
         self._snapshot_state = SERIALIZER_STATE.NOT_SERIALIZING
         self._snapshot_pid: int | None = None
+        self._snapshot_asked = (0, 0.0)  # (index, monotonic time) of the snapshot last asked for
         self._installs = 0
         self.snapshot_bytes = snapshot_bytes
         self.journal = AppendJournal(os.path.join(data_dir, "journal"))
@@ -288,6 +289,7 @@ class Replica(SyncObj):
         meta = msgpack.packb([list(last), list(before), sorted(n.address for n in cluster)], use_bin_type=True)
         self._snapshot_state = SERIALIZER_STATE.SERIALIZING
         self._snapshot_pid = None
+        self._snapshot_asked = (last[1], _syncobj_module.monotonicTime())
         self._sink((SNAPSHOT, last[1], self.snapshot_path, meta))
 
     def snapshot_started(self, pid: int | None, ok: bool = True) -> None:
@@ -308,6 +310,10 @@ class Replica(SyncObj):
                 state = SERIALIZER_STATE.SUCCESS if status == 0 else SERIALIZER_STATE.FAILED
                 if state == SERIALIZER_STATE.FAILED:
                     log.error("snapshot child exited with status %s", status)
+                else:
+                    index, asked = self._snapshot_asked
+                    log.info("snapshot at index %d written in %.2f s", index,
+                             _syncobj_module.monotonicTime() - asked)
                 self._snapshot_pid = None
         if state in (SERIALIZER_STATE.SUCCESS, SERIALIZER_STATE.FAILED):
             self._snapshot_state = SERIALIZER_STATE.NOT_SERIALIZING
