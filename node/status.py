@@ -59,6 +59,7 @@ def status_of(broker: Broker) -> dict:
             raft_applied=replica.last_applied,
             journal_entries=len(replica.journal),
             journal_bytes=replica.journal.size_bytes,
+            journal_reads=replica.journal.reads,  # entries read back from disk (not kept in memory)
             journal_flushes=replica.journal.flushes,
             connected_partners=replica.connected_partners(),
             batches_proposed=log.batches_proposed,

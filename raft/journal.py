@@ -21,6 +21,12 @@ Record layout (little-endian): ``u32 length of (idx, term, command)``, ``u32 crc
 ``u64 idx``, ``u64 term``, ``command``.  A torn or corrupt tail (a crash in the middle of a write,
 which was therefore never acknowledged) is cut off at load.
 
+Committed entries are not all kept in memory: past the newest ``KEEP_RESIDENT`` committed ones,
+an entry keeps only its index and term, and its command is read back from its segment when
+pysyncobj asks (a follower far behind, a restart's replay).  Otherwise every entry since the last
+snapshot -- up to ``snapshot_bytes``, 256 MiB, per node -- stayed in memory, bodies included, next to
+the same bodies in the state machine.
+
 The records go into segment files (``seg-<n>.log``, a new one once the last holds
 ``segment_bytes``), so that compaction after a snapshot deletes whole segments and records the
 new first index in the meta file, instead of rewriting the entries it keeps.  The rewrite ran in
@@ -38,6 +44,8 @@ import struct
 import threading
 import time
 import zlib
+from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pysyncobj.journal import Journal
@@ -46,6 +54,10 @@ from pysyncobj.syncobj import _COMMAND_TYPE
 log = logging.getLogger(__name__)
 
 SEGMENT_BYTES = 64 << 20
+# Committed entries that stay in memory (whole): a follower just behind is sent these without a
+# read.  An entry is a batch, usually a few KiB; at most 1 MiB.
+KEEP_RESIDENT = 64
+HEAD_RESIDENT = 2
 _MEMBERSHIP = bytes([_COMMAND_TYPE.MEMBERSHIP])
 _HEAD = struct.Struct("<II")  # length, crc32
 _IDX_TERM = struct.Struct("<QQ")
@@ -69,6 +81,30 @@ class _Segment:
         return os.path.join(directory, f"seg-{self.number:012d}.log")
 
 
+class _LazyRun(Sequence):
+    """Entries ``start``..``stop`` of a journal, read when looked at.
+
+    pysyncobj slices its log from an index to the end (on every AppendEntries a follower gets,
+    and for a follower that is behind); materialising a long run of entries read from disk each
+    time would cost more than the memory it saves.
+    """
+
+    def __init__(self, journal: AppendJournal, start: int, stop: int) -> None:
+        self._journal, self._start, self._stop = journal, start, stop
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    def __getitem__(self, item):
+        if isinstance(item, slice):
+            return [self._journal[self._start + i] for i in range(*item.indices(len(self)))]
+        if item < 0:
+            item += len(self)
+        if not 0 <= item < len(self):
+            raise IndexError(item)
+        return self._journal[self._start + item]
+
+
 class AppendJournal(Journal):
     def __init__(self, path: str, segment_bytes: int = SEGMENT_BYTES) -> None:
         os.makedirs(path, exist_ok=True)
@@ -86,6 +122,11 @@ class AppendJournal(Journal):
         self.flushes = 0
         self.copies_skipped = 0  # entries the leader sent again that were already here
         self.reaper: threading.Thread | None = None  # deleting compacted segments
+        # Positions HEAD_RESIDENT.._evicted-1 hold no command in memory.  The first two entries
+        # always do: pysyncobj reads log[0] on every lookup (for its index) and log[1] often.
+        self._evicted = 0
+        self._readers: dict[int, int] = {}  # segment number -> fd for reading evicted entries
+        self.reads = 0  # evicted entries read back
         if os.path.exists(self._meta_path):
             with open(self._meta_path) as fh:
                 self._meta = json.load(fh)
@@ -182,6 +223,8 @@ class AppendJournal(Journal):
         self._buffer = []
         self._buffered = 0
         self._truncate = False
+        self._evicted = 0
+        self._close_readers(self._segments)
         os.close(self._fd)
         for segment in self._segments:
             os.unlink(segment.path(self.path))
@@ -216,7 +259,7 @@ class AppendJournal(Journal):
         if entryFrom >= len(entries):
             return
         if entries[-1][2] == self.getCurrentTerm() and not any(
-                command[:1] == _MEMBERSHIP for command, _idx, _term in entries[entryFrom:]):
+                self[pos][0][:1] == _MEMBERSHIP for pos in range(entryFrom, len(entries))):
             return
         self._cut(entryFrom)
 
@@ -231,6 +274,7 @@ class AppendJournal(Journal):
         if dropped <= 0:
             return
         unflushed = len(self._buffer)
+        self._evicted = min(self._evicted, entryFrom)
         del self._entries[entryFrom:]
         cut = self._offsets[entryFrom]
         del self._offsets[entryFrom:]
@@ -262,6 +306,7 @@ class AppendJournal(Journal):
         self._write_meta()
         dead = [seg for seg in self._segments[:-1] if seg.base + seg.size <= cut]
         if dead:
+            self._close_readers(dead)
             del self._segments[:len(dead)]
             # Unlinking a 64 MiB file takes ~16 ms: not in the tick thread.  Nothing depends on
             # it -- a dead segment left by a crash holds only indexes below first_index, skipped
@@ -271,6 +316,9 @@ class AppendJournal(Journal):
             self.reaper.start()
         del entries[:entryTo]
         del self._offsets[:entryTo]
+        self._evicted = max(0, self._evicted - entryTo)
+        for pos in range(min(HEAD_RESIDENT, self._evicted, len(entries))):
+            entries[pos] = self._read(pos)  # the new head: back in memory
         log.info("raft journal compacted to index %d: %d entries dropped (%d segment files), %d kept "
                  "(%d bytes) in %.3f s", first_index, entryTo, len(dead), len(entries), self.size_bytes,
                  time.monotonic() - started)
@@ -283,7 +331,57 @@ class AppendJournal(Journal):
             _fsync_dir(self.path)
 
     def __getitem__(self, item):
-        return self._entries[item]
+        entries = self._entries
+        if item.__class__ is int:
+            if item < 0:
+                item += len(entries)
+                if item < 0:
+                    raise IndexError(item)
+            if HEAD_RESIDENT <= item < self._evicted:
+                return self._read(item)
+            return entries[item]
+        start, stop, step = item.indices(len(entries))
+        if start >= self._evicted or stop <= HEAD_RESIDENT or self._evicted <= HEAD_RESIDENT:
+            return entries[item]
+        if step != 1 or stop - start <= KEEP_RESIDENT:
+            return [self[i] for i in range(start, stop, step)]
+        return _LazyRun(self, start, stop)
+
+    def _read(self, pos: int) -> tuple[bytes, int, int]:
+        """An evicted entry, from its record on disk (flushed before it was evicted)."""
+        offset = self._offsets[pos]
+        segments = self._segments
+        segment = segments[bisect_right([seg.base for seg in segments], offset) - 1]
+        fd = self._readers.get(segment.number)
+        if fd is None:
+            fd = self._readers[segment.number] = os.open(segment.path(self.path), os.O_RDONLY)
+        local = offset - segment.base
+        length, crc = _HEAD.unpack(os.pread(fd, _HEAD.size, local))
+        body = os.pread(fd, length, local + _HEAD.size)
+        idx, term = _IDX_TERM.unpack_from(body, 0)
+        if zlib.crc32(body) != crc or idx != self._entries[pos][1]:
+            raise RuntimeError(f"raft journal: the record of entry {self._entries[pos][1]} is damaged")
+        self.reads += 1
+        return body[_IDX_TERM.size:], idx, term
+
+    def _evict(self, commit_index: int) -> None:
+        """Drop the commands of flushed, committed entries but the newest KEEP_RESIDENT."""
+        entries = self._entries
+        if not entries:
+            return
+        limit = min(commit_index - entries[0][1] + 1 - KEEP_RESIDENT, len(entries) - len(self._buffer))
+        pos = max(self._evicted, HEAD_RESIDENT)
+        while pos < limit:
+            _command, idx, term = entries[pos]
+            entries[pos] = (None, idx, term)
+            pos += 1
+        self._evicted = max(self._evicted, pos)
+
+    def _close_readers(self, segments: list[_Segment]) -> None:
+        for segment in segments:
+            fd = self._readers.pop(segment.number, None)
+            if fd is not None:
+                os.close(fd)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -298,6 +396,7 @@ class AppendJournal(Journal):
     def _destroy(self) -> None:
         self.flush()
         os.close(self._fd)
+        self._close_readers(self._segments)
         if self.reaper is not None:
             self.reaper.join(5.0)
 
@@ -305,6 +404,7 @@ class AppendJournal(Journal):
         # Only a hint for replay after a restart: written with the next term change or once a second.
         self._meta["commit"] = raftCommitIndex
         self._meta_dirty = True
+        self._evict(raftCommitIndex)
 
     def getRaftCommitIndex(self) -> int:  # noqa: N802
         return int(self._meta.get("commit", 1))
@@ -369,6 +469,7 @@ class AppendJournal(Journal):
         cut = self._end
         doomed = [seg for seg in self._segments[1:] if seg.base >= cut]
         if doomed:
+            self._close_readers(doomed)
             os.close(self._fd)
             for segment in doomed:
                 os.unlink(segment.path(self.path))

@@ -235,6 +235,29 @@ def test_lagging_follower_catches_up_through_a_snapshot(tmp_path):
         lconn.close()
 
 
+def test_a_follower_behind_is_sent_entries_the_leader_no_longer_keeps_in_memory(cluster):
+    """Committed entries leave the leader's memory (all but the newest 64); a follower that was down
+    meanwhile is sent them read back from the leader's journal files, and ends up identical."""
+    leader = cluster.leader()
+    lagging = next(n for n in cluster.nodes if n is not leader)
+    lagging.kill9()
+    conn = cluster.connection(leader)
+    ch = conn.channel()
+    ch.queue_declare("behind", durable=True)
+    bodies = [f"b{i}".encode() for i in range(300)]
+    publish_confirmed(ch, "behind", bodies)  # one Raft entry per confirm round trip: ~300 entries
+    reads_before = cluster.fresh_status(leader)["journal_reads"]
+    lagging.start()
+    cluster.wait_applied_equal()
+    assert cluster.fresh_status(leader)["journal_reads"] - reads_before >= 200
+    digests = cluster.digests()
+    assert len({d for _, d in digests.values()}) == 1, digests
+    lconn = cluster.connection(lagging)
+    assert drain(lconn.channel(), "behind") == bodies
+    lconn.close()
+    conn.close()
+
+
 def test_the_log_is_compacted_by_size_when_entries_are_large(tmp_path):
     """Few but large entries (64 KiB messages) reach ``snapshot_bytes`` long before
     ``snapshot_entries``: every node compacts by size, its journal stays bounded, and nothing is

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
-from raftmq.raft.journal import AppendJournal
+import pytest
+
+from raftmq.raft.journal import KEEP_RESIDENT, AppendJournal
 
 
 def entries(journal):
@@ -222,3 +224,58 @@ def test_entries_after_a_clear_may_start_below_the_old_first_index(tmp_path):
     j.add(b"s2", 6, 2)
     j.flush()
     assert entries(AppendJournal(str(tmp_path))) == [(b"s1", 5, 2), (b"s2", 6, 2)]
+
+
+def test_committed_entries_leave_memory_and_are_read_back_from_disk(tmp_path):
+    j = AppendJournal(str(tmp_path), segment_bytes=4096)
+    for i in range(1, 301):
+        j.add(b"body-%d" % i, i, 1)
+        if i % 10 == 0:
+            j.flush()  # several segments
+    j.add(b"unflushed", 301, 1)
+    expected = [(b"body-%d" % i, i, 1) for i in range(1, 301)] + [(b"unflushed", 301, 1)]
+    j.setRaftCommitIndex(301)  # everything committed; the last one not flushed yet
+    resident = [command is not None for command, _idx, _term in j._entries]
+    # The first two stay too: pysyncobj looks at log[0] and log[1] all the time.
+    assert resident == [True] * 2 + [False] * (301 - KEEP_RESIDENT - 2) + [True] * KEEP_RESIDENT
+    assert entries(j) == expected  # by index, negative ones included
+    assert j[-1] == expected[-1] and j[-2] == expected[-2] and j[0] == expected[0]
+    assert j[10:20] == expected[10:20]  # a short slice: a list
+    run = j[5:]  # to the end, as pysyncobj asks for: read lazily
+    assert len(run) == len(expected) - 5 and list(run) == expected[5:]
+    assert run[0] == expected[5] and run[-1] == expected[-1] and run[:3] == expected[5:8]
+    assert j.reads > 0
+    # A conflict inside the evicted part, then a compaction: both still read correctly.
+    j._cut(250)
+    j.add(b"new-251", 251, 2)
+    j.flush()
+    j.deleteEntriesTo(100)
+    assert entries(j) == expected[100:250] + [(b"new-251", 251, 2)]
+    assert j._entries[0][0] is not None and j._entries[1][0] is not None  # the new head, back in memory
+    assert entries(AppendJournal(str(tmp_path), segment_bytes=4096)) == entries(j)
+
+
+def test_a_damaged_record_is_not_served(tmp_path):
+    j = AppendJournal(str(tmp_path))
+    for i in range(1, 200):
+        j.add(b"x" * 20, i, 1)
+    j.flush()
+    j.setRaftCommitIndex(199)
+    segment = segments(tmp_path)[0]
+    with open(segment, "r+b") as fh:
+        fh.seek(5 * 44 + 30)
+        fh.write(b"\xff")  # inside the sixth record's command (records of 44 bytes)
+    with pytest.raises(RuntimeError, match="damaged"):
+        j[5]
+
+
+def test_entries_not_yet_on_disk_stay_in_memory(tmp_path):
+    j = AppendJournal(str(tmp_path))
+    for i in range(1, 201):
+        j.add(b"y", i, 1)
+    j.setRaftCommitIndex(200)  # (a follower may learn a commit index before its own flush)
+    assert all(command is not None for command, _idx, _term in j._entries)
+    j.flush()
+    j.setRaftCommitIndex(200)
+    assert sum(command is None for command, _idx, _term in j._entries) == 200 - KEEP_RESIDENT - 2
+    assert entries(j) == [(b"y", i, 1) for i in range(1, 201)]
