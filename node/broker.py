@@ -111,6 +111,8 @@ class Broker:
         self._leaderless_since: float | None = None
         self.leader_changes = 0
         self._last_leader: str | None = None
+        self._was_leader = False  # at the last look of the cluster watch
+        self._cut_off = False  # leaderless since this node, the leader, lost its majority
         self._metrics_server = None
         self._admin_server = None
         self._declared_down: set[str] = set()
@@ -291,9 +293,17 @@ class Broker:
             if self.log.leader is None:
                 if self._leaderless_since is None:
                     self._leaderless_since = now
-                elif now - self._leaderless_since > config.leaderless_close_after and self.endpoints:
+                    # A node that led until now and sees no leader has lost its majority (no
+                    # quorum connected, or none heard for raft_leader_fallback).  The others elect
+                    # a leader among themselves meanwhile; waiting only holds its clients (a
+                    # partitioned leader's clients waited 1 s + leaderless_close_after).
+                    self._cut_off = self._was_leader
+                    if self._cut_off:
+                        log.warning("this node led and lost its majority")
+                waited = now - self._leaderless_since
+                if (self._cut_off or waited > config.leaderless_close_after) and self.endpoints:
                     log.warning("no Raft leader for %.1f s: closing %d client connections",
-                                now - self._leaderless_since, len(self.endpoints))
+                                waited, len(self.endpoints))
                     self.close_all(320, "CONNECTION_FORCED - this node lost the cluster leader; "
                                         f"reconnect to one of {self.known_hosts}")
             else:
@@ -303,6 +313,7 @@ class Broker:
                     log.info("Raft leader is now %s (%s)%s", self.node_of_raft(self.log.leader) or "?",
                              self.log.leader, ", this node" if self.log.is_leader else "")
                     self._last_leader = self.log.leader
+            self._was_leader = self.log.is_leader
             if not self.log.is_leader:
                 unreachable_since.clear()
                 continue

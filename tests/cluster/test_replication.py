@@ -353,6 +353,27 @@ def test_node_without_a_leader_closes_clients_with_320(tmp_path):
             pika.BlockingConnection(pika.URLParameters(lonely.url + "?connection_attempts=1&socket_timeout=5"))
 
 
+def test_a_leader_that_loses_its_majority_closes_its_clients_at_once(tmp_path):
+    """A leader cut off from both followers closes its clients with 320 as soon as it sees it has
+    no majority, not after ``leaderless_close_after`` (here 60 s), so they fail over to the
+    majority's new leader without waiting."""
+    with Cluster(3, tmp_path, extra_config="leaderless_close_after = 60.0") as cluster:
+        leader = cluster.leader()
+        conn = cluster.connection(leader)
+        for other in cluster.nodes:
+            if other is not leader:
+                other.kill9()
+        closed = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not closed:
+            try:
+                conn.process_data_events(time_limit=0.2)
+            except pika.exceptions.ConnectionClosedByBroker as exc:
+                closed.append(exc)
+        assert closed and closed[0].reply_code == 320, "the cut-off leader kept its client"
+        assert "lost its majority" in leader.log_path.read_text()
+
+
 def test_a_publish_flood_is_throttled_and_nothing_is_lost(tmp_path):
     """Publishers faster than Raft are stopped being read once the proposal backlog passes
     raft_backlog_bytes (TCP back-pressure), and resumed; every message arrives."""
