@@ -111,8 +111,8 @@ class Broker:
         self._leaderless_since: float | None = None
         self.leader_changes = 0
         self._last_leader: str | None = None
-        self._was_leader = False  # at the last look of the cluster watch
         self._cut_off = False  # leaderless since this node, the leader, lost its majority
+        self._majority_lost_seen = 0  # Replica.majority_lost at the last look
         self._metrics_server = None
         self._admin_server = None
         self._declared_down: set[str] = set()
@@ -293,14 +293,16 @@ class Broker:
             if self.log.leader is None:
                 if self._leaderless_since is None:
                     self._leaderless_since = now
-                    # A node that led until now and sees no leader has lost its majority (no
-                    # quorum connected, or none heard for raft_leader_fallback).  The others elect
-                    # a leader among themselves meanwhile; waiting only holds its clients (a
-                    # partitioned leader's clients waited 1 s + leaderless_close_after).
-                    self._cut_off = self._was_leader
-                    if self._cut_off:
-                        log.warning("this node led and lost its majority")
                 waited = now - self._leaderless_since
+                if replica.majority_lost != self._majority_lost_seen:
+                    # This node stopped leading in its own term: it heard from no majority for
+                    # raft_leader_fallback.  The others elect a leader among themselves meanwhile;
+                    # waiting only holds its clients (a partitioned leader's clients waited 1 s +
+                    # leaderless_close_after).  A leader deposed by a higher term is in an
+                    # election instead, and gets the usual grace.
+                    self._majority_lost_seen = replica.majority_lost
+                    self._cut_off = True
+                    log.warning("this node led and lost its majority")
                 if (self._cut_off or waited > config.leaderless_close_after) and self.endpoints:
                     log.warning("no Raft leader for %.1f s: closing %d client connections",
                                 waited, len(self.endpoints))
@@ -308,12 +310,13 @@ class Broker:
                                         f"reconnect to one of {self.known_hosts}")
             else:
                 self._leaderless_since = None
+                self._cut_off = False
+                self._majority_lost_seen = replica.majority_lost  # (a step-down already over)
                 if self.log.leader != self._last_leader:
                     self.leader_changes += self._last_leader is not None
                     log.info("Raft leader is now %s (%s)%s", self.node_of_raft(self.log.leader) or "?",
                              self.log.leader, ", this node" if self.log.is_leader else "")
                     self._last_leader = self.log.leader
-            self._was_leader = self.log.is_leader
             if not self.log.is_leader:
                 unreachable_since.clear()
                 continue

@@ -38,6 +38,7 @@ from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj import syncobj as _syncobj_module
 from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.node import TCPNode
+from pysyncobj.syncobj import _RAFT_STATE
 
 from . import wire
 from .journal import AppendJournal
@@ -94,6 +95,8 @@ class Replica(SyncObj):
         self._snapshot_state = SERIALIZER_STATE.NOT_SERIALIZING
         self._snapshot_pid: int | None = None
         self._snapshot_asked = (0, 0.0)  # (index, monotonic time) of the snapshot last asked for
+        self.majority_lost = 0  # times this node stopped leading in its own term (see __setState)
+        self._led_term = -1
         self._installs = 0
         self.snapshot_bytes = snapshot_bytes
         self.journal = AppendJournal(os.path.join(data_dir, "journal"))
@@ -181,6 +184,20 @@ class Replica(SyncObj):
         if now < due < now + timeToWait:  # (a deadline already past is pysyncobj's to act on)
             timeToWait = due - now + 0.0002  # just past it: the tick then sees it due
         super()._onTick(timeToWait)
+
+    def _SyncObj__setState(self, newState: int) -> None:  # noqa: N802, N803 (pysyncobj's names)
+        """Count the times this node stops leading for want of a majority.
+
+        A leader deposed by a higher term (a vote request, another leader's AppendEntries) adopts
+        that term first; one that heard from no majority for ``leader_fallback`` steps down in its
+        own term.  The broker then closes its clients at once (node/broker.py).
+        """
+        if (self._SyncObj__raftState == _RAFT_STATE.LEADER and newState != _RAFT_STATE.LEADER
+                and self.raftCurrentTerm == self._led_term):
+            self.majority_lost += 1
+        if newState == _RAFT_STATE.LEADER:
+            self._led_term = self.raftCurrentTerm
+        super()._SyncObj__setState(newState)
 
     def _SyncObj__onMessageReceived(self, node, message: dict) -> None:  # noqa: N802 (pysyncobj's name)
         """Keep the leader's nextIndex for a follower from moving back on a successful reply.
