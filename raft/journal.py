@@ -298,6 +298,7 @@ class AppendJournal(Journal):
         if entryTo <= 0 or not entries:
             return
         started = time.monotonic()
+        self.flush()  # (usually nothing: the tick flushes before anything is sent)
         if entryTo < len(entries):
             first_index, cut = entries[entryTo][1], self._offsets[entryTo]
         else:
