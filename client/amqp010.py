@@ -159,6 +159,8 @@ class Session:
         future = asyncio.get_running_loop().create_future()
         command_id = self.out_next
         self.out_next += 1
+        if not self.pending:
+            self.conn.note_waiting()
         self.pending[command_id] = (command, future)
         if not self.resuming:
             self.conn.send_if_connected(self.channel, command)
@@ -334,10 +336,16 @@ class Connection:
     """A failover connection: ``hosts`` first, then whatever known-hosts the brokers announce."""
 
     def __init__(self, hosts: list[str], user: str, password: str, vhost: str = "/",
-                 reconnect_timeout: float = 60.0) -> None:
+                 reconnect_timeout: float = 60.0, stall_timeout: float = 3.0) -> None:
+        """``stall_timeout``: fail over when commands have waited this long with nothing heard from
+        the broker (a frozen node or a network black hole never closes the connection); 0: never."""
         self.hosts = list(hosts)
         self.user, self.password, self.vhost = user, password, vhost
         self.reconnect_timeout = reconnect_timeout
+        self.stall_timeout = stall_timeout
+        self.stalls = 0  # connections left for silence
+        self._last_heard = 0.0  # loop time of the last bytes read, or of the start of a wait
+        self._watchdog: asyncio.Task | None = None
         self.known_hosts: list[str] = list(hosts)
         self.current: str | None = None
         self.sessions: list[Session] = []
@@ -354,7 +362,10 @@ class Connection:
                       **kwargs) -> Connection:
         conn = cls(hosts, user, password, vhost, **kwargs)
         await conn._establish()
-        conn._supervisor = asyncio.get_running_loop().create_task(conn._supervise())
+        loop = asyncio.get_running_loop()
+        conn._supervisor = loop.create_task(conn._supervise())
+        if conn.stall_timeout > 0:
+            conn._watchdog = loop.create_task(conn._watch_for_stalls())
         return conn
 
     async def session(self, name: bytes | None = None, timeout: int = 60) -> Session:
@@ -368,6 +379,8 @@ class Connection:
         self._closing = True
         if self._supervisor:
             self._supervisor.cancel()
+        if self._watchdog:
+            self._watchdog.cancel()
         if self._writer is not None:
             with contextlib.suppress(Exception):
                 for s in self.sessions:
@@ -406,9 +419,34 @@ class Connection:
         raise TimeoutError(f"no answer from {self.current} in {timeout} s")
 
     def _drop_transport(self) -> None:
-        """Abandon the current connection (the next _open replaces the reader)."""
+        """Abandon the current connection at once (abort: unsent data to a silent peer would hold
+        a graceful close open); its reader then reports the loss."""
         if self._writer is not None:
-            self._writer.close()
+            self._writer.transport.abort()
+
+    def note_waiting(self) -> None:
+        """A session starts waiting for the broker: silence counts from now, not from the last
+        time an idle connection heard anything."""
+        self._last_heard = max(self._last_heard, asyncio.get_running_loop().time())
+
+    async def _watch_for_stalls(self) -> None:
+        """Leave a connection on which commands wait and nothing has been heard for
+        ``stall_timeout``: the node is frozen (SIGSTOP, a VM pause, a stalled disk) or cut off
+        by a network black hole, and would hold the client until it comes back, if ever.  The
+        supervisor then fails over and the sessions resume elsewhere; nothing is done twice."""
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            await asyncio.sleep(self.stall_timeout / 4)
+            if self._lost.is_set() or self._writer is None:
+                continue
+            if not any(s.pending and not s.resuming for s in self.sessions):
+                continue
+            silent = loop.time() - self._last_heard
+            if silent > self.stall_timeout:
+                self.stalls += 1
+                log.warning("nothing heard from %s for %.1f s with commands waiting; failing over",
+                            self.current, silent)
+                self._drop_transport()
 
     # ------------------------------------------------------------------ connecting
 
@@ -476,10 +514,12 @@ class Connection:
             header = await reader.readexactly(8)
             if header != PROTOCOL_HEADER:
                 raise ClientError(f"broker answered with protocol header {header!r}")
+            loop = asyncio.get_running_loop()
             while True:
                 data = await reader.read(65536)
                 if not data:
                     break
+                self._last_heard = loop.time()
                 for assembly in frames.feed(data):
                     self._on_method(assembly.channel, c.decode_assembly(assembly))
         except (OSError, asyncio.IncompleteReadError, ClientError) as exc:

@@ -6,6 +6,8 @@ RabbitMQ does not speak 0-10: these run against raftmq only.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import uuid
 
 import pika
@@ -242,3 +244,38 @@ def test_waiting_for_the_broker_ends_when_the_connection_drops(fresh_node):
             await asyncio.wait_for(waiting, 10)  # well before the 25 s timeout
 
     run(scenario())
+
+
+def test_a_frozen_node_is_left_after_stall_timeout_and_nothing_is_done_twice(fresh_node):
+    """A node that stops answering (SIGSTOP: a frozen VM, a stalled disk, a network black hole)
+    never closes the connection; with commands waiting and nothing heard for ``stall_timeout``
+    the client leaves it and resumes its session once a node answers: the transfer in flight is
+    stored once."""
+    hosts = [f"{fresh_node.host}:{fresh_node.port}"]
+    queue = name()
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        conn = await Connection.connect(hosts, stall_timeout=1.0)
+        session = await conn.session(timeout=60)
+        await session.queue_declare(queue, auto_delete=False)
+        await session.publish("", queue, b"before")
+        os.kill(fresh_node.pid, signal.SIGSTOP)
+        try:
+            during = session.publish_nowait("", queue, b"during", sync=True)
+            deadline = loop.time() + 10
+            while conn.stalls == 0 and loop.time() < deadline:
+                await asyncio.sleep(0.1)
+            assert conn.stalls == 1
+        finally:
+            os.kill(fresh_node.pid, signal.SIGCONT)
+        await asyncio.wait_for(during, 30)
+        subscription = await session.subscribe(queue, window=10)
+        got = []
+        while (message := await subscription.get(timeout=1.5)) is not None:
+            got.append(message.body)
+            await message.accept()
+        await conn.close()
+        return got
+
+    assert run(scenario()) == [b"before", b"during"]
