@@ -43,6 +43,21 @@ def drain(ch, queue: str, timeout: float = 3.0) -> list[bytes]:
     return got
 
 
+def assert_replicas_identical(cluster) -> dict:
+    """Every node has applied the same entries into the same state (the state digest command)."""
+    digests = cluster.digests()
+    assert len({d for _, d in digests.values()}) == 1, digests
+    return digests
+
+
+def kill_a_follower(cluster) -> tuple:
+    """kill -9 one follower: (the leader, the killed node)."""
+    leader = cluster.leader()
+    follower = next(n for n in cluster.nodes if n is not leader)
+    follower.kill9()
+    return leader, follower
+
+
 def test_publish_on_one_node_consume_on_another(cluster):
     """A confirm means a majority has the message; any node then serves it."""
     a, b = cluster.nodes[0], cluster.nodes[1]
@@ -58,8 +73,7 @@ def test_publish_on_one_node_consume_on_another(cluster):
     assert drain(ch_b, "repl") == bodies
     conn_b.close()
     cluster.wait_applied_equal()
-    digests = cluster.digests()
-    assert len({d for _, d in digests.values()}) == 1, digests
+    assert_replicas_identical(cluster)
 
 
 def test_sched_batch_puts_every_node_thread_under_sched_batch_and_the_cluster_works(tmp_path):
@@ -145,8 +159,7 @@ def test_leader_kill_loses_no_confirmed_message(cluster):
 
     leader.start()  # the killed node rejoins and catches up
     cluster.wait_applied_equal()
-    digests = cluster.digests()
-    assert len({d for _, d in digests.values()}) == 1, digests
+    assert_replicas_identical(cluster)
 
 
 def test_full_cluster_kill9_and_restart_keeps_confirmed_messages(cluster):
@@ -209,9 +222,7 @@ def test_consumer_node_death_returns_unacked_messages(tmp_path):
 def test_lagging_follower_catches_up_through_a_snapshot(tmp_path):
     """A follower down while the log is compacted gets a snapshot, then has identical state."""
     with Cluster(3, tmp_path, extra_config="snapshot_entries = 50\nsnapshot_seconds = 1.0") as cluster:
-        leader = cluster.leader()
-        lagging = next(n for n in cluster.nodes if n is not leader)
-        lagging.kill9()
+        leader, lagging = kill_a_follower(cluster)
         conn = cluster.connection(leader)
         ch = conn.channel()
         ch.queue_declare("snap", durable=True)
@@ -225,8 +236,7 @@ def test_lagging_follower_catches_up_through_a_snapshot(tmp_path):
         assert st["journal_entries"] < 300, st  # the log was compacted
         lagging.start()
         cluster.wait_applied_equal()
-        digests = cluster.digests()
-        assert len({d for _, d in digests.values()}) == 1, digests
+        assert_replicas_identical(cluster)
         lconn = cluster.connection(lagging)
         lch = lconn.channel()
         assert lch.queue_declare("snap-transient", passive=True).method.message_count == 20
@@ -238,9 +248,7 @@ def test_lagging_follower_catches_up_through_a_snapshot(tmp_path):
 def test_a_follower_behind_is_sent_entries_the_leader_no_longer_keeps_in_memory(cluster):
     """Committed entries leave the leader's memory (all but the newest 64); a follower that was down
     meanwhile is sent them read back from the leader's journal files, and ends up identical."""
-    leader = cluster.leader()
-    lagging = next(n for n in cluster.nodes if n is not leader)
-    lagging.kill9()
+    leader, lagging = kill_a_follower(cluster)
     conn = cluster.connection(leader)
     ch = conn.channel()
     ch.queue_declare("behind", durable=True)
@@ -250,8 +258,7 @@ def test_a_follower_behind_is_sent_entries_the_leader_no_longer_keeps_in_memory(
     lagging.start()
     cluster.wait_applied_equal()
     assert cluster.fresh_status(leader)["journal_reads"] - reads_before >= 200
-    digests = cluster.digests()
-    assert len({d for _, d in digests.values()}) == 1, digests
+    assert_replicas_identical(cluster)
     lconn = cluster.connection(lagging)
     assert drain(lconn.channel(), "behind") == bodies
     lconn.close()
@@ -279,8 +286,7 @@ def test_the_log_is_compacted_by_size_when_entries_are_large(tmp_path):
                 break
             time.sleep(0.2)
         assert max(sizes.values()) < 1_000_000, sizes
-        digests = cluster.digests()
-        assert len({d for _, d in digests.values()}) == 1, digests
+        assert_replicas_identical(cluster)
         assert drain(ch, "big") == bodies
         conn.close()
 
@@ -305,8 +311,7 @@ def test_add_and_remove_a_member_at_runtime(cluster):
     assert nch.queue_declare("members", passive=True).method.message_count == 2
     nconn.close()
     cluster.wait_applied_equal()
-    digests = cluster.digests()
-    assert len(digests) == 4 and len({d for _, d in digests.values()}) == 1, digests
+    assert len(assert_replicas_identical(cluster)) == 4
 
     def known_hosts(node) -> str:
         """The known_hosts server property (the same list open-ok's known-hosts carries)."""
