@@ -77,8 +77,8 @@ class Config:
     cluster_secret_file: str = ""
     snapshot_entries: int = 20_000  # Raft entries between snapshots (each entry is a batch)
     snapshot_seconds: float = 600.0
-    # ... or once the journal holds this many bytes (it is also held in memory until then); like
-    # RabbitMQ's Ra WAL, which rolls over at 512 MB.  0: by entries and time only.
+    # ... or once the journal holds this many bytes on disk (bounds disk use and restart replay);
+    # like RabbitMQ's Ra WAL, which rolls over at 512 MB.  0: by entries and time only.
     snapshot_bytes: int = 256 << 20
     node_down_after: float = 5.0  # the leader declares an unreachable member down after this
     # Close clients with 320 after this long without a leader (a leader cut off from the majority

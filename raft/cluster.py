@@ -165,12 +165,13 @@ class ClusterLog:
         in_flight = len(self._in_flight)
         if not self._pending or in_flight >= self.max_in_flight:
             return
-        if in_flight and self._pending_bytes < self.pipeline_min_bytes:
-            return  # proposed when the batch in flight is applied (_drain), or once it is bigger
-        if not self._urgent and self.defer_seconds > 0 and self._pending_bytes < self.pipeline_min_bytes:
-            if self._defer_handle is None:
-                self._defer_handle = self._loop.call_later(self.defer_seconds, self._deferred_due)
-            return
+        if self._pending_bytes < self.pipeline_min_bytes:  # a small batch: worth waiting for
+            if in_flight:
+                return  # proposed when the batch in flight is applied (_drain), or once it is bigger
+            if not self._urgent and self.defer_seconds > 0:
+                if self._defer_handle is None:
+                    self._defer_handle = self._loop.call_later(self.defer_seconds, self._deferred_due)
+                return
         batch = self._take_batch()
         blob = msgpack.packb(batch, use_bin_type=True)
         self._seq += 1

@@ -389,8 +389,9 @@ class AppendJournal(Journal):
 
     @property
     def size_bytes(self) -> int:
-        """Bytes of the entries held, flushed or not (also, roughly, the memory they take: they
-        are kept in memory until compacted)."""
+        """Bytes of the records of the entries held, flushed or not: what the journal holds on
+        disk since the last compaction (committed entries past the newest KEEP_RESIDENT are not in
+        memory)."""
         start = self._offsets[0] if self._offsets else self._end
         return self._end + self._buffered - start
 

@@ -163,7 +163,7 @@ class Replica(SyncObj):
 
         Also: compact the log once the journal holds ``snapshot_bytes``.  pysyncobj counts only
         entries and time, and an entry is a batch of up to ``max_batch_bytes`` (1 MiB): 20,000
-        entries of large messages would be gigabytes, on disk and in memory, before a snapshot.
+        entries of large messages would be gigabytes on disk, and as much to replay at a restart.
 
         And: sleep no later than the next timer.  pysyncobj looks at its election deadline and
         heartbeat time only when a tick runs, so with a 20 ms tick an election started up to 20 ms
