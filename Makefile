@@ -5,13 +5,23 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-single test test-cluster lint bench chaos chaos-compose proto clean
+.PHONY: run run-single test test-cluster lint bench chaos chaos-compose proto clean system-packages
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
+
+# The one system package the default suite needs beyond Python and iproute2: iptables, for the
+# chaos tests' packet-loss nemesis inside network namespaces (they run as root; without root they
+# are skipped, and so is this).  A fresh Debian machine does not have it.
+system-packages:
+	@if [ "$$(id -u)" = 0 ] && ! command -v iptables >/dev/null && command -v apt-get >/dev/null; then \
+	  echo "installing iptables (apt-get) for the chaos tests"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends iptables >/dev/null \
+	  || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends iptables >/dev/null; }; \
+	fi
 
 run: $(STAMP)
 	$(BIN)/raftmq cluster up
@@ -22,7 +32,7 @@ run-single: $(STAMP)
 test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -q tests/cluster
 
-test: $(STAMP)
+test: $(STAMP) system-packages
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
@@ -34,7 +44,7 @@ proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I ops/proto --python_out=ops/proto --grpc_python_out=ops/proto ops/proto/admin.proto
 	sed -i 's/^import admin_pb2 as/from . import admin_pb2 as/' ops/proto/admin_pb2_grpc.py
 
-chaos: $(STAMP)
+chaos: $(STAMP) system-packages
 	$(BIN)/raftmq chaos run --backend netns --duration 300 --nemesis kill,leader-kill,pause,partition,bridge,loss,restart-all --out chaos-run
 
 chaos-compose: $(STAMP)
