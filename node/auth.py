@@ -9,7 +9,7 @@ import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from raftmq.ops.config import UserConfig
 from raftmq.store.users import UserRecord
@@ -79,17 +79,32 @@ def is_loopback(peer_host: str | None) -> bool:
         return False
 
 
+_DECISIONS_KEPT = 4096  # remembered (vhost, kind, resource) answers per principal
+
+
 @dataclass(frozen=True)
 class Principal:
+    """A user's compiled permissions.  They never change (a permission change makes a new
+    principal, for new connections), so answers are remembered: a publish checks write access to
+    its exchange, and a regular-expression match per message was a visible share of publishing."""
+
     name: str
     permissions: dict[str, tuple[re.Pattern, re.Pattern, re.Pattern]]
+    _decisions: dict[tuple[str, int, str], bool] = field(default_factory=dict, compare=False, repr=False)
 
     def may_access_vhost(self, vhost: str) -> bool:
         return vhost in self.permissions
 
     def _check(self, vhost: str, kind: int, resource: str) -> bool:
-        perms = self.permissions.get(vhost)
-        return perms is not None and perms[kind].fullmatch(resource) is not None
+        key = (vhost, kind, resource)
+        decision = self._decisions.get(key)
+        if decision is None:
+            perms = self.permissions.get(vhost)
+            decision = perms is not None and perms[kind].fullmatch(resource) is not None
+            if len(self._decisions) >= _DECISIONS_KEPT:
+                self._decisions.clear()
+            self._decisions[key] = decision
+        return decision
 
     def may_configure(self, vhost: str, resource: str) -> bool:
         return self._check(vhost, 0, resource)

@@ -52,33 +52,59 @@ class FrameReader:
         if self._failed:
             return []
         buf = self._buf
-        buf += data
-        frames: list[Frame] = []
-        pos = 0
-        end = len(buf)
-        unpack = _FRAME_HEADER.unpack_from
-        limit = self.frame_max - FRAME_OVERHEAD if self.frame_max else 0xFFFFFFFF
+        if buf:
+            buf += data
+            if not self._complete_frame_in(buf):
+                return []  # still inside one frame: wait for more (each byte is kept once)
+            data = bytes(buf)
+            self._buf = bytearray()
         try:
-            while end - pos >= 7:
-                ftype, channel, size = unpack(buf, pos)
-                if ftype not in FRAME_TYPES:
-                    raise FrameError(f"unknown frame type {ftype}")
-                if size > limit:
-                    raise FrameError(f"frame size {size + FRAME_OVERHEAD} exceeds frame_max {self.frame_max}")
-                stop = pos + 7 + size
-                if stop >= end:
-                    break
-                if buf[stop] != FRAME_END:
-                    raise FrameError(f"bad frame-end octet {buf[stop]:#04x}")
-                frames.append(Frame(ftype, channel, bytes(buf[pos + 7:stop])))
-                pos = stop + 1
+            frames, pos = self._split(data)
         except FrameError:
             self._failed = True
             self._buf = bytearray()
             raise
-        if pos:
-            del buf[:pos]
+        if pos < len(data):
+            self._buf = bytearray(data[pos:])
         return frames
+
+    def _complete_frame_in(self, buf: bytearray) -> bool:
+        """Whether ``buf`` holds one whole frame (or a header that must be refused at once)."""
+        if len(buf) < 7:
+            return False
+        ftype, _channel, size = _FRAME_HEADER.unpack_from(buf, 0)
+        return ftype not in FRAME_TYPES or size > self._limit() or len(buf) > 7 + size
+
+    def _limit(self) -> int:
+        return self.frame_max - FRAME_OVERHEAD if self.frame_max else 0xFFFFFFFF
+
+    def _split(self, data: bytes) -> tuple[list[Frame], int]:
+        """The complete frames at the start of ``data`` and the offset after the last one.
+
+        ``data`` is immutable, so a payload is one slice of it (a single copy), and frames are
+        built with ``tuple.__new__``: this loop runs three times per published message.
+        """
+        frames: list[Frame] = []
+        append = frames.append
+        new = tuple.__new__
+        pos = 0
+        end = len(data)
+        unpack = _FRAME_HEADER.unpack_from
+        limit = self._limit()
+        while end - pos >= 7:
+            ftype, channel, size = unpack(data, pos)
+            if ftype not in FRAME_TYPES:
+                raise FrameError(f"unknown frame type {ftype}")
+            if size > limit:
+                raise FrameError(f"frame size {size + FRAME_OVERHEAD} exceeds frame_max {self.frame_max}")
+            stop = pos + 7 + size
+            if stop >= end:
+                break
+            if data[stop] != FRAME_END:
+                raise FrameError(f"bad frame-end octet {data[stop]:#04x}")
+            append(new(Frame, (ftype, channel, data[pos + 7:stop])))
+            pos = stop + 1
+        return frames, pos
 
 
 def encode_frame(ftype: int, channel: int, payload: bytes) -> bytes:

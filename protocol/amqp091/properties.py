@@ -99,13 +99,33 @@ def encode_content_header(class_id: int, body_size: int, properties: bytes) -> b
     return _HEADER.pack(class_id, 0, body_size) + properties
 
 
+_PEEKED: dict[bytes, tuple[int | None, int | None, str | None]] = {}
+_PEEK_CACHE_BYTES = 64  # property blocks up to this size are remembered (publishers repeat theirs)
+_PEEK_CACHE_ENTRIES = 1024
+
+
 def peek_properties(properties: bytes) -> tuple[int | None, int | None, str | None]:
     """(delivery-mode, priority, expiration) of raw property bytes, checking the list is well formed.
 
     Raises :class:`FrameError` (501) when a value overruns the header and :class:`AMQPSyntaxError`
     (502) for reserved flags or a string that is not UTF-8.  The headers table is skipped by its
     length here; it is decoded only when something needs it (headers exchange, dead-lettering).
+
+    A publisher sends the same few small property blocks again and again (pika's persistent
+    messages: ``10 00 02``), so the results for small well-formed blocks are remembered.
     """
+    peeked = _PEEKED.get(properties)
+    if peeked is not None:
+        return peeked
+    peeked = _peek(properties)
+    if len(properties) <= _PEEK_CACHE_BYTES:
+        if len(_PEEKED) >= _PEEK_CACHE_ENTRIES:
+            _PEEKED.clear()
+        _PEEKED[properties] = peeked
+    return peeked
+
+
+def _peek(properties: bytes) -> tuple[int | None, int | None, str | None]:
     if properties == b"\x00\x00":
         return None, None, None
     delivery_mode = priority = expiration = None
