@@ -42,3 +42,16 @@ def test_a_managed_user_replaces_a_configured_one_and_permissions_follow_changes
         auth.authenticate("PLAIN", plain("ops", "pw"), "10.0.0.5")
     with pytest.raises(AuthError):
         auth.authenticate("PLAIN", plain("nobody", "pw"), "127.0.0.1")
+
+
+def test_permission_answers_are_remembered_and_stay_right():
+    auth = Authenticator({"u": UserConfig(password="p", permissions={"/": ("^cfg-.*", "^amq\\.direct$|^out-.*", "")})})
+    principal = auth.authenticate("PLAIN", b"\x00u\x00p", "127.0.0.1")
+    for _ in range(2):  # the second round answers from memory
+        assert principal.may_write("/", "amq.direct") and principal.may_write("/", "out-1")
+        assert not principal.may_write("/", "amq.directx") and not principal.may_write("/", "in-1")
+        assert principal.may_configure("/", "cfg-q") and not principal.may_configure("/", "q")
+        assert not principal.may_read("/", "anything") and not principal.may_write("/other", "out-1")
+    for i in range(10_000):  # many distinct names: the memory stays bounded
+        principal.may_write("/", f"out-{i}")
+    assert len(principal._decisions) <= 4096

@@ -172,3 +172,31 @@ def test_encode_delivery_is_basic_deliver_with_content(channel, consumer_tag, de
                             exchange=exchange, routing_key=routing_key)
     assert encode_delivery(channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key, properties,
                            body, frame_max) == encode_content(channel, method, properties, body, frame_max)
+
+
+def test_a_frame_fed_byte_by_byte_is_one_frame_and_an_oversize_header_fails_as_soon_as_it_is_whole():
+    payload = bytes(range(200))
+    wire = struct.pack(">BHI", 3, 7, len(payload)) + payload + b"\xce" + HEARTBEAT_FRAME
+    reader = FrameReader(4096)
+    frames = []
+    for i in range(len(wire)):
+        frames += reader.feed(wire[i:i + 1])
+    assert frames == [(3, 7, payload), (8, 0, b"")]
+    assert all(type(f.payload) is bytes for f in frames)
+    split = FrameReader(4096)
+    assert split.feed(struct.pack(">BHI", 3, 1, 5000)[:4]) == []
+    with pytest.raises(FrameError):  # the rest of the header names 5,000 bytes: refused at once
+        split.feed(struct.pack(">BHI", 3, 1, 5000)[4:])
+
+
+@given(st.binary(max_size=40))
+@settings(max_examples=500)
+def test_peek_answers_alike_the_first_time_and_from_memory(properties):
+    """Small property blocks are remembered; a malformed one must fail every time, not once."""
+    outcomes = []
+    for _ in range(2):
+        try:
+            outcomes.append(peek_properties(properties))
+        except AMQPError as exc:
+            outcomes.append((type(exc), exc.reply_code))
+    assert outcomes[0] == outcomes[1]
