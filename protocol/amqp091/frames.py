@@ -51,6 +51,8 @@ class FrameReader:
     def feed(self, data: bytes) -> list[Frame]:
         if self._failed:
             return []
+        if data.__class__ is not bytes:  # payloads must be bytes (hashable, immutable) whatever came in
+            data = bytes(data)
         buf = self._buf
         if buf:
             buf += data

@@ -200,3 +200,9 @@ def test_peek_answers_alike_the_first_time_and_from_memory(properties):
         except AMQPError as exc:
             outcomes.append((type(exc), exc.reply_code))
     assert outcomes[0] == outcomes[1]
+
+
+def test_payloads_are_bytes_whatever_the_reader_is_fed():
+    wire = struct.pack(">BHI", 3, 1, 3) + b"abc" + b"\xce"
+    for fed in (bytearray(wire), memoryview(wire)):
+        assert [type(f.payload) for f in FrameReader(4096).feed(fed)] == [bytes]
