@@ -13,7 +13,7 @@ publishes took 15-18 ms to turn into commands (session 8, ``/proc`` and a trace 
 
 Usage::
 
-    python bench/ingress.py                      # 640 messages of 100 B per chunk, 20 rounds
+    python bench/ingress.py                      # 640 messages of 100 B per chunk, 40 rounds
     python bench/ingress.py --size 4096 --chunk 64 --profile   # and print a cProfile of data_received
 """
 
@@ -36,29 +36,15 @@ from raftmq.node.amqp091.connection import Amqp091Connection  # noqa: E402
 from raftmq.node.broker import Broker  # noqa: E402
 from raftmq.node.server import tune_gc  # noqa: E402
 from raftmq.ops.config import Config  # noqa: E402
+from tests.integration import rawamqp as raw  # noqa: E402
+
+CONFIRM_SELECT = (85, 10)
 
 
-def frame(ftype: int, channel: int, payload: bytes) -> bytes:
-    return struct.pack(">BHI", ftype, channel, len(payload)) + payload + b"\xce"
-
-
-def shortstr(value: str) -> bytes:
-    return bytes([len(value)]) + value.encode()
-
-
-def longstr(value: bytes) -> bytes:
-    return struct.pack(">I", len(value)) + value
-
-
-def method(channel: int, class_id: int, method_id: int, args: bytes = b"") -> bytes:
-    return frame(1, channel, struct.pack(">HH", class_id, method_id) + args)
-
-
-def publish(routing_key: str, body: bytes, properties: bytes = b"\x10\x00\x02") -> bytes:
+def publish(routing_key: str, body: bytes) -> bytes:
     """basic.publish to the default exchange, a header with delivery-mode 2 (pika's), the body."""
-    return (method(1, 60, 40, b"\x00\x00" + shortstr("") + shortstr(routing_key) + b"\x00")
-            + frame(2, 1, struct.pack(">HHQ", 60, 0, len(body)) + properties)
-            + frame(3, 1, body))
+    return (raw.basic_publish(1, "", routing_key)
+            + raw.content_header_frame(1, len(body), flags=0x1000, props=b"\x02") + raw.body_frame(1, body))
 
 
 class KeepingTransport:
@@ -101,14 +87,14 @@ async def measure(args) -> None:
     await settle()  # the default vhost is created through the log
     conn = Amqp091Connection(broker, KeepingTransport())
     conn.start(b"")
-    client_props = longstr(shortstr("product") + b"S" + longstr(b"bench"))
-    conn.data_received(method(0, 10, 11, client_props + shortstr("PLAIN") + longstr(b"\x00guest\x00guest")
-                              + shortstr("en_US")))
-    conn.data_received(method(0, 10, 31, struct.pack(">HIH", 2047, 131072, 0)))
-    conn.data_received(method(0, 10, 40, shortstr("/") + shortstr("") + b"\x00"))
-    conn.data_received(method(1, 20, 10, shortstr("")))
-    conn.data_received(method(1, 85, 10, b"\x00"))  # confirm.select
-    conn.data_received(method(1, 50, 10, b"\x00\x00" + shortstr("bench-ingress") + b"\x02" + longstr(b"")))
+    conn.data_received(raw.method_frame(0, raw.CONNECTION_START_OK, raw.table({"product": "bench"})
+                                        + raw.shortstr("PLAIN") + raw.longstr(b"\x00guest\x00guest")
+                                        + raw.shortstr("en_US")))
+    conn.data_received(raw.method_frame(0, raw.CONNECTION_TUNE_OK, struct.pack(">HIH", 2047, 131072, 0)))
+    conn.data_received(raw.method_frame(0, raw.CONNECTION_OPEN, raw.shortstr("/") + raw.shortstr("") + b"\x00"))
+    conn.data_received(raw.channel_open(1))
+    conn.data_received(raw.method_frame(1, CONFIRM_SELECT, b"\x00"))
+    conn.data_received(raw.queue_declare(1, "bench-ingress", durable=True))
     await settle()
     if 1 not in conn.channels:
         raise SystemExit(f"the channel did not open: {conn.transport.last!r}")
