@@ -171,9 +171,8 @@ def bench_confirmed_pika(url: str, count: int, size: int, window: int, quorum: b
         state["settled"] += settled
         if isinstance(method, pika.spec.Basic.Ack):
             state["acked"] += settled
-        if state["settled"] < state["sent"]:
-            top_up()
-        elif state["sent"] >= count or time.perf_counter() - state["start"] >= TIME_LIMIT:
+        finished = state["sent"] >= count or time.perf_counter() - state["start"] >= TIME_LIMIT
+        if finished and state["settled"] >= state["sent"]:
             state["elapsed"] = time.perf_counter() - state["start"]
             channel_box[0].queue_delete(queue, callback=lambda _frame: connection.close())
         else:
