@@ -47,6 +47,11 @@ class LocalLog:
         """Batches applied but not yet released (waiting for an fsync)."""
         return len(self._held)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing submitted is waiting to be applied or released."""
+        return not self._pending and not self._held and not self._syncing
+
     def submit(self, command: list, deferrable: bool = False) -> None:
         """Queue ``command`` for the next batch (``deferrable`` matters only in a cluster)."""
         self._pending.append(command)

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+BASIC_PUBLISH_IDS = b"\x00\x3c\x00\x28"  # class 60, method 40: the start of a basic.publish payload
+
 CLOSE_OK_TIMEOUT = 2.0  # seconds to wait for connection.close-ok after a server-initiated close
 
 # Connection states.
@@ -122,9 +124,24 @@ class Amqp091Connection(asyncio.Protocol):
             self.flush()
             return
         try:
-            for frame in frames:
+            channels = self.channels
+            count = len(frames)
+            i = 0
+            while i < count:
                 if self.state == CLOSED:
                     break
+                frame = frames[i]
+                i += 1
+                if frame[0] == FRAME_METHOD and i + 1 < count and frame[2].startswith(BASIC_PUBLISH_IDS):
+                    # A publish with its header and one body frame: one step (Channel.publish_whole).
+                    header, body = frames[i], frames[i + 1]
+                    number = frame[1]
+                    if header[0] == FRAME_HEADER and body[0] == FRAME_BODY and header[1] == number == body[1]:
+                        channel = channels.get(number)
+                        if (channel is not None and self.state == OPEN
+                                and channel.publish_whole(frame[2], header[2], body[2])):
+                            i += 2
+                            continue
                 self._on_frame(frame)
         except ConnectionException as exc:
             self.close_connection(exc.code, exc.text, exc.class_id, exc.method_id)
@@ -158,7 +175,14 @@ class Amqp091Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ writing
 
     def write(self, data: bytes) -> None:
-        self._wbuf.append(data)
+        """Queue channel traffic (replies, returns, deliveries, confirms) for the next flush.
+
+        Once we sent connection.close the peer discards every method but close and close-ok
+        (reference 1.4.2.9), so channel traffic from then on -- outputs of commands applied after
+        the close, such as a return for a publish read in the same chunk -- is dropped here.
+        """
+        if self.state < CLOSING:
+            self._wbuf.append(data)
 
     def send_method(self, channel: int, method) -> None:
         self._wbuf.append(encode_method_frame(channel, method))

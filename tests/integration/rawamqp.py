@@ -37,6 +37,10 @@ BASIC_PUBLISH = (60, 40)
 BASIC_GET = (60, 70)
 BASIC_GET_OK = (60, 71)
 BASIC_GET_EMPTY = (60, 72)
+BASIC_RETURN = (60, 50)
+BASIC_ACK = (60, 80)
+CONFIRM_SELECT = (85, 10)
+CONFIRM_SELECT_OK = (85, 11)
 
 
 # -- field encoders (general spec 4.2.5) --------------------------------------------------------------
@@ -109,9 +113,11 @@ def queue_declare(channel: int, queue: str, *, durable: bool = False, exclusive:
                         struct.pack(">H", 0) + shortstr(queue) + struct.pack(">B", bits) + table())
 
 
-def basic_publish(channel: int, exchange: str, routing_key: str) -> bytes:
+def basic_publish(channel: int, exchange: str | bytes, routing_key: str | bytes, *, mandatory: bool = False,
+                  immediate: bool = False) -> bytes:
+    bits = mandatory | (immediate << 1)
     return method_frame(channel, BASIC_PUBLISH,
-                        struct.pack(">H", 0) + shortstr(exchange) + shortstr(routing_key) + b"\x00")
+                        struct.pack(">H", 0) + shortstr(exchange) + shortstr(routing_key) + bytes((bits,)))
 
 
 def basic_consume(channel: int, queue: str, tag: str, no_ack: bool = True) -> bytes:

@@ -296,6 +296,131 @@ def test_body_split_over_several_frames_is_reassembled(raw, broker):
     assert got == body
 
 
+# -- many publishes in one read (the front end's one-step path for publish + header + one body) --------------
+def publishes(channel: int, queue: str, bodies: list[bytes], **bits) -> bytes:
+    return b"".join(r.basic_publish(channel, "", queue, **bits) + r.content_header_frame(channel, len(b))
+                    + r.body_frame(channel, b) for b in bodies)
+
+
+def get_bodies(c: RawClient, queue: str, count: int) -> list[bytes]:
+    got = []
+    for _ in range(count):
+        c.send(r.basic_get(1, queue))
+        c.expect_method(r.BASIC_GET_OK, channel=1)
+        header = c.read_frame()
+        size = struct.unpack_from(">HHQ", header.payload)[2]
+        got.append(c.read_frame().payload if size else b"")
+    return got
+
+
+def test_a_read_of_many_publishes_keeps_order_confirms_and_returns(raw, broker):
+    """Publishes arriving together, routable and mandatory-unroutable mixed, in confirm mode: every
+    unroutable mandatory one comes back as basic.return 312 (reference 1.8.3.8) before its ack, every
+    publish is acked once, in order (confirm delivery tags count publishes from 1), and the routable
+    ones are queued in publish order."""
+    c = opened(raw)
+    q = uniq("raw-batch")
+    c.send(r.queue_declare(1, q, exclusive=True))
+    c.expect_method(r.QUEUE_DECLARE_OK, channel=1)
+    c.send(r.method_frame(1, r.CONFIRM_SELECT, b"\x00"))
+    c.expect_method(r.CONFIRM_SELECT_OK, channel=1)
+    data, expected, returned = b"", [], []
+    for i in range(60):
+        body = f"m{i}".encode()
+        if i % 7 == 3:
+            data += (r.basic_publish(1, "", uniq("nowhere"), mandatory=True) + r.content_header_frame(1, len(body))
+                     + r.body_frame(1, body))
+            returned.append(body)
+        else:
+            data += publishes(1, q, [body], mandatory=i % 2 == 0)
+            expected.append(body)
+    c.send(data)
+    acked, got_returns = 0, []
+    while acked < 60:
+        f = c.read_method()
+        if f.method == r.BASIC_RETURN:
+            assert struct.unpack_from(">H", f.payload, 4)[0] == 312
+            c.read_frame()  # header
+            got_returns.append(c.read_frame().payload)
+        else:
+            assert f.method == r.BASIC_ACK, f
+            tag, multiple = struct.unpack_from(">QB", f.payload, 4)
+            assert tag > acked and (multiple or tag == acked + 1)
+            acked = tag
+    assert got_returns == returned
+    assert get_bodies(c, q, len(expected)) == expected
+
+
+def test_publish_with_immediate_in_a_batch_is_540(raw, broker):
+    """immediate=true is not implemented (RabbitMQ 3 refuses it the same way): connection.close 540
+    naming basic.publish, even when it comes in one read with ordinary publishes."""
+    c = opened(raw)
+    q = uniq("raw-imm")
+    c.send(r.queue_declare(1, q, exclusive=True))
+    c.expect_method(r.QUEUE_DECLARE_OK, channel=1)
+    close = close_code_after(c, publishes(1, q, [b"a"]) + publishes(1, q, [b"b"], immediate=True))
+    assert close is not None and close.reply_code == 540, close
+    assert (close.class_id, close.method_id) == r.BASIC_PUBLISH
+    assert_broker_survived(broker)
+
+
+@pytest.mark.parametrize(("frames", "codes", "rabbitmq_checks"), [
+    # a zero-size content has no body frame (general 4.2.6.2): an empty body frame after it is unexpected
+    ([r.content_header_frame(1, 0), r.body_frame(1, b"")], {505}, True),
+    # a body frame larger than the header's body size: badly formatted content (general 4.2.6), which
+    # the spec calls 505 there and 501 for frame sizes; both are accepted.  RabbitMQ does not check it.
+    ([r.content_header_frame(1, 3), r.body_frame(1, b"hello")], {501, 505}, False),
+    # a body frame shorter than the body size, then a new method: the content is incomplete
+    ([r.content_header_frame(1, 9), r.body_frame(1, b"hello"), r.basic_publish(1, "", "q")], {505}, True),
+], ids=["empty-body-frame-after-size-0", "body-longer-than-size", "body-cut-short"])
+def test_content_whose_size_disagrees_with_its_body_is_refused(raw, broker, frames, codes, rabbitmq_checks):
+    """general 4.2.6: incomplete or badly formatted content is a connection exception; taken in one
+    read with a good publish before it, the answer is the same as frame by frame."""
+    if broker.kind == "rabbitmq" and not rabbitmq_checks:
+        pytest.skip("RabbitMQ does not check this")
+    c = opened(raw)
+    q = uniq("raw-size")
+    c.send(r.queue_declare(1, q, exclusive=True))
+    c.expect_method(r.QUEUE_DECLARE_OK, channel=1)
+    close = close_code_after(c, publishes(1, q, [b"fine"]) + r.basic_publish(1, "", q) + b"".join(frames))
+    assert close is not None and close.reply_code in codes, close
+    assert_broker_survived(broker)
+
+
+def test_publish_with_a_routing_key_that_is_not_utf8_is_502(raw, broker):
+    """general 4.2.5.3: short strings "can carry up to 255 octets of UTF-8 data"; one that is not UTF-8 is
+    a 502 syntax-error (reference 1.2), also when the publish arrives with its content in one read.
+    RabbitMQ deviation: it takes the octets as they are."""
+    if broker.kind == "rabbitmq":
+        pytest.skip("RabbitMQ accepts routing keys that are not UTF-8")
+    c = opened(raw)
+    close = close_code_after(c, r.basic_publish(1, "", b"\xff\xfe") + r.content_header_frame(1, 1)
+                             + r.body_frame(1, b"x"))
+    assert close is not None and close.reply_code == 502, close
+    assert_broker_survived(broker)
+
+
+def test_publish_to_a_missing_exchange_in_a_batch_closes_only_the_channel_404(raw, broker):
+    """reference 1.8.3.7 (basic.publish exchange): "The server MUST ... raise a channel exception with
+    reply code 404 (not found)" when the exchange does not exist; the publishes after it on that channel
+    are ignored until close-ok, and the connection stays open."""
+    c = opened(raw)
+    q = uniq("raw-404")
+    c.send(r.queue_declare(1, q, exclusive=True))
+    c.expect_method(r.QUEUE_DECLARE_OK, channel=1)
+    bad = r.basic_publish(1, uniq("no-such-exchange"), q) + r.content_header_frame(1, 1) + r.body_frame(1, b"x")
+    c.send(publishes(1, q, [b"before"]) + bad + publishes(1, q, [b"after"]))
+    close = c.expect_method(r.CHANNEL_CLOSE, channel=1)
+    code, pos = struct.unpack_from(">H", close.payload, 4)[0], 6
+    text, pos = r.read_shortstr(close.payload, pos)
+    assert code == 404 and struct.unpack_from(">HH", close.payload, pos) == r.BASIC_PUBLISH, text
+    c.send(r.method_frame(1, r.CHANNEL_CLOSE_OK))
+    c.open_channel(1)
+    assert get_bodies(c, q, 1) == [b"before"]
+    c.send(r.basic_get(1, q))
+    c.expect_method(r.BASIC_GET_EMPTY, channel=1)
+
+
 def test_server_respects_the_negotiated_frame_max(raw, broker):
     """general 4.2.3: "A peer MUST NOT send frames larger than the agreed-upon size": with frame_max 4096
     every frame of a 20000-octet delivery is at most 4096 octets, header and frame-end included."""
