@@ -815,10 +815,17 @@ class StateMachine(SessionMixin, UserMixin):
     def _publish(self, cmd: list) -> int:
         (_, conn, _, number, vhost_name, exchange_name, routing_key, mandatory, props, body,
          persistent, priority, expiration) = cmd
+        # (lookups inlined: this runs for every message on every node; the helpers raise the errors)
         if conn is not None:
-            self._channel(conn, number)
-        vhost = self._vhost(vhost_name)
-        exchange = self._exchange(vhost, exchange_name)
+            channels = self.channels.get(conn)
+            if channels is None or number not in channels:
+                self._channel(conn, number)
+        vhost = self.vhosts.get(vhost_name)
+        if vhost is None:
+            vhost = self._vhost(vhost_name)
+        exchange = vhost.exchanges.get(exchange_name)
+        if exchange is None:
+            exchange = self._exchange(vhost, exchange_name)
         if exchange.internal:
             raise CommandError(403, f"cannot publish to internal exchange '{exchange_name}' in vhost "
                                f"'{vhost_name}'")
@@ -836,7 +843,10 @@ class StateMachine(SessionMixin, UserMixin):
                           priority or 0, self._now)
         self.next_msg_id += 1
         queues = self._route(vhost, exchange, routing_key, props)
-        self._event(EV.PUBLISHED, None, message, conn or "", vhost_name)
+        if self.event_sink is None:
+            self.event_seq += 1  # numbered alike on every node, recorded where history is kept
+        else:
+            self._event(EV.PUBLISHED, None, message, conn or "", vhost_name)
         stats = self.stats
         stats["published"] += 1
         if not queues:
@@ -850,6 +860,9 @@ class StateMachine(SessionMixin, UserMixin):
         return outcome
 
     def _route(self, vhost: VHost, exchange: Exchange, routing_key: str, props: bytes) -> list[Queue]:
+        if exchange.name == "":
+            queue = vhost.queues.get(routing_key)
+            return [queue] if queue is not None else []
         headers_cache: list[dict] = []
 
         def headers() -> dict:
@@ -857,9 +870,6 @@ class StateMachine(SessionMixin, UserMixin):
                 headers_cache.append(_message_headers(props))
             return headers_cache[0]
 
-        if exchange.name == "":
-            queue = vhost.queues.get(routing_key)
-            return [queue] if queue is not None else []
         found: dict[int, Queue] = {}
         visited: dict[str, None] = {}
         self._route_into(vhost, exchange, routing_key, headers, found, visited)
@@ -906,7 +916,10 @@ class StateMachine(SessionMixin, UserMixin):
         entry = Entry(queue.next_seq, message, expires_at, priority, durable)
         queue.next_seq += 1
         queue.ready.append(entry)
-        self._event(EV.ROUTED, queue, message)
+        if self.event_sink is None:
+            self.event_seq += 1
+        else:
+            self._event(EV.ROUTED, queue, message)
         size = len(message.body)
         queue.ready_bytes += size
         self.message_bytes += size
@@ -928,7 +941,10 @@ class StateMachine(SessionMixin, UserMixin):
                 queue.ready_bytes -= len(dropped.message.body)
                 self._dead_letter(queue, dropped.message, "maxlen")
                 self._drop(queue, dropped)
-        self._dirty[queue.qid] = queue
+        if queue.consumers or queue.browsers or expires_at is not None or queue.qid in self.expiring:
+            # Only then has _dispatch anything to do (a queue nobody consumes fills up with no
+            # dispatch at all: this runs for every publish on every node).
+            self._dirty[queue.qid] = queue
         return True
 
     # ------------------------------------------------------------------ delivery
