@@ -222,8 +222,9 @@ class Broker:
     def connection_count(self) -> int:
         return len(self.endpoints)
 
-    def submit(self, command: list, deferrable: bool = False) -> None:
-        self.log.submit(command, deferrable)
+    def submit(self, command: list, deferrable: bool = False, size: int = 0) -> None:
+        """Hand ``command`` to the log; ``size``, the bytes it carries if the caller knows them."""
+        self.log.submit(command, deferrable, size)
 
     # ------------------------------------------------------------------ flow control
 

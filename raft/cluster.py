@@ -142,16 +142,18 @@ class ClusterLog:
 
     # ------------------------------------------------------------------ proposing
 
-    def submit(self, command: list, deferrable: bool = False) -> None:
+    def submit(self, command: list, deferrable: bool = False, size: int = 0) -> None:
         """Queue ``command`` for the next batch.  ``deferrable``: it may wait a few milliseconds
-        for other commands to share its batch (see the module docstring)."""
+        for other commands to share its batch (see the module docstring).  ``size``: its bytes
+        (bodies, mostly) if the caller knows them, else counted here."""
         self._pending.append(command)
         if not deferrable:
             self._urgent = True
-        size = 32
-        for item in command:
-            if item.__class__ is bytes:
-                size += len(item)
+        if not size:
+            size = 32
+            for item in command:
+                if item.__class__ is bytes:
+                    size += len(item)
         self._pending_sizes.append(size)
         self._pending_bytes += size
         if self._pending_bytes > self.high_water_bytes and not self.throttled:

@@ -52,8 +52,8 @@ class LocalLog:
         """Nothing submitted is waiting to be applied or released."""
         return not self._pending and not self._held and not self._syncing
 
-    def submit(self, command: list, deferrable: bool = False) -> None:
-        """Queue ``command`` for the next batch (``deferrable`` matters only in a cluster)."""
+    def submit(self, command: list, deferrable: bool = False, size: int = 0) -> None:
+        """Queue ``command`` for the next batch (``deferrable`` and ``size`` matter only in a cluster)."""
         self._pending.append(command)
         if not self._scheduled:
             self._scheduled = True

@@ -753,9 +753,7 @@ class StateMachine(SessionMixin, UserMixin):
                         entry = ch.unacked.pop(key)[1]
                         self._event(EV.DELETED, queue, entry.message, "unacked")
                         self._release_message(entry)
-        for entry in queue.ready.drain():
-            self._event(EV.DELETED, queue, entry.message)
-            self._release_message(entry)
+        self._release_all(queue, queue.ready.take_all(), EV.DELETED)
         for binding in list(self.inbound.get((vhost.name, True, queue.name), ())):
             source = vhost.exchanges.get(binding.source)
             if source is not None:
@@ -1122,6 +1120,22 @@ class StateMachine(SessionMixin, UserMixin):
         if entry.durable and self._w is not None:
             self._w.delete_entry(queue.qid, entry.seq)
         self._release_message(entry)
+
+    def _release_all(self, queue: Queue, entries: list[Entry], kind: int) -> None:
+        """Forget ``entries`` taken out of ``queue`` (being deleted), recording one ``kind`` event each.
+
+        Deleting a queue of 20,000 messages runs this on every node; without history or an LMDB
+        mirror (a cluster's nodes keep the model in memory) only the byte count has to follow."""
+        if self.event_sink is None:
+            self.event_seq += len(entries)
+        else:
+            for entry in entries:
+                self._event(kind, queue, entry.message)
+        if self._w is None:
+            self.message_bytes -= sum([len(entry.message.body) for entry in entries])
+        else:
+            for entry in entries:
+                self._release_message(entry)
 
     def _release_message(self, entry: Entry) -> None:
         message = entry.message

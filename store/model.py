@@ -143,6 +143,15 @@ class ReadyList:
                     return entry
         return None
 
+    def take_all(self) -> list[Entry]:
+        """Remove every entry; they come back in delivery order (a queue being deleted)."""
+        if len(self._levels) == 1 and not self._returned[0]:
+            entries = list(self._levels[0])
+            self._levels[0].clear()
+            self._count = 0
+            return entries
+        return list(self.drain())
+
     def drain(self) -> Iterator[Entry]:
         """Remove and yield every entry in delivery order."""
         while True:

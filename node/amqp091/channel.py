@@ -489,19 +489,31 @@ class Channel:
             else:
                 self._tx_returns.append(None)
             return
+        size = 32 + len(props) + len(body)
         if self.confirm_mode:
             self._publish_seq += 1
             seq = self._publish_seq
             self._unconfirmed += 1
-            conn.request(self, command, m.BasicPublish,
-                         lambda outcome: self._published(outcome, seq, method if mandatory else None,
-                                                         props, body),
-                         deferrable=self._unconfirmed > AMPLE_UNCONFIRMED)
+            deferrable = self._unconfirmed > AMPLE_UNCONFIRMED
+            if mandatory:
+                conn.request(self, command, m.BasicPublish,
+                             lambda outcome: self._published(outcome, seq, method, props, body), deferrable, size)
+            else:
+                conn.request(self, command, seq, None, deferrable, size)
         elif mandatory:
             conn.request(self, command, m.BasicPublish,
-                         lambda outcome: self._published(outcome, 0, method, props, body))
+                         lambda outcome: self._published(outcome, 0, method, props, body), size=size)
         else:
-            conn.broker.submit(command)
+            conn.broker.submit(command, False, size)
+
+    def settle_publish(self, seq: int, result: tuple) -> None:
+        """The outcome of a confirm-mode publish that asked for no return (see Connection.request)."""
+        if result[0] != 0:
+            self.fail_from_broker(result[1], result[2], m.BasicPublish)
+            return
+        self._unconfirmed -= 1
+        self._confirms.append((seq, result[1] != REJECTED))
+        self.conn.confirm_dirty[self.number] = self
 
     def _published(self, outcome: int, seq: int, mandatory_method, props: bytes, body: bytes) -> None:
         if outcome == UNROUTABLE and mandatory_method is not None:

@@ -202,13 +202,19 @@ class Amqp091Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ requests to the broker
 
-    def request(self, channel: Channel, command: list, method_cls, on_ok, deferrable: bool = False) -> None:
-        """Submit ``command`` with a token; ``on_ok(value)`` runs when its OK result arrives."""
+    def request(self, channel: Channel, command: list, method_cls, on_ok, deferrable: bool = False,
+                size: int = 0) -> None:
+        """Submit ``command`` with a token; ``on_ok(value)`` runs when its OK result arrives.
+
+        ``on_ok`` None marks a publish in confirm mode with nothing to return: ``method_cls`` then
+        holds its confirm sequence number and the outcome goes to ``Channel.settle_publish`` (no
+        closure per message on the publisher's hot path).  ``size``: the bytes it carries, if known.
+        """
         self._next_token += 1
         token = self._next_token
         command[2] = token
         self.pending[token] = (channel, on_ok, method_cls)
-        self.broker.submit(command, deferrable)
+        self.broker.submit(command, deferrable, size)
 
     def on_reply(self, token: int | None, result: tuple, channel_no: int | None) -> None:
         if token is None:
@@ -224,7 +230,9 @@ class Amqp091Connection(asyncio.Protocol):
         if not channel.accepts_replies:
             return
         try:
-            if result[0] == 0:
+            if on_ok is None:
+                channel.settle_publish(method_cls, result)
+            elif result[0] == 0:
                 on_ok(result[1])
             else:
                 channel.fail_from_broker(result[1], result[2], method_cls)
