@@ -54,7 +54,7 @@ OutputsCallback = Callable[[list], None]
 class ClusterLog:
     def __init__(self, machine: StateMachine, on_outputs: OutputsCallback, *, origin: str,
                  self_address: str, partners: list[str], data_dir: str, secret: str,
-                 max_in_flight: int = 8, pipeline_min_bytes: int = 16 << 10, defer_seconds: float = 0.002,
+                 max_in_flight: int = 8, pipeline_min_bytes: int = 64 << 10, defer_seconds: float = 0.002,
                  retry_after: float = 5.0, use_fork: bool = True,
                  max_batch_bytes: int = 1 << 20, high_water_bytes: int = 16 << 20,
                  clock: Callable[[], int] = time.time_ns, **replica_options) -> None:
