@@ -499,7 +499,7 @@ class Channel:
                 conn.request(self, command, m.BasicPublish,
                              lambda outcome: self._published(outcome, seq, method, props, body), deferrable, size)
             else:
-                conn.request(self, command, seq, None, deferrable, size)
+                conn.request_publish(self, command, seq, deferrable, size)
         elif mandatory:
             conn.request(self, command, m.BasicPublish,
                          lambda outcome: self._published(outcome, 0, method, props, body), size=size)
@@ -507,7 +507,7 @@ class Channel:
             conn.broker.submit(command, False, size)
 
     def settle_publish(self, seq: int, result: tuple) -> None:
-        """The outcome of a confirm-mode publish that asked for no return (see Connection.request)."""
+        """The outcome of a confirm-mode publish that asked for no return (Connection.request_publish)."""
         if result[0] != 0:
             self.fail_from_broker(result[1], result[2], m.BasicPublish)
             return

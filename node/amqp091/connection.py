@@ -205,15 +205,20 @@ class Amqp091Connection(asyncio.Protocol):
     def request(self, channel: Channel, command: list, method_cls, on_ok, deferrable: bool = False,
                 size: int = 0) -> None:
         """Submit ``command`` with a token; ``on_ok(value)`` runs when its OK result arrives.
-
-        ``on_ok`` None marks a publish in confirm mode with nothing to return: ``method_cls`` then
-        holds its confirm sequence number and the outcome goes to ``Channel.settle_publish`` (no
-        closure per message on the publisher's hot path).  ``size``: the bytes it carries, if known.
-        """
+        ``size``: the bytes it carries, if known."""
         self._next_token += 1
         token = self._next_token
         command[2] = token
         self.pending[token] = (channel, on_ok, method_cls)
+        self.broker.submit(command, deferrable, size)
+
+    def request_publish(self, channel: Channel, command: list, seq: int, deferrable: bool, size: int) -> None:
+        """Submit a confirm-mode publish that asks for no return: its outcome goes to
+        ``channel.settle_publish(seq, result)``, with no closure made per message."""
+        self._next_token += 1
+        token = self._next_token
+        command[2] = token
+        self.pending[token] = (channel, None, seq)
         self.broker.submit(command, deferrable, size)
 
     def on_reply(self, token: int | None, result: tuple, channel_no: int | None) -> None:
@@ -226,7 +231,7 @@ class Amqp091Connection(asyncio.Protocol):
         entry = self.pending.pop(token, None)
         if entry is None:
             return
-        channel, on_ok, method_cls = entry
+        channel, on_ok, method_cls = entry  # (channel, None, confirm seq) from request_publish
         if not channel.accepts_replies:
             return
         try:
