@@ -265,7 +265,7 @@ class ClusterLog:
             if kind == ENTRY:
                 _, index, now, origin, seq, blob = item
                 commands = msgpack.unpackb(blob, raw=False, strict_map_key=False)
-                outputs = machine.apply_batch(now, commands, index, (origin, seq))
+                outputs = machine.apply_batch(now, commands, index, (origin, seq), replies=origin == self.origin)
                 self.batches_applied += 1
                 self.commands_applied += len(commands)
                 if origin == self.origin:

@@ -157,6 +157,7 @@ class StateMachine(SessionMixin, UserMixin):
         self.detached_sessions: dict[str, Session] = {}  # the ones waiting out their timeout
         self._now = 0
         self._out: list = []
+        self._replies = True  # apply_batch(replies=...)
         self._dirty: dict[int, Queue] = {}
         self._shared_props: dict[bytes, bytes] = {}  # see _publish
         # The owner identity of the command being applied when it is not its connection: an AMQP
@@ -204,8 +205,13 @@ class StateMachine(SessionMixin, UserMixin):
         return self._w is not None and self._w.sync_needed
 
     def apply_batch(self, now: int, commands: list, index: int | None = None,
-                    batch_id: tuple[str, int] | None = None) -> list:
+                    batch_id: tuple[str, int] | None = None, replies: bool = True) -> list:
         """Apply ``commands`` at time ``now`` (microseconds); return the outputs in order.
+
+        ``replies`` False leaves out the replies (``OUT_REPLY``): they go to the connections that
+        issued the commands, all on the node that proposed the batch, so the other nodes of a
+        cluster need none (one per publish, built and thrown away).  Outputs are not state:
+        the model is the same either way.
 
         Time never goes backwards inside the state machine: batches proposed by different nodes
         carry their proposer's clock, so the machine keeps the largest time seen (itself part of
@@ -224,6 +230,7 @@ class StateMachine(SessionMixin, UserMixin):
         if now > self._now:
             self._now = now
         self._out = out = []
+        self._replies = replies
         self._w = self.store.writer() if self.store is not None else None
         for command in commands:
             self._apply_one(command)
@@ -275,7 +282,7 @@ class StateMachine(SessionMixin, UserMixin):
             log.exception("apply failed for op %s", op)
             result = (ERR, 541, "INTERNAL_ERROR - internal error applying command")
         token = command[2] if len(command) > 2 else None
-        if token is not None or (result[0] == ERR and command[1] is not None):
+        if self._replies and (token is not None or (result[0] == ERR and command[1] is not None)):
             # Token-less commands (plain publishes) answer only with errors, so that the front end
             # can close the channel they came from.
             self._out.append((command[1], OUT_REPLY, token, result, command[3] if len(command) > 3 else None))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from raftmq.store import events as EV
 from raftmq.store.commands import (
     ERR,
     OK,
@@ -272,3 +273,76 @@ def test_same_commands_give_same_state_and_outputs(tmp_path):
     assert first.machine.store.digest() == second.machine.store.digest()
     delivered = [o[4][3].body for batch in outputs for o in batch if o[1] == OUT_DELIVER]
     assert delivered == [b"%d" % i for i in range(10)]
+
+
+def deleting_machine(with_history: bool, max_priority: int = 0) -> tuple[Driver, list]:
+    """A store-less machine (a cluster node's) with a queue holding fresh and requeued messages."""
+    recorded: list = []
+    machine = StateMachine(None)
+    if with_history:
+        machine.event_sink = lambda _index, events: recorded.extend(events)
+    d = Driver(machine)
+    d.apply([Op.VHOST_ADD, None, None, "/"])
+    d.ok(Op.CHANNEL_OPEN)
+    declare(d, "q", args={"x-max-priority": max_priority} if max_priority else None)
+    for i in range(6):
+        d.ok(Op.PUBLISH, "/", "", "q", False, b"\x00\x00", b"x" * (i + 1), False, i % 3, None)
+    value, _ = d.ok(Op.GET, "/", "q", False)
+    d.apply([Op.NACK, C, None, 1, [[value[0], value[1]]], True])  # requeued: back at its position
+    return d, recorded
+
+
+@pytest.mark.parametrize("max_priority", [0, 2], ids=["plain", "priority"])
+def test_deleting_a_queue_releases_every_message_alike_with_and_without_history(max_priority):
+    """Deleting a queue takes every ready message, requeued ones included: the byte count returns to
+    zero and the event numbering (replicated state) is the same whether a node keeps history or not;
+    with history each message gets one DELETED event."""
+    plain, _ = deleting_machine(False, max_priority)
+    kept, recorded = deleting_machine(True, max_priority)
+    for d in (plain, kept):
+        assert d.machine.message_bytes == sum(range(1, 7))
+        count, _ = d.ok(Op.QUEUE_DELETE, "/", "q", False, False)
+        assert count == 6
+        assert d.machine.message_bytes == 0
+        assert "q" not in d.machine.vhosts["/"].queues
+    assert plain.machine.event_seq == kept.machine.event_seq
+    deleted = [e for e in recorded if e[2] == EV.DELETED]
+    assert sorted(len(e[10].body) for e in deleted) == [1, 2, 3, 4, 5, 6]
+
+
+def test_publishes_to_a_queue_without_consumers_are_delivered_once_one_comes(driver):
+    """Publishing into a queue nobody consumes skips the dispatch pass; a consumer that comes later
+    gets every message in order, and one that is there already gets each message as it arrives."""
+    declare(driver, "q")
+    for i in range(3):
+        driver.publish("", "q", b"%d" % i)
+    _, outputs = driver.ok(Op.CONSUME, "/", "q", "c", True, False, {})
+    assert [o[4][3].body for o in deliveries(outputs)] == [b"0", b"1", b"2"]
+    _, outputs = driver.publish("", "q", b"3")
+    assert [o[4][3].body for o in deliveries(outputs)] == [b"3"]
+
+
+def test_a_batch_applied_without_replies_changes_the_state_alike_and_keeps_deliveries():
+    """Another node's batch is applied with replies=False (its connections are all elsewhere):
+    no OUT_REPLY, but the same deliveries to consumers and the same model."""
+    machines = []
+    for replies in (True, False):
+        machine = StateMachine(None)
+        machine.apply_batch(NOW, [[Op.VHOST_ADD, None, None, "/"], [Op.CHANNEL_OPEN, "local", 1, 1],
+                                  [Op.CHANNEL_OPEN, "remote", 2, 1]])
+        machine.apply_batch(NOW, [[Op.QUEUE_DECLARE, "local", 3, 1, "/", "q", False, False, False, False, {}],
+                                  [Op.CONSUME, "local", 4, 1, "/", "q", "c", True, False, {}]])
+        outputs = machine.apply_batch(NOW, [
+            [Op.PUBLISH, "remote", 5, 1, "/", "", "q", False, b"\x00\x00", b"m", False, 0, None],
+            [Op.PUBLISH, "remote", 6, 1, "/", "nowhere", "q", False, b"\x00\x00", b"n", False, 0, None],
+        ], replies=replies)
+        kinds = [(o[0], o[1]) for o in outputs]
+        if replies:
+            assert kinds == [("remote", OUT_REPLY), ("local", OUT_DELIVER), ("remote", OUT_REPLY)]
+            assert outputs[2][3][:2] == (ERR, 404)
+        else:
+            assert kinds == [("local", OUT_DELIVER)]
+        machines.append(machine)
+    assert machines[0].event_seq == machines[1].event_seq
+    assert machines[0].channels.keys() == machines[1].channels.keys()  # the 404 closed the remote channel in both
+    assert 1 not in machines[1].channels.get("remote", {})
