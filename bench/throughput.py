@@ -11,7 +11,8 @@ Scenarios (each bounded by a message count and a time limit):
 * ``consume``: pika consumes what ``publish`` left, with manual acks and prefetch 256.
 
 Both brokers run side by side for the whole run; each round measures every scenario on each broker,
-alternating which goes first, and the summary gives medians and the per-round ratios.
+the two measurements of a scenario back to back, alternating which broker goes first; the summary
+gives medians and the per-round ratios.
 
 Usage::
 
@@ -212,21 +213,42 @@ def pika_confirms_key(window: int) -> str:
     return f"confirms, pika async (window {window})"
 
 
-def run_all(name: str, url: str, args, quorum: bool = False) -> dict[str, float]:
-    """One round of every scenario against one broker, printed as it goes."""
-    results = {}
-    rate, queue = bench_publish(url, args.count, args.size, quorum)
-    results[PUBLISH] = rate
-    results[CONSUME] = bench_consume(url, queue, args.count)
-    results[confirms_key(args.window)] = asyncio.run(
-        _confirmed(url, args.confirm_count, args.size, args.window, quorum))
-    results[pika_confirms_key(args.window)] = bench_confirmed_pika(url, args.confirm_count, args.size,
-                                                                   args.window, quorum)
-    results[RTT_P50], results[RTT_P99] = bench_latency(url, quorum)
-    for key, value in results.items():
-        unit = "" if "(ms" in key else " msg/s"
-        print(f"  {name:10s} {key:38s} {value:10.1f}{unit}", flush=True)
+def run_round(targets: list[tuple[str, str, bool]], args) -> dict[str, dict[str, float]]:
+    """One round: every scenario on every broker, the brokers back to back *per scenario* (in the
+    order given), so that the two measurements of a scenario are seconds apart, not minutes: this
+    machine's speed drifts by up to 2x within minutes, and with a minute between them the per-round
+    ratios of one run (5 rounds, session 9) ranged from 0.67 to 1.44x.  Printed as it goes."""
+    results: dict[str, dict[str, float]] = {name: {} for name, _, _ in targets}
+    queues: dict[str, str] = {}
+
+    def measure(key: str, run) -> None:
+        for name, url, quorum in targets:
+            value = run(url, quorum, name)
+            if isinstance(value, tuple):
+                for sub_key, sub_value in zip(key, value, strict=True):
+                    results[name][sub_key] = sub_value
+                    show(name, sub_key, sub_value)
+            else:
+                results[name][key] = value
+                show(name, key, value)
+
+    def publish(url: str, quorum: bool, name: str) -> float:
+        rate, queues[name] = bench_publish(url, args.count, args.size, quorum)
+        return rate
+
+    measure(PUBLISH, publish)
+    measure(CONSUME, lambda url, quorum, name: bench_consume(url, queues[name], args.count))
+    measure(confirms_key(args.window), lambda url, quorum, name: asyncio.run(
+        _confirmed(url, args.confirm_count, args.size, args.window, quorum)))
+    measure(pika_confirms_key(args.window), lambda url, quorum, name: bench_confirmed_pika(
+        url, args.confirm_count, args.size, args.window, quorum))
+    measure((RTT_P50, RTT_P99), lambda url, quorum, name: bench_latency(url, quorum))
     return results
+
+
+def show(name: str, key: str, value: float) -> None:
+    unit = "" if "(ms" in key else " msg/s"
+    print(f"  {name:10s} {key:38s} {value:10.1f}{unit}", flush=True)
 
 
 def summarise(rounds: dict[str, list[dict[str, float]]]) -> None:
@@ -292,8 +314,8 @@ def main() -> None:
         for number in range(args.rounds):
             print(f"round {number + 1} of {args.rounds}", flush=True)
             order = targets if number % 2 == 0 else targets[::-1]
-            for name, url, quorum in order:
-                rounds[name].append(run_all(name, url, args, quorum))
+            for name, results in run_round(order, args).items():
+                rounds[name].append(results)
     summarise(rounds)
 
 
