@@ -10,13 +10,11 @@ from __future__ import annotations
 import base64
 import os
 from collections import deque
-from struct import Struct
-from struct import error as StructError
 from typing import TYPE_CHECKING
 
 from raftmq.protocol.amqp091 import methods as m
 from raftmq.protocol.amqp091.errors import AMQPError
-from raftmq.protocol.amqp091.frames import encode_content, encode_delivery, encode_method_frame
+from raftmq.protocol.amqp091.frames import WholePublish, encode_content, encode_delivery, encode_method_frame
 from raftmq.protocol.amqp091.properties import decode_content_header, peek_properties
 from raftmq.store.commands import REJECTED, UNROUTABLE, Op
 from raftmq.store.machine import HARD_ERRORS
@@ -38,7 +36,6 @@ if TYPE_CHECKING:
     from .connection import Amqp091Connection
 
 BASIC_CLASS_ID = 60
-_CONTENT_HEADER = Struct(">HHQ")  # class-id, weight, body-size (general spec 4.2.6.1)
 
 # Channel states.
 OPENING, OPEN, CLOSING_BY_SERVER, CLOSING_BY_CLIENT = range(4)
@@ -415,35 +412,23 @@ class Channel:
         self._body_received = 0
         self.conn.is_publisher = True
 
-    def publish_whole(self, method_payload: bytes, header_payload: bytes, body: bytes) -> bool:
-        """A basic.publish whose header and single body frame arrived in the same read.
+    def publish_whole(self, publish: WholePublish) -> bool:
+        """A basic.publish whose header and single body frame arrived in the same read, parsed by
+        the frame reader (``FrameReader(whole_publishes=True)``).
 
         The common case of a publisher's traffic, taken in one step instead of three frame
-        dispatches, a method object and the content assembly (the node a publisher is
-        connected to spent ~12-17 µs per message in the front end; see bench/ingress.py).
-        Only well-formed input is taken: anything else (a channel not open, content already
-        under way, a malformed method or header, a body that is not exactly one frame, immediate,
-        an oversize body) returns False *without side effects*, and the caller passes the frames
-        through the general path, which answers with the spec's reply code.
+        dispatches, a method object and the content assembly (the node a publisher is connected to
+        spent ~12-17 µs per message in the front end; see bench/ingress.py).  Returns False,
+        *without side effects*, when this channel cannot take it so (not open, content already under
+        way, immediate, an oversize body): the caller then passes the three frames through the
+        general path, which answers with the spec's reply code.
         """
-        if self.state != OPEN or self._publish is not None:
-            return False
-        try:
-            # basic.publish (0-9-1 reference 1.8.3.7): reserved-1 short, exchange, routing-key, bits.
-            size = method_payload[6]
-            exchange = str(method_payload[7:7 + size], "utf-8")
-            pos = 7 + size
-            size = method_payload[pos]
-            routing_key = str(method_payload[pos + 1:pos + 1 + size], "utf-8")
-            bits = method_payload[pos + 1 + size]
-            class_id, _weight, body_size = _CONTENT_HEADER.unpack_from(header_payload, 0)
-        except (IndexError, UnicodeDecodeError, StructError):
-            return False
-        if (bits & 2 or class_id != BASIC_CLASS_ID or not body or body_size != len(body)
-                or len(header_payload) < 14 or body_size > self.conn.config.max_message_size):
+        if (self.state != OPEN or self._publish is not None or publish.bits & 2
+                or len(publish.body) > self.conn.config.max_message_size):
             return False
         self.conn.is_publisher = True
-        self._submit_publish(exchange, routing_key, bool(bits & 1), header_payload[12:], body, None)
+        self._submit_publish(publish.exchange, publish.routing_key, bool(publish.bits & 1), publish.properties,
+                             publish.body, None)
         return True
 
     def _publish_complete(self, body: bytes) -> None:

@@ -22,7 +22,13 @@ from raftmq.protocol.amqp091.constants import (
     FRAME_MIN_SIZE,
 )
 from raftmq.protocol.amqp091.errors import AMQPError
-from raftmq.protocol.amqp091.frames import HEARTBEAT_FRAME, FrameReader, encode_method_frame
+from raftmq.protocol.amqp091.frames import (
+    FRAME_PUBLISH,
+    HEARTBEAT_FRAME,
+    FrameReader,
+    encode_method_frame,
+    frames_at,
+)
 from raftmq.protocol.amqp091.methods import decode_method
 
 from ..auth import MECHANISMS, AuthError, Principal
@@ -34,8 +40,6 @@ if TYPE_CHECKING:
     from ..broker import Broker
 
 log = logging.getLogger(__name__)
-
-BASIC_PUBLISH_IDS = b"\x00\x3c\x00\x28"  # class 60, method 40: the start of a basic.publish payload
 
 CLOSE_OK_TIMEOUT = 2.0  # seconds to wait for connection.close-ok after a server-initiated close
 
@@ -61,7 +65,7 @@ class Amqp091Connection(asyncio.Protocol):
         self.config = broker.config
         self.transport = transport
         self.peer, self.peer_host = peer_of(transport)
-        self.reader = FrameReader(FRAME_MIN_SIZE)
+        self.reader = FrameReader(FRAME_MIN_SIZE, whole_publishes=True)
         self.state = AWAIT_START_OK
         self.conn_id: str | None = None
         self.principal: Principal | None = None
@@ -125,23 +129,16 @@ class Amqp091Connection(asyncio.Protocol):
             return
         try:
             channels = self.channels
-            count = len(frames)
-            i = 0
-            while i < count:
+            for frame in frames:
                 if self.state == CLOSED:
                     break
-                frame = frames[i]
-                i += 1
-                if frame[0] == FRAME_METHOD and i + 1 < count and frame[2].startswith(BASIC_PUBLISH_IDS):
-                    # A publish with its header and one body frame: one step (Channel.publish_whole).
-                    header, body = frames[i], frames[i + 1]
-                    number = frame[1]
-                    if header[0] == FRAME_HEADER and body[0] == FRAME_BODY and header[1] == number == body[1]:
-                        channel = channels.get(number)
-                        if (channel is not None and self.state == OPEN
-                                and channel.publish_whole(frame[2], header[2], body[2])):
-                            i += 2
-                            continue
+                if frame[0] == FRAME_PUBLISH:
+                    # A publish that came whole: one step, or frame by frame if the channel says no.
+                    channel = channels.get(frame[1])
+                    if channel is None or self.state != OPEN or not channel.publish_whole(frame):
+                        for part in frames_at(frame.source, frame.offset, 3):
+                            self._on_frame(part)
+                    continue
                 self._on_frame(frame)
         except ConnectionException as exc:
             self.close_connection(exc.code, exc.text, exc.class_id, exc.method_id)

@@ -29,6 +29,31 @@ class Frame(NamedTuple):
     payload: bytes
 
 
+#: Not a frame type on the wire: the item ``FrameReader(whole_publishes=True)`` yields for a
+#: basic.publish whose content header and single body frame came in the same read.
+FRAME_PUBLISH = -1
+_PUBLISH_IDS = b"\x00\x3c\x00\x28"  # class 60, method 40
+
+
+class WholePublish(NamedTuple):
+    """basic.publish (0-9-1 reference 1.8.3.7) + content header + one body frame, parsed at once.
+
+    ``source`` and ``offset`` locate the three frames in the read, so that a front end that cannot
+    take the publish as a whole (channel state, flags) hands them to its frame-by-frame path
+    (:func:`frames_at`) and answers exactly as it would have.
+    """
+
+    type: int  # FRAME_PUBLISH
+    channel: int
+    exchange: str
+    routing_key: str
+    bits: int  # mandatory 1, immediate 2
+    properties: bytes
+    body: bytes
+    source: bytes
+    offset: int
+
+
 HEARTBEAT_FRAME = _FRAME_HEADER.pack(FRAME_HEARTBEAT, 0, 0) + b"\xce"
 
 
@@ -39,12 +64,18 @@ class FrameReader:
     announcing more is a 501 FRAME_ERROR before its payload is even buffered, so a peer cannot make
     the node allocate more than one frame's worth of memory.  Before tuning, the limit is
     ``FRAME_MIN_SIZE`` (general spec: peers must accept frames up to frame-min-size before tune-ok).
+
+    With ``whole_publishes``, a publish that arrives whole (method, header, one body frame, all
+    well formed) comes out as one :class:`WholePublish` instead of three frames: a publisher's
+    reads are mostly that, and the server's front end then takes each in one step.  Anything
+    irregular comes out as plain frames, for the front end's general path to judge.
     """
 
-    __slots__ = ("frame_max", "_buf", "_failed")
+    __slots__ = ("frame_max", "whole_publishes", "_buf", "_failed")
 
-    def __init__(self, frame_max: int = FRAME_MIN_SIZE) -> None:
+    def __init__(self, frame_max: int = FRAME_MIN_SIZE, whole_publishes: bool = False) -> None:
         self.frame_max = frame_max
+        self.whole_publishes = whole_publishes
         self._buf = bytearray()
         self._failed = False
 
@@ -80,19 +111,20 @@ class FrameReader:
     def _limit(self) -> int:
         return self.frame_max - FRAME_OVERHEAD if self.frame_max else 0xFFFFFFFF
 
-    def _split(self, data: bytes) -> tuple[list[Frame], int]:
+    def _split(self, data: bytes) -> tuple[list[Frame | WholePublish], int]:
         """The complete frames at the start of ``data`` and the offset after the last one.
 
         ``data`` is immutable, so a payload is one slice of it (a single copy), and frames are
-        built with ``tuple.__new__``: this loop runs three times per published message.
+        built with ``tuple.__new__``: this loop runs for every frame a publisher sends.
         """
-        frames: list[Frame] = []
+        frames: list[Frame | WholePublish] = []
         append = frames.append
         new = tuple.__new__
         pos = 0
         end = len(data)
         unpack = _FRAME_HEADER.unpack_from
         limit = self._limit()
+        whole_publishes = self.whole_publishes
         while end - pos >= 7:
             ftype, channel, size = unpack(data, pos)
             if ftype not in FRAME_TYPES:
@@ -104,9 +136,67 @@ class FrameReader:
                 break
             if data[stop] != FRAME_END:
                 raise FrameError(f"bad frame-end octet {data[stop]:#04x}")
+            if whole_publishes and ftype == FRAME_METHOD and data.startswith(_PUBLISH_IDS, pos + 7):
+                publish = _whole_publish(data, pos, stop, channel, limit)
+                if publish is not None:
+                    append(publish[0])
+                    pos = publish[1]
+                    continue
             append(new(Frame, (ftype, channel, data[pos + 7:stop])))
             pos = stop + 1
         return frames, pos
+
+
+def _whole_publish(data: bytes, pos: int, stop: int, channel: int,
+                   limit: int) -> tuple[WholePublish, int] | None:
+    """The publish whose method frame spans ``data[pos:stop + 1]``, with its header and one body
+    frame right after it, and the offset after them; None unless all of it is there and well formed
+    (the general path then meets the same bytes frame by frame and judges them)."""
+    end = len(data)
+    unpack = _FRAME_HEADER.unpack_from
+    try:
+        p = pos + 13  # frame header (7), class and method ids (4), reserved-1 (2)
+        size = data[p]
+        exchange = str(data[p + 1:p + 1 + size], "utf-8")
+        p += 1 + size
+        size = data[p]
+        routing_key = str(data[p + 1:p + 1 + size], "utf-8")
+        p += 1 + size
+        bits = data[p]
+    except (IndexError, UnicodeDecodeError):
+        return None
+    if p >= stop:  # the fields ran past the method frame's payload
+        return None
+    header = stop + 1
+    if end - header < 7:
+        return None
+    htype, hchannel, hsize = unpack(data, header)
+    hstop = header + 7 + hsize
+    if (htype != FRAME_HEADER or hchannel != channel or hsize > limit or hsize < 14 or hstop >= end
+            or data[hstop] != FRAME_END):
+        return None
+    class_id, _weight, body_size = _CONTENT_HEADER.unpack_from(data, header + 7)
+    body = hstop + 1
+    if end - body < 7:
+        return None
+    btype, bchannel, bsize = unpack(data, body)
+    bstop = body + 7 + bsize
+    if (btype != FRAME_BODY or bchannel != channel or bsize > limit or bstop >= end or data[bstop] != FRAME_END
+            or class_id != BASIC_CLASS_ID or body_size != bsize or not bsize):
+        return None
+    return tuple.__new__(WholePublish, (FRAME_PUBLISH, channel, exchange, routing_key, bits,
+                                        data[header + 19:hstop], data[body + 7:bstop], data, pos)), bstop + 1
+
+
+def frames_at(data: bytes, pos: int, count: int) -> list[Frame]:
+    """The ``count`` frames at ``data[pos:]``, already checked whole (a :class:`WholePublish`'s)."""
+    frames = []
+    for _ in range(count):
+        ftype, channel, size = _FRAME_HEADER.unpack_from(data, pos)
+        stop = pos + 7 + size
+        frames.append(Frame(ftype, channel, data[pos + 7:stop]))
+        pos = stop + 1
+    return frames
 
 
 def encode_frame(ftype: int, channel: int, payload: bytes) -> bytes:

@@ -13,11 +13,13 @@ from raftmq.protocol.amqp091 import methods as m
 from raftmq.protocol.amqp091.errors import AMQPError, FrameError
 from raftmq.protocol.amqp091.fieldtable import Timestamp
 from raftmq.protocol.amqp091.frames import (
+    FRAME_PUBLISH,
     HEARTBEAT_FRAME,
     FrameReader,
     encode_content,
     encode_delivery,
     encode_method_frame,
+    frames_at,
 )
 from raftmq.protocol.amqp091.properties import (
     BasicProperties,
@@ -206,3 +208,76 @@ def test_payloads_are_bytes_whatever_the_reader_is_fed():
     wire = struct.pack(">BHI", 3, 1, 3) + b"abc" + b"\xce"
     for fed in (bytearray(wire), memoryview(wire)):
         assert [type(f.payload) for f in FrameReader(4096).feed(fed)] == [bytes]
+
+
+# -- whole publishes (FrameReader(whole_publishes=True)) ---------------------------------------------------
+def publish_bytes(channel: int, exchange: bytes, routing_key: bytes, bits: int, props: bytes, body: bytes,
+                  class_id: int = 60, body_size: int | None = None, body_channel: int | None = None) -> bytes:
+    method = struct.pack(">HHH", 60, 40, 0) + bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) \
+        + routing_key + bytes((bits,))
+    header = struct.pack(">HHQ", class_id, 0, len(body) if body_size is None else body_size) + props
+    out = struct.pack(">BHI", 1, channel, len(method)) + method + b"\xce"
+    out += struct.pack(">BHI", 2, channel, len(header)) + header + b"\xce"
+    if body:
+        out += struct.pack(">BHI", 3, channel if body_channel is None else body_channel, len(body)) + body + b"\xce"
+    return out
+
+
+def expand(items) -> list[tuple]:
+    """Whole publishes back into their three frames, everything as plain tuples."""
+    out = []
+    for item in items:
+        if item[0] == FRAME_PUBLISH:
+            out += [tuple(f) for f in frames_at(item.source, item.offset, 3)]
+        else:
+            out.append(tuple(item))
+    return out
+
+
+publish_parts = st.tuples(
+    st.integers(1, 3),                                                 # channel
+    st.sampled_from([b"", b"amq.direct", b"\xff\xfe"]),               # exchange (one not UTF-8)
+    st.binary(max_size=12),                                            # routing key (maybe not UTF-8)
+    st.integers(0, 3),                                                 # mandatory / immediate bits
+    st.sampled_from([b"\x00\x00", b"\x10\x00\x02", b"\x00"]),         # properties (one too short)
+    st.binary(max_size=40),                                            # body (empty: no body frame)
+    st.sampled_from([60, 50]),                                         # class id
+    st.sampled_from([None, 0, 1]),                                     # body size: right, 0, or 1
+    st.sampled_from([None, 9]),                                        # body on another channel
+)
+
+
+@given(st.lists(st.one_of(publish_parts, st.just("heartbeat")), max_size=8), st.data())
+@settings(max_examples=400)
+def test_whole_publishes_are_the_same_frames_in_one_item(parts, data):
+    """With whole_publishes, a publish whose three frames are all in one read and well formed comes
+    out as one WholePublish carrying its parsed fields; everything else comes out as the same frames
+    as without it, whatever the read boundaries."""
+    stream = b"".join(HEARTBEAT_FRAME if part == "heartbeat" else publish_bytes(*part) for part in parts)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=4)))
+    plain, whole = FrameReader(4096), FrameReader(4096, whole_publishes=True)
+    plain_items, whole_items = [], []
+    for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        plain_items += plain.feed(stream[a:b])
+        whole_items += whole.feed(stream[a:b])
+    assert expand(whole_items) == [tuple(f) for f in plain_items]
+    for item in whole_items:
+        if item[0] != FRAME_PUBLISH:
+            continue
+        method, header, body = frames_at(item.source, item.offset, 3)
+        decoded = m.decode_method(method.payload)
+        class_id, body_size, props = decode_content_header(header.payload)
+        assert (item.channel, item.exchange, item.routing_key, item.bits & 1, item.bits & 2 != 0) == (
+            method.channel, decoded.exchange, decoded.routing_key, decoded.mandatory, decoded.immediate)
+        assert header.channel == body.channel == item.channel
+        assert (class_id, body_size, props, item.properties, item.body) == (
+            60, len(body.payload), item.properties, props, body.payload)
+        assert item.body
+
+
+def test_a_publish_cut_by_the_read_boundary_comes_as_frames():
+    one = publish_bytes(1, b"", b"q", 0, b"\x00\x00", b"hello")
+    reader = FrameReader(4096, whole_publishes=True)
+    first = reader.feed(one + one[:-3])
+    assert [item[0] for item in first] == [FRAME_PUBLISH, 1, 2]
+    assert [item[0] for item in reader.feed(one[-3:])] == [3]
