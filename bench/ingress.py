@@ -24,7 +24,6 @@ import asyncio
 import cProfile
 import pstats
 import statistics
-import struct
 import sys
 import tempfile
 import time
@@ -37,41 +36,13 @@ from raftmq.node.broker import Broker  # noqa: E402
 from raftmq.node.server import tune_gc  # noqa: E402
 from raftmq.ops.config import Config  # noqa: E402
 from tests.integration import rawamqp as raw  # noqa: E402
-
-CONFIRM_SELECT = (85, 10)
+from tests.support.transport import RecordingTransport  # noqa: E402
 
 
 def publish(routing_key: str, body: bytes) -> bytes:
     """basic.publish to the default exchange, a header with delivery-mode 2 (pika's), the body."""
     return (raw.basic_publish(1, "", routing_key)
             + raw.content_header_frame(1, len(body), flags=0x1000, props=b"\x02") + raw.body_frame(1, body))
-
-
-class KeepingTransport:
-    """The parts of an asyncio transport the connection uses; writes are counted, not sent."""
-
-    def __init__(self) -> None:
-        self.written = 0
-        self.last = b""
-
-    def write(self, data: bytes) -> None:
-        self.written += len(data)
-        self.last = data
-
-    def get_extra_info(self, name: str, default=None):
-        return ("127.0.0.1", 40000) if name == "peername" else default
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
 
 
 async def settle() -> None:
@@ -85,19 +56,14 @@ async def measure(args) -> None:
     broker = Broker(config)
     await broker.start()
     await settle()  # the default vhost is created through the log
-    conn = Amqp091Connection(broker, KeepingTransport())
+    transport = RecordingTransport()
+    conn = Amqp091Connection(broker, transport)
     conn.start(b"")
-    conn.data_received(raw.method_frame(0, raw.CONNECTION_START_OK, raw.table({"product": "bench"})
-                                        + raw.shortstr("PLAIN") + raw.longstr(b"\x00guest\x00guest")
-                                        + raw.shortstr("en_US")))
-    conn.data_received(raw.method_frame(0, raw.CONNECTION_TUNE_OK, struct.pack(">HIH", 2047, 131072, 0)))
-    conn.data_received(raw.method_frame(0, raw.CONNECTION_OPEN, raw.shortstr("/") + raw.shortstr("") + b"\x00"))
-    conn.data_received(raw.channel_open(1))
-    conn.data_received(raw.method_frame(1, CONFIRM_SELECT, b"\x00"))
-    conn.data_received(raw.queue_declare(1, "bench-ingress", durable=True))
+    for frame in raw.opening_frames("bench-ingress", product="bench", durable=True, confirms=True):
+        conn.data_received(frame)
     await settle()
     if 1 not in conn.channels:
-        raise SystemExit(f"the channel did not open: {conn.transport.last!r}")
+        raise SystemExit(f"the channel did not open: {bytes(transport.data[-300:])!r}")
     chunk = publish("bench-ingress", b"x" * args.size) * args.chunk
     profiler = cProfile.Profile() if args.profile else None
     ingress, apply = [], []

@@ -79,7 +79,7 @@ class FrameReader:
         self._buf = bytearray()
         self._failed = False
 
-    def feed(self, data: bytes) -> list[Frame]:
+    def feed(self, data: bytes) -> list[Frame | WholePublish]:
         if self._failed:
             return []
         if data.__class__ is not bytes:  # payloads must be bytes (hashable, immutable) whatever came in

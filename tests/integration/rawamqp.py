@@ -93,6 +93,30 @@ def heartbeat_frame(channel: int = 0) -> bytes:
     return frame(FRAME_HEARTBEAT, channel, b"")
 
 
+def start_ok(product: str = "raftmq-raw-test") -> bytes:
+    """connection.start-ok: PLAIN as guest/guest, en_US."""
+    return method_frame(0, CONNECTION_START_OK, table({"product": product}) + shortstr("PLAIN")
+                        + longstr(b"\x00guest\x00guest") + shortstr("en_US"))
+
+
+def tune_ok(channel_max: int, frame_max: int, heartbeat: int) -> bytes:
+    return method_frame(0, CONNECTION_TUNE_OK, struct.pack(">HIH", channel_max, frame_max, heartbeat))
+
+
+def connection_open(vhost: str = "/") -> bytes:
+    return method_frame(0, CONNECTION_OPEN, shortstr(vhost) + shortstr("") + b"\x00")
+
+
+def opening_frames(queue: str, *, product: str, durable: bool = False, confirms: bool = False) -> list[bytes]:
+    """What a client sends from start-ok to a declared ``queue`` on channel 1, without waiting for
+    the answers (for connections driven in process: tests/unit/node, bench/ingress.py)."""
+    frames = [start_ok(product), tune_ok(2047, 131072, 0), connection_open(), channel_open(1)]
+    if confirms:
+        frames.append(method_frame(1, CONFIRM_SELECT, b"\x00"))
+    frames.append(queue_declare(1, queue, durable=durable))
+    return frames
+
+
 def channel_open(channel: int) -> bytes:
     return method_frame(channel, CHANNEL_OPEN, shortstr(""))
 
@@ -295,9 +319,7 @@ class RawClient:
         pos += 4 + props_len
         self.mechanisms, pos = read_longstr(p, pos)
         self.locales, pos = read_longstr(p, pos)
-        self.send(method_frame(0, CONNECTION_START_OK,
-                               table({"product": "raftmq-raw-test"}) + shortstr("PLAIN")
-                               + longstr(b"\x00guest\x00guest") + shortstr("en_US")))
+        self.send(start_ok())
         tune = self.expect_method(CONNECTION_TUNE, channel=0)
         server_channel_max, server_frame_max, _server_hb = struct.unpack_from(">HIH", tune.payload, 4)
         self.channel_max = server_channel_max or 2047
@@ -306,9 +328,8 @@ class RawClient:
         else:
             self.frame_max = min(frame_max, server_frame_max) if server_frame_max else frame_max
         self.heartbeat = heartbeat
-        self.send(method_frame(0, CONNECTION_TUNE_OK,
-                               struct.pack(">HIH", self.channel_max, self.frame_max, heartbeat)))
-        self.send(method_frame(0, CONNECTION_OPEN, shortstr(vhost) + shortstr("") + b"\x00"))
+        self.send(tune_ok(self.channel_max, self.frame_max, heartbeat))
+        self.send(connection_open(vhost))
         self.expect_method(CONNECTION_OPEN_OK, channel=0)
 
     def open_channel(self, channel: int = 1) -> None:

@@ -19,48 +19,13 @@ from raftmq.node.amqp091.connection import Amqp091Connection
 from raftmq.node.broker import Broker
 from raftmq.ops.config import Config
 from tests.integration import rawamqp as raw
+from tests.support.transport import RecordingTransport
 
 QUEUE = "q"
 
 
-class RecordingTransport:
-    """What the connection writes, kept in order; nothing is sent anywhere."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def get_extra_info(self, name: str, default=None):
-        return ("127.0.0.1", 40000) if name == "peername" else default
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-
 def handshake(confirms: bool) -> list[bytes]:
-    steps = [
-        raw.method_frame(0, raw.CONNECTION_START_OK, raw.table({"product": "test"}) + raw.shortstr("PLAIN")
-                         + raw.longstr(b"\x00guest\x00guest") + raw.shortstr("en_US")),
-        raw.method_frame(0, raw.CONNECTION_TUNE_OK, struct.pack(">HIH", 2047, 131072, 0)),
-        raw.method_frame(0, raw.CONNECTION_OPEN, raw.shortstr("/") + raw.shortstr("") + b"\x00"),
-        raw.channel_open(1),
-        raw.queue_declare(1, QUEUE),
-    ]
-    if confirms:
-        steps.append(raw.method_frame(1, raw.CONFIRM_SELECT, b"\x00"))
-    return steps
+    return raw.opening_frames(QUEUE, product="test", confirms=confirms)
 
 
 async def settle(broker: Broker) -> None:
