@@ -221,27 +221,23 @@ def run_round(targets: list[tuple[str, str, bool]], args) -> dict[str, dict[str,
     results: dict[str, dict[str, float]] = {name: {} for name, _, _ in targets}
     queues: dict[str, str] = {}
 
-    def measure(key: str, run) -> None:
+    def measure(keys: tuple[str, ...], run) -> None:
+        """``run(url, quorum, name)`` on each broker in turn; it returns one value per key."""
         for name, url, quorum in targets:
-            value = run(url, quorum, name)
-            if isinstance(value, tuple):
-                for sub_key, sub_value in zip(key, value, strict=True):
-                    results[name][sub_key] = sub_value
-                    show(name, sub_key, sub_value)
-            else:
+            for key, value in zip(keys, run(url, quorum, name), strict=True):
                 results[name][key] = value
                 show(name, key, value)
 
-    def publish(url: str, quorum: bool, name: str) -> float:
+    def publish(url: str, quorum: bool, name: str) -> tuple[float]:
         rate, queues[name] = bench_publish(url, args.count, args.size, quorum)
-        return rate
+        return (rate,)
 
-    measure(PUBLISH, publish)
-    measure(CONSUME, lambda url, quorum, name: bench_consume(url, queues[name], args.count))
-    measure(confirms_key(args.window), lambda url, quorum, name: asyncio.run(
-        _confirmed(url, args.confirm_count, args.size, args.window, quorum)))
-    measure(pika_confirms_key(args.window), lambda url, quorum, name: bench_confirmed_pika(
-        url, args.confirm_count, args.size, args.window, quorum))
+    measure((PUBLISH,), publish)
+    measure((CONSUME,), lambda url, quorum, name: (bench_consume(url, queues[name], args.count),))
+    measure((confirms_key(args.window),), lambda url, quorum, name: (asyncio.run(
+        _confirmed(url, args.confirm_count, args.size, args.window, quorum)),))
+    measure((pika_confirms_key(args.window),), lambda url, quorum, name: (bench_confirmed_pika(
+        url, args.confirm_count, args.size, args.window, quorum),))
     measure((RTT_P50, RTT_P99), lambda url, quorum, name: bench_latency(url, quorum))
     return results
 
