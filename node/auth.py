@@ -95,29 +95,34 @@ class Principal:
     def may_access_vhost(self, vhost: str) -> bool:
         return vhost in self.permissions
 
-    def _check(self, vhost: str, kind: int, resource: str) -> bool:
+    def allows(self, vhost: str, kind: int, resource: str) -> bool:
+        """Permission ``kind`` (0 configure, 1 write, 2 read: node/core/access.py) on ``resource``."""
         key = (vhost, kind, resource)
         decision = self._decisions.get(key)
         if decision is None:
             perms = self.permissions.get(vhost)
-            decision = perms is not None and perms[kind].fullmatch(resource) is not None
+            decision = perms is not None and perms[kind].search(resource) is not None
             if len(self._decisions) >= _DECISIONS_KEPT:
                 self._decisions.clear()
             self._decisions[key] = decision
         return decision
 
     def may_configure(self, vhost: str, resource: str) -> bool:
-        return self._check(vhost, 0, resource)
+        return self.allows(vhost, 0, resource)
 
     def may_write(self, vhost: str, resource: str) -> bool:
-        return self._check(vhost, 1, resource)
+        return self.allows(vhost, 1, resource)
 
     def may_read(self, vhost: str, resource: str) -> bool:
-        return self._check(vhost, 2, resource)
+        return self.allows(vhost, 2, resource)
 
 
 def _compile(permissions: Mapping[str, tuple[str, str, str]]) -> dict[str, tuple[re.Pattern, re.Pattern, re.Pattern]]:
-    return {vh: tuple(re.compile(p) for p in perms) for vh, perms in permissions.items()}
+    """RabbitMQ's reading of a permission: a regular expression *searched* in the name (``perm`` grants
+    ``xpermx``; anchor it to mean a prefix), and the empty string grants nothing (RabbitMQ reads it
+    as ``^$``, which no resource name but the empty one matches -- and the default exchange is
+    named ``amq.default`` for permissions, see node/core/access.py)."""
+    return {vh: tuple(re.compile(p or "^$") for p in perms) for vh, perms in permissions.items()}
 
 
 class Authenticator:

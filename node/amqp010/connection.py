@@ -22,6 +22,7 @@ from raftmq.protocol.amqp010.errors import FramingError
 from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER, FrameReader, encode_assembly
 
 from ..auth import AuthError, Principal
+from ..core.access import Access, AccessRefused
 from ..peer import peer_of
 from .session import ServerSession
 
@@ -46,6 +47,7 @@ class Amqp010Connection(asyncio.Protocol):
         self.state = AWAIT_START_OK
         self.conn_id: str | None = None
         self.principal: Principal | None = None
+        self.access: Access | None = None  # set by connection.open: what the principal may do in the vhost
         self.vhost = "/"
         self.max_frame_size = MAX_FRAME_SIZE
         self.sessions: dict[int, ServerSession] = {}
@@ -261,8 +263,10 @@ class Amqp010Connection(asyncio.Protocol):
             else:
                 self.close(CLOSE_INVALID_PATH, f"virtual host '{vhost}' not found")
             return
-        if not self.principal.may_access_vhost(vhost):
-            self.close(CLOSE_FORCED, f"access to virtual host '{vhost}' refused")
+        try:
+            access = Access.open(self.principal, vhost)
+        except AccessRefused as exc:
+            self.close(CLOSE_FORCED, exc.text)
             return
         leader_amqp = self.broker.leader_client_address()
         me = self.broker.client_address()
@@ -276,6 +280,7 @@ class Amqp010Connection(asyncio.Protocol):
             self.close(CLOSE_FORCED, f"this node has no cluster leader; try {self.broker.known_hosts}")
             return
         self.vhost = vhost
+        self.access = access
         self.state = OPEN
         self.send(0, c.ConnectionOpenOk(known_hosts=hosts))
 

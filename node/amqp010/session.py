@@ -21,6 +21,7 @@ from raftmq.store.sessions import (
     SETTLE_RELEASE_REDELIVERED,
 )
 
+from ..core.access import AccessRefused
 from .properties import from_core, to_core
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ DETACH_NORMAL, DETACH_BUSY, DETACH_TRANSPORT_BUSY, DETACH_NOT_ATTACHED, DETACH_U
 ACCEPT_EXPLICIT, ACCEPT_NONE = 0, 1
 PRE_ACQUIRED, NOT_ACQUIRED = 0, 1
 NOT_IMPLEMENTED = 540
+UNAUTHORIZED_ACCESS = 403  # execution error-code unauthorized-access (spec 0-10 class execution)
 
 
 class ServerSession:
@@ -158,6 +160,11 @@ class ServerSession:
         inner = self.translate(command)
         if inner is None:
             self._exception(command_id, command, NOT_IMPLEMENTED, f"{command.NAME} is not implemented")
+            return
+        try:
+            self.conn.access.authorize(inner)
+        except AccessRefused as exc:
+            self._exception(command_id, command, UNAUTHORIZED_ACCESS, exc.text)
             return
         if self.tx_ops is not None and inner[0] in (Op.PUBLISH, Op.MESSAGE_SETTLE):
             # Transactional work waits for tx.commit; the command itself is complete once buffered.

@@ -20,6 +20,7 @@ from raftmq.store.commands import REJECTED, UNROUTABLE, Op
 from raftmq.store.machine import HARD_ERRORS
 from raftmq.store.values import to_plain
 
+from ..core.access import WRITE, AccessRefused
 from .errors import ChannelException, ConnectionException
 from .window import ClientWindow, assigned_window
 
@@ -105,7 +106,9 @@ class Channel:
         self._fill(self._slot(), encode_method_frame(self.number, method))
 
     def _request(self, command: list, method, on_ok, no_wait: bool = False) -> None:
-        """Submit ``command``; ``on_ok(value)`` returns the reply method (or None) to send in order."""
+        """Authorize and submit ``command``; ``on_ok(value)`` returns the reply method (or None) to
+        send in order."""
+        self._authorize(command)
         if no_wait:
             self.conn.request(self, command, type(method), lambda value: on_ok(value) and None)
             return
@@ -252,47 +255,36 @@ class Channel:
 
     # ------------------------------------------------------------------ exchange class
 
-    @property
-    def _principal(self):
-        return self.conn.principal
-
-    def _check(self, allowed: bool, what: str, name: str) -> None:
-        if not allowed:
-            raise ChannelException(
-                403, f"ACCESS_REFUSED - access to {what} '{name}' in vhost '{self.conn.vhost}' refused "
-                     f"for user '{self._principal.name}'")
+    def _authorize(self, command: list) -> None:
+        """The core's permission rule for ``command`` (node/core/access.py), as a 403 channel error."""
+        try:
+            self.conn.access.authorize(command)
+        except AccessRefused as exc:
+            raise ChannelException(403, f"ACCESS_REFUSED - {exc.text}") from None
 
     def _exchange_declare(self, method: m.ExchangeDeclare) -> None:
-        if not method.passive:
-            self._check(self._principal.may_configure(self.conn.vhost, method.exchange), "exchange",
-                        method.exchange)
         args = to_plain(method.arguments or {})
-        alternate = args.get("alternate-exchange")
-        if alternate is not None and not isinstance(alternate, str):
-            raise ChannelException(406, "PRECONDITION_FAILED - invalid 'alternate-exchange' argument")
         command = self._command(Op.EXCHANGE_DECLARE, self.conn.vhost, method.exchange, method.type,
                                 bool(method.passive), bool(method.durable), bool(method.auto_delete),
                                 bool(method.internal), args)
+        self._authorize(command)  # before the arguments are looked at, as RabbitMQ does
+        alternate = args.get("alternate-exchange")
+        if alternate is not None and not isinstance(alternate, str):
+            raise ChannelException(406, "PRECONDITION_FAILED - invalid 'alternate-exchange' argument")
         self._request(command, method, lambda _: m.ExchangeDeclareOk(), method.no_wait)
 
     def _exchange_delete(self, method: m.ExchangeDelete) -> None:
-        self._check(self._principal.may_configure(self.conn.vhost, method.exchange), "exchange",
-                    method.exchange)
         command = self._command(Op.EXCHANGE_DELETE, self.conn.vhost, method.exchange, bool(method.if_unused))
         self._request(command, method, lambda _: m.ExchangeDeleteOk(), method.no_wait)
 
     def _exchange_bind(self, method: m.ExchangeBind) -> None:
         vhost = self.conn.vhost
-        self._check(self._principal.may_write(vhost, method.destination), "exchange", method.destination)
-        self._check(self._principal.may_read(vhost, method.source), "exchange", method.source)
         command = self._command(Op.EXCHANGE_BIND, vhost, method.destination, method.source,
                                 method.routing_key, to_plain(method.arguments or {}))
         self._request(command, method, lambda _: m.ExchangeBindOk(), method.no_wait)
 
     def _exchange_unbind(self, method: m.ExchangeUnbind) -> None:
         vhost = self.conn.vhost
-        self._check(self._principal.may_write(vhost, method.destination), "exchange", method.destination)
-        self._check(self._principal.may_read(vhost, method.source), "exchange", method.source)
         command = self._command(Op.EXCHANGE_UNBIND, vhost, method.destination, method.source,
                                 method.routing_key, to_plain(method.arguments or {}))
         self._request(command, method, lambda _: m.ExchangeUnbindOk(), method.no_wait)
@@ -316,8 +308,6 @@ class Channel:
             else:
                 name = _server_queue_name()
                 server_named = True
-        if not method.passive:
-            self._check(self._principal.may_configure(self.conn.vhost, name), "queue", name)
         command = self._command(Op.QUEUE_DECLARE, self.conn.vhost, name, bool(method.passive),
                                 bool(method.durable), bool(method.exclusive), bool(method.auto_delete),
                                 to_plain(method.arguments or {}), server_named)
@@ -333,8 +323,6 @@ class Channel:
         queue = self._queue_name(method.queue, method)
         routing_key = method.routing_key if (method.queue or method.routing_key) else queue
         vhost = self.conn.vhost
-        self._check(self._principal.may_write(vhost, queue), "queue", queue)
-        self._check(self._principal.may_read(vhost, method.exchange), "exchange", method.exchange)
         command = self._command(Op.QUEUE_BIND, vhost, queue, method.exchange, routing_key,
                                 to_plain(method.arguments or {}))
         self._request(command, method, lambda _: m.QueueBindOk(), method.no_wait)
@@ -342,21 +330,17 @@ class Channel:
     def _queue_unbind(self, method: m.QueueUnbind) -> None:
         queue = self._queue_name(method.queue, method)
         vhost = self.conn.vhost
-        self._check(self._principal.may_write(vhost, queue), "queue", queue)
-        self._check(self._principal.may_read(vhost, method.exchange), "exchange", method.exchange)
         command = self._command(Op.QUEUE_UNBIND, vhost, queue, method.exchange, method.routing_key,
                                 to_plain(method.arguments or {}))
         self._request(command, method, lambda _: m.QueueUnbindOk())
 
     def _queue_purge(self, method: m.QueuePurge) -> None:
         queue = self._queue_name(method.queue, method)
-        self._check(self._principal.may_read(self.conn.vhost, queue), "queue", queue)
         command = self._command(Op.QUEUE_PURGE, self.conn.vhost, queue)
         self._request(command, method, lambda count: m.QueuePurgeOk(message_count=count), method.no_wait)
 
     def _queue_delete(self, method: m.QueueDelete) -> None:
         queue = self._queue_name(method.queue, method)
-        self._check(self._principal.may_configure(self.conn.vhost, queue), "queue", queue)
         command = self._command(Op.QUEUE_DELETE, self.conn.vhost, queue, bool(method.if_unused),
                                 bool(method.if_empty))
         self._request(command, method, lambda count: m.QueueDeleteOk(message_count=count), method.no_wait)
@@ -377,7 +361,6 @@ class Channel:
 
     def _basic_consume(self, method: m.BasicConsume) -> None:
         queue = self._queue_name(method.queue, method)
-        self._check(self._principal.may_read(self.conn.vhost, queue), "queue", queue)
         if method.consumer_tag and method.consumer_tag in self._consumers:
             raise ConnectionException(530, f"NOT_ALLOWED - attempt to reuse consumer tag "
                                            f"'{method.consumer_tag}'", method.CLASS_ID, method.METHOD_ID)
@@ -444,8 +427,10 @@ class Channel:
         conn = self.conn
         vhost = conn.vhost
         try:
-            if not conn.principal.may_write(vhost, exchange):
-                self._check(False, "exchange", exchange)
+            try:
+                conn.access.require(WRITE, "exchange", exchange)  # the PUBLISH rule, without a command yet
+            except AccessRefused as exc:
+                raise ChannelException(403, f"ACCESS_REFUSED - {exc.text}") from None
             machine_vhost = conn.broker.machine.vhosts.get(vhost)
             if machine_vhost is None or exchange not in machine_vhost.exchanges:
                 raise ChannelException(404, f"NOT_FOUND - no exchange '{exchange}' in vhost '{vhost}'")
@@ -538,9 +523,9 @@ class Channel:
 
     def _basic_get(self, method: m.BasicGet) -> None:
         queue = self._queue_name(method.queue, method)
-        self._check(self._principal.may_read(self.conn.vhost, queue), "queue", queue)
         no_ack = bool(method.no_ack)
         command = self._command(Op.GET, self.conn.vhost, queue, no_ack)
+        self._authorize(command)
         slot = self._slot()
 
         def got(value):

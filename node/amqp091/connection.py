@@ -32,6 +32,7 @@ from raftmq.protocol.amqp091.frames import (
 from raftmq.protocol.amqp091.methods import decode_method
 
 from ..auth import MECHANISMS, AuthError, Principal
+from ..core.access import Access, AccessRefused
 from ..peer import peer_of
 from .channel import Channel
 from .errors import ConnectionException
@@ -69,6 +70,7 @@ class Amqp091Connection(asyncio.Protocol):
         self.state = AWAIT_START_OK
         self.conn_id: str | None = None
         self.principal: Principal | None = None
+        self.access: Access | None = None  # set by connection.open: what the principal may do in the vhost
         self.vhost = "/"
         self.channel_max = self.config.channel_max
         self.frame_max = self.config.frame_max
@@ -400,11 +402,10 @@ class Amqp091Connection(asyncio.Protocol):
         if vhost not in self.broker.machine.vhosts:
             raise ConnectionException(530, f"NOT_ALLOWED - vhost '{vhost}' not found",
                                       method.CLASS_ID, method.METHOD_ID)
-        if not self.principal.may_access_vhost(vhost):
-            raise ConnectionException(
-                530, f"NOT_ALLOWED - access to vhost '{vhost}' refused for user '{self.principal.name}'",
-                method.CLASS_ID, method.METHOD_ID,
-            )
+        try:
+            self.access = Access.open(self.principal, vhost)
+        except AccessRefused as exc:
+            raise ConnectionException(530, f"NOT_ALLOWED - {exc.text}", method.CLASS_ID, method.METHOD_ID) from None
         self.vhost = vhost
         self.state = OPEN
         self.send_method(0, m.ConnectionOpenOk(known_hosts=self.broker.known_hosts))

@@ -1,0 +1,1 @@
+"""The protocol-independent layer every front end uses between its wire methods and the broker core."""
