@@ -18,6 +18,7 @@ from typing import Protocol
 from raftmq.ops.config import Config
 from raftmq.raft.cluster import ClusterLog
 from raftmq.raft.local import LocalLog
+from raftmq.raft.log import Log
 from raftmq.store.commands import (
     OUT_CANCEL,
     OUT_CLOSE,
@@ -64,6 +65,7 @@ class Broker:
         # boot stamp (taken here, outside apply, so the state machine stays deterministic).
         self._boot = f"{config.node_id}.{time.time_ns() // 1000:x}"
         self.store: DurableStore | None
+        self.log: Log
         if config.clustered:
             # In a cluster the journal and snapshots are the durable state (replica.py); the
             # model is rebuilt from them at start, transient parts included.
@@ -92,8 +94,7 @@ class Broker:
             self._configured_members = {}
         self.flow_throttled = False
         self.flow_paused: set = set()  # endpoints not read until the backlog is low again
-        if hasattr(self.log, "on_throttle"):
-            self.log.on_throttle = self._on_throttle
+        self.log.on_throttle = self._on_throttle
         self.events: EventStore | None = None
         if config.audit_retention != "none" or config.audit_vhosts:
             self.events = EventStore(os.path.join(data_dir, "events"),
@@ -113,13 +114,11 @@ class Broker:
         self._last_leader: str | None = None
         self._cut_off = False  # leaderless since this node, the leader, lost its majority
         self._majority_lost_seen = 0  # Replica.majority_lost at the last look
-        self._metrics_server = None
-        self._admin_server = None
         self._declared_down: set[str] = set()
 
     async def start(self) -> None:
+        self.log.start(asyncio.get_running_loop())
         if self.config.clustered:
-            self.log.start(asyncio.get_running_loop())
             # Connections of this node's previous incarnation are gone: release what they held.
             self.submit([Op.NODE_RESET, None, None, self.config.node_id, self._boot])
             me = self.config.member()
@@ -131,15 +130,6 @@ class Broker:
         self._tasks.append(asyncio.create_task(self._tick_loop()))
         self._tasks.append(asyncio.create_task(self._alarm_loop()))
         self._tasks.append(asyncio.create_task(status_loop(self, self.config.resolved_data_dir())))
-        if self.config.admin_port:
-            from raftmq.ops.admin import serve_admin
-
-            self._admin_server = serve_admin(self, asyncio.get_running_loop(), self.config.host,
-                                             self.config.admin_port)
-        if self.config.metrics_port:
-            from raftmq.ops.metrics import serve_metrics
-
-            self._metrics_server = serve_metrics(self, self.config.host, self.config.metrics_port)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -149,18 +139,9 @@ class Broker:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
-        if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-        if self._admin_server is not None:
-            self._admin_server.health_task.cancel()
-            self._admin_server.stop(grace=1)
         if self.events is not None:
             self.events.close()
-        if self.config.clustered:
-            self.log.close()
-        else:
-            self.store.sync()
-            self.store.close()
+        self.log.close()
 
     @property
     def boot(self) -> str:
@@ -235,8 +216,7 @@ class Broker:
         clients, as RabbitMQ's credit flow does -- and are read again once it is low."""
         self.flow_throttled = on
         if on:
-            log.info("proposal backlog above %d bytes: throttling publishers",
-                     getattr(self.log, "high_water_bytes", 0))
+            log.info("proposal backlog above its high-water mark: throttling publishers")
         else:
             paused, self.flow_paused = self.flow_paused, set()
             for endpoint in paused:
@@ -290,18 +270,18 @@ class Broker:
         while True:
             await asyncio.sleep(0.25)
             now = time.monotonic()
-            replica = self.log.replica
+            raft = self.log.raft_status()
             if self.log.leader is None:
                 if self._leaderless_since is None:
                     self._leaderless_since = now
                 waited = now - self._leaderless_since
-                if replica.majority_lost != self._majority_lost_seen:
+                if raft.majority_lost != self._majority_lost_seen:
                     # This node stopped leading in its own term: it heard from no majority for
                     # raft_leader_fallback.  The others elect a leader among themselves meanwhile;
                     # waiting only holds its clients (a partitioned leader's clients waited 1 s +
                     # leaderless_close_after).  A leader deposed by a higher term is in an
                     # election instead, and gets the usual grace.
-                    self._majority_lost_seen = replica.majority_lost
+                    self._majority_lost_seen = raft.majority_lost
                     self._cut_off = True
                     log.warning("this node led and lost its majority")
                 if (self._cut_off or waited > config.leaderless_close_after) and self.endpoints:
@@ -312,7 +292,7 @@ class Broker:
             else:
                 self._leaderless_since = None
                 self._cut_off = False
-                self._majority_lost_seen = replica.majority_lost  # (a step-down already over)
+                self._majority_lost_seen = raft.majority_lost  # (a step-down already over)
                 if self.log.leader != self._last_leader:
                     self.leader_changes += self._last_leader is not None
                     log.info("Raft leader is now %s (%s)%s", self.node_of_raft(self.log.leader) or "?",
@@ -321,8 +301,8 @@ class Broker:
             if not self.log.is_leader:
                 unreachable_since.clear()
                 continue
-            connected = set(replica.connected_partners())
-            raft_members = set(replica.member_addresses())
+            connected = set(raft.connected_partners)
+            raft_members = set(raft.member_addresses)
             if self.machine.members:
                 # A configured member back in the Raft configuration (removed, then added again while
                 # it kept running) announces itself only at start: the leader announces it instead.

@@ -9,6 +9,7 @@ import os
 import signal
 import ssl
 import sys
+from collections.abc import Callable, Sequence
 
 from raftmq.ops.config import Config
 from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER as AMQP010_HEADER
@@ -80,9 +81,16 @@ def tls_context(config: Config) -> ssl.SSLContext:
     return context
 
 
-async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
+# A service started beside the broker once it runs (the admin API, metrics: ops/services.py),
+# given the broker; it returns the function that stops it.  The composition root (ops/cli.py)
+# chooses them, so that node/ never imports the operations packages that import node/.
+Service = Callable[[Broker], Callable[[], None]]
+
+
+async def serve(config: Config, ready: asyncio.Event | None = None, services: Sequence[Service] = ()) -> None:
     broker = Broker(config)
     await broker.start()
+    stops = [start(broker) for start in services]
     loop = asyncio.get_running_loop()
     servers = [await loop.create_server(lambda: HeaderSniffer(broker), config.host, config.port,
                                         reuse_address=True, backlog=1024)]
@@ -111,6 +119,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
             if close is not None:
                 close(320, "CONNECTION_FORCED - broker shutdown")
         await asyncio.sleep(0.05)
+        for stop_service in stops:
+            stop_service()
         await broker.stop()
 
 GC_THRESHOLDS = (50_000, 20, 20)  # see tune_gc
@@ -146,7 +156,7 @@ def use_batch_scheduling() -> None:
         log.warning("sched_batch: cannot use SCHED_BATCH here (%s); running with the default policy", exc)
 
 
-def run(config: Config) -> None:
+def run(config: Config, services: Sequence[Service] = ()) -> None:
     tune_gc()
     if config.sched_batch:
         use_batch_scheduling()
@@ -162,4 +172,4 @@ def run(config: Config) -> None:
             uvloop.install()
         except ImportError:
             log.info("uvloop not available; using the default asyncio loop")
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, services=services))

@@ -47,26 +47,28 @@ def status_of(broker: Broker) -> dict:
         # Equal to event_seq once the audit writer has caught up with everything applied.
         status.update(audit_last_seq=broker.events.last_seq, audit_raft_index=broker.events.raft_index,
                       audit_written=broker.events.written, audit_trimmed=broker.events.trimmed)
-    if broker.config.clustered and log.replica is not None:
-        replica = log.replica
+    raft = log.raft_status()
+    if raft is not None:
         status.update(
             role="leader" if log.is_leader else "follower",
             leader=log.leader,
             leader_node=broker.node_of_raft(log.leader),
             ready=log.ready,
             members=sorted(broker.machine.members),  # the replicated list (announced members)
-            commit_index=replica.commit_index,
-            raft_applied=replica.last_applied,
-            journal_entries=len(replica.journal),
-            journal_bytes=replica.journal.size_bytes,
-            journal_reads=replica.journal.reads,  # entries read back from disk (not kept in memory)
-            journal_flushes=replica.journal.flushes,
-            connected_partners=replica.connected_partners(),
-            batches_proposed=log.batches_proposed,
-            commands_proposed=log.commands_proposed,
-            commit_latency_avg_ms=round(1000 * log.commit_latency_total / max(1, log.commit_latency_count), 3),
-            commit_latency_total_s=log.commit_latency_total,
-            commit_latency_count=log.commit_latency_count,
+            term=raft.term,
+            commit_index=raft.commit_index,
+            raft_applied=raft.applied_index,
+            journal_entries=raft.journal_entries,
+            journal_bytes=raft.journal_bytes,
+            journal_reads=raft.journal_reads,  # entries read back from disk (not kept in memory)
+            journal_flushes=raft.journal_flushes,
+            connected_partners=list(raft.connected_partners),
+            batches_proposed=raft.batches_proposed,
+            commands_proposed=raft.commands_proposed,
+            commit_latency_avg_ms=round(1000 * raft.commit_latency_total / max(1, raft.commit_latency_count), 3),
+            commit_latency_total_s=raft.commit_latency_total,
+            commit_latency_count=raft.commit_latency_count,
+            member_lags=raft.lags,
         )
     else:
         status.update(role="single", leader=None, leader_node=broker.config.node_id, ready=True)

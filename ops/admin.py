@@ -15,12 +15,12 @@ import asyncio
 import itertools
 import logging
 import re
-import time
 from concurrent import futures
 from typing import TYPE_CHECKING
 
 import grpc
 
+from raftmq.raft.log import NotReplicated
 from raftmq.store.commands import ERR, Op
 
 from .proto import admin_pb2 as pb
@@ -134,15 +134,14 @@ class AdminService(pb_grpc.AdminServicer):
         broker = self.broker
         st = status_of(broker)
         connected = set(st.get("connected_partners") or [])
-        replica = getattr(broker.log, "replica", None)
-        lags = _member_lags(replica) if replica is not None and st["role"] == "leader" else {}
+        lags = st.get("member_lags") or {}
         members = [pb.Member(node_id=node_id, raft_address=raft, amqp_address=amqp,
                              connected=node_id == broker.config.node_id or raft in connected,
                              lag=lags.get(raft, 0))
                    for node_id, (raft, amqp) in broker.members.items()]
         return pb.ClusterStatus(
             node_id=broker.config.node_id, role=st["role"], leader_node=st.get("leader_node") or "",
-            term=replica.raftCurrentTerm if replica else 0, commit_index=st.get("commit_index") or 0,
+            term=st.get("term") or 0, commit_index=st.get("commit_index") or 0,
             applied_index=st.get("raft_applied") or broker.machine.applied_index, members=members,
             connections=sum(1 for e in broker.endpoints.values() if not isinstance(e, AdminEndpoint)),
             ready=bool(st.get("ready")))
@@ -350,36 +349,19 @@ class AdminService(pb_grpc.AdminServicer):
     def CompactLog(self, request, context):  # noqa: N802
         """Snapshot the whole state at the applied index and cut the journal to it (what the node
         does by itself every ``snapshot_entries`` entries or ``snapshot_seconds``)."""
-        replica = getattr(self.broker.log, "replica", None)
-        if replica is None:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          "a single node keeps no Raft log: its state is in LMDB (raftmq snapshot copies it)")
-        target = replica.last_applied
-        replica.forceLogCompaction()
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                head, snapshot_index, entries = replica.journal[0][1], replica.journal[1][1], len(replica.journal)
-            except IndexError:  # the tick thread is rewriting the journal right now
-                head = snapshot_index = entries = 0
-            if head >= target - 1 and entries:
-                return pb.CompactReply(snapshot_index=snapshot_index, journal_entries=entries)
-            if time.monotonic() > deadline:
-                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no snapshot at index {target} within 60 s")
-            time.sleep(0.05)
+        try:
+            done = self.broker.log.compact(timeout=60)
+        except NotReplicated as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except TimeoutError as exc:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+        return pb.CompactReply(snapshot_index=done.snapshot_index, journal_entries=done.journal_entries)
 
 
 def _user_info(name: str, tags, loopback_only: bool, permissions: dict, source: str) -> pb.UserInfo:
     return pb.UserInfo(name=name, tags=list(tags), loopback_only=loopback_only, source=source,
                        permissions=[pb.Permission(vhost=vh, configure=p[0], write=p[1], read=p[2])
                                     for vh, p in sorted(permissions.items())])
-
-
-def _member_lags(replica) -> dict[str, int]:
-    """On the leader: per member Raft address, committed entries it has not acknowledged yet."""
-    commit = replica.commit_index
-    match = replica._SyncObj__raftMatchIndex  # pysyncobj keeps it per node object
-    return {node.address: max(0, commit - index) for node, index in dict(match).items()}
 
 
 ADMIN_SERVICE = "raftmq.admin.Admin"

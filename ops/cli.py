@@ -29,7 +29,9 @@ def _server(args: argparse.Namespace) -> int:
     from .logs import configure
 
     configure(config.log_level, config.log_format, config.node_id)
-    run(config)
+    from .services import services_for
+
+    run(config, services_for(config))
     return 0
 
 

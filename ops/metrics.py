@@ -62,14 +62,13 @@ class BrokerCollector:
                                       labels=["node"])
         applied.add_metric([node], broker.log.commands_applied)
         yield applied
-        replica = getattr(broker.log, "replica", None)
-        if replica is not None:
-            log_ = broker.log
-            yield _gauge("raftmq_raft_is_leader", "1 on the Raft leader", node, 1 if log_.is_leader else 0)
-            yield _gauge("raftmq_raft_term", "current Raft term", node, replica.raftCurrentTerm)
-            yield _gauge("raftmq_raft_commit_index", "Raft commit index", node, replica.commit_index)
-            yield _gauge("raftmq_raft_applied_index", "Raft index applied", node, replica.last_applied)
-            avg = log_.commit_latency_total / log_.commit_latency_count if log_.commit_latency_count else 0.0
+        raft = broker.log.raft_status()
+        if raft is not None:
+            yield _gauge("raftmq_raft_is_leader", "1 on the Raft leader", node, 1 if broker.log.is_leader else 0)
+            yield _gauge("raftmq_raft_term", "current Raft term", node, raft.term)
+            yield _gauge("raftmq_raft_commit_index", "Raft commit index", node, raft.commit_index)
+            yield _gauge("raftmq_raft_applied_index", "Raft index applied", node, raft.applied_index)
+            avg = raft.commit_latency_total / raft.commit_latency_count if raft.commit_latency_count else 0.0
             yield _gauge("raftmq_raft_commit_latency_seconds_avg",
                          "average time from proposing a batch to applying it", node, avg)
             changes = CounterMetricFamily("raftmq_raft_leader_changes", "leader changes seen", labels=["node"])

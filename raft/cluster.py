@@ -44,14 +44,15 @@ import msgpack
 from raftmq.store.machine import StateMachine
 from raftmq.store.snapshot import import_model, read_snapshot, write_snapshot
 
+from .log import Compaction, OutputsCallback, RaftStatus
 from .replica import ENTRY, INSTALL, SNAPSHOT, Replica
 
 log = logging.getLogger(__name__)
 
-OutputsCallback = Callable[[list], None]
-
 
 class ClusterLog:
+    """The Raft log (implements ``raft.log.Log``)."""
+
     def __init__(self, machine: StateMachine, on_outputs: OutputsCallback, *, origin: str,
                  self_address: str, partners: list[str], data_dir: str, secret: str,
                  max_in_flight: int = 8, pipeline_min_bytes: int = 64 << 10, defer_seconds: float = 0.002,
@@ -139,6 +140,38 @@ class ClusterLog:
     @property
     def backlog(self) -> int:
         return len(self._in_flight)
+
+    def raft_status(self) -> RaftStatus | None:
+        r = self.replica
+        if r is None:
+            return None
+        journal = r.journal
+        return RaftStatus(
+            term=r.raftCurrentTerm, commit_index=r.commit_index, applied_index=r.last_applied,
+            journal_entries=len(journal), journal_bytes=journal.size_bytes, journal_reads=journal.reads,
+            journal_flushes=journal.flushes, connected_partners=tuple(r.connected_partners()),
+            member_addresses=tuple(r.member_addresses()), majority_lost=r.majority_lost,
+            batches_proposed=self.batches_proposed, commands_proposed=self.commands_proposed,
+            commit_latency_total=self.commit_latency_total, commit_latency_count=self.commit_latency_count,
+            lags=r.member_lags() if r.is_leader else {})
+
+    def compact(self, timeout: float = 60.0) -> Compaction:
+        """Blocking (the admin API's worker thread): force a snapshot at the applied index and wait
+        until the journal starts at it."""
+        r = self.replica
+        target = r.last_applied
+        r.forceLogCompaction()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                head, snapshot_index, entries = r.journal[0][1], r.journal[1][1], len(r.journal)
+            except IndexError:  # the tick thread is rewriting the journal right now
+                head = snapshot_index = entries = 0
+            if head >= target - 1 and entries:
+                return Compaction(snapshot_index=snapshot_index, journal_entries=entries)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no snapshot at index {target} within {timeout:.0f} s")
+            time.sleep(0.05)
 
     # ------------------------------------------------------------------ proposing
 

@@ -20,12 +20,14 @@ from collections.abc import Callable
 
 from raftmq.store.machine import StateMachine
 
-log = logging.getLogger(__name__)
+from .log import Compaction, NotReplicated, OutputsCallback, RaftStatus
 
-OutputsCallback = Callable[[list], None]
+log = logging.getLogger(__name__)
 
 
 class LocalLog:
+    """The log of a cluster of one (implements ``raft.log.Log``)."""
+
     def __init__(self, machine: StateMachine, on_outputs: OutputsCallback,
                  clock: Callable[[], int] = time.time_ns) -> None:
         self.machine = machine
@@ -41,6 +43,34 @@ class LocalLog:
         self._held: deque[tuple[int, list]] = deque()
         self.batches_applied = 0
         self.commands_applied = 0
+        self.on_throttle: Callable[[bool], None] | None = None  # never called: nothing queues up here
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def close(self) -> None:
+        store = self.machine.store
+        if store is not None:
+            store.sync()
+            store.close()
+
+    @property
+    def is_leader(self) -> bool:
+        return True
+
+    @property
+    def leader(self) -> str | None:
+        return None
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    def raft_status(self) -> RaftStatus | None:
+        return None
+
+    def compact(self, timeout: float = 60.0) -> Compaction:
+        raise NotReplicated("a single node keeps no Raft log: its state is in LMDB (raftmq snapshot copies it)")
 
     @property
     def backlog(self) -> int:

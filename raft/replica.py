@@ -23,6 +23,14 @@ What it changes in pysyncobj's behaviour, and why (see shared/notes/pysyncobj.md
 * **Commands**: a batch is proposed as one raw command (type byte ``BATCH_COMMAND``, a small
   header, the msgpack blob) rather than through ``@replicated``, whose protocol-2 pickle turned
   every body into latin-1 text on the way in and back on every apply.
+
+pysyncobj internals this relies on (pinned to pysyncobj 0.3.x in pyproject.toml; nothing outside
+``raft/`` touches pysyncobj): the name-mangled attributes ``__raftState``, ``__raftCommitIndex``,
+``__raftLastApplied``, ``__raftNextIndex``, ``__raftMatchIndex``, ``__raftElectionDeadline``,
+``__otherNodes``, ``__connectedNodes``, ``__transport``, ``__newAppendEntriesTime``, and the methods
+``__setState``, ``__onMessageReceived``, ``__doApplyCommand``, ``__generateRaftTimeout``,
+``_isLeader``, ``_getLeader``, ``_applyCommand``.  An upgrade of pysyncobj must be checked against
+this list.
 """
 
 from __future__ import annotations
@@ -292,6 +300,12 @@ class Replica(SyncObj):
     def member_addresses(self) -> list[str]:
         """Raft addresses of the current configuration, this node included."""
         return sorted([self.selfNode.address, *(n.address for n in self.otherNodes)])
+
+    def member_lags(self) -> dict[str, int]:
+        """On the leader: per member Raft address, committed entries it has not acknowledged yet."""
+        commit = self.commit_index
+        match = dict(self._SyncObj__raftMatchIndex)  # pysyncobj keeps it per node object
+        return {node.address: max(0, commit - index) for node, index in match.items()}
 
     # ------------------------------------------------------------------ snapshots
 

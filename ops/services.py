@@ -1,0 +1,45 @@
+"""What runs beside a broker node, chosen by configuration: the gRPC admin API and Prometheus metrics.
+
+The composition root (``raftmq server``: ops/cli.py) hands these to ``node.server.run``; the broker
+itself knows nothing of them.  Each starts once the broker runs and returns its stop function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .config import Config
+
+if TYPE_CHECKING:
+    from raftmq.node.broker import Broker
+    from raftmq.node.server import Service
+
+
+def services_for(config: Config) -> list[Service]:
+    services: list[Service] = []
+    if config.admin_port:
+        services.append(_admin)
+    if config.metrics_port:
+        services.append(_metrics)
+    return services
+
+
+def _admin(broker: Broker) -> Callable[[], None]:
+    from .admin import serve_admin
+
+    server = serve_admin(broker, asyncio.get_running_loop(), broker.config.host, broker.config.admin_port)
+
+    def stop() -> None:
+        server.health_task.cancel()
+        server.stop(grace=1)
+
+    return stop
+
+
+def _metrics(broker: Broker) -> Callable[[], None]:
+    from .metrics import serve_metrics
+
+    server = serve_metrics(broker, broker.config.host, broker.config.metrics_port)
+    return server.shutdown

@@ -1,0 +1,99 @@
+"""The seam between the broker and its log: what ``LocalLog`` (one node) and ``ClusterLog`` (Raft) offer.
+
+The broker, the status file, the admin API and the metrics read a log only through this interface
+-- never through a log's internals (pysyncobj's object, the journal) -- so that a third log (another
+Raft library, a test double for unit tests of the broker) plugs in without touching them, and so
+that pysyncobj's private attributes are used in ``raft/`` alone (listed in ``raft/replica.py``).
+
+The contract: ``submit`` queues a command for the next batch; the log applies batches to the state
+machine in log order and hands each batch's outputs to the broker's callback in that order, once
+they are durable (fsynced on this node, or committed by a Raft majority).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+OutputsCallback = Callable[[list], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RaftStatus:
+    """A replicated log's view of the cluster, read in one go (for status, admin and metrics)."""
+
+    term: int
+    commit_index: int
+    applied_index: int  # Raft index applied by this node
+    journal_entries: int
+    journal_bytes: int
+    journal_reads: int  # entries read back from disk (no longer kept in memory)
+    journal_flushes: int
+    connected_partners: tuple[str, ...]  # Raft addresses this node currently talks to
+    member_addresses: tuple[str, ...]  # the Raft configuration, this node included
+    majority_lost: int  # times this node stopped leading for want of a majority
+    batches_proposed: int
+    commands_proposed: int
+    commit_latency_total: float  # seconds, over this node's own batches
+    commit_latency_count: int
+    lags: dict[str, int] = field(default_factory=dict)  # leader only: member -> entries behind commit
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """The result of a forced snapshot: the journal now starts after ``snapshot_index``."""
+
+    snapshot_index: int
+    journal_entries: int
+
+
+class NotReplicated(Exception):
+    """An operation that only a replicated log has (a single node keeps its state in LMDB)."""
+
+
+class Log(Protocol):
+    """What the broker needs from its log; ``LocalLog`` and ``ClusterLog`` implement it."""
+
+    batches_applied: int
+    commands_applied: int
+    # Called with True when queued proposals pass the log's high-water mark, False once they drain
+    # (publishers stop being read meanwhile); a log that never backs up never calls it.
+    on_throttle: Callable[[bool], None] | None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None: ...
+
+    def close(self) -> None: ...
+
+    def submit(self, command: list, deferrable: bool = False, size: int = 0) -> None: ...
+
+    @property
+    def is_leader(self) -> bool:
+        """This node sequences the log (always, for a single node)."""
+        ...
+
+    @property
+    def leader(self) -> str | None:
+        """The leader's Raft address (None for a single node, or while there is no reachable leader)."""
+        ...
+
+    @property
+    def ready(self) -> bool:
+        """Client operations can make progress: a leader, and everything committed applied here."""
+        ...
+
+    @property
+    def backlog(self) -> int:
+        """Batches submitted and not yet released to the broker."""
+        ...
+
+    def raft_status(self) -> RaftStatus | None:
+        """The replicated log's status; None for a single node."""
+        ...
+
+    def compact(self, timeout: float = 60.0) -> Compaction:
+        """Snapshot at the applied index and cut the journal to it (blocking; not from the loop).
+
+        Raises NotReplicated on a single node, TimeoutError when no snapshot is taken in time."""
+        ...
