@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from raftmq.ops.config import Config
 from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER as AMQP010_HEADER
 from raftmq.protocol.amqp091.constants import PROTOCOL_HEADER as AMQP091_HEADER
+from raftmq.store.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
 
 from .amqp010.connection import Amqp010Connection
 from .amqp091.connection import Amqp091Connection
@@ -172,4 +173,8 @@ def run(config: Config, services: Sequence[Service] = ()) -> None:
             uvloop.install()
         except ImportError:
             log.info("uvloop not available; using the default asyncio loop")
-    asyncio.run(serve(config, services=services))
+    try:
+        asyncio.run(serve(config, services=services))
+    except FormatTooNew as exc:  # its data was written by a newer raftmq (store/versions.py)
+        log.critical("stopping: %s", exc)
+        raise SystemExit(EXIT_FORMAT_TOO_NEW) from exc

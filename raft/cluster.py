@@ -38,16 +38,23 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import NoReturn
 
-import msgpack
-
+from raftmq.store.commands import decode_batch, encode_batch
 from raftmq.store.machine import StateMachine
 from raftmq.store.snapshot import import_model, read_snapshot, write_snapshot
+from raftmq.store.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
 
 from .log import Compaction, OutputsCallback, RaftStatus
 from .replica import ENTRY, INSTALL, SNAPSHOT, Replica
 
 log = logging.getLogger(__name__)
+
+
+def stop_for_newer_format(where: str, exc: FormatTooNew) -> NoReturn:
+    """Applying past what this node cannot read would make it diverge from the others: stop loudly."""
+    log.critical("stopping: %s: %s", where, exc)
+    raise SystemExit(EXIT_FORMAT_TOO_NEW) from exc
 
 
 class ClusterLog:
@@ -208,7 +215,7 @@ class ClusterLog:
                     self._defer_handle = self._loop.call_later(self.defer_seconds, self._deferred_due)
                 return
         batch = self._take_batch()
-        blob = msgpack.packb(batch, use_bin_type=True)
+        blob = encode_batch(batch)
         self._seq += 1
         now_us = self._clock() // 1000
         self._in_flight[self._seq] = (time.monotonic(), now_us, blob)
@@ -297,7 +304,10 @@ class ClusterLog:
             kind = item[0]
             if kind == ENTRY:
                 _, index, now, origin, seq, blob = item
-                commands = msgpack.unpackb(blob, raw=False, strict_map_key=False)
+                try:
+                    commands = decode_batch(blob)
+                except FormatTooNew as exc:
+                    stop_for_newer_format(f"Raft entry {index}", exc)
                 outputs = machine.apply_batch(now, commands, index, (origin, seq), replies=origin == self.origin)
                 self.batches_applied += 1
                 self.commands_applied += len(commands)
@@ -314,7 +324,10 @@ class ClusterLog:
             elif kind == SNAPSHOT:
                 self._take_snapshot(item[2], item[3])
             elif kind == INSTALL:
-                self._install(item[2])
+                try:
+                    self._install(item[2])
+                except FormatTooNew as exc:
+                    stop_for_newer_format("a snapshot from the leader", exc)
             inbox.popleft()
 
     def _take_snapshot(self, path: str, meta: bytes) -> None:

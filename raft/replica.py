@@ -385,8 +385,17 @@ class Replica(SyncObj):
         so that a later snapshot replacing ``path`` cannot change the file under it.
         """
         from raftmq.store.snapshot import read_snapshot
+        from raftmq.store.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
 
-        meta, _ = read_snapshot(path, with_model=False)
+        try:
+            meta, _ = read_snapshot(path, with_model=False)
+        except FormatTooNew as exc:
+            # The tick thread cannot stop the process by raising: a node that cannot read its
+            # leader's snapshot must not go on (nor take part in elections) -- leave at once; the
+            # journal is on disk (send barrier), as after a crash.
+            log.critical("stopping: %s", exc)
+            logging.shutdown()
+            os._exit(EXIT_FORMAT_TOO_NEW)
         last, before, members = msgpack.unpackb(meta, raw=False)
         self._installs += 1
         private = os.path.join(self.data_dir, f"install.{self._installs}.lmdb")

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+import msgpack
+
+from .versions import COMMAND_FORMAT, check
+
 
 class Op(IntEnum):
     CHANNEL_OPEN = 1
@@ -89,3 +93,23 @@ def ok(value: object = None) -> tuple:
 
 def err(code: int, text: str) -> tuple:
     return (ERR, code, text)
+
+
+# -- a batch of commands as it travels through the Raft log -------------------------------------------
+# One byte of format version, then the msgpack array of commands.  A batch written before formats
+# were numbered starts with msgpack's array header (0x90-0x9f, 0xdc, 0xdd), never with a byte
+# below 0x80, so both read unambiguously.
+_MSGPACK_ARRAY_MIN = 0x90
+
+
+def encode_batch(commands: list[list]) -> bytes:
+    return bytes((COMMAND_FORMAT,)) + msgpack.packb(commands, use_bin_type=True)
+
+
+def decode_batch(blob: bytes | memoryview) -> list[list]:
+    """The commands of a batch; FormatTooNew for a batch from a newer raftmq."""
+    version = blob[0]
+    if version >= _MSGPACK_ARRAY_MIN:
+        return msgpack.unpackb(blob, raw=False, strict_map_key=False)  # unnumbered: version 1
+    check("a batch in the log", version, COMMAND_FORMAT)
+    return msgpack.unpackb(memoryview(blob)[1:], raw=False, strict_map_key=False)

@@ -5,7 +5,8 @@ One LMDB environment per node with named databases (tables). The state machine w
 loads everything back with ``DurableStore.load`` at start.
 
 Key layouts (all big-endian so LMDB's byte order is the natural order):
-  meta        b"counters" -> msgpack [next_qid, next_msg_id]; b"applied" -> msgpack index
+  meta        b"counters" -> msgpack [next_qid, next_msg_id]; b"applied" -> msgpack index;
+              b"format" -> msgpack STORE_FORMAT (store/versions.py)
   vhosts      name (utf-8) -> b""
   users       name (utf-8) -> msgpack [password_hash, tags, loopback_only, {vhost: [configure, write, read]}]
   exchanges   msgpack [vhost, name] -> msgpack [type, auto_delete, internal, arguments]
@@ -29,6 +30,8 @@ from dataclasses import dataclass, field
 
 import lmdb
 import msgpack
+
+from .versions import STORE_FORMAT, check
 
 _U64 = struct.Struct(">Q")
 _QID_SEQ = struct.Struct(">QQ")
@@ -78,6 +81,17 @@ class DurableStore:
             max_readers=256,
         )
         self.db = {name: self.env.open_db(name.encode()) for name in TABLES}
+        self._check_format()
+
+    def _check_format(self) -> None:
+        """Stamp a new store with STORE_FORMAT; refuse one written by a newer raftmq (FormatTooNew).
+        A store without a stamp predates numbered formats: version 1."""
+        with self.env.begin(write=True) as txn:
+            raw = txn.get(b"format", db=self.db["meta"])
+            if raw is None:
+                txn.put(b"format", _pack(STORE_FORMAT), db=self.db["meta"])
+            else:
+                check(f"the LMDB store in {self.path}", _unpack(raw), STORE_FORMAT)
 
     def close(self) -> None:
         self.env.close()

@@ -9,6 +9,7 @@ the in-memory model instead.
 A snapshot is an LMDB file (``subdir=False``) with two records:
 
 * ``meta``: opaque bytes owned by the Raft layer (the last applied entries and the membership);
+* ``format``: the snapshot format version (``store/versions.py``; absent in version 1 files);
 * ``model``: the model, pickled.  Pickle keeps the object graph (a message shared by several
   queues, consumers pointing at their channels) without a hand-written schema.  Snapshots travel
   only between cluster members over the authenticated, encrypted Raft transport and are read only
@@ -24,6 +25,7 @@ import pickle
 import lmdb
 
 from .machine import StateMachine
+from .versions import SNAPSHOT_FORMAT, check
 
 #: The attributes of StateMachine that make up the replicated state.
 MODEL_FIELDS = (
@@ -58,6 +60,7 @@ def write_snapshot(path: str, machine: StateMachine, meta: bytes) -> None:
     try:
         with env.begin(write=True) as txn:
             txn.put(b"meta", meta)
+            txn.put(b"format", str(SNAPSHOT_FORMAT).encode())
             txn.put(b"model", model)
         env.sync(True)
     finally:
@@ -66,9 +69,12 @@ def write_snapshot(path: str, machine: StateMachine, meta: bytes) -> None:
 
 
 def read_snapshot(path: str, with_model: bool = True) -> tuple[bytes, bytes | None]:
+    """(meta, model); FormatTooNew for a snapshot written by a newer raftmq."""
     env = lmdb.open(path, subdir=False, readonly=True, lock=False)
     try:
         with env.begin() as txn:
+            version = txn.get(b"format")
+            check(f"snapshot {path}", int(bytes(version)) if version is not None else 1, SNAPSHOT_FORMAT)
             meta = bytes(txn.get(b"meta"))
             model = bytes(txn.get(b"model")) if with_model else None
     finally:

@@ -133,3 +133,28 @@ def test_recovery_is_repeatable(fresh_node):
         assert get_bodies(conn.channel(), q) == [b"%02d" % i for i in range(20)]
     finally:
         conn.close()
+
+
+def test_a_node_refuses_to_start_on_a_store_written_by_a_newer_raftmq(broker_kind, tmp_path):
+    """store/versions.py: a real node process on an LMDB store stamped with a newer format stops at
+    once with exit status 78 and says why, instead of reading tables whose meaning it does not know."""
+    if broker_kind != "raftmq":
+        pytest.skip("starts a raftmq node process")
+    import subprocess
+    import sys
+
+    import msgpack
+
+    from raftmq.ops.local.node import free_port
+    from raftmq.store.durable import DurableStore
+    from raftmq.store.versions import EXIT_FORMAT_TOO_NEW, STORE_FORMAT
+
+    data = tmp_path / "data"
+    store = DurableStore(str(data / "state"))
+    with store.env.begin(write=True) as txn:
+        txn.put(b"format", msgpack.packb(STORE_FORMAT + 1), db=store.db["meta"])
+    store.close()
+    done = subprocess.run([sys.executable, "-m", "raftmq", "server", "--host", "127.0.0.1", "--port",
+                           str(free_port()), "--data-dir", str(data)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_FORMAT_TOO_NEW, (done.returncode, done.stderr[-2000:])
+    assert "newer than" in done.stdout + done.stderr

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
-import msgpack
-
 from raftmq.raft.cluster import ClusterLog
 from raftmq.raft.replica import ENTRY
-from raftmq.store.commands import Op
+from raftmq.store.commands import Op, decode_batch, encode_batch
 from raftmq.store.machine import StateMachine
 
 
@@ -21,7 +19,7 @@ class RecordedProposals:
         self.batches: list[tuple[int, list]] = []  # (seq, commands)
 
     def propose(self, now: int, origin: str, seq: int, blob: bytes, callback) -> None:
-        self.batches.append((seq, msgpack.unpackb(blob, raw=False)))
+        self.batches.append((seq, decode_batch(blob)))
 
 
 def make_log(tmp_path, loop: asyncio.AbstractEventLoop, **options) -> tuple[ClusterLog, RecordedProposals]:
@@ -37,7 +35,7 @@ def publish(body: bytes) -> list:
 
 
 def commit(log: ClusterLog, recorder: RecordedProposals, index: int, seq: int) -> None:
-    blob = msgpack.packb(next(c for s, c in recorder.batches if s == seq), use_bin_type=True)
+    blob = encode_batch(next(c for s, c in recorder.batches if s == seq))
     log._from_raft((ENTRY, index, 1, log.origin, seq, memoryview(blob)))
 
 

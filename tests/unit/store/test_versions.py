@@ -1,0 +1,114 @@
+"""Format versions (store/versions.py): commands, snapshots and the LMDB store say which format they
+are in; the current code reads its own and the unnumbered version-1 ones, and refuses newer ones."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import lmdb
+import msgpack
+import pytest
+
+from raftmq.raft.replica import ENTRY
+from raftmq.store.commands import Op, decode_batch, encode_batch
+from raftmq.store.durable import DurableStore
+from raftmq.store.machine import StateMachine
+from raftmq.store.snapshot import digest, import_model, read_snapshot, write_snapshot
+from raftmq.store.versions import (
+    COMMAND_FORMAT,
+    EXIT_FORMAT_TOO_NEW,
+    SNAPSHOT_FORMAT,
+    STORE_FORMAT,
+    FormatTooNew,
+)
+from tests.unit.raft.test_cluster_log import make_log
+from tests.unit.store import snapshot_fixture
+
+FIXTURE = Path(__file__).parent / "fixtures" / "snapshot-format-1.lmdb"
+BATCH = [[Op.PUBLISH, "c", None, 1, "/", "", "q", False, b"\x00\x00", b"body", False, 0, None],
+         [Op.ACK, "c", None, 1, [[1, 2]]]]
+
+
+def test_a_batch_carries_its_format_and_reads_back():
+    blob = encode_batch(BATCH)
+    assert blob[0] == COMMAND_FORMAT
+    assert decode_batch(blob) == BATCH
+    assert decode_batch(memoryview(blob)) == BATCH
+
+
+def test_a_batch_written_before_formats_were_numbered_is_read_as_version_1():
+    assert decode_batch(msgpack.packb(BATCH, use_bin_type=True)) == BATCH
+    big = [BATCH[0]] * 20  # msgpack's array16 header (0xdc), not a fixarray
+    assert decode_batch(msgpack.packb(big, use_bin_type=True)) == big
+
+
+def test_a_batch_from_a_newer_raftmq_is_refused():
+    newer = bytes((COMMAND_FORMAT + 1,)) + msgpack.packb(BATCH, use_bin_type=True)
+    with pytest.raises(FormatTooNew, match="newer than"):
+        decode_batch(newer)
+
+
+def test_a_cluster_node_stops_at_an_entry_from_a_newer_raftmq(tmp_path):
+    """Applying past it would make the node diverge: ClusterLog stops the process (exit 78)."""
+    loop = asyncio.new_event_loop()
+    try:
+        log, _recorder = make_log(tmp_path, loop)
+        newer = bytes((COMMAND_FORMAT + 1,)) + msgpack.packb(BATCH, use_bin_type=True)
+        log._inbox.append((ENTRY, 7, 1, "n2.boot", 1, memoryview(newer)))
+        with pytest.raises(SystemExit) as info:
+            log._drain()
+        assert info.value.code == EXIT_FORMAT_TOO_NEW
+        assert log.machine.applied_index == 0  # nothing of it applied
+    finally:
+        loop.close()
+
+
+def test_the_format_1_snapshot_fixture_loads_into_todays_model():
+    """The committed fixture (written by snapshot_fixture.py under format 1) reads into the same state
+    as its command stream applied by today's code."""
+    meta, model = read_snapshot(str(FIXTURE))
+    assert meta == b"fixture-meta"
+    machine = StateMachine(None)
+    import_model(machine, model)
+    expected = snapshot_fixture.build()
+    assert digest(machine) == digest(expected)
+    queues = machine.vhosts["/"].queues
+    assert (len(queues["fx-orders"].ready), queues["fx-orders"].unacked_count) == (8, 3)
+    assert len(queues["fx-audit"].ready) == 12
+    assert machine.users["fixture-user"].permissions == {"/": ("^fx-", "^fx-", "^fx-")}
+    assert len(machine.sessions) == 1
+
+
+def test_a_snapshot_records_its_format_and_a_newer_one_is_refused(tmp_path):
+    path = str(tmp_path / "snap.lmdb")
+    write_snapshot(path, snapshot_fixture.build(), b"m")
+    env = lmdb.open(path, subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        assert int(bytes(txn.get(b"format"))) == SNAPSHOT_FORMAT
+        txn.put(b"format", str(SNAPSHOT_FORMAT + 1).encode())
+    env.close()
+    with pytest.raises(FormatTooNew, match="snapshot"):
+        read_snapshot(path)
+
+
+def test_a_snapshot_without_a_format_is_version_1(tmp_path):
+    path = str(tmp_path / "old.lmdb")
+    shutil.copy(FIXTURE, path)
+    env = lmdb.open(path, subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        txn.delete(b"format")
+    env.close()
+    assert read_snapshot(path)[0] == b"fixture-meta"
+
+
+def test_the_lmdb_store_is_stamped_and_a_newer_one_is_refused(tmp_path):
+    store = DurableStore(str(tmp_path / "state"))
+    with store.env.begin() as txn:
+        assert msgpack.unpackb(txn.get(b"format", db=store.db["meta"])) == STORE_FORMAT
+    with store.env.begin(write=True) as txn:
+        txn.put(b"format", msgpack.packb(STORE_FORMAT + 1), db=store.db["meta"])
+    store.close()
+    with pytest.raises(FormatTooNew, match="LMDB store"):
+        DurableStore(str(tmp_path / "state"))
