@@ -99,8 +99,10 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     log.info("raftmq node %s listening on %s:%d (data in %s)", config.node_id, config.host, config.port,
              config.resolved_data_dir())
     if config.tls_port:
+        # The TLS handshake comes before the sniffer's clock starts: bound it by the same timeout.
         servers.append(await loop.create_server(lambda: HeaderSniffer(broker), config.host, config.tls_port,
-                                                ssl=tls_context(config), reuse_address=True, backlog=1024))
+                                                ssl=tls_context(config), reuse_address=True, backlog=1024,
+                                                ssl_handshake_timeout=config.handshake_timeout or None))
         log.info("AMQP over TLS (amqps) on %s:%d", config.host, config.tls_port)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

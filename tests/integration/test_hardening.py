@@ -292,8 +292,8 @@ def frames_091(data: bytes) -> list[tuple[int, int, bytes]]:
 # == item 3: handshake timeout ==================================================================================
 def test_sockets_that_stall_their_handshake_are_closed_after_the_handshake_timeout(node):
     """12 sockets send only the 0-9-1 header, 12 only the 0-10 header, 4 nothing, 4 stop after 0-9-1
-    start-ok: every one is closed between handshake_timeout (1 s) and 4 s later; the 0-9-1 ones get
-    connection.close 320 first.  A connection that opened in time is left alone."""
+    start-ok: every one is closed between handshake_timeout (1 s) and 4 s later; those that sent a
+    header get connection.close 320 first (0-9-1 reference 1.2 / 0-10 L3777ff connection-forced).  A connection that opened in time is left alone."""
     opened = connect(node.url)
     socks: list[tuple[str, socket.socket]] = []
     try:
@@ -331,6 +331,11 @@ def test_sockets_that_stall_their_handshake_are_closed_after_the_handshake_timeo
         for i, (kind, _s) in enumerate(socks):
             after, received = ended[i]
             assert after >= HANDSHAKE_TIMEOUT - 0.2, f"{kind} socket closed after {after:.2f} s"
+            if kind == "010":
+                reader = FrameReader()
+                methods = [c.decode_assembly(a) for a in reader.feed(received[len(AMQP010_HEADER):])]
+                assert [type(m) for m in methods] == [c.ConnectionStart, c.ConnectionClose], methods
+                assert methods[-1].reply_code == 320, methods[-1]
             if kind.startswith("091"):
                 closes = [r.Close.decode(p) for ftype, ch, p in frames_091(received)
                           if ftype == r.FRAME_METHOD and ch == 0 and p[:4] == struct.pack(">HH", *r.CONNECTION_CLOSE)]
@@ -342,6 +347,32 @@ def test_sockets_that_stall_their_handshake_are_closed_after_the_handshake_timeo
         for _kind, s in socks:
             s.close()
         opened.close()
+
+
+def test_a_tls_socket_that_never_starts_its_tls_handshake_is_closed_after_the_timeout(raftmq_only, tmp_path):
+    """On the amqps port the TLS handshake comes before the protocol header: it is bounded by the same
+    handshake_timeout (asyncio's default would be 60 s)."""
+    from raftmq.ops.local.node import free_port
+    from tests.integration.test_tls import self_signed
+
+    cert, key = self_signed(tmp_path)
+    tls_port = free_port()
+    config = tmp_path / "raftmq.toml"
+    config.write_text(f"disk_free_limit = 1\nhandshake_timeout = {HANDSHAKE_TIMEOUT}\n")
+    n = RaftmqNode(tmp_path / "data", config=config, extra_args=[
+        "--tls-port", str(tls_port), "--tls-cert", str(cert), "--tls-key", str(key)]).start()
+    try:
+        with socket.create_connection((n.host, tls_port), timeout=HANDSHAKE_TIMEOUT + 4.0) as s:
+            started = time.monotonic()
+            try:
+                while s.recv(4096):
+                    pass
+            except ConnectionResetError:
+                pass
+            elapsed = time.monotonic() - started
+        assert HANDSHAKE_TIMEOUT - 0.2 <= elapsed < HANDSHAKE_TIMEOUT + 3.0, f"closed after {elapsed:.2f} s"
+    finally:
+        n.terminate()
 
 
 # == item 3: connection limits ==================================================================================
@@ -472,6 +503,26 @@ def test_a_map_nested_3000_deep_is_a_framing_error_with_one_log_line(node):
     text = log_since(node, offset)
     assert "RecursionError" not in text and "Traceback" not in text, text[-3000:]
     assert text.count("closing with 501") == 4, text[-3000:]
+
+
+def test_a_0_9_1_field_table_nested_3000_deep_is_a_clean_connection_error(node):
+    """0-9-1 (general 4.2.5.5): queue.declare arguments nested 3,000 deep (33 KB, within frame_max
+    after tune) end in connection.close 502 syntax-error -- the depth limit -- not a RecursionError or
+    541 internal-error, and no traceback in the node's log."""
+    offset = node.log_path.stat().st_size
+    items = b""
+    for _ in range(3000):
+        items = r.shortstr("k") + b"F" + r.longstr(items)
+    with RawClient(node.host, node.port) as client:
+        client.handshake()
+        client.open_channel(1)
+        client.send(r.method_frame(1, (50, 10), struct.pack(">H", 0) + r.shortstr("deep-091") + b"\x00"
+                                   + r.longstr(items)))
+        close = client.expect_connection_close(timeout=5.0)
+    assert close.reply_code == 502, close
+    time.sleep(0.2)
+    text = log_since(node, offset)
+    assert "RecursionError" not in text and "Traceback" not in text, text[-3000:]
 
 
 # == fuzz: 0-10 start-ok before authentication, bounded ========================================================
