@@ -272,3 +272,26 @@ def test_field_table_sizes_are_backed_by_bytes(prefix, size, code, tail):
         outcome, elapsed, peak = bounded(decode_table, data, 0)
         assert not isinstance(outcome, Exception) or isinstance(outcome, AMQPError), repr(outcome)
         assert elapsed < TIME_BOUND and peak < ALLOC_BOUND, (elapsed, peak)
+
+
+frame_specs = st.lists(st.tuples(st.integers(0, 15), st.integers(0, 3), st.integers(0, 1), st.integers(0, 7),
+                                 st.integers(0, 3000)), max_size=60)
+
+
+@given(frame_specs, st.integers(4096, 32768))
+@settings(max_examples=500, deadline=None)
+def test_pending_bytes_never_pass_the_budget_and_match_what_is_held(specs, budget):
+    """Random frames (any flags, segment types, tracks, 8 channels): the reader either raises a
+    FramingError or holds at most ``budget`` octets of frames, and its count equals what its unfinished
+    assemblies hold (so a finished assembly gives back exactly what it took)."""
+    reader = FrameReader(max_pending_bytes=budget)
+    for flags, seg_type, track, channel, size in specs:
+        try:
+            reader.feed(frame(flags, seg_type, track, channel, b"p" * size))
+        except FramingError:
+            return
+        held = sum(sum(len(p) for p in partial.parts) + sum(len(s[1]) for s in partial.segments)
+                   for partial in reader._partial.values())
+        frames_held = sum(partial.charged for partial in reader._partial.values())
+        assert reader.pending_bytes == frames_held <= budget
+        assert held <= frames_held
