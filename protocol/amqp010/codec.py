@@ -66,7 +66,10 @@ class FieldCodec:
             self.decode = lambda buf, pos, depth=0: t.decode("array", buf, pos, depth)
         else:
             self.encode = t.ENCODERS[base]
-            self.decode = lambda buf, pos, depth=0, b=base: t.decode(b, buf, pos, depth)
+            if base in t.NESTED:
+                self.decode = lambda buf, pos, depth=0, b=base: t.decode(b, buf, pos, depth)
+            else:
+                self.decode = lambda buf, pos, depth=0, b=base: t.decode_flat(b, buf, pos)
 
     @staticmethod
     def _element(type_name: str) -> str | None:
@@ -255,7 +258,8 @@ def encode_struct32(value: StructBase) -> bytes:
 
 
 def decode_struct32(buf, pos: int, depth: int = 0):
-    t.check_depth(depth)
+    if depth > t.MAX_DEPTH:
+        t.check_depth(depth)
     size = int.from_bytes(buf[pos:pos + 4], "big")
     end = pos + 4 + size
     if end > len(buf) or size < 2:

@@ -218,14 +218,16 @@ def encode_map(value: dict | None) -> bytes:
 
 
 def decode_map(buf, pos: int, depth: int = 0):
-    check_depth(depth)
+    if depth > MAX_DEPTH:
+        check_depth(depth)
     (size,) = _U32.unpack_from(buf, pos)
     end = pos + 4 + size
     if end > len(buf) or size < 4:
         raise FramingError("map overruns its frame")
     (count,) = _U32.unpack_from(buf, pos + 4)
     pos += 8
-    _check_count(count, _MAP_ENTRY_MIN, end - pos, "map")
+    if count * _MAP_ENTRY_MIN > end - pos:
+        _check_count(count, _MAP_ENTRY_MIN, end - pos, "map")
     out = {}
     for _ in range(count):
         key, pos = DECODERS["str8"](buf, pos)
@@ -248,14 +250,16 @@ def encode_list(value) -> bytes:
 
 
 def decode_list(buf, pos: int, depth: int = 0):
-    check_depth(depth)
+    if depth > MAX_DEPTH:
+        check_depth(depth)
     (size,) = _U32.unpack_from(buf, pos)
     end = pos + 4 + size
     if end > len(buf) or size < 4:
         raise FramingError("list overruns its frame")
     (count,) = _U32.unpack_from(buf, pos + 4)
     pos += 8
-    _check_count(count, _LIST_ITEM_MIN, end - pos, "list")
+    if count * _LIST_ITEM_MIN > end - pos:
+        _check_count(count, _LIST_ITEM_MIN, end - pos, "list")
     out = []
     for _ in range(count):
         item, pos = _typed_value(buf, pos, depth)
@@ -279,7 +283,8 @@ def encode_array(value, element: str | None = None) -> bytes:
 
 
 def decode_array(buf, pos: int, depth: int = 0):
-    check_depth(depth)
+    if depth > MAX_DEPTH:
+        check_depth(depth)
     (size,) = _U32.unpack_from(buf, pos)
     end = pos + 4 + size
     if end > len(buf) or size < 5:
@@ -290,7 +295,9 @@ def decode_array(buf, pos: int, depth: int = 0):
         raise FramingError(f"unknown array element type code {code:#04x}")
     (count,) = _U32.unpack_from(buf, pos + 5)
     pos += 9
-    _check_count(count, MIN_WIDTH[name], end - pos, f"array of {name}")
+    width = MIN_WIDTH[name]
+    if count * width > end - pos or (not width and count > MAX_ZERO_WIDTH_ELEMENTS):
+        _check_count(count, width, end - pos, f"array of {name}")
     dec = DECODERS[name]
     out = []
     nested = name in NESTED
@@ -363,6 +370,14 @@ def decode(name: str, buf, pos: int, depth: int = 0):
     try:
         if name in NESTED:
             return DECODERS[name](buf, pos, depth)
+        return DECODERS[name](buf, pos)
+    except (StructError, IndexError, UnicodeDecodeError, ValueError) as exc:
+        raise FramingError(f"cannot decode {name}: {exc}") from exc
+
+
+def decode_flat(name: str, buf, pos: int):
+    """:func:`decode` for a type that holds no nested values (not in :data:`NESTED`)."""
+    try:
         return DECODERS[name](buf, pos)
     except (StructError, IndexError, UnicodeDecodeError, ValueError) as exc:
         raise FramingError(f"cannot decode {name}: {exc}") from exc
