@@ -32,6 +32,7 @@ from raftmq.store.durable import DurableStore
 from raftmq.store.event_writer import EventStore, RetentionPolicy
 from raftmq.store.machine import StateMachine
 
+from .admission import Admission
 from .auth import Authenticator
 from .status import status_loop
 
@@ -60,6 +61,7 @@ class Endpoint(Protocol):
 class Broker:
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.admission = Admission(config)  # connection limits of the protocol front ends
         data_dir = config.resolved_data_dir()
         # Connection ids must never repeat across restarts once the log is replicated: prefix a
         # boot stamp (taken here, outside apply, so the state machine stays deterministic).

@@ -45,7 +45,11 @@ class Config:
     # 0-9-1 consumers with prefetch >= 32: assign up to twice the prefetch, send as the client acks
     # (node/amqp091/window.py); the client never has more than its prefetch unacked.
     prefetch_readahead: bool = True
-    max_connections: int = 10_000
+    max_connections: int = 10_000  # AMQP connections of all protocols, counted from the protocol header
+    max_connections_per_address: int = 0  # ... from one source IP address; 0 = no limit
+    # Seconds from accepting a socket to connection.open-ok (both protocols): a client that has not
+    # opened its connection by then is closed.  0 disables (not advised: idle sockets hold slots).
+    handshake_timeout: float = 10.0
     memory_high_watermark: int = 1024 * 1024 * 1024  # bytes of queued message bodies
     disk_free_limit: int = 50 * 1024 * 1024
     use_uvloop: bool = True

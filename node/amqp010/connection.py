@@ -8,6 +8,15 @@ connection.open-ok always lists every member's client address in known-hosts.
 
 Framing and decoding errors close the connection with 501 (framing-error); an unknown command is an
 execution exception (540) on its session; everything else is the sessions' business.
+
+Limits before the connection is open (issue 17): unfinished assemblies of all channels and tracks
+together may hold at most :data:`PRE_OPEN_PENDING_BYTES` (0-9-1 limits a frame to 4 KiB before
+tune-ok; a 0-10 client may send 64 KiB frames from the start, so the bound is one such frame),
+and afterwards ``max_message_size`` plus :data:`PENDING_MARGIN` -- per connection, not per channel
+and track.  Beyond either, the connection is closed with 501.  The connection must be open within
+``handshake_timeout`` (else closed with 320), and the connection limits of
+:mod:`..admission` refuse it after authentication with 320 connection-forced (spec L3777ff: the
+only close code that tells the client to retry later).
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(6)
 CLOSE_NORMAL, CLOSE_FORCED, CLOSE_INVALID_PATH, CLOSE_FRAMING = 200, 320, 402, 501
 MAX_FRAME_SIZE = 0xFFFF
 CLOSE_OK_TIMEOUT = 2.0
+PRE_OPEN_PENDING_BYTES = 64 * 1024  # unfinished assemblies before connection.open-ok (one whole frame fits)
+PENDING_MARGIN = 64 * 1024  # unfinished assemblies once open: max_message_size + this (command + header)
 
 
 class Amqp010Connection(asyncio.Protocol):
@@ -43,7 +54,8 @@ class Amqp010Connection(asyncio.Protocol):
         self.config = broker.config
         self.transport = transport
         self.peer, self.peer_host = peer_of(transport)
-        self.reader = FrameReader(MAX_FRAME_SIZE, max_assembly_size=self.config.max_message_size + 65536)
+        self.reader = FrameReader(MAX_FRAME_SIZE, max_assembly_size=self.config.max_message_size + PENDING_MARGIN,
+                                  max_pending_bytes=PRE_OPEN_PENDING_BYTES)
         self.state = AWAIT_START_OK
         self.conn_id: str | None = None
         self.principal: Principal | None = None
@@ -59,10 +71,19 @@ class Amqp010Connection(asyncio.Protocol):
         self._wbuf: list[bytes] = []
         self._loop = asyncio.get_running_loop()
         self._close_handle: asyncio.TimerHandle | None = None
+        self._handshake_handle: asyncio.TimerHandle | None = None
+        self._refusal: str | None = None  # why the connection limits refuse this connection
+        self._admitted_as: str | None = None  # the address counted in broker.admission
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
-    def start(self, leftover: bytes) -> None:
+    def start(self, leftover: bytes, handshake_deadline: float | None = None) -> None:
+        """Called once the 0-10 protocol header was read; ``handshake_deadline`` (loop time): close
+        the connection if it is not open by then."""
+        self._admitted_as = self.peer_host or "?"
+        self._refusal = self.broker.admission.admit(self._admitted_as)
+        if handshake_deadline is not None:
+            self._handshake_handle = self._loop.call_at(handshake_deadline, self._handshake_expired)
         self.conn_id = self.broker.register(self)
         self.transport.write(PROTOCOL_HEADER)
         self.send(0, c.ConnectionStart(
@@ -108,8 +129,12 @@ class Amqp010Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = CLOSED
-        if self._close_handle is not None:
-            self._close_handle.cancel()
+        for handle in (self._close_handle, self._handshake_handle):
+            if handle is not None:
+                handle.cancel()
+        if self._admitted_as is not None:
+            self.broker.admission.release(self._admitted_as)
+            self._admitted_as = None
         if self.conn_id is not None:
             self.broker.unregister(self.conn_id)
         self.sessions.clear()
@@ -227,6 +252,9 @@ class Amqp010Connection(asyncio.Protocol):
             except AuthError as exc:
                 self.close(CLOSE_FORCED, f"authentication failed: {exc}")
                 return
+            if self._refusal:
+                self.close(CLOSE_FORCED, self._refusal)
+                return
             self.state = AWAIT_TUNE_OK
             self.send(0, c.ConnectionTune(channel_max=self.config.channel_max, max_frame_size=MAX_FRAME_SIZE,
                                           heartbeat_min=0, heartbeat_max=self.config.heartbeat or 0))
@@ -282,6 +310,10 @@ class Amqp010Connection(asyncio.Protocol):
         self.vhost = vhost
         self.access = access
         self.state = OPEN
+        self.reader.max_pending_bytes = self.config.max_message_size + PENDING_MARGIN
+        if self._handshake_handle is not None:
+            self._handshake_handle.cancel()
+            self._handshake_handle = None
         self.send(0, c.ConnectionOpenOk(known_hosts=hosts))
 
     # ------------------------------------------------------------------ closing
@@ -294,6 +326,16 @@ class Amqp010Connection(asyncio.Protocol):
         self.send(0, c.ConnectionClose(reply_code=code, reply_text=text[:255]))
         self.flush()
         self._close_handle = self._loop.call_later(CLOSE_OK_TIMEOUT, self._finish_close)
+
+    def _handshake_expired(self) -> None:
+        """handshake_timeout passed before connection.open-ok: say why, then hang up at once."""
+        self._handshake_handle = None
+        if self.state >= OPEN:
+            return
+        log.info("0-10 connection %s: handshake not finished within handshake_timeout, closing", self.peer)
+        self.state = CLOSING
+        self.send(0, c.ConnectionClose(reply_code=CLOSE_FORCED, reply_text="handshake not finished in time"))
+        self._finish_close()
 
     def _finish_close(self) -> None:
         if self.state == CLOSED:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CLOSE_OK_TIMEOUT = 2.0  # seconds to wait for connection.close-ok after a server-initiated close
+HANDSHAKE_TIMEOUT_CLOSE = (320, "CONNECTION_FORCED - handshake not finished in time")
 
 # Connection states.
 AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(6)
@@ -85,6 +86,9 @@ class Amqp091Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._heartbeat_handle: asyncio.TimerHandle | None = None
         self._close_handle: asyncio.TimerHandle | None = None
+        self._handshake_handle: asyncio.TimerHandle | None = None
+        self._refusal: str | None = None  # why the connection limits refuse this connection
+        self._admitted_as: str | None = None  # the address counted in broker.admission
         self._received = True
         self._sent = False
         self._missed_beats = 0
@@ -94,12 +98,14 @@ class Amqp091Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
-    def start(self, leftover: bytes) -> None:
-        """Called once the 0-9-1 protocol header was read: offer connection.start."""
-        if self.broker.connection_count >= self.config.max_connections:
-            self._over_limit = True
-        else:
-            self._over_limit = False
+    def start(self, leftover: bytes, handshake_deadline: float | None = None) -> None:
+        """Called once the 0-9-1 protocol header was read: offer connection.start.
+
+        ``handshake_deadline`` (loop time): close the connection if it is not open by then."""
+        self._admitted_as = self.peer_host or "?"
+        self._refusal = self.broker.admission.admit(self._admitted_as)
+        if handshake_deadline is not None:
+            self._handshake_handle = self._loop.call_at(handshake_deadline, self._handshake_expired)
         self.conn_id = self.broker.register(self)
         self.send_method(0, m.ConnectionStart(
             version_major=0,
@@ -160,6 +166,9 @@ class Amqp091Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = CLOSED
         self._cancel_timers()
+        if self._admitted_as is not None:
+            self.broker.admission.release(self._admitted_as)
+            self._admitted_as = None
         if self.conn_id is not None:
             self.broker.unregister(self.conn_id)
         self.pending.clear()
@@ -362,9 +371,8 @@ class Amqp091Connection(asyncio.Protocol):
         except AuthError as exc:
             log.info("connection %s: authentication failed: %s", self.peer, exc)
             raise ConnectionException(403, f"ACCESS_REFUSED - {exc}", method.CLASS_ID, method.METHOD_ID) from exc
-        if self._over_limit:
-            raise ConnectionException(530, "NOT_ALLOWED - connection limit reached",
-                                      method.CLASS_ID, method.METHOD_ID)
+        if self._refusal:
+            raise ConnectionException(530, f"NOT_ALLOWED - {self._refusal}", method.CLASS_ID, method.METHOD_ID)
         self.state = AWAIT_TUNE_OK
         self.send_method(0, m.ConnectionTune(
             channel_max=self.config.channel_max,
@@ -408,6 +416,9 @@ class Amqp091Connection(asyncio.Protocol):
             raise ConnectionException(530, f"NOT_ALLOWED - {exc.text}", method.CLASS_ID, method.METHOD_ID) from None
         self.vhost = vhost
         self.state = OPEN
+        if self._handshake_handle is not None:
+            self._handshake_handle.cancel()
+            self._handshake_handle = None
         self.send_method(0, m.ConnectionOpenOk(known_hosts=self.broker.known_hosts))
         if self.broker.alarm:
             self.set_blocked(self.broker.alarm)
@@ -437,10 +448,22 @@ class Amqp091Connection(asyncio.Protocol):
         self.transport.close()
 
     def _cancel_timers(self) -> None:
-        for handle in (self._heartbeat_handle, self._close_handle):
+        for handle in (self._heartbeat_handle, self._close_handle, self._handshake_handle):
             if handle is not None:
                 handle.cancel()
-        self._heartbeat_handle = self._close_handle = None
+        self._heartbeat_handle = self._close_handle = self._handshake_handle = None
+
+    def _handshake_expired(self) -> None:
+        """handshake_timeout passed before connection.open-ok: tell the client why, then hang up at
+        once (a client that stalled its handshake is not waited for with close-ok)."""
+        self._handshake_handle = None
+        if self.state >= OPEN:
+            return
+        log.info("connection %s: handshake not finished within handshake_timeout, closing", self.peer)
+        self.state = CLOSING
+        code, text = HANDSHAKE_TIMEOUT_CLOSE
+        self.send_method(0, m.ConnectionClose(reply_code=code, reply_text=text, class_id=0, method_id=0))
+        self._finish_close()
 
     # ------------------------------------------------------------------ heartbeats
 

@@ -59,14 +59,17 @@ class FieldCodec:
         if base in SPEC.structs:
             struct_key = base
             self.encode = lambda v, k=struct_key: STRUCTS[k].encode_struct(v)
-            self.decode = lambda buf, pos, k=struct_key: STRUCTS[k].decode_struct(buf, pos)
+            self.decode = lambda buf, pos, depth=0, k=struct_key: STRUCTS[k].decode_struct(buf, pos, depth)
         elif base == "array":
             element = self._element(f.type)
             self.encode = lambda v, e=element: t.encode_array(v, e)
-            self.decode = lambda buf, pos: t.decode("array", buf, pos)
+            self.decode = lambda buf, pos, depth=0: t.decode("array", buf, pos, depth)
         else:
             self.encode = t.ENCODERS[base]
-            self.decode = lambda buf, pos, b=base: t.decode(b, buf, pos)
+            if base in t.NESTED:
+                self.decode = lambda buf, pos, depth=0, b=base: t.decode(b, buf, pos, depth)
+            else:
+                self.decode = lambda buf, pos, depth=0, b=base: t.decode_flat(b, buf, pos)
 
     @staticmethod
     def _element(type_name: str) -> str | None:
@@ -120,7 +123,9 @@ class Composite:
         return flags.to_bytes(self.PACK, "little") + b"".join(parts) if self.PACK else b"".join(parts)
 
     @classmethod
-    def decode_fields(cls, buf, pos: int, end: int | None = None):
+    def decode_fields(cls, buf, pos: int, end: int | None = None, depth: int = 0):
+        """Decode the fields at ``pos``; ``depth``: how deep inside maps, lists, arrays and struct32
+        values this struct sits (its map, array and struct32 fields count one level deeper)."""
         pack = cls.PACK
         flags = int.from_bytes(buf[pos:pos + pack], "little")
         if pos + pack > len(buf):
@@ -132,7 +137,7 @@ class Composite:
             if f.is_bit:
                 setattr(obj, f.attr, bool(present))
             elif present:
-                value, pos = f.decode(buf, pos)
+                value, pos = f.decode(buf, pos, depth)
                 setattr(obj, f.attr, value)
             else:
                 setattr(obj, f.attr, None)
@@ -156,7 +161,7 @@ class StructBase(Composite):
         return len(body).to_bytes(self.SIZE, "big") + body if self.SIZE else body
 
     @classmethod
-    def decode_struct(cls, buf, pos: int):
+    def decode_struct(cls, buf, pos: int, depth: int = 0):
         end = None
         if cls.SIZE:
             size = int.from_bytes(buf[pos:pos + cls.SIZE], "big")
@@ -169,7 +174,7 @@ class StructBase(Composite):
             if code != cls.CODE:
                 raise FramingError(f"{cls.NAME}: struct code {code:#06x}, expected {cls.CODE:#06x}")
             pos += 2
-        obj, pos = cls.decode_fields(buf, pos, end)
+        obj, pos = cls.decode_fields(buf, pos, end, depth)
         return obj, (end if end is not None else pos)
 
 
@@ -252,7 +257,9 @@ def encode_struct32(value: StructBase) -> bytes:
     return len(body).to_bytes(4, "big") + body
 
 
-def decode_struct32(buf, pos: int):
+def decode_struct32(buf, pos: int, depth: int = 0):
+    if depth > t.MAX_DEPTH:
+        t.check_depth(depth)
     size = int.from_bytes(buf[pos:pos + 4], "big")
     end = pos + 4 + size
     if end > len(buf) or size < 2:
@@ -261,7 +268,7 @@ def decode_struct32(buf, pos: int):
     cls = STRUCTS_BY_CODE.get(code)
     if cls is None:
         raise FramingError(f"unknown struct code {code:#06x}")
-    obj, _ = cls.decode_fields(buf, pos + 6, end)
+    obj, _ = cls.decode_fields(buf, pos + 6, end, depth)
     return obj, end
 
 

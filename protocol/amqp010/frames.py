@@ -41,27 +41,36 @@ class Assembly:
 
 
 class _Partial:
-    __slots__ = ("segments", "seg_type", "parts")
+    __slots__ = ("segments", "seg_type", "parts", "charged")
 
     def __init__(self) -> None:
         self.segments: list[tuple[int, bytes]] = []
         self.seg_type: int | None = None  # the segment in progress, if any
         self.parts: list[bytes] = []
+        self.charged = 0  # octets of frames (headers included) counted in FrameReader.pending_bytes
 
 
 class FrameReader:
     """Incremental 0-10 frame parser: ``feed()`` bytes, get back complete assemblies.
 
     ``max_frame_size`` is the negotiated limit (connection.tune max-frame-size); a larger frame is a
-    framing error before its payload is buffered.
+    framing error before its payload is buffered.  ``max_assembly_size`` bounds one unfinished
+    assembly; ``max_pending_bytes`` bounds all unfinished assemblies of the connection together
+    (every (channel, track) may have one in progress), counted as the frames that carry them,
+    headers included: a connection can never hold more than that plus one frame.  The front end
+    sets it small until the connection is open (issue 17: a client that never authenticated held
+    300 MB in unfinished assemblies on many channels).
     """
 
-    def __init__(self, max_frame_size: int = MAX_FRAME_SIZE, max_assembly_size: int = 256 * 1024 * 1024) -> None:
+    def __init__(self, max_frame_size: int = MAX_FRAME_SIZE, max_assembly_size: int = 256 * 1024 * 1024,
+                 max_pending_bytes: int | None = None) -> None:
         self.max_frame_size = max_frame_size
         self.max_assembly_size = max_assembly_size
+        self.max_pending_bytes = max_assembly_size if max_pending_bytes is None else max_pending_bytes
         self._buf = bytearray()
         self._partial: dict[tuple[int, int], _Partial] = {}
         self._sizes: dict[tuple[int, int], int] = {}
+        self.pending_bytes = 0  # frames (headers included) of the unfinished assemblies
         self._failed = False
 
     def feed(self, data: bytes) -> list[Assembly]:
@@ -86,7 +95,10 @@ class FrameReader:
                     break
                 payload = bytes(buf[pos + HEADER_SIZE:pos + size])
                 pos += size
-                assembly = self._frame(flags, seg_type, track, channel, payload)
+                self.pending_bytes += size
+                if self.pending_bytes > self.max_pending_bytes:
+                    raise FramingError(f"unfinished assemblies hold more than {self.max_pending_bytes} octets")
+                assembly = self._frame(flags, seg_type, track, channel, payload, size)
                 if assembly is not None:
                     out.append(assembly)
         except FramingError:
@@ -97,7 +109,8 @@ class FrameReader:
             del buf[:pos]
         return out
 
-    def _frame(self, flags: int, seg_type: int, track: int, channel: int, payload: bytes) -> Assembly | None:
+    def _frame(self, flags: int, seg_type: int, track: int, channel: int, payload: bytes,
+               size: int) -> Assembly | None:
         key = (channel, track)
         partial = self._partial.get(key)
         if flags & FIRST_FRAME:
@@ -117,6 +130,7 @@ class FrameReader:
         elif seg_type != partial.seg_type:
             raise FramingError("segment type changed within a segment")
         partial.parts.append(payload)
+        partial.charged += size
         self._sizes[key] += len(payload)
         if self._sizes[key] > self.max_assembly_size:
             raise FramingError("assembly larger than the maximum message size")
@@ -128,6 +142,8 @@ class FrameReader:
         if not flags & LAST_SEG:
             return None
         del self._partial[key]
+        del self._sizes[key]
+        self.pending_bytes -= partial.charged
         return Assembly(channel, track, partial.segments)
 
 

@@ -23,6 +23,15 @@ bit                                         bool (a packing flag: no data of its
 Maps and lists carry a type code per value; :func:`type_of` picks the code for a Python value
 (int -> int64, str -> str16, bytes -> vbin32, ...).  Decoding raises :class:`FramingError` on any
 truncation or unknown type code: 0-10 has no other code for an undecodable frame.
+
+Bounds (issue 17): no declared count is trusted before the bytes present back it.  A map, list or
+array whose count could not fit in its size (each element takes at least its type's minimum width:
+a map entry 2 octets, a list item 1, an array element its type's fixed width or size prefix) is a
+framing error before any element is decoded.  Elements of the zero-width types ``void`` and ``bit``
+take no octets at all, so nothing backs their count: an array of them may declare at most
+:data:`MAX_ZERO_WIDTH_ELEMENTS` (a 2^32-1 count of them once froze the event loop for seconds and
+allocated gigabytes before login).  Maps, lists, arrays and struct32 values nest at most
+:data:`MAX_DEPTH` deep (no RecursionError, a framing error instead).
 """
 
 from __future__ import annotations
@@ -55,6 +64,18 @@ ENCODERS: dict[str, Encoder] = {}
 DECODERS: dict[str, Decoder] = {}
 TYPE_BY_CODE: dict[int, str] = {t.code: t.name for t in SPEC.types.values() if t.code is not None}
 CODE_OF = {name: t.code for name, t in SPEC.types.items()}
+
+#: Most elements an array of a zero-width type (void, bit) may declare: they take no octets, so no
+#: received byte backs their count.  No client we know sends such arrays at all; 1024 Nones cost ~8 KB.
+MAX_ZERO_WIDTH_ELEMENTS = 1024
+#: Deepest nesting of maps, lists, arrays and struct32 values (a map at depth 0 holding a list is 1 deep).
+MAX_DEPTH = 64
+#: The composite types whose decoders take a nesting depth.
+NESTED = frozenset(("map", "list", "array", "struct32"))
+#: Fewest octets one value of each type takes: its fixed width, or the width of its size prefix.
+MIN_WIDTH = {name: t.width for name, t in SPEC.types.items()}
+_MAP_ENTRY_MIN = 2  # a str8 key's size octet + a type code
+_LIST_ITEM_MIN = 1  # a type code
 
 
 def _fixed(fmt: str) -> tuple[Encoder, Decoder]:
@@ -160,12 +181,29 @@ def type_of(value) -> str:
     raise ValueError(f"no AMQP 0-10 type for {type(value).__name__}")
 
 
-def _typed_value(buf, pos: int):
+def _typed_value(buf, pos: int, depth: int):
     code = buf[pos]
     name = TYPE_BY_CODE.get(code)
     if name is None:
         raise FramingError(f"unknown type code {code:#04x}")
+    if name in NESTED:
+        return DECODERS[name](buf, pos + 1, depth + 1)
     return DECODERS[name](buf, pos + 1)
+
+
+def check_depth(depth: int) -> None:
+    """Refuse a composite value nested deeper than :data:`MAX_DEPTH` (before recursing further)."""
+    if depth > MAX_DEPTH:
+        raise FramingError(f"maps, lists, arrays or structs nested more than {MAX_DEPTH} deep")
+
+
+def _check_count(count: int, min_width: int, available: int, what: str) -> None:
+    """A declared element count must be backed by the octets present (see the module docstring)."""
+    if min_width:
+        if count * min_width > available:
+            raise FramingError(f"{what} declares {count} elements, more than its {available} octets can hold")
+    elif count > MAX_ZERO_WIDTH_ELEMENTS:
+        raise FramingError(f"{what} declares {count} zero-width elements (at most {MAX_ZERO_WIDTH_ELEMENTS})")
 
 
 def encode_map(value: dict | None) -> bytes:
@@ -179,17 +217,21 @@ def encode_map(value: dict | None) -> bytes:
     return _U32.pack(len(body)) + body
 
 
-def decode_map(buf, pos: int):
+def decode_map(buf, pos: int, depth: int = 0):
+    if depth > MAX_DEPTH:
+        check_depth(depth)
     (size,) = _U32.unpack_from(buf, pos)
     end = pos + 4 + size
     if end > len(buf) or size < 4:
         raise FramingError("map overruns its frame")
     (count,) = _U32.unpack_from(buf, pos + 4)
     pos += 8
+    if count * _MAP_ENTRY_MIN > end - pos:
+        _check_count(count, _MAP_ENTRY_MIN, end - pos, "map")
     out = {}
     for _ in range(count):
         key, pos = DECODERS["str8"](buf, pos)
-        out[key], pos = _typed_value(buf, pos)
+        out[key], pos = _typed_value(buf, pos, depth)
         if pos > end:
             raise FramingError("map entry overruns the map")
     if pos != end:
@@ -207,16 +249,20 @@ def encode_list(value) -> bytes:
     return _U32.pack(len(body)) + body
 
 
-def decode_list(buf, pos: int):
+def decode_list(buf, pos: int, depth: int = 0):
+    if depth > MAX_DEPTH:
+        check_depth(depth)
     (size,) = _U32.unpack_from(buf, pos)
     end = pos + 4 + size
     if end > len(buf) or size < 4:
         raise FramingError("list overruns its frame")
     (count,) = _U32.unpack_from(buf, pos + 4)
     pos += 8
+    if count * _LIST_ITEM_MIN > end - pos:
+        _check_count(count, _LIST_ITEM_MIN, end - pos, "list")
     out = []
     for _ in range(count):
-        item, pos = _typed_value(buf, pos)
+        item, pos = _typed_value(buf, pos, depth)
         out.append(item)
         if pos > end:
             raise FramingError("list item overruns the list")
@@ -236,7 +282,9 @@ def encode_array(value, element: str | None = None) -> bytes:
     return _U32.pack(len(body)) + body
 
 
-def decode_array(buf, pos: int):
+def decode_array(buf, pos: int, depth: int = 0):
+    if depth > MAX_DEPTH:
+        check_depth(depth)
     (size,) = _U32.unpack_from(buf, pos)
     end = pos + 4 + size
     if end > len(buf) or size < 5:
@@ -247,10 +295,14 @@ def decode_array(buf, pos: int):
         raise FramingError(f"unknown array element type code {code:#04x}")
     (count,) = _U32.unpack_from(buf, pos + 5)
     pos += 9
+    width = MIN_WIDTH[name]
+    if count * width > end - pos or (not width and count > MAX_ZERO_WIDTH_ELEMENTS):
+        _check_count(count, width, end - pos, f"array of {name}")
     dec = DECODERS[name]
     out = []
+    nested = name in NESTED
     for _ in range(count):
-        item, pos = dec(buf, pos)
+        item, pos = dec(buf, pos, depth + 1) if nested else dec(buf, pos)
         out.append(item)
         if pos > end:
             raise FramingError("array element overruns the array")
@@ -311,8 +363,20 @@ def _build() -> None:
 _build()
 
 
-def decode(name: str, buf, pos: int):
-    """Decode one value of primitive type ``name`` at ``pos``; truncation is a FramingError."""
+def decode(name: str, buf, pos: int, depth: int = 0):
+    """Decode one value of primitive type ``name`` at ``pos``; truncation is a FramingError.
+
+    ``depth``: how deep inside maps, lists, arrays and struct32 values this value sits."""
+    try:
+        if name in NESTED:
+            return DECODERS[name](buf, pos, depth)
+        return DECODERS[name](buf, pos)
+    except (StructError, IndexError, UnicodeDecodeError, ValueError) as exc:
+        raise FramingError(f"cannot decode {name}: {exc}") from exc
+
+
+def decode_flat(name: str, buf, pos: int):
+    """:func:`decode` for a type that holds no nested values (not in :data:`NESTED`)."""
     try:
         return DECODERS[name](buf, pos)
     except (StructError, IndexError, UnicodeDecodeError, ValueError) as exc:

@@ -196,8 +196,10 @@ class ConnectionEnded(Exception):
 class RawClient:
     """One TCP connection speaking hand-built frames. Every read is bounded by ``timeout``."""
 
-    def __init__(self, host: str, port: int, timeout: float = 5.0) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, host: str, port: int, timeout: float = 5.0, source: str | None = None) -> None:
+        """``source``: the local address to connect from (e.g. another loopback address, 127.0.0.2)."""
+        self.sock = socket.create_connection((host, port), timeout=timeout,
+                                             source_address=(source, 0) if source else None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.timeout = timeout
         self.buf = b""

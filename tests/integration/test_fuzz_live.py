@@ -653,3 +653,70 @@ def test_random_method_sequences(broker, ops):
 def test_the_unmutated_stream_is_valid(broker):
     """The stream (c) mutates is itself valid: no error, the probe is answered."""
     assert live_example(broker, valid_stream()) == "working"
+
+
+# -- (e) before authentication: start-ok with crafted sizes and depths, bounded in time and memory -------------
+PRE_LOGIN_ANSWER = 1.0  # seconds: decoding a frame of at most 4 KiB (frame-min-size) is microseconds
+PRE_LOGIN_RSS_GROWTH = 50 << 20  # bytes the node may grow over the whole run
+_pre_login_rss: dict[int, int] = {}
+
+
+def node_rss(broker) -> int | None:
+    """The raftmq node's resident set size (Linux /proc); None for RabbitMQ."""
+    if broker.kind != "raftmq":
+        return None
+    with open(f"/proc/{broker.process.pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+@st.composite
+def crafted_client_properties(draw) -> bytes:
+    """A client-properties field table holding one S/x/A/F value whose declared size is anything
+    (up to 2^32-1) followed by random octets, wrapped in 0-300 nested tables; the outer size is
+    right, or anything."""
+    code = draw(st.sampled_from([b"S", b"x", b"A", b"F"]))
+    size = draw(st.one_of(st.integers(0, 64), st.integers(0, 0xFFFFFFFF), st.just(0xFFFFFFFF)))
+    items = r.shortstr("v") + code + struct.pack(">I", size) + draw(st.binary(max_size=64))
+    for _ in range(draw(st.integers(0, 300))):
+        items = r.shortstr("k") + b"F" + r.longstr(items)
+    outer = len(items) if draw(st.booleans()) else draw(st.integers(0, 0xFFFFFFFF))
+    return struct.pack(">I", outer) + items
+
+
+@pytest.mark.timeout(TIMEOUT)
+@settings(max_examples=80 * SCALE, **FUZZ_SETTINGS)
+@given(properties=crafted_client_properties())
+def test_start_ok_with_crafted_sizes_before_login_is_answered_fast(broker, properties):
+    """(e) connection.start-ok (reference 1.4.2.2) with a wrong password and crafted client-properties:
+    before login a frame is at most frame-min-size (4096, general 4.2.3), and no declared size or depth
+    is trusted, so the broker answers within 1 s -- connection.close 403 (the properties decoded, the
+    login failed), or a malformed-input code -- and the node's RSS grows by less than 50 MB over the run."""
+    baseline = _pre_login_rss.setdefault(0, node_rss(broker) or 0)
+    client = RawClient(broker.host, broker.port, timeout=5.0)
+    try:
+        client.send(r.PROTOCOL_HEADER)
+        client.expect_method(r.CONNECTION_START, channel=0)
+        started = time.monotonic()
+        try:
+            client.send(r.method_frame(0, r.CONNECTION_START_OK, properties + r.shortstr("PLAIN")
+                                       + r.longstr(b"\x00guest\x00not-the-password") + r.shortstr("en_US")))
+        except OSError:
+            pass
+        try:
+            close = client.expect_connection_close(timeout=PRE_LOGIN_ANSWER + 4.0)
+            outcome = f"connection.close {close.reply_code}"
+            check_close_code(broker, close.reply_code, "connection.close before login")
+        except ConnectionEnded:
+            outcome = ended_without_close(broker, "before login")
+        elapsed = time.monotonic() - started
+        _note(f"outcome: {outcome} after {elapsed:.3f} s", outcome)
+    finally:
+        client.close()
+    assert elapsed < PRE_LOGIN_ANSWER, f"{elapsed:.2f} s to answer a start-ok before login"
+    rss = node_rss(broker)
+    if rss is not None:
+        assert rss - baseline < PRE_LOGIN_RSS_GROWTH, f"the node grew by {(rss - baseline) >> 20} MB"
+    assert broker.is_alive(), "the broker process died or stopped answering the protocol header"
