@@ -378,8 +378,7 @@ def _user_info(name: str, tags, loopback_only: bool, permissions: dict, source: 
 def _member_lags(replica) -> dict[str, int]:
     """On the leader: per member Raft address, committed entries it has not acknowledged yet."""
     commit = replica.commit_index
-    match = replica._SyncObj__raftMatchIndex  # pysyncobj keeps it per node object
-    return {node.address: max(0, commit - index) for node, index in dict(match).items()}
+    return {address: max(0, commit - index) for address, index in replica.match_indexes().items()}
 
 
 ADMIN_SERVICE = "raftmq.admin.Admin"
