@@ -133,3 +133,26 @@ def test_a_returning_follower_whose_timer_fires_first_does_not_depose_the_leader
         # it never won one.
         assert returned["prevote_rounds"] > 0, returned
         assert returned["prevote_won"] == 0, returned
+
+
+def test_removing_the_leader_moves_leadership_away_first_despite_the_lease(tmp_path):
+    """``raftmq cluster remove`` of the leader asks it to transfer leadership (pysyncobj's
+    TimeoutNow) and waits for another leader.  The followers still hear the old leader when the
+    target campaigns, so the transfer must bypass pre-vote (as etcd's forced campaign): it does,
+    in one election (term + 1), and the two remaining members carry on with confirms."""
+    with Cluster(3, tmp_path) as cluster:
+        leader = cluster.leader()
+        term = raft_status(cluster, leader)["raft_term"]
+        cluster.remove_node(leader)
+        rest = [n for n in cluster.nodes if n is not leader]
+        new_leader = cluster.leader(exclude=leader)
+        assert new_leader in rest
+        assert raft_status(cluster, new_leader)["raft_term"] == term + 1
+        conn = cluster.connection(new_leader)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("after-removal", durable=True)
+        for i in range(20):
+            ch.basic_publish("", "after-removal", str(i).encode(), pika.BasicProperties(delivery_mode=2))
+        assert ch.queue_declare("after-removal", passive=True).method.message_count == 20
+        conn.close()
