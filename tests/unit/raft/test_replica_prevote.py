@@ -141,3 +141,38 @@ def test_a_single_node_elects_itself_without_asking_anyone(tmp_path, replicas):
     replicas.append(Replica(free_address(), [], str(tmp_path / "solo"), "secret", sink=lambda _item: None))
     wait_until(lambda: replicas[0].is_leader, 10, "the single node leads")
     assert replicas[0].prevote_rounds == 0
+
+
+def cut(a: Replica, b: Replica) -> None:
+    """Drop every message between ``a`` and ``b`` (both directions, at the sender); the third
+    replica still reaches both (the chaos nemesis "bridge", without network namespaces)."""
+    for sender, receiver in ((a, b), (b, a)):
+        transport = sender._SyncObj__transport  # (fault injection: pysyncobj sends through it)
+        send = transport.send
+
+        def filtered(node, message, send=send, lost=receiver.selfNode.address):
+            if node.address != lost:
+                send(node, message)
+
+        transport.send = filtered
+
+
+@pytest.mark.parametrize("pre_vote", [True, False])
+def test_a_follower_cut_off_from_the_leader_alone_disrupts_nothing_only_with_pre_vote(tmp_path, replicas, pre_vote):
+    """A follower that cannot reach the leader while the third node reaches both.  Without
+    pre-vote it campaigns, the third node adopts its term and stops accepting the leader's
+    AppendEntries (lower term): the leadership churns.  With pre-vote the third node, which hears
+    the leader, refuses; the leader and its term stay for 2 s (the cut-off follower waits)."""
+    addresses = [free_address() for _ in range(3)]
+    replicas += [start(addresses, tmp_path, i, pre_vote, **NORMAL) for i in range(3)]
+    wait_until(lambda: agreed_leader(replicas) is not None, 15, "a leader")
+    leader = agreed_leader(replicas)
+    term = leader.raftCurrentTerm
+    lonely = next(r for r in replicas if r is not leader)
+    cut(leader, lonely)
+    time.sleep(2.0)
+    if pre_vote:
+        assert leader.is_leader and [r.raftCurrentTerm for r in replicas] == [term] * 3
+        assert lonely.prevote_rounds > 0 and lonely.prevote_won == 0
+    else:
+        assert max(r.raftCurrentTerm for r in replicas) > term
