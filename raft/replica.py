@@ -199,6 +199,11 @@ class Replica(SyncObj):
         the sitting leader's first heartbeat can arrive -- and, with a log as long as everyone's,
         wins and deposes a healthy leader.  Restarting the clock while isolated makes such a node
         wait one election timeout for a heartbeat first, as a freshly started follower should.
+        (That was not enough: under load a returning node still timed out before a heartbeat
+        reached it, issue 17.  One way: its link to the other follower comes up first, and the
+        leader's, if the leader is the one to dial, is retried only once a second.  Pre-vote,
+        decided here when the deadline passes -- :meth:`_on_election_timeout` -- keeps any such
+        node from deposing a live leader.)
 
         Also: compact the log once the journal holds ``snapshot_bytes``.  pysyncobj counts only
         entries and time, and an entry is a batch of up to ``max_batch_bytes`` (1 MiB): 20,000
