@@ -23,14 +23,13 @@ What it changes in pysyncobj's behaviour, and why (see shared/notes/pysyncobj.md
 * **Commands**: a batch is proposed as one raw command (type byte ``BATCH_COMMAND``, a small
   header, the msgpack blob) rather than through ``@replicated``, whose protocol-2 pickle turned
   every body into latin-1 text on the way in and back on every apply.
+* **Pre-vote** (:mod:`raft.prevote`): a follower whose election timer fires asks for pre-votes
+  at term + 1 before raising its term, so a node that comes back from a restart or a partition
+  cannot depose a leader that still reaches a majority.
 
-pysyncobj internals this relies on (pinned to pysyncobj 0.3.x in pyproject.toml; nothing outside
-``raft/`` touches pysyncobj): the name-mangled attributes ``__raftState``, ``__raftCommitIndex``,
-``__raftLastApplied``, ``__raftNextIndex``, ``__raftMatchIndex``, ``__raftElectionDeadline``,
-``__otherNodes``, ``__connectedNodes``, ``__transport``, ``__newAppendEntriesTime``, and the methods
-``__setState``, ``__onMessageReceived``, ``__doApplyCommand``, ``__generateRaftTimeout``,
-``_isLeader``, ``_getLeader``, ``_applyCommand``.  An upgrade of pysyncobj must be checked against
-this list.
+pysyncobj has no extension points for most of this, so ``Replica`` (and :mod:`raft.wire`) use
+its private names.  Every one is listed in :data:`PYSYNCOBJ_INTERNALS` (a unit test checks that
+the installed pysyncobj still has them); nothing outside ``raft/`` should use any.
 """
 
 from __future__ import annotations
@@ -48,12 +47,32 @@ from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import _RAFT_STATE
 
-from . import wire
+from . import prevote, wire
 from .journal import AppendJournal
 
 log = logging.getLogger(__name__)
 
 _JOURNAL_HOOK = threading.Lock()
+
+# The private names of pysyncobj (0.3.17 as installed) that raft/ reads, writes or overrides,
+# by class.  tests/unit/raft/test_internals.py checks that each still exists.
+PYSYNCOBJ_INTERNALS = {
+    "SyncObj": (
+        # read
+        "connectedNodes", "otherNodes", "raftState", "raftNextIndex", "raftCommitIndex",
+        "raftLastApplied", "raftMatchIndex", "newAppendEntriesTime", "transferInProgress",
+        "transport", "generateRaftTimeout",
+        # written
+        "raftElectionDeadline",  # held while isolated; set past to campaign after a won pre-vote
+        # overridden
+        "onMessageReceived", "setState", "doApplyCommand",
+    ),
+    "TcpConnection": (  # raft/wire.py
+        "socket", "fileno", "poller", "readBuffer", "writeBuffer", "trySendBuffer",
+        "processConnection", "processSend", "processRead", "processParseMessage",
+    ),
+    "TcpUtility": ("connection",),  # raft/wire.py: admin_utility
+}
 
 # Messages that tell the leader "I have these entries": never sent before the entries are on disk.
 ACKNOWLEDGEMENTS = frozenset(("next_node_idx",))
@@ -94,7 +113,7 @@ class Replica(SyncObj):
                  snapshot_bytes: int = 256 << 20,
                  append_entries_period: float = 0.05, tick_period: float = 0.02,
                  election_timeout: tuple[float, float] = (0.25, 0.5), batch_append_entries: bool = False,
-                 message_bytes: int = 4 << 20, leader_fallback: float = 1.0,
+                 message_bytes: int = 4 << 20, leader_fallback: float = 1.0, pre_vote: bool = True,
                  on_state_changed: Callable[[int, int], None] | None = None) -> None:
         os.makedirs(data_dir, exist_ok=True)
         self.data_dir = data_dir
@@ -107,6 +126,18 @@ class Replica(SyncObj):
         self._led_term = -1
         self._installs = 0
         self.snapshot_bytes = snapshot_bytes
+        # Pre-vote (raft/prevote.py).  The lease: a node that heard from a leader within the
+        # minimum election timeout refuses pre-votes.
+        self.pre_vote = pre_vote
+        self._lease = election_timeout[0]
+        self._leader_heard_at: float | None = None
+        self._pre_vote_round: prevote.PreVoteRound | None = None
+        self._won_pre_vote = False
+        self._term_ahead_of_leader = False
+        self.prevote_rounds = 0  # rounds this node started (its election timer fired)
+        self.prevote_won = 0  # rounds that won a majority (a real election followed)
+        self.prevote_granted = 0  # pre-votes this node granted to others
+        self.prevote_refused = 0  # ... and refused
         self.journal = AppendJournal(os.path.join(data_dir, "journal"))
         self._align_journal_with_snapshot()
         self._sealer = wire.Sealer(secret) if secret else None
@@ -168,6 +199,11 @@ class Replica(SyncObj):
         the sitting leader's first heartbeat can arrive -- and, with a log as long as everyone's,
         wins and deposes a healthy leader.  Restarting the clock while isolated makes such a node
         wait one election timeout for a heartbeat first, as a freshly started follower should.
+        (That was not enough: under load a returning node still timed out before a heartbeat
+        reached it, issue 17.  One way: its link to the other follower comes up first, and the
+        leader's, if the leader is the one to dial, is retried only once a second.  Pre-vote,
+        decided here when the deadline passes -- :meth:`_on_election_timeout` -- keeps any such
+        node from deposing a live leader.)
 
         Also: compact the log once the journal holds ``snapshot_bytes``.  pysyncobj counts only
         entries and time, and an entry is a batch of up to ``max_batch_bytes`` (1 MiB): 20,000
@@ -185,6 +221,9 @@ class Replica(SyncObj):
         now = _syncobj_module.monotonicTime()
         if not self._SyncObj__connectedNodes and self._SyncObj__otherNodes:
             self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+        elif (self._SyncObj__raftElectionDeadline < now and self.selfNode is not None
+              and self._SyncObj__raftState != _RAFT_STATE.LEADER):
+            self._on_election_timeout(now)
         if self._isLeader():
             due = self._SyncObj__newAppendEntriesTime
         else:
@@ -220,6 +259,14 @@ class Replica(SyncObj):
         kind = message.get("type")
         if kind == KEEPALIVE:
             return  # reading it was the point (see _keep_links_warm)
+        if kind == prevote.PRE_VOTE:
+            self._answer_pre_vote(node, message)
+            return
+        if kind == prevote.PRE_VOTE_REPLY:
+            self._count_pre_vote(node, message)
+            return
+        if kind == "append_entries":
+            self._heard_append_entries(message["term"])
         if kind == "next_node_idx" and message.get("success") and not message.get("reset"):
             next_index = self._SyncObj__raftNextIndex
             sent_up_to = next_index.get(node)
@@ -228,6 +275,89 @@ class Replica(SyncObj):
                 next_index[node] = sent_up_to
             return
         super()._SyncObj__onMessageReceived(node, message)
+
+    # ------------------------------------------------------------------ pre-vote (raft/prevote.py)
+
+    def _on_election_timeout(self, now: float) -> None:
+        """The election timer fired (pysyncobj campaigns in this tick unless the deadline moves).
+
+        Ask for pre-votes instead, and restart the timer: if the round fails (a leader is alive,
+        or this log is behind), the node asks again at the next timeout, and the leader's next
+        AppendEntries resets the timer and ends the round.  A won round sets the deadline in the
+        past (:meth:`_count_pre_vote`), and the next tick lets pysyncobj campaign.
+        """
+        step = prevote.at_election_timeout(
+            enabled=self.pre_vote, others=len(self._SyncObj__otherNodes),
+            transfer=self._SyncObj__transferInProgress, won_pre_vote=self._won_pre_vote,
+            term_ahead_of_leader=self._term_ahead_of_leader)
+        self._won_pre_vote = False
+        self._pre_vote_round = None
+        if step is prevote.Step.ELECT:
+            return
+        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+        term = self.raftCurrentTerm + 1
+        self._pre_vote_round = prevote.PreVoteRound(term)
+        self.prevote_rounds += 1
+        _entry, last_index, last_term = self.journal[-1]
+        request = {"type": prevote.PRE_VOTE, "term": term,
+                   "last_log_index": last_index, "last_log_term": last_term}
+        transport = self._SyncObj__transport
+        for node in self._SyncObj__otherNodes:
+            transport.send(node, request)
+
+    def _answer_pre_vote(self, node, message: dict) -> None:
+        """Grant or refuse a pre-vote; nothing about this node changes either way."""
+        if self.selfNode is None:
+            return
+        _entry, last_index, last_term = self.journal[-1]
+        heard = self._leader_heard_at
+        voter = prevote.Voter(
+            term=self.raftCurrentTerm, last_log_term=last_term, last_log_index=last_index,
+            is_leader=self._isLeader(), lease=self._lease,
+            leader_heard_ago=None if heard is None else _syncobj_module.monotonicTime() - heard)
+        refusal = prevote.pre_vote_refusal(voter, message["term"], message["last_log_term"],
+                                           message["last_log_index"])
+        if refusal is None:
+            self.prevote_granted += 1
+        else:
+            self.prevote_refused += 1
+            log.debug("pre-vote for term %d refused to %s: %s", message["term"], node.id, refusal)
+        self._SyncObj__transport.send(node, {"type": prevote.PRE_VOTE_REPLY, "term": message["term"],
+                                             "granted": refusal is None})
+
+    def _count_pre_vote(self, node, message: dict) -> None:
+        pending = self._pre_vote_round
+        if pending is None or not message.get("granted"):
+            return
+        if self._isLeader() or pending.term != self.raftCurrentTerm + 1:
+            self._pre_vote_round = None  # our term moved since the round started: it is over
+            return
+        pending.grant(node.id, message["term"])
+        if pending.won({n.id for n in self._SyncObj__otherNodes}):
+            self._pre_vote_round = None
+            self._won_pre_vote = True
+            self.prevote_won += 1
+            log.info("pre-vote for term %d won (%s): starting an election", pending.term,
+                     ", ".join(sorted(pending.granted)))
+            self._SyncObj__raftElectionDeadline = 0.0  # the next tick campaigns
+
+    def _heard_append_entries(self, term: int) -> None:
+        """A current leader's AppendEntries renews the lease and ends any pre-vote round; one
+        from a leader behind our term means only a real election can bring this node back."""
+        if term >= self.raftCurrentTerm:
+            self._leader_heard_at = _syncobj_module.monotonicTime()
+            self._pre_vote_round = None
+            self._won_pre_vote = False
+            self._term_ahead_of_leader = False
+        else:
+            self._term_ahead_of_leader = True
+
+    def getStatus(self) -> dict:  # noqa: N802 (pysyncobj's name; also `raftmq cluster status`)
+        status = super().getStatus()
+        status.update(pre_vote=self.pre_vote, prevote_rounds=self.prevote_rounds,
+                      prevote_won=self.prevote_won, prevote_granted=self.prevote_granted,
+                      prevote_refused=self.prevote_refused)
+        return status
 
     def _keep_links_warm(self) -> None:
         """Send every connected member a small message every KEEPALIVE_PERIOD seconds.
@@ -294,6 +424,10 @@ class Replica(SyncObj):
     def is_leader(self) -> bool:
         return self._isLeader()
 
+    def match_indexes(self) -> dict[str, int]:
+        """On the leader: per member Raft address, the highest entry it has acknowledged."""
+        return {node.address: index for node, index in dict(self._SyncObj__raftMatchIndex).items()}
+
     def connected_partners(self) -> list[str]:
         return [n.address for n in self.otherNodes if self.isNodeConnected(n)]
 
@@ -304,8 +438,7 @@ class Replica(SyncObj):
     def member_lags(self) -> dict[str, int]:
         """On the leader: per member Raft address, committed entries it has not acknowledged yet."""
         commit = self.commit_index
-        match = dict(self._SyncObj__raftMatchIndex)  # pysyncobj keeps it per node object
-        return {node.address: max(0, commit - index) for node, index in match.items()}
+        return {address: max(0, commit - index) for address, index in self.match_indexes().items()}
 
     # ------------------------------------------------------------------ snapshots
 

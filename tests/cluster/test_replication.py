@@ -252,8 +252,9 @@ def test_a_follower_behind_is_sent_entries_the_leader_no_longer_keeps_in_memory(
     The reads are counted on both nodes that stayed up: the one that leads when the follower comes
     back serves it, and on a loaded machine that need not be the one that led before: in one CI
     run the old leader read nothing, and with two CPU hogs running, 1 of 4 runs moved the
-    leadership to the other survivor, which did the ~480 reads (no pre-vote in pysyncobj: the
-    returning node can start an election before a heartbeat reaches it)."""
+    leadership to the other survivor, which did the ~480 reads (that was before pre-vote: the
+    returning node could start an election before a heartbeat reached it; tests/cluster/
+    test_prevote.py now checks that it cannot depose the leader)."""
     leader, lagging = kill_a_follower(cluster)
     stayed = [n for n in cluster.nodes if n is not lagging]
     conn = cluster.connection(leader)
