@@ -84,7 +84,7 @@ class Broker:
                 election_timeout=(config.raft_election_timeout_min, config.raft_election_timeout_max),
                 batch_append_entries=config.raft_batch_append_entries,
                 message_bytes=config.raft_message_bytes,
-                leader_fallback=config.raft_leader_fallback,
+                leader_fallback=config.raft_leader_fallback, pre_vote=config.raft_pre_vote,
                 max_batch_bytes=config.raft_batch_bytes, high_water_bytes=config.raft_backlog_bytes,
                 pipeline_min_bytes=config.raft_pipeline_min_bytes, defer_seconds=config.raft_defer_seconds,
             )

@@ -69,6 +69,8 @@ def status_of(broker: Broker) -> dict:
             commit_latency_total_s=raft.commit_latency_total,
             commit_latency_count=raft.commit_latency_count,
             member_lags=raft.lags,
+            prevote_rounds=raft.prevote[0], prevote_won=raft.prevote[1],
+            prevote_granted=raft.prevote[2], prevote_refused=raft.prevote[3],
         )
     else:
         status.update(role="single", leader=None, leader_node=broker.config.node_id, ready=True)

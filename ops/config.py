@@ -99,6 +99,7 @@ class Config:
     # concatenation: 4 KB messages under load ran 4-5x slower than 256 B ones.
     raft_message_bytes: int = 4 << 20
     raft_leader_fallback: float = 1.0  # a leader hearing from no majority this long steps down
+    raft_pre_vote: bool = True  # ask for pre-votes before raising the term (raft/prevote.py)
     raft_batch_bytes: int = 1 << 20  # a group-commit batch (one Raft entry) is cut at this size
     # While a batch is in flight, the next is proposed before the first commits only if it carries
     # this much (raft/cluster.py: a batch's fixed cost on every node is CPU taken from clients).

@@ -160,7 +160,8 @@ class ClusterLog:
             member_addresses=tuple(r.member_addresses()), majority_lost=r.majority_lost,
             batches_proposed=self.batches_proposed, commands_proposed=self.commands_proposed,
             commit_latency_total=self.commit_latency_total, commit_latency_count=self.commit_latency_count,
-            lags=r.member_lags() if r.is_leader else {})
+            lags=r.member_lags() if r.is_leader else {},
+            prevote=(r.prevote_rounds, r.prevote_won, r.prevote_granted, r.prevote_refused))
 
     def compact(self, timeout: float = 60.0) -> Compaction:
         """Blocking (the admin API's worker thread): force a snapshot at the applied index and wait

@@ -39,6 +39,8 @@ class RaftStatus:
     commit_latency_total: float  # seconds, over this node's own batches
     commit_latency_count: int
     lags: dict[str, int] = field(default_factory=dict)  # leader only: member -> entries behind commit
+    # Pre-vote rounds this node started and won, pre-votes it granted and refused (raft/prevote.py).
+    prevote: tuple[int, int, int, int] = (0, 0, 0, 0)
 
 
 @dataclass(frozen=True, slots=True)
