@@ -112,6 +112,19 @@ def events_for(client: RawClient, seconds: float) -> list[Event]:
     return out
 
 
+def answers(client: RawClient, count: int, *, timeout: float = 10.0, quiet: float = 0.5) -> list[tuple]:
+    """The next ``count`` methods (waiting up to ``timeout`` for them, so a slow machine does not fail
+    the test) and anything more that arrives within ``quiet`` seconds after them, as ``Event.short``."""
+    out = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < count:
+            out.append(next_event(client, max(0.01, deadline - time.monotonic())))
+    except (TimeoutError, r.ConnectionEnded):
+        return [e.short() for e in out]
+    return [e.short() for e in out + events_for(client, quiet)]
+
+
 def opened(host: str, port: int, channels: int = 1, **handshake) -> RawClient:
     c = RawClient(host, port, timeout=10.0)
     c.handshake(**handshake)

@@ -32,11 +32,10 @@ def test_update_secret_with_the_users_password_is_answered_ok(broker):
     is answered with update-secret-ok on channel 0 and the connection goes on."""
     with x.opened(broker.host, broker.port, 0) as c:
         c.send(x.update_secret(b"guest"))
-        assert [e.short() for e in x.events_for(c, 1.0)] == [(0, x.CONNECTION_UPDATE_SECRET_OK)]
+        assert x.answers(c, 1) == [(0, x.CONNECTION_UPDATE_SECRET_OK)]
         c.open_channel(1)
         c.send(x.update_secret(b"guest") + r.channel_open(2))
-        assert [e.short() for e in x.events_for(c, 1.0)] == [(0, x.CONNECTION_UPDATE_SECRET_OK),
-                                                             (2, r.CHANNEL_OPEN_OK)]
+        assert x.answers(c, 2) == [(0, x.CONNECTION_UPDATE_SECRET_OK), (2, r.CHANNEL_OPEN_OK)]
 
 
 def test_update_secret_that_does_not_authenticate_the_user(broker):
@@ -46,7 +45,7 @@ def test_update_secret_that_does_not_authenticate_the_user(broker):
     only backends whose credentials expire), so RabbitMQ answers update-secret-ok here."""
     with x.opened(broker.host, broker.port, 1) as c:
         c.send(x.update_secret(b"not-the-password"))
-        events = [e.short() for e in x.events_for(c, 1.5)]
+        events = x.answers(c, 1, quiet=1.0)
     if broker.kind == "rabbitmq":
         assert events == [(0, x.CONNECTION_UPDATE_SECRET_OK)]
     else:
@@ -153,18 +152,18 @@ def test_redeclare_with_another_exclusive_flag_is_405_resource_locked(broker):
         owner.send(r.queue_declare(1, queue, exclusive=True))
         owner.expect_method(r.QUEUE_DECLARE_OK, channel=1)
         owner.send(r.queue_declare(1, queue, exclusive=False))
-        assert [e.short() for e in x.events_for(owner, 1.0)] == [locked]
+        assert x.answers(owner, 1) == [locked]
 
         for exclusive in (False, True):
             other.send(r.queue_declare(1, queue, exclusive=exclusive))
-            assert [e.short() for e in x.events_for(other, 1.0)] == [locked], exclusive
+            assert x.answers(other, 1) == [locked], exclusive
             other.send(r.method_frame(1, r.CHANNEL_CLOSE_OK))
             other.open_channel(1)
 
         other.send(r.queue_declare(1, shared))
         other.expect_method(r.QUEUE_DECLARE_OK, channel=1)
         other.send(r.queue_declare(1, shared, exclusive=True, durable=True))
-        assert [e.short() for e in x.events_for(other, 1.0)] == [locked]
+        assert x.answers(other, 1) == [locked]
         other.send(r.method_frame(1, r.CHANNEL_CLOSE_OK))
         other.open_channel(1)
         other.send(queue_delete(1, shared))
@@ -179,7 +178,7 @@ def test_declaring_the_default_exchange_is_403(broker, passive):
     RabbitMQ refuses any exchange.declare of "" -- passive or not -- with channel.close 403."""
     with x.opened(broker.host, broker.port, 1) as c:
         c.send(x.exchange_declare(1, "", passive=passive))
-        assert [e.short() for e in x.events_for(c, 1.0)] == [(1, r.CHANNEL_CLOSE, 403, x.EXCHANGE_DECLARE)]
+        assert x.answers(c, 1) == [(1, r.CHANNEL_CLOSE, 403, x.EXCHANGE_DECLARE)]
         c.send(r.method_frame(1, r.CHANNEL_CLOSE_OK))
         c.open_channel(1)  # the connection is fine
 
@@ -209,5 +208,5 @@ def test_channel_max_limits_open_channels_not_their_numbers(broker):
         c.expect_method(r.CHANNEL_CLOSE_OK, channel=2)
         c.open_channel(7)
         c.send(r.channel_open(8))
-        assert [e.short() for e in x.events_for(c, 1.5)] == [(0, r.CONNECTION_CLOSE, 530, (0, 0))]
+        assert x.answers(c, 1) == [(0, r.CONNECTION_CLOSE, 530, (0, 0))]
     round_trip(broker.url)
