@@ -153,7 +153,7 @@ class Amqp091Connection(asyncio.Protocol):
             log.exception("connection %s: internal error", self.peer)
             self.close_connection(541, "INTERNAL_ERROR - internal error")
         self.flush()
-        if self.is_publisher and not self._reading_paused:
+        if self.is_publisher and not self._reading_paused and self.state != CLOSED:
             if self.blocked_reason:
                 self._pause_reading()
             elif self.broker.flow_throttled:
@@ -306,7 +306,7 @@ class Amqp091Connection(asyncio.Protocol):
                 return _IGNORE_CHANNEL
             raise ConnectionException(504, f"CHANNEL_ERROR - expected 'channel.open' on channel {number}",
                                       method.CLASS_ID, method.METHOD_ID)
-        if len(self.channels) >= self.channel_max:
+        if self.channel_max and len(self.channels) >= self.channel_max:  # 0: no limit (1.4.2.5.1)
             # channel_max bounds how many channels are open at once, not their numbers (1..65535),
             # as in RabbitMQ: see "Channel numbers" in docs/design.md.
             raise ConnectionException(
