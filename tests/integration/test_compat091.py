@@ -140,6 +140,17 @@ def test_returns_precede_replies_under_load(broker):
         assert events == x.expected_returns_then_selects(n, 50), n
 
 
+def test_returns_precede_channel_close_ok(broker):
+    """200 unroutable mandatory publishes, then channel.close at once: all 200 returns, in publish
+    order, before close-ok (close-ok is the reply to a method sent after them)."""
+    with x.opened(broker.host, broker.port, 1) as c:
+        nowhere = x.uniq("compat-no-such-queue")
+        c.send(b"".join(x.publish(1, nowhere, b"%d" % i, mandatory=True) for i in range(200))
+               + r.channel_close(1))
+        seen = x.answers(c, 201, timeout=30)
+    assert seen == [(1, r.BASIC_RETURN, 312, b"%d" % i) for i in range(200)] + [(1, r.CHANNEL_CLOSE_OK)]
+
+
 # -- 5. exclusive queues: 405 -------------------------------------------------------------------------------
 def test_redeclare_with_another_exclusive_flag_is_405_resource_locked(broker):
     """reference 1.7.2.1.6 (queue.declare exclusive): an exclusive queue is locked to its connection.
