@@ -10,8 +10,10 @@ messages in flight) and in a three-node cluster (tests/cluster/test_compat091_cl
 
 from __future__ import annotations
 
+import asyncio
 import struct
 
+import aio_pika
 import pytest
 
 from tests.integration import compat091 as x
@@ -51,6 +53,27 @@ def test_update_secret_that_does_not_authenticate_the_user(broker):
     else:
         assert events == [(0, r.CONNECTION_CLOSE, 530, x.CONNECTION_UPDATE_SECRET)]
     round_trip(broker.url)
+
+
+def test_update_secret_through_pika_and_aio_pika(broker, conn):
+    """The same through two client libraries' own update_secret calls (pika 1.4 BlockingConnection,
+    aio-pika 10 / aiormq): each returns and the connection goes on working."""
+    conn.update_secret("guest", "token refresh")
+    ch = conn.channel()
+    queue = ch.queue_declare("", exclusive=True).method.queue
+    ch.basic_publish("", queue, b"after update-secret")
+    assert ch.basic_get(queue, auto_ack=True)[2] == b"after update-secret"
+
+    async def main() -> None:
+        connection = await aio_pika.connect(broker.url, timeout=10)
+        try:
+            await asyncio.wait_for(connection.update_secret("guest", reason="token refresh"), 10)
+            channel = await connection.channel()
+            await channel.declare_queue(exclusive=True)
+        finally:
+            await connection.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
 
 
 # -- 2. confirms before channel.close-ok --------------------------------------------------------------------
