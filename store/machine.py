@@ -432,12 +432,15 @@ class StateMachine(SessionMixin, UserMixin):
         self._channel(conn, number)
         vhost = self._vhost(vhost_name)
         existing = vhost.exchanges.get(name)
+        if name == "":
+            # Passive too: "The server MUST NOT allow clients to access the default exchange except
+            # by specifying an empty exchange name in the Queue.Bind and content Publish methods"
+            # (0-9-1 reference 1.6, class exchange; 0-10 default-exchange rule); RabbitMQ answers this 403.
+            raise CommandError(403, "operation not permitted on the default exchange")
         if passive:
             if existing is None:
                 raise CommandError(404, f"no exchange '{name}' in vhost '{vhost_name}'")
             return None
-        if name == "":
-            raise CommandError(403, "operation not permitted on the default exchange")
         if type_ == "failover" and existing is None:
             # 0-10 11.1.2.3 only_one_failover_exchange: amq.failover is the one.
             raise CommandError(530, "exchanges of type 'failover' cannot be declared")
@@ -579,9 +582,17 @@ class StateMachine(SessionMixin, UserMixin):
             return ok((name, len(queue.ready), len(queue.consumers)))
         if existing is not None:
             self._queue(vhost, name, conn)  # exclusive-lock check
+            if bool(exclusive) != (existing.exclusive_owner is not None):
+                # RabbitMQ checks the owner first and strictly (rabbit_amqqueue:assert_equivalence):
+                # a declare whose exclusive flag differs from the queue's is 405, not 406.
+                raise CommandError(
+                    405,
+                    f"cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost_name}'. "
+                    "It could be originally declared on another connection or the exclusive property "
+                    "value does not match that of the original declaration.",
+                )
             for what, got, have in (
                 ("durable", durable, existing.durable),
-                ("exclusive", exclusive, existing.exclusive_owner is not None),
                 ("auto_delete", auto_delete, existing.auto_delete),
             ):
                 if got != have:

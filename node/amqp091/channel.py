@@ -1,8 +1,11 @@
 """One AMQP 0-9-1 channel: methods in, broker commands out; replies, deliveries and confirms back.
 
 Replies to synchronous methods are sent strictly in request order: each request takes a slot in
-``_replies`` that its result (or a local answer) fills, and slots leave only from the front. Delivery
-tags are this channel's; the broker core knows deliveries as (queue id, entry sequence) pairs.
+``_replies`` that its result (or a local answer) fills, and slots leave only from the front. A
+mandatory publish takes a slot too (filled with its basic.return, or nothing), and the confirms
+gathered so far go out ahead of any reply, so returns and confirms precede the reply to every later
+method on the channel, channel.close-ok included, as in RabbitMQ. Delivery tags are this channel's;
+the broker core knows deliveries as (queue id, entry sequence) pairs.
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ if TYPE_CHECKING:
 
 BASIC_CLASS_ID = 60
 
-# Channel states.
-OPENING, OPEN, CLOSING_BY_SERVER, CLOSING_BY_CLIENT = range(4)
+# Channel states.  CLOSED: close-ok sent to the client; nothing more goes out on this object.
+OPENING, OPEN, CLOSING_BY_SERVER, CLOSING_BY_CLIENT, CLOSED = range(5)
 
 
 def _server_queue_name() -> str:
@@ -90,17 +93,25 @@ class Channel:
         return [op, self.conn.conn_id, None, self.number, *args]
 
     def _slot(self) -> list:
-        slot = [False, None]
+        slot = [False, None, None]  # filled?, frames, the publish confirm (seq, ack?) to send after them
         self._replies.append(slot)
         return slot
 
-    def _fill(self, slot: list, frames: bytes | None) -> None:
-        slot[0], slot[1] = True, frames
+    def _fill(self, slot: list, frames: bytes | None, confirm: tuple[int, bool] | None = None) -> None:
+        slot[0], slot[1], slot[2] = True, frames, confirm
         replies = self._replies
         while replies and replies[0][0]:
-            data = replies.popleft()[1]
-            if data:
-                self.conn.write(data)
+            self._send_slot(replies.popleft())
+
+    def _send_slot(self, slot: list) -> None:
+        _filled, data, confirm = slot
+        if data:
+            if self._confirms:  # outcomes already known come first (log order)
+                self.flush_confirms()
+            self.conn.write(data)
+        if confirm is not None:
+            self._confirms.append(confirm)
+            self.conn.confirm_dirty[self.number] = self
 
     def _reply_local(self, method) -> None:
         self._fill(self._slot(), encode_method_frame(self.number, method))
@@ -231,11 +242,21 @@ class Channel:
 
     def _channel_close(self, method: m.ChannelClose) -> None:
         self.state = CLOSING_BY_CLIENT
+        self.flush_confirms()
         self._reset_local_state()
 
         def closed(_):
+            # The log applied every earlier method and publish before this close: their replies,
+            # returns and confirms go out now, ahead of close-ok, and nothing after it (CLOSED).  A
+            # slot still empty belongs to a method that failed while closing: it has no reply.
             self.conn.forget_channel(self.number)
+            for slot in self._replies:
+                if slot[0]:
+                    self._send_slot(slot)
+            self._replies.clear()
+            self.flush_confirms()
             self.conn.write(encode_method_frame(self.number, m.ChannelCloseOk()))
+            self.state = CLOSED
 
         self.conn.request(self, self._command(Op.CHANNEL_CLOSE), type(method), closed)
 
@@ -466,13 +487,16 @@ class Channel:
             self._unconfirmed += 1
             deferrable = self._unconfirmed > AMPLE_UNCONFIRMED
             if mandatory:
+                slot = self._slot()
                 conn.request(self, command, m.BasicPublish,
-                             lambda outcome: self._published(outcome, seq, method, props, body), deferrable, size)
+                             lambda outcome: self._published(outcome, seq, method, props, body, slot),
+                             deferrable, size)
             else:
                 conn.request_publish(self, command, seq, deferrable, size)
         elif mandatory:
+            slot = self._slot()
             conn.request(self, command, m.BasicPublish,
-                         lambda outcome: self._published(outcome, 0, method, props, body), size=size)
+                         lambda outcome: self._published(outcome, 0, method, props, body, slot), size=size)
         else:
             conn.broker.submit(command, False, size)
 
@@ -485,20 +509,24 @@ class Channel:
         self._confirms.append((seq, result[1] != REJECTED))
         self.conn.confirm_dirty[self.number] = self
 
-    def _published(self, outcome: int, seq: int, mandatory_method, props: bytes, body: bytes) -> None:
-        if outcome == UNROUTABLE and mandatory_method is not None:
-            self._send_return(mandatory_method, props, body)
+    def _published(self, outcome: int, seq: int, mandatory_method, props: bytes, body: bytes,
+                   slot: list) -> None:
+        """A mandatory publish's outcome: its return (if unroutable) in its reply slot, then its
+        confirm (RabbitMQ sends basic.return before the basic.ack of the same message)."""
         if seq:
             self._unconfirmed -= 1
-            self._confirms.append((seq, outcome != REJECTED))
-            self.conn.confirm_dirty[self.number] = self
+        self._fill(slot, self._return_frames(mandatory_method, props, body) if outcome == UNROUTABLE else None,
+                   (seq, outcome != REJECTED) if seq else None)
 
     def _send_return(self, method, props: bytes, body: bytes) -> None:
-        self.conn.write(encode_content(
+        self.conn.write(self._return_frames(method, props, body))
+
+    def _return_frames(self, method, props: bytes, body: bytes) -> bytes:
+        return encode_content(
             self.number,
             m.BasicReturn(reply_code=312, reply_text="NO_ROUTE", exchange=method.exchange,
                           routing_key=method.routing_key),
-            props, body, self.conn.frame_max))
+            props, body, self.conn.frame_max)
 
     def flush_confirms(self) -> None:
         """Send the confirms gathered from one output batch.

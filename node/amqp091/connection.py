@@ -44,6 +44,11 @@ log = logging.getLogger(__name__)
 
 CLOSE_OK_TIMEOUT = 2.0  # seconds to wait for connection.close-ok after a server-initiated close
 HANDSHAKE_TIMEOUT_CLOSE = (320, "CONNECTION_FORCED - handshake not finished in time")
+# After our close-ok to a client's connection.close, the client closes the socket (reference
+# 1.4.2.10); we wait for that as RabbitMQ does (its heartbeat timeout, at most 30 s) instead of
+# closing first: a socket closed with the client's later frames unread is reset, and the reset can
+# destroy the close-ok before the client reads it.
+CLOSE_LINGER_MAX = 30.0
 
 # Connection states.
 AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(6)
@@ -156,7 +161,7 @@ class Amqp091Connection(asyncio.Protocol):
             log.exception("connection %s: internal error", self.peer)
             self.close_connection(541, "INTERNAL_ERROR - internal error")
         self.flush()
-        if self.is_publisher and not self._reading_paused:
+        if self.is_publisher and not self._reading_paused and self.state != CLOSED:
             if self.blocked_reason:
                 self._pause_reading()
             elif self.broker.flow_throttled:
@@ -312,11 +317,12 @@ class Amqp091Connection(asyncio.Protocol):
                 return _IGNORE_CHANNEL
             raise ConnectionException(504, f"CHANNEL_ERROR - expected 'channel.open' on channel {number}",
                                       method.CLASS_ID, method.METHOD_ID)
-        if number > self.channel_max:
+        if self.channel_max and len(self.channels) >= self.channel_max:  # 0: no limit (1.4.2.5.1)
+            # channel_max bounds how many channels are open at once, not their numbers (1..65535),
+            # as in RabbitMQ: see "Channel numbers" in docs/design.md.
             raise ConnectionException(
-                530, f"NOT_ALLOWED - channel number {number} exceeds channel_max {self.channel_max}",
-                method.CLASS_ID, method.METHOD_ID,
-            )
+                530, f"NOT_ALLOWED - number of channels opened ({len(self.channels)}) has reached the "
+                     f"negotiated channel_max ({self.channel_max})")
         channel = Channel(self, number)
         self.channels[number] = channel
         return channel
@@ -336,8 +342,10 @@ class Amqp091Connection(asyncio.Protocol):
             return
         if isinstance(method, m.ConnectionClose):
             self.send_method(0, m.ConnectionCloseOk())
-            self.flush()
-            self._finish_close()
+            self._finish_close(linger=True)
+            return
+        if isinstance(method, m.ConnectionUpdateSecret) and state == OPEN:
+            self._on_update_secret(method)
             return
         expected = {
             AWAIT_START_OK: m.ConnectionStartOk,
@@ -360,6 +368,31 @@ class Amqp091Connection(asyncio.Protocol):
                 503, f"COMMAND_INVALID - unexpected method '{method.NAME}' on channel 0",
                 method.CLASS_ID, method.METHOD_ID,
             )
+
+    def _on_update_secret(self, method) -> None:
+        """connection.update-secret (RabbitMQ 3.8+, clients refresh OAuth 2 tokens with it).
+
+        The new secret must authenticate this connection's user (as a PLAIN password), and the
+        user must still reach the vhost; the connection then goes on with that user's current
+        permissions.  RabbitMQ asks only backends whose credentials expire (OAuth 2) and accepts
+        any secret with its internal password backend; a backend that refuses closes the
+        connection with this 530, as here.
+        """
+        secret = method.new_secret if isinstance(method.new_secret, bytes) else str(method.new_secret).encode()
+        name = self.principal.name
+        try:
+            principal = self.broker.auth.authenticate("PLAIN", b"\x00" + name.encode() + b"\x00" + secret,
+                                                      self.peer_host)
+        except AuthError as exc:
+            log.info("connection %s: update-secret refused for user '%s': %s", self.peer, name, exc)
+            raise ConnectionException(530, "NOT_ALLOWED - New secret was refused by one of the backends",
+                                      method.CLASS_ID, method.METHOD_ID) from exc
+        if not principal.may_access_vhost(self.vhost):
+            raise ConnectionException(
+                530, f"NOT_ALLOWED - access to vhost '{self.vhost}' refused for user '{name}'",
+                method.CLASS_ID, method.METHOD_ID)
+        self.principal = principal
+        self.send_method(0, m.ConnectionUpdateSecretOk())
 
     def _on_start_ok(self, method) -> None:
         self.client_properties = method.client_properties or {}
@@ -439,13 +472,28 @@ class Amqp091Connection(asyncio.Protocol):
         self.flush()
         self._close_handle = self._loop.call_later(CLOSE_OK_TIMEOUT, self._finish_close)
 
-    def _finish_close(self) -> None:
+    def _finish_close(self, linger: bool = False) -> None:
+        """Send what is queued and end the connection; frames that arrive later are discarded.
+
+        ``linger``: we answered the client's connection.close, so the client closes the socket;
+        release the connection's resources now and close ours only if it has not done so within
+        ``CLOSE_LINGER_MAX`` (or its heartbeat timeout, if shorter).
+        """
         if self.state == CLOSED:
             return
         self.flush()
         self.state = CLOSED
         self._cancel_timers()
-        self.transport.close()
+        if not linger:
+            self.transport.close()
+            return
+        if self.conn_id is not None:
+            self.broker.unregister(self.conn_id)
+        if self._reading_paused:  # keep reading, to see the client's end of the stream
+            self._reading_paused = False
+            self.transport.resume_reading()
+        wait = self.heartbeat if 0 < self.heartbeat < CLOSE_LINGER_MAX else CLOSE_LINGER_MAX
+        self._close_handle = self._loop.call_later(wait, self.transport.close)
 
     def _cancel_timers(self) -> None:
         for handle in (self._heartbeat_handle, self._close_handle, self._handshake_handle):

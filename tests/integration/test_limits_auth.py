@@ -349,9 +349,9 @@ def test_connection_limit_refuses_the_next_connection_with_530(conn_limit_node, 
 # channel_max
 # ==========================================================================================================
 def test_channel_max_is_offered_in_tune_and_enforced(limits_node, opener):
-    """channel_max = 5: connection.tune offers channel-max 5 ("Usable channel numbers are in the range
-    1..channel-max", reference 1.4.2.5.1). pika negotiates it and refuses a sixth channel itself
-    (NoFreeChannels); a channel.open on number 6 regardless is a connection error 530 not-allowed."""
+    """channel_max = 5: connection.tune offers channel-max 5 (reference 1.4.2.5.1). pika negotiates it
+    and refuses a sixth channel itself (NoFreeChannels); a sixth channel.open regardless (number 6) is a
+    connection error 530 not-allowed: five channels are open."""
     node = limits_node
     with RawClient(node.host, node.port) as c:
         hs = raw_handshake(c)
@@ -374,16 +374,18 @@ def test_channel_max_is_offered_in_tune_and_enforced(limits_node, opener):
     round_trip(node.url)  # the node itself is fine
 
 
-def test_raw_channel_open_above_channel_max_is_530(limits_node):
-    """The same limit on the wire: after tune-ok echoing channel-max 5, channel 5 opens and channel 6 is
-    answered with connection.close 530 naming channel.open (reference 1.5.2.1, class 20 method 10)."""
+def test_raw_channel_open_beyond_channel_max_open_channels_is_530(limits_node):
+    """The same limit on the wire, as RabbitMQ applies it (docs/design.md, "Channel numbers"): after
+    tune-ok echoing channel-max 5, channel numbers above 5 open while fewer than five channels are
+    open; a sixth open channel is answered with connection.close 530."""
     with RawClient(limits_node.host, limits_node.port) as c:
         assert raw_handshake(c).opened
-        c.open_channel(5)
-        c.send(r.channel_open(6))
+        for number in (5, 6, 4000, 65535, 1):
+            c.open_channel(number)
+        c.send(r.channel_open(2))
         close = c.expect_connection_close()
         assert close.reply_code == 530, close
-        assert (close.class_id, close.method_id) == r.CHANNEL_OPEN
+        assert "channel_max (5)" in close.reply_text, close
 
 
 def test_tune_ok_channel_max_above_the_offer_is_refused(limits_node):
