@@ -387,11 +387,11 @@ class Amqp091Connection(asyncio.Protocol):
             log.info("connection %s: update-secret refused for user '%s': %s", self.peer, name, exc)
             raise ConnectionException(530, "NOT_ALLOWED - New secret was refused by one of the backends",
                                       method.CLASS_ID, method.METHOD_ID) from exc
-        if not principal.may_access_vhost(self.vhost):
-            raise ConnectionException(
-                530, f"NOT_ALLOWED - access to vhost '{self.vhost}' refused for user '{name}'",
-                method.CLASS_ID, method.METHOD_ID)
-        self.principal = principal
+        try:
+            access = Access.open(principal, self.vhost)
+        except AccessRefused as exc:
+            raise ConnectionException(530, f"NOT_ALLOWED - {exc.text}", method.CLASS_ID, method.METHOD_ID) from None
+        self.principal, self.access = principal, access
         self.send_method(0, m.ConnectionUpdateSecretOk())
 
     def _on_start_ok(self, method) -> None:
