@@ -42,6 +42,7 @@ def status_of(broker: Broker) -> dict:
         "connections": len(broker.endpoints),
         "clustered": broker.config.clustered,
         "event_seq": broker.machine.event_seq,
+        "apply_internal_errors": broker.machine.internal_errors,
     }
     if broker.events is not None:
         # Equal to event_seq once the audit writer has caught up with everything applied.

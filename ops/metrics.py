@@ -40,6 +40,10 @@ class BrokerCollector:
                                          labels=["node"])
             family.add_metric([node], value)
             yield family
+        errors = CounterMetricFamily("raftmq_apply_internal_errors", "commands whose apply raised a bug (541)",
+                                     labels=["node"])
+        errors.add_metric([node], machine.internal_errors)
+        yield errors
         ready = GaugeMetricFamily("raftmq_queue_messages_ready", "messages ready for delivery",
                                   labels=["node", "vhost", "queue"])
         unacked = GaugeMetricFamily("raftmq_queue_messages_unacked", "messages delivered, not acknowledged",

@@ -309,7 +309,10 @@ class ClusterLog:
                     commands = decode_batch(blob)
                 except FormatTooNew as exc:
                     stop_for_newer_format(f"Raft entry {index}", exc)
-                outputs = machine.apply_batch(now, commands, index, (origin, seq), replies=origin == self.origin)
+                effects = machine.apply(now, commands, index, (origin, seq), replies=origin == self.origin)
+                if effects.events:
+                    machine.carry_out(effects)  # the audit history (no LMDB mirror in a cluster)
+                outputs = effects.outputs
                 self.batches_applied += 1
                 self.commands_applied += len(commands)
                 if origin == self.origin:

@@ -97,11 +97,13 @@ class LocalLog:
         if not batch:
             return
         now_us = self._clock() // 1000
-        outputs = self.machine.apply_batch(now_us, batch)
+        effects = self.machine.apply(now_us, batch)
+        self.machine.carry_out(effects)  # the LMDB commit and the audit events
+        outputs = effects.outputs
         self.batches_applied += 1
         self.commands_applied += len(batch)
         self._batch_no += 1
-        needs = self._batch_no if self.machine.sync_needed else 0
+        needs = self._batch_no if effects.sync_needed else 0
         if needs:
             self._sync_wanted_upto = self._batch_no
         if not self._held and needs == 0:

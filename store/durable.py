@@ -1,8 +1,9 @@
 """The LMDB mirror of durable broker state.
 
-One LMDB environment per node with named databases (tables). The state machine writes through a
-``DurableWriter`` during one apply batch (one write transaction per batch: group commit); the node
-loads everything back with ``DurableStore.load`` at start.
+One LMDB environment per node with named databases (tables). Applying a batch records the
+operations that keep this mirror in step (``PersistenceRecorder``, as effects: apply does no I/O);
+the single-node log commits them with ``DurableStore.commit``, one write transaction per batch
+(group commit); the node loads everything back with ``DurableStore.load`` at start.
 
 Key layouts (all big-endian so LMDB's byte order is the natural order):
   meta        b"counters" -> msgpack [next_qid, next_msg_id]; b"applied" -> msgpack index;
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 import lmdb
 import msgpack
 
+from .effects import DELETE, DELETE_PREFIX, PUT
 from .versions import STORE_FORMAT, check
 
 _U64 = struct.Struct(">Q")
@@ -100,8 +102,31 @@ class DurableStore:
         """fsync everything committed so far (called off the event loop)."""
         self.env.sync(True)
 
-    def writer(self) -> DurableWriter:
-        return DurableWriter(self)
+    def commit(self, ops: list[tuple], counters: tuple[int, int], applied_index: int | None = None) -> None:
+        """Perform one batch's persistence operations (``PersistenceRecorder``) in one transaction,
+        with the id counters (and the applied index, when there is one).  Nothing to do, no
+        transaction.  Not fsynced here: ``sync`` is (group commit, see raft/local.py)."""
+        if not ops and applied_index is None:
+            return
+        db = self.db
+        with self.env.begin(write=True) as txn:
+            for op in ops:
+                kind, table = op[0], db[op[1]]
+                if kind == PUT:
+                    txn.put(op[2], op[3], db=table)
+                elif kind == DELETE:
+                    txn.delete(op[2], db=table)
+                else:  # DELETE_PREFIX
+                    prefix, size = op[2], len(op[2])
+                    cursor = txn.cursor(db=table)
+                    if cursor.set_range(prefix):
+                        while cursor.key()[:size] == prefix:
+                            if not cursor.delete():
+                                break
+            meta = db["meta"]
+            txn.put(b"counters", _pack(list(counters)), db=meta)
+            if applied_index is not None:
+                txn.put(b"applied", _pack(applied_index), db=meta)
 
     def load(self) -> LoadedState:
         state = LoadedState()
@@ -147,49 +172,28 @@ class DurableStore:
             return [(bytes(k), bytes(v)) for k, v in txn.cursor(db=self.db[table])]
 
 
-class DurableWriter:
-    """The write side used by one apply batch; opens its LMDB transaction only when needed."""
+def binding_key(vhost: str, source: str, dest_is_queue: bool, dest: str, rk: str, args: dict) -> bytes:
+    return _pack([vhost, source, dest_is_queue, dest, rk, args])
 
-    __slots__ = ("_store", "_txn", "sync_needed")
 
-    def __init__(self, store: DurableStore) -> None:
-        self._store = store
-        self._txn: lmdb.Transaction | None = None
+class PersistenceRecorder:
+    """Records, during one apply, the LMDB operations that keep the durable mirror in step with the
+    model (``store/effects.py``): apply itself does no I/O; ``DurableStore.commit`` performs them
+    after it, in one write transaction per batch (group commit)."""
+
+    __slots__ = ("ops", "sync_needed")
+
+    def __init__(self) -> None:
+        self.ops: list[tuple] = []
         self.sync_needed = False
 
-    @property
-    def txn(self) -> lmdb.Transaction:
-        if self._txn is None:
-            self._txn = self._store.env.begin(write=True)
-        return self._txn
-
-    @property
-    def touched(self) -> bool:
-        return self._txn is not None
-
-    def commit(self, counters: tuple[int, int], applied_index: int | None) -> None:
-        if self._txn is None and applied_index is None:
-            return
-        txn = self.txn
-        meta = self._store.db["meta"]
-        txn.put(b"counters", _pack(list(counters)), db=meta)
-        if applied_index is not None:
-            txn.put(b"applied", _pack(applied_index), db=meta)
-        txn.commit()
-        self._txn = None
-
-    def abort(self) -> None:
-        if self._txn is not None:
-            self._txn.abort()
-            self._txn = None
-
     def _put(self, table: str, key: bytes, value: bytes, durable_promise: bool = True) -> None:
-        self.txn.put(key, value, db=self._store.db[table])
+        self.ops.append((PUT, table, key, value))
         if durable_promise:
             self.sync_needed = True
 
     def _delete(self, table: str, key: bytes) -> None:
-        self.txn.delete(key, db=self._store.db[table])
+        self.ops.append((DELETE, table, key))
 
     def put_vhost(self, name: str) -> None:
         self._put("vhosts", name.encode(), b"")
@@ -212,18 +216,8 @@ class DurableWriter:
 
     def delete_queue(self, vhost: str, name: str, qid: int) -> None:
         self._delete("queues", _pack([vhost, name]))
-        txn, entries = self.txn, self._store.db["entries"]
-        cursor = txn.cursor(db=entries)
-        prefix = _U64.pack(qid)
-        if cursor.set_range(prefix):
-            while cursor.key()[:8] == prefix:
-                if not cursor.delete():
-                    break
+        self.ops.append((DELETE_PREFIX, "entries", _U64.pack(qid)))
         self.sync_needed = True
-
-    @staticmethod
-    def binding_key(vhost: str, source: str, dest_is_queue: bool, dest: str, rk: str, args: dict) -> bytes:
-        return _pack([vhost, source, dest_is_queue, dest, rk, args])
 
     def put_binding(self, key: bytes) -> None:
         self._put("bindings", key, b"")

@@ -1,11 +1,12 @@
 """The broker state machine: the protocol-independent core every front end drives.
 
-``StateMachine.apply_batch(now, commands)`` applies a batch of commands (see ``commands.py``) in
-order and returns the *outputs* for the connections involved, in order: replies to requests,
-deliveries to consumers, server-side consumer cancels. Same commands in, same state and outputs on
+``StateMachine.apply(now, commands)`` applies a batch of commands (see ``commands.py``) in order and
+returns its *effects* (``effects.py``): the outputs for the connections involved, in order (replies
+to requests, deliveries to consumers, server-side consumer cancels), the operations that keep the
+single-node LMDB mirror in step, and audit events. Same commands in, same state and effects out on
 every node: apply never reads a clock (``now`` comes with the batch, stamped by the proposer), never
-draws random numbers, never iterates a ``set`` (hash order varies per process), and never does I/O
-except writing the durable mirror through ``DurableWriter`` (one LMDB write transaction per batch).
+draws random numbers, never iterates a ``set`` (hash order varies per process), and does no I/O:
+the node carries the effects out.
 
 Routing, queueing, delivery assignment to consumers (round-robin among consumers with credit),
 acknowledgements, TTL, dead-lettering, length limits and priorities all happen here, so every
@@ -34,7 +35,8 @@ from .commands import (
     Op,
     ok,
 )
-from .durable import DurableStore, DurableWriter
+from .durable import DurableStore, PersistenceRecorder, binding_key
+from .effects import Effects
 from .model import ChannelState, Consumer, Entry, Exchange, Message, Queue, ReadyList, Session, VHost
 from .routing import Binding
 from .sessions import SessionMixin
@@ -163,7 +165,11 @@ class StateMachine(SessionMixin, UserMixin):
         # The owner identity of the command being applied when it is not its connection: an AMQP
         # 0-10 session (exclusive queues belong to the session and survive its failover).
         self._caller_owner: str | None = None
-        self._w: DurableWriter | None = None
+        # The LMDB mirror is kept in step only for a machine loaded from one (single node): apply
+        # then records persistence operations (effects) instead of writing.
+        self.persists = store is not None
+        self.internal_errors = 0  # commands that raised something other than CommandError (a bug)
+        self._persist: PersistenceRecorder | None = None
         self._handlers: dict[int, Callable[[list], object]] = {
             Op.CHANNEL_OPEN: self._channel_open,
             Op.CHANNEL_CLOSE: self._channel_close,
@@ -200,13 +206,10 @@ class StateMachine(SessionMixin, UserMixin):
 
     # ------------------------------------------------------------------ applying
 
-    @property
-    def sync_needed(self) -> bool:
-        return self._w is not None and self._w.sync_needed
-
-    def apply_batch(self, now: int, commands: list, index: int | None = None,
-                    batch_id: tuple[str, int] | None = None, replies: bool = True) -> list:
-        """Apply ``commands`` at time ``now`` (microseconds); return the outputs in order.
+    def apply(self, now: int, commands: list, index: int | None = None,
+              batch_id: tuple[str, int] | None = None, replies: bool = True) -> Effects:
+        """Apply ``commands`` at time ``now`` (microseconds): the model changes, and the returned
+        ``Effects`` say what the node must do about it (store/effects.py).  No I/O happens here.
 
         ``replies`` False leaves out the replies (``OUT_REPLY``): they go to the connections that
         issued the commands, all on the node that proposed the batch, so the other nodes of a
@@ -218,6 +221,7 @@ class StateMachine(SessionMixin, UserMixin):
         the replicated state, hence deterministic). ``batch_id`` (origin, sequence) makes a
         retried batch a no-op.
         """
+        effects = Effects(index=index)
         if batch_id is not None:
             origin, seq = batch_id
             window = self.applied_batches.get(origin)
@@ -226,26 +230,39 @@ class StateMachine(SessionMixin, UserMixin):
             if not window.add(seq):
                 if index is not None:
                     self.applied_index = index
-                return []
+                return effects
         if now > self._now:
             self._now = now
-        self._out = out = []
+        self._out = effects.outputs
         self._replies = replies
-        self._w = self.store.writer() if self.store is not None else None
+        self._persist = PersistenceRecorder() if self.persists else None
         for command in commands:
             self._apply_one(command)
         if index is not None:
             self.applied_index = index
-        if self._w is not None:
-            try:
-                self._w.commit((self.next_qid, self.next_msg_id), index)
-            except Exception:
-                self._w.abort()
-                raise
+        if self._persist is not None:
+            effects.persistence, effects.sync_needed = self._persist.ops, self._persist.sync_needed
+            self._persist = None
         if self._events:
-            events, self._events = self._events, []
-            self.event_sink(index, events)
-        return out
+            effects.events, self._events = self._events, []
+        return effects
+
+    def apply_batch(self, now: int, commands: list, index: int | None = None,
+                    batch_id: tuple[str, int] | None = None, replies: bool = True) -> list:
+        """``apply``, then carry out its persistence and events here; the outputs.  For callers
+        that own the machine's store and history themselves (tests, tools); the logs carry the
+        effects out on their own (raft/local.py, raft/cluster.py)."""
+        effects = self.apply(now, commands, index, batch_id, replies)
+        self.carry_out(effects)
+        return effects.outputs
+
+    def carry_out(self, effects: Effects) -> None:
+        """Commit the persistence to the LMDB store this machine was loaded from, if any, and hand
+        the events to ``event_sink``."""
+        if self.store is not None and (effects.persistence or effects.index is not None):
+            self.store.commit(effects.persistence, (self.next_qid, self.next_msg_id), effects.index)
+        if effects.events and self.event_sink is not None:
+            self.event_sink(effects.index, effects.events)
 
     def _event(self, kind: int, queue: Queue | None, message: Message, detail: str = "",
                vhost: str = "") -> None:
@@ -278,8 +295,14 @@ class StateMachine(SessionMixin, UserMixin):
                 # A channel exception closes the channel: later commands from it are refused
                 # (an 0-10 execution exception destroys the session the same way).
                 self._close_channel(command[1], command[3], error=True)
-        except Exception:  # a bug must not take the node down: answer internal-error
-            log.exception("apply failed for op %s", op)
+        except Exception:
+            # A bug, not a refusal (refusals raise CommandError before changing anything).  Every
+            # replica applies the same command with the same code, so they all fail alike and stay
+            # identical; stopping instead would stop every node on the same log entry, and again
+            # at each restart.  So: 541 to the client, the traceback in the log, and a count that
+            # status.json and the metrics show (docs/design.md, "A bug inside apply").
+            self.internal_errors += 1
+            log.exception("apply failed for op %s (internal error %d)", op, self.internal_errors)
             result = (ERR, 541, "INTERNAL_ERROR - internal error applying command")
         token = command[2] if len(command) > 2 else None
         if self._replies and (token is not None or (result[0] == ERR and command[1] is not None)):
@@ -335,8 +358,8 @@ class StateMachine(SessionMixin, UserMixin):
             vhost.exchanges[ex_name] = Exchange(name, ex_name, ex_type, True, False, False, {})
             self._definition_event(EV.EXCHANGE_DECLARED, name, exchange=ex_name, detail=ex_type,
                                    definition=(True, False, False, {}))
-        if self._w is not None:
-            self._w.put_vhost(name)
+        if self._persist is not None:
+            self._persist.put_vhost(name)
         return None
 
     def _channel_open(self, cmd: list) -> None:
@@ -469,8 +492,8 @@ class StateMachine(SessionMixin, UserMixin):
         vhost.exchanges[name] = Exchange(vhost_name, name, type_, durable, auto_delete, internal, args)
         self._definition_event(EV.EXCHANGE_DECLARED, vhost_name, exchange=name, detail=type_,
                                definition=(bool(durable), bool(auto_delete), bool(internal), args))
-        if durable and self._w is not None:
-            self._w.put_exchange(vhost_name, name, type_, auto_delete, internal, args)
+        if durable and self._persist is not None:
+            self._persist.put_exchange(vhost_name, name, type_, auto_delete, internal, args)
         return None
 
     def _exchange_delete(self, cmd: list) -> None:
@@ -502,8 +525,8 @@ class StateMachine(SessionMixin, UserMixin):
             if source is not None:
                 self._remove_binding(vhost, source, binding)
         self._definition_event(EV.EXCHANGE_DELETED, vhost.name, exchange=exchange.name, detail=exchange.type)
-        if exchange.durable and self._w is not None:
-            self._w.delete_exchange(vhost.name, exchange.name)
+        if exchange.durable and self._persist is not None:
+            self._persist.delete_exchange(vhost.name, exchange.name)
 
     def _binding_endpoints(self, vhost: VHost, source: str, dest_is_queue: bool, dest: str, conn: str):
         if source == "" or (not dest_is_queue and dest == ""):
@@ -537,12 +560,12 @@ class StateMachine(SessionMixin, UserMixin):
         exchange.rebuild()
         self.inbound.setdefault((vhost.name, binding.dest_is_queue, binding.destination), []).append(binding)
         self._binding_event(EV.BOUND, vhost, binding)
-        if exchange.durable and dest_durable and self._w is not None:
-            self._w.put_binding(self._binding_key(vhost, binding))
+        if exchange.durable and dest_durable and self._persist is not None:
+            self._persist.put_binding(self._binding_key(vhost, binding))
 
     @staticmethod
     def _binding_key(vhost: VHost, b: Binding) -> bytes:
-        return DurableWriter.binding_key(vhost.name, b.source, b.dest_is_queue, b.destination,
+        return binding_key(vhost.name, b.source, b.dest_is_queue, b.destination,
                                          b.routing_key, b.arguments)
 
     def _unbind(self, vhost: VHost, exchange: Exchange, wanted: Binding) -> None:
@@ -564,8 +587,8 @@ class StateMachine(SessionMixin, UserMixin):
             inbound.remove(binding)
             if not inbound:
                 del self.inbound[(vhost.name, binding.dest_is_queue, binding.destination)]
-        if exchange.durable and self._w is not None:
-            self._w.delete_binding(self._binding_key(vhost, binding))
+        if exchange.durable and self._persist is not None:
+            self._persist.delete_binding(self._binding_key(vhost, binding))
         if exchange.auto_delete and not exchange.bindings:
             self._delete_exchange(exchange)
 
@@ -619,8 +642,8 @@ class StateMachine(SessionMixin, UserMixin):
         self._register_queue(vhost, queue)
         self._definition_event(EV.QUEUE_DECLARED, vhost_name, queue=name, detail=owner or "",
                                definition=(bool(durable), bool(exclusive), bool(auto_delete), args))
-        if durable and not exclusive and self._w is not None:
-            self._w.put_queue(vhost_name, name, queue.qid, auto_delete, args)
+        if durable and not exclusive and self._persist is not None:
+            self._persist.put_queue(vhost_name, name, queue.qid, auto_delete, args)
         return ok((name, 0, 0))
 
     def _configure_queue(self, queue: Queue, args: dict) -> None:
@@ -778,8 +801,8 @@ class StateMachine(SessionMixin, UserMixin):
                 self._remove_binding(vhost, source, binding)
         self._dirty.pop(queue.qid, None)
         self._definition_event(EV.QUEUE_DELETED, vhost.name, queue=queue.name)
-        if queue.durable and queue.exclusive_owner is None and self._w is not None:
-            self._w.delete_queue(vhost.name, queue.name, queue.qid)
+        if queue.durable and queue.exclusive_owner is None and self._persist is not None:
+            self._persist.delete_queue(vhost.name, queue.name, queue.qid)
 
     # ------------------------------------------------------------------ consumers
 
@@ -939,12 +962,12 @@ class StateMachine(SessionMixin, UserMixin):
         size = len(message.body)
         queue.ready_bytes += size
         self.message_bytes += size
-        if durable and self._w is not None:
+        if durable and self._persist is not None:
             if message.refs == 0:
-                self._w.put_message(message.id, [message.exchange, message.routing_key, message.properties,
+                self._persist.put_message(message.id, [message.exchange, message.routing_key, message.properties,
                                                  message.body, message.priority, message.published_at])
             message.refs += 1
-            self._w.put_entry(queue.qid, entry.seq, [message.id, expires_at, priority, 0])
+            self._persist.put_entry(queue.qid, entry.seq, [message.id, expires_at, priority, 0])
         if expires_at is not None:
             self.expiring[queue.qid] = queue
         if queue.max_length is not None or queue.max_length_bytes is not None:
@@ -1043,8 +1066,8 @@ class StateMachine(SessionMixin, UserMixin):
         entry.holder = holder
         ch.unacked[(queue.qid, entry.seq)] = (queue, entry)
         queue.unacked_count += 1
-        if entry.durable and self._w is not None:
-            self._w.put_entry(queue.qid, entry.seq, [entry.message.id, entry.expires_at, entry.priority,
+        if entry.durable and self._persist is not None:
+            self._persist.put_entry(queue.qid, entry.seq, [entry.message.id, entry.expires_at, entry.priority,
                                                      entry.delivery_count], durable_promise=False)
 
     def _get(self, cmd: list):
@@ -1135,8 +1158,8 @@ class StateMachine(SessionMixin, UserMixin):
 
     def _drop(self, queue: Queue, entry: Entry) -> None:
         """Remove an entry for good (acked, rejected, expired, purged, dropped)."""
-        if entry.durable and self._w is not None:
-            self._w.delete_entry(queue.qid, entry.seq)
+        if entry.durable and self._persist is not None:
+            self._persist.delete_entry(queue.qid, entry.seq)
         self._release_message(entry)
 
     def _release_deleted(self, queue: Queue, entries: list[Entry]) -> None:
@@ -1149,7 +1172,7 @@ class StateMachine(SessionMixin, UserMixin):
         else:
             for entry in entries:
                 self._event(EV.DELETED, queue, entry.message)
-        if self._w is None:
+        if self._persist is None:
             self.message_bytes -= sum([len(entry.message.body) for entry in entries])
         else:
             for entry in entries:
@@ -1158,10 +1181,10 @@ class StateMachine(SessionMixin, UserMixin):
     def _release_message(self, entry: Entry) -> None:
         message = entry.message
         self.message_bytes -= len(message.body)
-        if entry.durable and self._w is not None:
+        if entry.durable and self._persist is not None:
             message.refs -= 1
             if message.refs == 0:
-                self._w.delete_message(message.id)
+                self._persist.delete_message(message.id)
 
     # ------------------------------------------------------------------ tx
 

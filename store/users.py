@@ -54,8 +54,8 @@ class UserMixin:
         name = cmd[4]
         if self.users.pop(name, None) is None:
             raise self._error(404, f"NOT_FOUND - no user '{name}'")
-        if self._w is not None:
-            self._w.delete_user(name)
+        if self._persist is not None:
+            self._persist.delete_user(name)
 
     def _permission_set(self, cmd: list) -> None:
         name, vhost, configure, write, read = cmd[4:9]
@@ -77,6 +77,6 @@ class UserMixin:
         return user
 
     def _store_user(self, user: UserRecord) -> None:
-        if self._w is not None:
-            self._w.put_user(user.name, [user.password_hash, user.tags, user.loopback_only,
+        if self._persist is not None:
+            self._persist.put_user(user.name, [user.password_hash, user.tags, user.loopback_only,
                                          {vh: list(p) for vh, p in user.permissions.items()}])
