@@ -37,7 +37,10 @@ from .commands import (
 )
 from .durable import DurableStore, PersistenceRecorder, binding_key
 from .effects import Effects
+from .errors import HARD_ERRORS, CommandError
+from .headers import add_x_death, message_headers
 from .model import ChannelState, Consumer, Entry, Exchange, Message, Queue, ReadyList, Session, VHost
+from .queue_args import EQUIVALENCE_ARGS, QueueSettings, parse_queue_arguments
 from .routing import Binding
 from .sessions import SessionMixin
 from .users import UserMixin, UserRecord
@@ -55,49 +58,6 @@ DEFAULT_EXCHANGES = (
     ("amq.match", "headers"),
     ("amq.failover", "failover"),
 )
-# The x-arguments whose value must match on a queue redeclare (as RabbitMQ checks them).
-EQUIVALENCE_ARGS = (
-    "x-message-ttl",
-    "x-dead-letter-exchange",
-    "x-dead-letter-routing-key",
-    "x-max-length",
-    "x-max-length-bytes",
-    "x-overflow",
-    "x-max-priority",
-    "x-expires",
-)
-REPLY_NAMES = {
-    311: "CONTENT_TOO_LARGE",
-    312: "NO_ROUTE",
-    313: "NO_CONSUMERS",
-    320: "CONNECTION_FORCED",
-    402: "INVALID_PATH",
-    403: "ACCESS_REFUSED",
-    404: "NOT_FOUND",
-    405: "RESOURCE_LOCKED",
-    406: "PRECONDITION_FAILED",
-    501: "FRAME_ERROR",
-    502: "SYNTAX_ERROR",
-    503: "COMMAND_INVALID",
-    504: "CHANNEL_ERROR",
-    505: "UNEXPECTED_FRAME",
-    506: "RESOURCE_ERROR",
-    530: "NOT_ALLOWED",
-    540: "NOT_IMPLEMENTED",
-    541: "INTERNAL_ERROR",
-}
-HARD_ERRORS = frozenset((320, 402, 501, 502, 503, 504, 505, 506, 530, 540, 541))
-
-
-class CommandError(Exception):
-    """A command refused by the state: becomes an ``(ERR, code, text)`` result."""
-
-    def __init__(self, code: int, text: str) -> None:
-        super().__init__(code, text)
-        self.code = code
-        self.text = f"{REPLY_NAMES.get(code, 'ERROR')} - {text}"
-
-
 def _b(flag: bool) -> str:
     return "true" if flag else "false"
 
@@ -635,9 +595,10 @@ class StateMachine(SessionMixin, UserMixin):
             return ok((name, len(existing.ready), len(existing.consumers)))
         if name.startswith("amq.") and not server_named:
             raise CommandError(403, f"queue name '{name}' contains reserved prefix 'amq.*'")
+        settings = parse_queue_arguments(args, name, vhost_name)  # refused before anything changes
         owner = (self._caller_owner or conn) if exclusive else None  # 0-10: the session owns it
         queue = Queue(self.next_qid, vhost_name, name, durable, owner, auto_delete, args)
-        self._configure_queue(queue, args)
+        self._configure_queue(queue, settings)
         self.next_qid += 1
         self._register_queue(vhost, queue)
         self._definition_event(EV.QUEUE_DECLARED, vhost_name, queue=name, detail=owner or "",
@@ -646,47 +607,17 @@ class StateMachine(SessionMixin, UserMixin):
             self._persist.put_queue(vhost_name, name, queue.qid, auto_delete, args)
         return ok((name, 0, 0))
 
-    def _configure_queue(self, queue: Queue, args: dict) -> None:
-        """Validate and apply the x-arguments RabbitMQ clients use (406 on a bad value)."""
-
-        def int_arg(key: str, low: int, high: int | None = None) -> int | None:
-            if key not in args:
-                return None
-            value = as_int(args[key])
-            if value is None or value < low or (high is not None and value > high):
-                raise CommandError(
-                    406, f"invalid arg '{key}' for queue '{queue.name}' in vhost '{queue.vhost}': "
-                    f"{args[key]!r}"
-                )
-            return value
-
-        def str_arg(key: str) -> str | None:
-            if key not in args:
-                return None
-            value = args[key]
-            if isinstance(value, bytes):
-                value = value.decode("utf-8", "replace")
-            if not isinstance(value, str):
-                raise CommandError(
-                    406, f"invalid arg '{key}' for queue '{queue.name}' in vhost '{queue.vhost}': {value!r}"
-                )
-            return value
-
-        queue.message_ttl = int_arg("x-message-ttl", 0)
-        queue.max_length = int_arg("x-max-length", 0)
-        queue.max_length_bytes = int_arg("x-max-length-bytes", 0)
-        queue.max_priority = int_arg("x-max-priority", 0, 255) or 0
-        expires = int_arg("x-expires", 1)
-        queue.dead_letter_exchange = str_arg("x-dead-letter-exchange")
-        queue.dead_letter_routing_key = str_arg("x-dead-letter-routing-key")
-        overflow = str_arg("x-overflow") or "drop-head"
-        if overflow not in ("drop-head", "reject-publish", "reject-publish-dlx"):
-            raise CommandError(
-                406, f"invalid arg 'x-overflow' for queue '{queue.name}' in vhost '{queue.vhost}': {overflow!r}"
-            )
-        queue.overflow = overflow
+    def _configure_queue(self, queue: Queue, settings: QueueSettings) -> None:
+        """Give a new queue its x-argument settings (validated already: parse_queue_arguments)."""
+        queue.message_ttl = settings.message_ttl
+        queue.max_length = settings.max_length
+        queue.max_length_bytes = settings.max_length_bytes
+        queue.max_priority = settings.max_priority
+        queue.dead_letter_exchange = settings.dead_letter_exchange
+        queue.dead_letter_routing_key = settings.dead_letter_routing_key
+        queue.overflow = settings.overflow
         queue.ready = ReadyList(queue.max_priority)
-        if expires is not None:
+        if settings.expires is not None:
             self.idle_expiring[queue.qid] = queue
             self.queue_last_used[queue.qid] = self._now
 
@@ -906,7 +837,7 @@ class StateMachine(SessionMixin, UserMixin):
 
         def headers() -> dict:
             if not headers_cache:
-                headers_cache.append(_message_headers(props))
+                headers_cache.append(message_headers(props))
             return headers_cache[0]
 
         found: dict[int, Queue] = {}
@@ -1284,7 +1215,7 @@ class StateMachine(SessionMixin, UserMixin):
         routing_key = queue.dead_letter_routing_key
         if routing_key is None:
             routing_key = message.routing_key
-        props = _add_x_death(message, queue, reason, self._now)
+        props = add_x_death(message, queue, reason, self._now)
         dead = Message(self.next_msg_id, dlx_name, routing_key, props, message.body, message.persistent,
                        message.priority, self._now)
         self.next_msg_id += 1
@@ -1312,7 +1243,7 @@ class StateMachine(SessionMixin, UserMixin):
         for vhost_name, name, qid, auto_delete, args in state.queues:
             vhost = self.vhosts.setdefault(vhost_name, VHost(vhost_name))
             queue = Queue(qid, vhost_name, name, True, None, auto_delete, args)
-            self._configure_queue(queue, args)
+            self._configure_queue(queue, parse_queue_arguments(args, queue.name, queue.vhost))
             self._register_queue(vhost, queue)
         for vhost_name, source, dest_is_queue, dest, rk, args in state.bindings:
             vhost = self.vhosts.get(vhost_name)
@@ -1341,54 +1272,3 @@ class StateMachine(SessionMixin, UserMixin):
             queue.next_seq = max(queue.next_seq, seq + 1)
             if expires_at is not None:
                 self.expiring[qid] = queue
-
-
-def _message_headers(props: bytes) -> dict:
-    from raftmq.protocol.amqp091.properties import decode_properties
-
-    from .values import to_plain
-
-    try:
-        headers = decode_properties(props).headers
-    except Exception:
-        return {}
-    return to_plain(headers) if headers else {}
-
-
-def _add_x_death(message: Message, queue: Queue, reason: str, now: int) -> bytes:
-    """The message's properties with RabbitMQ's x-death bookkeeping updated for this dead-lettering."""
-    from raftmq.protocol.amqp091.fieldtable import Timestamp
-    from raftmq.protocol.amqp091.properties import decode_properties, encode_properties
-
-    props = decode_properties(message.properties)
-    headers = dict(props.headers or {})
-    deaths = list(headers.get("x-death") or [])
-    routing_keys = [message.routing_key]
-    record = None
-    for i, death in enumerate(deaths):
-        if isinstance(death, dict) and death.get("queue") == queue.name and death.get("reason") == reason:
-            record = deaths.pop(i)
-            break
-    if record is None:
-        record = {
-            "count": 0,
-            "reason": reason,
-            "queue": queue.name,
-            "time": Timestamp(now // 1_000_000),
-            "exchange": message.exchange,
-            "routing-keys": routing_keys,
-        }
-    else:
-        record = dict(record)
-    record["count"] = int(record.get("count", 0)) + 1
-    if reason == "expired" and props.expiration is not None:
-        record["original-expiration"] = props.expiration
-    deaths.insert(0, record)
-    headers["x-death"] = deaths
-    headers.setdefault("x-first-death-reason", reason)
-    headers.setdefault("x-first-death-queue", queue.name)
-    headers.setdefault("x-first-death-exchange", message.exchange)
-    props.headers = headers
-    if reason == "expired":
-        props.expiration = None
-    return encode_properties(props)

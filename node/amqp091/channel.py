@@ -20,7 +20,7 @@ from raftmq.protocol.amqp091.errors import AMQPError
 from raftmq.protocol.amqp091.frames import WholePublish, encode_content, encode_delivery, encode_method_frame
 from raftmq.protocol.amqp091.properties import decode_content_header, peek_properties
 from raftmq.store.commands import REJECTED, UNROUTABLE, Op
-from raftmq.store.machine import HARD_ERRORS
+from raftmq.store.errors import HARD_ERRORS
 from raftmq.store.values import to_plain
 
 from ..core.access import WRITE, AccessRefused
