@@ -35,7 +35,7 @@ def write_cluster_files(data_dir: Path, nodes: int, host: str, amqp_base: int, r
 
 def cluster_up(nodes: int = 3, host: str = "127.0.0.1", amqp_base: int = 5672, raft_base: int = 4401,
                data_dir: str = "data", log_level: str = "INFO", metrics_base: int = 15692,
-               admin_base: int = 15672) -> int:
+               admin_base: int = 15680, http_base: int = 15672) -> int:
     root = Path(data_dir)
     config = write_cluster_files(root, nodes, host, amqp_base, raft_base)
     procs: list[subprocess.Popen] = []
@@ -50,11 +50,19 @@ def cluster_up(nodes: int = 3, host: str = "127.0.0.1", amqp_base: int = 5672, r
     for i in range(nodes):
         node_id = f"n{i + 1}"
         cmd = [sys.executable, "-m", "raftmq", "server", "--config", str(config), "--node-id", node_id,
-               "--port", str(amqp_base + i), "--data-dir", str(root / node_id), "--log-level", log_level,
-               "--metrics-port", str(metrics_base + i), "--admin-port", str(admin_base + i)]
+               "--port", str(amqp_base + i), "--data-dir", str(root / node_id), "--log-level", log_level]
+        where = [f"amqp://guest:guest@{host}:{amqp_base + i}/%2F"]
+        if http_base:
+            cmd += ["--http-port", str(http_base + i)]
+            where.append(f"management API http://{host}:{http_base + i}/api/overview")
+        if metrics_base:
+            cmd += ["--metrics-port", str(metrics_base + i)]
+            where.append(f"metrics http://{host}:{metrics_base + i}/metrics")
+        if admin_base:
+            cmd += ["--admin-port", str(admin_base + i)]
+            where.append(f"gRPC admin {host}:{admin_base + i}")
         procs.append(subprocess.Popen(cmd))
-        print(f"started {node_id} (pid {procs[-1].pid}): amqp://guest:guest@{host}:{amqp_base + i}/%2F, "
-              f"metrics http://{host}:{metrics_base + i}/metrics, admin {host}:{admin_base + i}", flush=True)
+        print(f"started {node_id} (pid {procs[-1].pid}): {', '.join(where)}", flush=True)
     print(f"cluster config: {config}; Ctrl-C stops all {nodes} nodes", flush=True)
     try:
         while not stopping:
