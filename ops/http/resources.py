@@ -8,7 +8,6 @@ meets (configure to declare or delete, read to purge or get, write to publish...
 from __future__ import annotations
 
 import base64
-from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -40,12 +39,11 @@ def _visible_vhosts(request: web.Request, vhost: str | None):
 
 
 def _vhost_arg(request: web.Request) -> str | None:
-    vhost = request.match_info.get("vhost")
-    return unquote(vhost) if vhost is not None else None
+    return request.match_info.get("vhost")  # (aiohttp decodes path parameters once: %2F is "/")
 
 
 def _name(request: web.Request, key: str = "name") -> str:
-    return unquote(request.match_info[key])
+    return request.match_info[key]
 
 
 # ------------------------------------------------------------------ queues

@@ -13,7 +13,6 @@ import os
 import resource
 import shutil
 import time
-from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -150,7 +149,7 @@ async def list_nodes(request: web.Request) -> web.Response:
 
 async def get_node(request: web.Request) -> web.Response:
     require(request, MONITORING)
-    wanted = unquote(request.match_info["name"])
+    wanted = request.match_info["name"]
     for node in _nodes(context(request).broker):
         if node["name"] == wanted:
             return reply(node)
@@ -211,7 +210,7 @@ async def list_connections(request: web.Request) -> web.Response:
 
 
 def _find_connection(request: web.Request):
-    wanted = unquote(request.match_info["name"])
+    wanted = request.match_info["name"]
     for conn_id, endpoint in _connections(request):
         if wanted in (_connection_name(endpoint, context(request).broker.config), conn_id):
             return conn_id, endpoint
@@ -262,7 +261,7 @@ async def list_channels(request: web.Request) -> web.Response:
 async def aliveness(request: web.Request) -> web.Response:
     """Declare a queue named aliveness-test, publish to it and get the message back (RabbitMQ's
     test: a round trip through the log on a healthy cluster)."""
-    vhost = unquote(request.match_info["vhost"])
+    vhost = request.match_info["vhost"]
     require_vhost(request, vhost, change=True)
     control = context(request).control
     await control.declare_queue(vhost, "aliveness-test", False)

@@ -15,7 +15,6 @@ them is refused (400) rather than silently dropped; empty lists are accepted.
 from __future__ import annotations
 
 import re
-from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -93,7 +92,7 @@ async def list_users(request: web.Request) -> web.Response:
 
 async def get_user(request: web.Request) -> web.Response:
     require(request, ADMINISTRATOR)
-    name = unquote(request.match_info["name"])
+    name = request.match_info["name"]
     for row in _users(context(request).broker):
         if row["name"] == name:
             return reply(row)
@@ -102,7 +101,7 @@ async def get_user(request: web.Request) -> web.Response:
 
 async def put_user(request: web.Request) -> web.Response:
     require(request, ADMINISTRATOR)
-    name = unquote(request.match_info["name"])
+    name = request.match_info["name"]
     data = await body(request)
     existed = name in context(request).broker.machine.users
     await _put_user(request, name, data)
@@ -124,7 +123,7 @@ async def _put_user(request: web.Request, name: str, data: dict) -> None:
 
 async def delete_user(request: web.Request) -> web.Response:
     require(request, ADMINISTRATOR)
-    name = unquote(request.match_info["name"])
+    name = request.match_info["name"]
     broker = context(request).broker
     if name not in broker.machine.users:
         if name in broker.config.users:
@@ -151,7 +150,7 @@ async def list_permissions(request: web.Request) -> web.Response:
 
 
 def _permission_key(request: web.Request) -> tuple[str, str]:
-    return unquote(request.match_info["vhost"]), unquote(request.match_info["user"])
+    return request.match_info["vhost"], request.match_info["user"]
 
 
 async def get_permission(request: web.Request) -> web.Response:
@@ -217,7 +216,7 @@ async def list_vhosts(request: web.Request) -> web.Response:
 
 
 async def get_vhost(request: web.Request) -> web.Response:
-    name = unquote(request.match_info["name"])
+    name = request.match_info["name"]
     require_vhost(request, name)
     broker = context(request).broker
     return reply(_vhost_view(broker, broker.machine.vhosts[name]))
@@ -225,7 +224,7 @@ async def get_vhost(request: web.Request) -> web.Response:
 
 async def put_vhost(request: web.Request) -> web.Response:
     require(request, ADMINISTRATOR)
-    name = unquote(request.match_info["name"])
+    name = request.match_info["name"]
     existed = name in context(request).broker.machine.vhosts
     await context(request).control.add_vhost(name)
     return web.Response(status=204 if existed else 201)
