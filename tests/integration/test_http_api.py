@@ -365,3 +365,20 @@ def test_definitions_with_rabbitmq_password_hash(api):
     refused = api("POST", "/api/definitions", body={"policies": [{"name": "p", "vhost": "/", "pattern": ".*",
                                                                   "definition": {}}]})
     assert refused[0] == 400
+
+
+def test_admin_cli_credentials(node):
+    from tests.support.cli import raftmq
+
+    address = f"127.0.0.1:{node.admin_port}"
+    done = raftmq("admin", "--address", address, "--json", "users", timeout=30)  # guest/guest by default
+    assert done.returncode == 0 and ADMIN[0] in done.stdout, done.stderr
+    done = raftmq("admin", "--address", address, "--user", MGMT[0], "--password", MGMT[1], "queues", timeout=30)
+    assert done.returncode == 1 and "PERMISSION_DENIED" in done.stderr
+    done = raftmq("admin", "--address", address, "--password", "wrong", "queues", timeout=30)
+    assert done.returncode == 1 and "UNAUTHENTICATED" in done.stderr
+    done = raftmq("admin", "--address", address, "--user", ADMIN[0], "--password", ADMIN[1], "put-user",
+                  "cli-made", "--password", "cli-pw", "--tag", "management", timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert call(f"http://127.0.0.1:{node.http_port}", "GET", "/api/whoami", ("cli-made", "cli-pw"))[1] == {
+        "name": "cli-made", "tags": ["management"]}
