@@ -382,3 +382,31 @@ def test_admin_cli_credentials(node):
     assert done.returncode == 0, done.stderr
     assert call(f"http://127.0.0.1:{node.http_port}", "GET", "/api/whoami", ("cli-made", "cli-pw"))[1] == {
         "name": "cli-made", "tags": ["management"]}
+
+
+def test_https_with_http_tls_cert(tmp_path):
+    """http_tls_cert / http_tls_key: the API over TLS only (a plaintext request gets no answer)."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from tests.integration.test_tls import self_signed
+    from tests.support.http_api import basic_auth
+
+    cert, key = self_signed(tmp_path)
+    port = free_port()
+    with RaftmqNode(tmp_path / "n", extra_args=["--http-port", str(port)],
+                    env={"RAFTMQ_HTTP_TLS_CERT": str(cert), "RAFTMQ_HTTP_TLS_KEY": str(key)}):
+        context = ssl.create_default_context(cafile=str(cert))
+        request = urllib.request.Request(f"https://localhost:{port}/api/whoami", headers=basic_auth(GUEST))
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with urllib.request.urlopen(request, context=context, timeout=5) as response:
+                    assert response.status == 200 and b'"administrator"' in response.read()
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            urllib.request.urlopen(f"http://localhost:{port}/api/whoami", timeout=5)

@@ -12,6 +12,10 @@ from urllib.parse import quote
 GUEST = ("guest", "guest")
 
 
+def basic_auth(auth: tuple[str, str]) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()}
+
+
 def path(*parts: str) -> str:
     """``/api/queues/%2F/name``: every part percent-encoded, ``/`` included (RabbitMQ's URLs)."""
     return "/api/" + "/".join(quote(p, safe="") if i else p for i, p in enumerate(parts))
@@ -25,7 +29,7 @@ def call(base: str, method: str, url_path: str, auth: tuple[str, str] | None = G
     if data is not None:
         request.add_header("Content-Type", "application/json")
     if auth is not None:
-        request.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
+        request.headers.update(basic_auth(auth))
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             status, raw = response.status, response.read()
