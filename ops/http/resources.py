@@ -288,11 +288,10 @@ def _pair(request: web.Request):
 
 
 def _pair_bindings(machine_vhost, vhost, source, destination, to_queue) -> list[dict]:
-    rows = [] if source else [default_binding(vhost, machine_vhost.queues[destination])] if to_queue else []
-    if source:
-        rows = [binding_view(vhost, b) for b in machine_vhost.exchanges[source].bindings
-                if b.destination == destination and b.dest_is_queue == to_queue]
-    return rows
+    if not source:  # the default exchange: its implicit binding to every queue
+        return [default_binding(vhost, machine_vhost.queues[destination])] if to_queue else []
+    return [binding_view(vhost, b) for b in machine_vhost.exchanges[source].bindings
+            if b.destination == destination and b.dest_is_queue == to_queue]
 
 
 async def list_pair(request: web.Request) -> web.Response:

@@ -20,8 +20,18 @@ from raftmq.protocol.amqp091.properties import BasicProperties, encode_propertie
 from raftmq.store.commands import ROUTED
 
 from ..control import AdminEndpoint
-from ..operator import MONITORING
-from .common import columns, context, forbidden, not_found, operator, reply, require, require_vhost
+from ..operator import MONITORING, POLICYMAKER
+from .common import (
+    bad_request,
+    columns,
+    context,
+    forbidden,
+    not_found,
+    operator,
+    reply,
+    require,
+    require_vhost,
+)
 from .views import MANAGEMENT_VERSION, PRODUCT, node_name
 
 STARTED = time.time()
@@ -301,6 +311,16 @@ async def extensions(request: web.Request) -> web.Response:
     return reply([])
 
 
+async def list_policies(request: web.Request) -> web.Response:
+    """raftmq has no policies (nor parameters): an empty list, as RabbitMQ shows with none set."""
+    return reply([])
+
+
+async def put_policy(request: web.Request) -> web.Response:
+    require(request, POLICYMAKER)
+    raise bad_request("raftmq has no policies: set queue arguments (x-message-ttl, x-max-length...) instead")
+
+
 def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/api/overview", overview)
@@ -316,3 +336,8 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/health/checks/virtual-hosts", virtual_hosts_check)
     r.add_get("/api/whoami", whoami)
     r.add_get("/api/extensions", extensions)
+    for kind in ("policies", "operator-policies", "parameters"):
+        r.add_get(f"/api/{kind}", list_policies)
+        r.add_get(f"/api/{kind}/{{vhost}}", list_policies)
+        r.add_put(f"/api/{kind}/{{vhost}}/{{name}}", put_policy)
+        r.add_delete(f"/api/{kind}/{{vhost}}/{{name}}", put_policy)

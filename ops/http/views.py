@@ -37,7 +37,6 @@ def queue_view(broker: Broker, queue: Queue, rates: Rates) -> dict:
         "durable": queue.durable,
         "auto_delete": queue.auto_delete,
         "exclusive": exclusive,
-        "owner_pid_details": {"name": queue.exclusive_owner} if exclusive else None,
         "arguments": dict(queue.arguments or {}),
         "node": node_name(broker),
         "type": "classic",
@@ -58,8 +57,8 @@ def queue_view(broker: Broker, queue: Queue, rates: Rates) -> dict:
         "messages_ready_details": {"rate": rates.queue_rate(queue, "messages_ready")},
         "messages_unacknowledged_details": {"rate": rates.queue_rate(queue, "messages_unacknowledged")},
     }
-    if view["owner_pid_details"] is None:
-        del view["owner_pid_details"]
+    if exclusive:
+        view["owner_pid_details"] = {"name": queue.exclusive_owner}  # the owning connection
     return view
 
 

@@ -100,6 +100,7 @@ MUTATIONS = [
     ("DELETE", path("vhosts", OTHER_VHOST), None, "administrator"),
     ("POST", "/api/definitions", {"queues": [{"name": "intruder", "vhost": "/", "durable": True}]},
      "administrator"),
+    ("PUT", path("policies", "/", "intruder"), {"pattern": ".*", "definition": {"max-length": 1}}, "policymaker"),
 ]
 READS_NEEDING_TAGS = [
     ("GET", "/api/users", "administrator"),
@@ -141,7 +142,7 @@ def test_mutation_refused_without_credentials_or_rights(guarded, method, url_pat
     # Monitoring users may look at everything but change only vhosts they have permissions in
     # (none here), and have no administrator rights.
     assert api(method, url_path, auth=MONITOR, body=body)[0] == 403
-    if needs == "administrator":
+    if needs in ("administrator", "policymaker"):
         assert api(method, url_path, auth=MGMT, body=body)[0] == 403
     assert _state(api) == before  # nothing changed
 
