@@ -106,7 +106,7 @@ def cluster_up(nodes: int = 3, host: str = "127.0.0.1", amqp_base: int = 5672, r
         where = [f"amqp://guest:guest@{host}:{amqp_base + i}/%2F"]
         if http_base:
             cmd += ["--http-port", str(http_base + i)]
-            where.append(f"management API http://{host}:{http_base + i}/api/overview")
+            where.append(f"management UI http://{host}:{http_base + i}/ (API /api/)")
         if metrics_base:
             cmd += ["--metrics-port", str(metrics_base + i)]
             where.append(f"metrics http://{host}:{metrics_base + i}/metrics")

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from .rates import Rates
 
 FORBIDDEN_STATUS = 403
+# The management page needs a login too: the browser then sends the same basic credentials with
+# every API call of the page (same origin, at or below "/").
+PROTECTED_PAGES = frozenset(("/api", "/", "/index.html"))
 REALM = 'Basic realm="RabbitMQ Management"'
 
 
@@ -160,7 +163,7 @@ async def body(request: web.Request) -> dict:
 async def authenticate(request: web.Request, handler):
     """Every /api path needs a management user (RabbitMQ has no anonymous management access)."""
     try:
-        if request.path.startswith("/api/") or request.path == "/api":
+        if request.path.startswith("/api/") or request.path in PROTECTED_PAGES:
             peer = request.remote
             op = context(request).gatekeeper.login_header(request.headers.get("Authorization"), peer)
             if op is None:

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -30,10 +31,22 @@ def build_app(broker: Broker, gatekeeper: Gatekeeper | None = None) -> tuple[web
     rates = Rates(broker)
     app = web.Application(middlewares=[authenticate], client_max_size=64 << 20)
     app[CONTEXT] = Context(broker, Control(broker), gatekeeper or Gatekeeper(broker), rates)
+    app.router.add_get("/", _page)
+    app.router.add_get("/index.html", _page)
     resources.add_routes(app)
     system.add_routes(app)
     users.add_routes(app)
     return app, rates
+
+
+PAGE = Path(__file__).with_name("static") / "index.html"
+
+
+async def _page(request: web.Request) -> web.Response:
+    """The management page (ops/http/static/index.html): it reads this node's API."""
+    return web.Response(text=PAGE.read_text(), content_type="text/html",
+                        headers={"Content-Security-Policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; "
+                                                            "style-src 'self' 'unsafe-inline'"})
 
 
 def _tls(broker: Broker) -> ssl.SSLContext | None:

@@ -72,7 +72,7 @@ def test_a_killed_node_is_restarted_and_ctrl_c_stops_all(tmp_path):
                     pids[m.group(1)] = int(m.group(2))
             time.sleep(0.1)
         assert len(pids) == 3, lines
-        assert any(f"http://127.0.0.1:{http}/api/overview" in line for line in lines)  # the API's URL
+        assert any(f"management UI http://127.0.0.1:{http}/" in line for line in lines)  # the UI's URL
         deadline = time.monotonic() + 30
         while not all(probe_amqp("127.0.0.1", amqp + i) for i in range(3)):
             assert time.monotonic() < deadline, lines
