@@ -38,17 +38,26 @@ class AdminEndpoint:
         self._tokens = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
         self._channel_open = False
+        self._opening = asyncio.Lock()  # concurrent requests reopen the channel once
 
     async def command(self, op: Op, *args):
         """Apply a command through the log on the admin channel; its result value (raises on ERR)."""
         if not self._channel_open:
-            # After an error the channel may be closed (a channel exception) or still open (a
-            # connection-level code such as 530): close it either way -- a no-op when it is gone --
-            # and open it afresh.
-            await self._request([Op.CHANNEL_CLOSE, self.conn_id, None, ADMIN_CHANNEL])
-            await self._request([Op.CHANNEL_OPEN, self.conn_id, None, ADMIN_CHANNEL])
-            self._channel_open = True
+            async with self._opening:
+                if not self._channel_open:
+                    # After an error the channel may be closed (a channel exception) or still open
+                    # (a connection-level code such as 530): close it either way -- a no-op when it
+                    # is gone -- and open it afresh.
+                    await self._request([Op.CHANNEL_CLOSE, self.conn_id, None, ADMIN_CHANNEL])
+                    await self._request([Op.CHANNEL_OPEN, self.conn_id, None, ADMIN_CHANNEL])
+                    self._channel_open = True
         return await self._request([op, self.conn_id, None, ADMIN_CHANNEL, *args])
+
+    def reset_channel(self) -> None:
+        """Close the admin channel now (what it holds unacked goes back to its queues); the next
+        command opens it again."""
+        self._channel_open = False
+        self.broker.submit([Op.CHANNEL_CLOSE, self.conn_id, None, ADMIN_CHANNEL])
 
     async def add_vhost(self, name: str) -> None:
         """VHOST_ADD has no channel: ``[op, conn, token, name]`` (the reply still comes here)."""
@@ -168,19 +177,25 @@ class Control:
             raise AdminError(400, f"ackmode must be one of {', '.join(GET_ACK_MODES)}")
         fetched: list[Fetched] = []
         refs: list[tuple[int, int]] = []
-        # (An error half way closes the admin channel, which requeues what it held.)
-        for _ in range(count):
-            got = await self.endpoint.command(Op.GET, vhost, queue, False)
-            if got is None:
-                break
-            qid, seq, redelivered, message, remaining = got
-            refs.append((qid, seq))
-            fetched.append(Fetched(message, redelivered, remaining))
-        if refs:
-            if ackmode == "ack_requeue_false":
-                await self.endpoint.command(Op.ACK, refs)
-            else:
-                await self.endpoint.command(Op.NACK, refs, ackmode.endswith("requeue_true"))
+        try:
+            for _ in range(count):
+                got = await self.endpoint.command(Op.GET, vhost, queue, False)
+                if got is None:
+                    break
+                qid, seq, redelivered, message, remaining = got
+                refs.append((qid, seq))
+                fetched.append(Fetched(message, redelivered, remaining))
+            if refs:
+                if ackmode == "ack_requeue_false":
+                    await self.endpoint.command(Op.ACK, refs)
+                else:
+                    await self.endpoint.command(Op.NACK, refs, ackmode.endswith("requeue_true"))
+        except BaseException:
+            # Failed or cancelled half way (a timeout, the caller gone): whatever was taken must not
+            # stay unacked on the admin channel for good -- closing it requeues it.
+            if refs:
+                self.endpoint.reset_channel()
+            raise
         return fetched
 
     async def put_user(self, name: str, password_hash: str, tags: list[str], loopback_only: bool = False) -> None:

@@ -7,6 +7,7 @@ meets (configure to declare or delete, read to purge or get, write to publish...
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 from aiohttp import web
@@ -121,7 +122,9 @@ async def get_messages(request: web.Request) -> web.Response:
     if encoding not in ("auto", "base64"):
         raise bad_request("encoding must be auto or base64")
     truncate = data.get("truncate")
-    fetched = await context(request).control.get(vhost, queue.name, max(0, min(count, 10_000)), ackmode)
+    # Shielded: a client going away must not cut the get between taking and settling messages.
+    fetched = await asyncio.shield(context(request).control.get(vhost, queue.name, max(0, min(count, 10_000)),
+                                                                ackmode))
     out = []
     for item in fetched:
         message = item.message
