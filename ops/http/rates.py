@@ -27,12 +27,19 @@ MESSAGE_STATS = {
 }
 
 
-def _queue_sample(queue: Queue) -> tuple[int, int, int]:
+def queue_published(queue: Queue) -> int:
+    """Messages enqueued into the queue: its entries are numbered from 1 (store/machine.py), so the
+    next number tells how many it was given (since it was declared; on a single node restarted,
+    since its oldest surviving message)."""
+    return queue.next_seq - 1
+
+
+def _queue_sample(queue: Queue) -> tuple[int, int, int, int]:
     ready, unacked = len(queue.ready), queue.unacked_count
-    return ready + unacked, ready, unacked
+    return ready + unacked, ready, unacked, queue_published(queue)
 
 
-_QUEUE_FIELDS = ("messages", "messages_ready", "messages_unacknowledged")
+_QUEUE_FIELDS = ("messages", "messages_ready", "messages_unacknowledged", "publish")
 
 
 class Rates:
@@ -75,4 +82,5 @@ class Rates:
         if queue.qid not in a or queue.qid not in b:
             return 0.0
         i = _QUEUE_FIELDS.index(field)
-        return round((b[queue.qid][i] - a[queue.qid][i]) / max(t1 - t0, 1e-6), 1)
+        rate = round((b[queue.qid][i] - a[queue.qid][i]) / max(t1 - t0, 1e-6), 1)
+        return max(rate, 0.0) if field == "publish" else rate

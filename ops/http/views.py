@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .rates import queue_published
+
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
     from raftmq.store.model import Exchange, Queue
@@ -56,6 +58,10 @@ def queue_view(broker: Broker, queue: Queue, rates: Rates) -> dict:
         "messages_details": {"rate": rates.queue_rate(queue, "messages")},
         "messages_ready_details": {"rate": rates.queue_rate(queue, "messages_ready")},
         "messages_unacknowledged_details": {"rate": rates.queue_rate(queue, "messages_unacknowledged")},
+        # RabbitMQ's queue message_stats also count deliveries and acks; raftmq counts those per
+        # node only (overview), so a queue tells its publishes (KEDA's MessageRate reads this).
+        "message_stats": {"publish": queue_published(queue),
+                          "publish_details": {"rate": rates.queue_rate(queue, "publish")}},
     }
     if exclusive:
         view["owner_pid_details"] = {"name": queue.exclusive_owner}  # the owning connection

@@ -119,6 +119,13 @@ def test_same_operations_same_answers(targets):
             out["after nack"] = _pick(view, ("messages", "messages_ready", "messages_unacknowledged"))
         finally:
             conn.close()
+        deadline = time.monotonic() + 15  # RabbitMQ's message_stats are collected too
+        while (t("GET", path("queues", "/", q))[1].get("message_stats") or {}).get("publish") != 4:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        stats = t("GET", path("queues", "/", q))[1].get("message_stats") or {}
+        out["queue publish count"] = (stats.get("publish"), "rate" in stats.get("publish_details", {}))
         out["exchange view"] = _pick(t("GET", path("exchanges", "/", x))[1], EXCHANGE_FIELDS)
         out["bindings"] = sorted((_pick(b, BINDING_FIELDS) for b in t("GET", path("queues", "/", q, "bindings"))[1]),
                                  key=repr)
