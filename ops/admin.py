@@ -300,8 +300,8 @@ class CredentialsInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None or not handler_call_details.method.startswith(f"/{ADMIN_SERVICE}/"):
             return handler
-        if handler.unary_unary is None:  # (the admin service has unary methods only)
-            return handler
+        if handler.unary_unary is None:
+            return None  # the admin service has unary methods only: any other is UNIMPLEMENTED, never open
         inner, gatekeeper = handler.unary_unary, self.gatekeeper
 
         def checked(request, context):

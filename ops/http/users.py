@@ -118,7 +118,12 @@ async def _put_user(request: web.Request, name: str, data: dict) -> None:
         import secrets
 
         stored = hash_password(secrets.token_urlsafe(24))
-    await context(request).control.put_user(name, stored, _tags(data.get("tags")))
+    # Loopback-only stays as it was: RabbitMQ keeps it in its configuration (loopback_users), so
+    # definitions imported from RabbitMQ -- which list guest -- must not open guest to the network.
+    broker = context(request).broker
+    record, configured = broker.machine.users.get(name), broker.config.users.get(name)
+    loopback_only = record.loopback_only if record is not None else bool(configured and configured.loopback_only)
+    await context(request).control.put_user(name, stored, _tags(data.get("tags")), loopback_only)
 
 
 async def delete_user(request: web.Request) -> web.Response:

@@ -482,3 +482,17 @@ def test_admin_channel_recovers_after_each_kind_of_error(node, api):
     assert api("PUT", path("queues", "no-such-vhost", name), body={})[0] == 404
     assert api("PUT", path("queues", "/", name), body={"durable": False})[0] == 400
     assert api("DELETE", path("queues", "/", name))[0] == 204
+
+
+def test_importing_guest_keeps_it_loopback_only(api, node):
+    """RabbitMQ's exports list guest; importing one must not let guest in from elsewhere."""
+    from raftmq.ops.admin import admin_stub
+    from raftmq.ops.proto import admin_pb2 as pb
+
+    definitions = {"users": [{"name": "guest", "password_hash": "/VaB3CSD82NaBvB3YevsTjgrX0IXTdB2hrOJw5WHv1Q0j79m",
+                              "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ["administrator"]}]}
+    assert api("POST", "/api/definitions", body=definitions)[0] == 204
+    users = admin_stub(f"127.0.0.1:{node.admin_port}").ListUsers(pb.Empty(), timeout=10).users
+    guest = next(u for u in users if u.name == "guest")
+    assert guest.source == "cluster" and guest.loopback_only
+    assert api("GET", "/api/whoami")[1] == {"name": "guest", "tags": ["administrator"]}
