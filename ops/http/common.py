@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING
@@ -71,16 +72,50 @@ def reply(data, status: int = 200) -> web.Response:
 
 
 def columns(request: web.Request, rows: list[dict]) -> web.Response:
-    """``?columns=a,b.c`` (rabbitmqadmin asks for the fields it shows) keeps only those keys;
-    ``?name=...`` filters by name like the UI's filter box (a plain substring)."""
-    wanted = request.query.get("columns")
-    name_filter = request.query.get("name")
+    """A list, shaped by RabbitMQ's query parameters: ``name`` filters by a substring of the name
+    (``use_regex=true``: a regular expression), ``sort``/``sort_reverse`` order by a (dotted) field,
+    ``columns=a,b.c`` keeps only those fields (rabbitmqadmin asks for what it shows), and ``page``
+    with ``page_size`` answers one page wrapped as RabbitMQ does ({"items": ..., "page_count"...})."""
+    query = request.query
+    item_count = len(rows)
+    name_filter = query.get("name")
     if name_filter:
-        rows = [r for r in rows if name_filter in str(r.get("name", ""))]
+        if query.get("use_regex") == "true":
+            try:
+                pattern = re.compile(name_filter)
+            except re.error as exc:
+                raise bad_request(f"bad regular expression: {exc}") from None
+            rows = [r for r in rows if pattern.search(str(r.get("name", "")))]
+        else:
+            rows = [r for r in rows if name_filter in str(r.get("name", ""))]
+    if query.get("sort"):
+        key = query["sort"].split(".")
+
+        def sort_key(row: dict):
+            value = row
+            for part in key:
+                value = value.get(part) if isinstance(value, dict) else None
+            return (value is None, str(type(value)), value if value is not None else 0)
+
+        rows = sorted(rows, key=sort_key, reverse=query.get("sort_reverse") == "true")
+    wanted = query.get("columns")
     if wanted:
         keep = [c.split(".")[0] for c in wanted.split(",") if c]
         rows = [{k: r[k] for k in keep if k in r} for r in rows]
-    return reply(rows)
+    if "page" not in query:
+        return reply(rows)
+    try:
+        page, page_size = int(query["page"]), int(query.get("page_size", 100))
+    except ValueError:
+        raise bad_request("page and page_size must be integers") from None
+    if page < 1 or not 1 <= page_size <= 500:
+        raise bad_request("page must be >= 1 and page_size between 1 and 500")
+    page_count = max(1, -(-len(rows) // page_size))
+    if page > page_count:
+        raise bad_request(f"page out of range: there are {page_count}")
+    items = rows[(page - 1) * page_size: page * page_size]
+    return reply({"items": items, "page": page, "page_count": page_count, "page_size": page_size,
+                  "filtered_count": len(rows), "item_count": item_count, "total_count": item_count})
 
 
 class HttpError(Exception):

@@ -346,6 +346,21 @@ async def queue_bindings(request: web.Request) -> web.Response:
     return reply(rows)
 
 
+async def exchange_bindings(request: web.Request) -> web.Response:
+    """.../bindings/source (bindings from this exchange) or .../bindings/destination (to it)."""
+    vhost, exchange = _exchange(request)
+    machine_vhost = context(request).broker.machine.vhosts[vhost]
+    if request.match_info["side"] == "source":
+        if exchange.name == "":
+            rows = [default_binding(vhost, q) for q in sorted(machine_vhost.queues.values(), key=lambda q: q.name)]
+        else:
+            rows = [binding_view(vhost, b) for b in exchange.bindings]
+    else:
+        rows = [binding_view(vhost, b) for e in sorted(machine_vhost.exchanges.values(), key=lambda e: e.name)
+                for b in e.bindings if not b.dest_is_queue and b.destination == exchange.name]
+    return reply(rows)
+
+
 def _flag(data: dict, key: str, default: bool) -> bool:
     value = data.get(key, default)
     if isinstance(value, str):
@@ -395,6 +410,7 @@ def add_routes(app: web.Application) -> None:
     r.add_put("/api/exchanges/{vhost}/{name}", put_exchange)
     r.add_delete("/api/exchanges/{vhost}/{name}", delete_exchange)
     r.add_post("/api/exchanges/{vhost}/{name}/publish", publish)
+    r.add_get("/api/exchanges/{vhost}/{name}/bindings/{side:source|destination}", exchange_bindings)
     r.add_get("/api/bindings", list_bindings)
     r.add_get("/api/bindings/{vhost}", list_bindings)
     pair = "/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{destination}"

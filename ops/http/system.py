@@ -72,7 +72,7 @@ async def overview(request: web.Request) -> web.Response:
         "product_version": _version(),
         "product_name": PRODUCT,
         "rabbitmq_version": MANAGEMENT_VERSION,
-        "cluster_name": f"raftmq@{broker.config.host}",
+        "cluster_name": f"raftmq@{config.host}",
         "node": node_name(broker),
         "disable_stats": False,
         "enable_queue_totals": True,
@@ -302,6 +302,24 @@ async def virtual_hosts_check(request: web.Request) -> web.Response:
     return reply({"status": "ok"})
 
 
+async def port_listener(request: web.Request) -> web.Response:
+    """Whether this node listens on a port (RabbitMQ's check of AMQP, TLS and HTTP listeners)."""
+    config = context(request).broker.config
+    try:
+        port = int(request.match_info["port"])
+    except ValueError:
+        raise bad_request("a port is a number") from None
+    ports = {p for p in (config.port, config.tls_port, config.http_port, config.admin_port, config.metrics_port) if p}
+    if port in ports:
+        return reply({"status": "ok", "port": port})
+    return reply({"status": "failed", "reason": f"no listener on port {port}", "missing": port,
+                  "ports": sorted(ports)}, status=503)
+
+
+async def cluster_name(request: web.Request) -> web.Response:
+    return reply({"name": f"raftmq@{context(request).broker.config.host}"})
+
+
 async def whoami(request: web.Request) -> web.Response:
     op = operator(request)
     return reply({"name": op.name, "tags": sorted(op.tags)})
@@ -334,6 +352,9 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/health/checks/alarms", alarms)
     r.add_get("/api/health/checks/local-alarms", alarms)
     r.add_get("/api/health/checks/virtual-hosts", virtual_hosts_check)
+    r.add_get("/api/health/checks/port-listener/{port}", port_listener)
+    r.add_get("/api/healthchecks/node", alarms)  # (deprecated in RabbitMQ 3.8, still probed by monitors)
+    r.add_get("/api/cluster-name", cluster_name)
     r.add_get("/api/whoami", whoami)
     r.add_get("/api/extensions", extensions)
     for kind in ("policies", "operator-policies", "parameters"):

@@ -154,6 +154,22 @@ async def list_permissions(request: web.Request) -> web.Response:
     return columns(request, _permissions(context(request).broker))
 
 
+async def user_permissions(request: web.Request) -> web.Response:
+    require(request, ADMINISTRATOR)
+    name = request.match_info["name"]
+    broker = context(request).broker
+    if name not in broker.machine.users and name not in broker.config.users:
+        raise not_found()
+    return reply([p for p in _permissions(broker) if p["user"] == name])
+
+
+async def vhost_permissions(request: web.Request) -> web.Response:
+    require(request, ADMINISTRATOR)
+    name = request.match_info["name"]
+    require_vhost(request, name)
+    return reply([p for p in _permissions(context(request).broker) if p["vhost"] == name])
+
+
 def _permission_key(request: web.Request) -> tuple[str, str]:
     return request.match_info["vhost"], request.match_info["user"]
 
@@ -321,6 +337,8 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/users/{name}", get_user)
     r.add_put("/api/users/{name}", put_user)
     r.add_delete("/api/users/{name}", delete_user)
+    r.add_get("/api/users/{name}/permissions", user_permissions)
+    r.add_get("/api/vhosts/{name}/permissions", vhost_permissions)
     r.add_get("/api/permissions", list_permissions)
     r.add_get("/api/permissions/{vhost}/{user}", get_permission)
     r.add_put("/api/permissions/{vhost}/{user}", put_permission)

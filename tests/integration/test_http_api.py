@@ -490,9 +490,47 @@ def test_importing_guest_keeps_it_loopback_only(api, node):
     from raftmq.ops.proto import admin_pb2 as pb
 
     definitions = {"users": [{"name": "guest", "password_hash": "/VaB3CSD82NaBvB3YevsTjgrX0IXTdB2hrOJw5WHv1Q0j79m",
-                              "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ["administrator"]}]}
+                              "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ["administrator"]}],
+                   "permissions": [{"user": "guest", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}]}
     assert api("POST", "/api/definitions", body=definitions)[0] == 204
     users = admin_stub(f"127.0.0.1:{node.admin_port}").ListUsers(pb.Empty(), timeout=10).users
     guest = next(u for u in users if u.name == "guest")
     assert guest.source == "cluster" and guest.loopback_only
     assert api("GET", "/api/whoami")[1] == {"name": "guest", "tags": ["administrator"]}
+
+
+def test_list_parameters_paging_sorting_filtering(api):
+    names = [unique("page") for _ in range(5)]
+    for i, name in enumerate(names):
+        api("PUT", path("queues", "/", name), body={"durable": False})
+        for _ in range(i):
+            api("POST", path("exchanges", "/", "amq.default", "publish"),
+                body={"properties": {}, "routing_key": name, "payload": "x", "payload_encoding": "string"})
+    status, page = api("GET", "/api/queues?page=2&page_size=2&name=page-&sort=messages&sort_reverse=true")
+    assert status == 200, page
+    assert (page["page"], page["page_size"], page["page_count"], page["filtered_count"]) == (2, 2, 3, 5)
+    assert [q["messages"] for q in page["items"]] == [2, 1]
+    rows = api("GET", "/api/queues?columns=name,messages&use_regex=true&name=^page-&sort=name")[1]
+    assert [r["name"] for r in rows] == sorted(names) and all(set(r) == {"name", "messages"} for r in rows)
+    assert api("GET", "/api/queues?page=9&page_size=2")[0] == 400
+
+
+def test_more_read_endpoints(api):
+    x, q = unique("ex"), unique("eq")
+    api("PUT", path("exchanges", "/", x), body={"type": "direct"})
+    api("PUT", path("queues", "/", q), body={})
+    api("POST", path("bindings", "/", "e", x, "q", q), body={"routing_key": "k"})
+    api("POST", path("bindings", "/", "e", "amq.direct", "e", x), body={"routing_key": "k2"})
+    source = api("GET", path("exchanges", "/", x, "bindings", "source"))[1]
+    assert [(b["destination"], b["routing_key"]) for b in source] == [(q, "k")]
+    destination = api("GET", path("exchanges", "/", x, "bindings", "destination"))[1]
+    assert [(b["source"], b["destination_type"], b["routing_key"]) for b in destination] == [
+        ("amq.direct", "exchange", "k2")]
+    assert {p["vhost"] for p in api("GET", path("users", ADMIN[0], "permissions"))[1]} == {"/", OTHER_VHOST}
+    assert MGMT[0] in {p["user"] for p in api("GET", path("vhosts", "/", "permissions"))[1]}
+    assert api("GET", path("users", MGMT[0], "permissions"), auth=MGMT)[0] == 403
+    listener = api("GET", path("health", "checks", "port-listener", str(api.base.rsplit(":", 1)[1])))
+    assert listener[1]["status"] == "ok", listener
+    assert api("GET", path("health", "checks", "port-listener", "1"))[0] == 503
+    assert api("GET", "/api/healthchecks/node")[1] == {"status": "ok"}
+    assert api("GET", "/api/cluster-name")[1]["name"]
