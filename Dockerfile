@@ -21,6 +21,6 @@ RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir $( [ -n "$(ls /opt/wheels/*.whl 2>/dev/null)" ] && echo --no-index --find-links /opt/wheels ) . \
     && rm -rf /opt/wheels
 ENV PATH=/opt/venv/bin:$PATH
-EXPOSE 5672 4401 15672 15692
+EXPOSE 5672 4401 15672 15680 15692
 HEALTHCHECK --interval=5s --timeout=3s --retries=5 CMD python3 -c "import socket; s = socket.create_connection(('127.0.0.1', 5672), 2); s.sendall(b'AMQP\x00\x00\x09\x01'); assert s.recv(8)"
-ENTRYPOINT ["raftmq", "server", "--config", "/etc/raftmq/cluster.toml", "--host", "0.0.0.0", "--port", "5672", "--data-dir", "/data", "--metrics-port", "15692", "--admin-port", "15672"]
+ENTRYPOINT ["raftmq", "server", "--config", "/etc/raftmq/cluster.toml", "--host", "0.0.0.0", "--port", "5672", "--data-dir", "/data", "--metrics-port", "15692", "--admin-port", "15680", "--http-port", "15672"]

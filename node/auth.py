@@ -27,7 +27,15 @@ def hash_password(password: str, *, salt: bytes | None = None, iterations: int =
     return f"{HASH_SCHEME}${iterations}${b64(salt).decode()}${b64(digest).decode()}"
 
 
+# RabbitMQ's password hashes (definitions imported from RabbitMQ keep their users' passwords):
+# base64(4 bytes of salt + digest(salt + password)), stored here as ``rabbit-<algorithm>$<base64>``.
+RABBIT_HASHES = {"rabbit_password_hashing_sha256": "sha256", "rabbit_password_hashing_sha512": "sha512",
+                 "rabbit_password_hashing_md5": "md5"}
+
+
 def verify_password(stored: str, password: str) -> bool:
+    if stored.startswith("rabbit-"):
+        return _verify_rabbit(stored, password)
     try:
         scheme, iterations, salt, digest = stored.split("$")
         if scheme != HASH_SCHEME:
@@ -37,6 +45,18 @@ def verify_password(stored: str, password: str) -> bool:
     except (ValueError, TypeError):
         return False
     return hmac.compare_digest(expected, actual)
+
+
+def _verify_rabbit(stored: str, password: str) -> bool:
+    algorithm, _, encoded = stored[len("rabbit-"):].partition("$")
+    if algorithm not in RABBIT_HASHES.values():
+        return False
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except ValueError:
+        return False
+    salt, expected = raw[:4], raw[4:]
+    return len(raw) > 4 and hmac.compare_digest(hashlib.new(algorithm, salt + password.encode()).digest(), expected)
 
 
 class AuthError(Exception):

@@ -5,14 +5,15 @@ work to the loop (``run_coroutine_threadsafe``) because the state machine belong
 thread; changes (declare, delete, purge) are commands through the log like any client's, issued
 on the admin's own channel, so they replicate and answer with the same errors.
 
-Bind address: the node's host, port ``admin_port`` (``raftmq cluster up`` uses 15672+i). There is no
-authentication yet: keep it on loopback or a private network.
+Bind address: the node's host, port ``admin_port`` (``raftmq cluster up`` uses 15680+i).  Every call
+but the standard health service needs a broker user with the administrator tag, as HTTP basic
+auth in the ``authorization`` metadata (ops/operator.py; ``raftmq admin --user/--password``,
+guest/guest by default, which RabbitMQ also admits from loopback only).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import re
 from concurrent import futures
@@ -21,85 +22,22 @@ from typing import TYPE_CHECKING
 import grpc
 
 from raftmq.raft.log import NotReplicated
-from raftmq.store.commands import ERR, Op
 
+from .control import AdminEndpoint, AdminError, Control
+from .operator import ADMINISTRATOR, Gatekeeper, basic_header
 from .proto import admin_pb2 as pb
 from .proto import admin_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
 
+__all__ = ["AdminEndpoint", "AdminError", "AdminService", "admin_stub", "serve_admin"]
+
 log = logging.getLogger(__name__)
 
-ADMIN_CHANNEL = 1
-GRPC_CODES = {404: grpc.StatusCode.NOT_FOUND, 405: grpc.StatusCode.FAILED_PRECONDITION,
-              406: grpc.StatusCode.FAILED_PRECONDITION, 403: grpc.StatusCode.PERMISSION_DENIED}
-
-
-class AdminEndpoint:
-    """The admin's pseudo-connection: receives the replies to its commands."""
-
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.conn_id = broker.register(self)
-        self._tokens = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future] = {}
-        self._channel_open = False
-
-    async def command(self, op: Op, *args):
-        """Apply a command through the log on the admin channel; its result value (raises on ERR)."""
-        if not self._channel_open:
-            self._channel_open = True
-            await self._request([Op.CHANNEL_OPEN, self.conn_id, None, ADMIN_CHANNEL])
-        return await self._request([op, self.conn_id, None, ADMIN_CHANNEL, *args])
-
-    async def _request(self, command: list):
-        token = next(self._tokens)
-        command[2] = token
-        future = asyncio.get_running_loop().create_future()
-        self._waiting[token] = future
-        self.broker.submit(command)
-        result = await asyncio.wait_for(future, 10)
-        if result[0] == ERR:
-            if result[1] not in (404, 405, 406, 403):
-                self._channel_open = False  # a hard error closed the admin channel
-            raise AdminError(result[1], result[2])
-        return result[1]
-
-    def on_reply(self, token, result, channel) -> None:
-        future = self._waiting.pop(token, None) if token is not None else None
-        if future is not None and not future.done():
-            future.set_result(result)
-        elif token is None and result[0] == ERR:
-            self._channel_open = False
-
-    def on_deliver(self, *args) -> None:
-        pass
-
-    def on_transfer(self, *args) -> None:
-        pass
-
-    def on_cancel(self, *args) -> None:
-        pass
-
-    def on_session_detached(self, *args) -> None:
-        pass
-
-    def on_forced_close(self, *args) -> None:
-        self._channel_open = False
-
-    def flush(self) -> None:
-        pass
-
-    def set_blocked(self, reason) -> None:
-        pass
-
-
-class AdminError(Exception):
-    def __init__(self, code: int, text: str) -> None:
-        super().__init__(text)
-        self.code = code
-        self.text = text
+GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
+              405: grpc.StatusCode.FAILED_PRECONDITION, 406: grpc.StatusCode.FAILED_PRECONDITION,
+              403: grpc.StatusCode.PERMISSION_DENIED}
 
 
 def _typed(value: str):
@@ -110,18 +48,13 @@ class AdminService(pb_grpc.AdminServicer):
     def __init__(self, broker: Broker, loop: asyncio.AbstractEventLoop) -> None:
         self.broker = broker
         self.loop = loop
-        self.endpoint: AdminEndpoint | None = None
+        self.control = Control(broker)
 
     def _run(self, coro, context):
         try:
             return asyncio.run_coroutine_threadsafe(coro, self.loop).result(15)
         except AdminError as exc:
             context.abort(GRPC_CODES.get(exc.code, grpc.StatusCode.INTERNAL), exc.text)
-
-    async def _endpoint(self) -> AdminEndpoint:
-        if self.endpoint is None:
-            self.endpoint = AdminEndpoint(self.broker)
-        return self.endpoint
 
     # ------------------------------------------------------------------ reads
 
@@ -202,51 +135,42 @@ class AdminService(pb_grpc.AdminServicer):
         return self._run(self._declare_exchange(request), context)
 
     async def _declare_exchange(self, r):
-        endpoint = await self._endpoint()
         args = {k: _typed(v) for k, v in r.arguments.items()}
-        await endpoint.command(Op.EXCHANGE_DECLARE, r.vhost or "/", r.name, r.type or "direct", False, r.durable,
-                               r.auto_delete, r.internal, args)
+        await self.control.declare_exchange(r.vhost or "/", r.name, r.type or "direct", r.durable, r.auto_delete,
+                                            r.internal, args)
         return pb.ExchangeInfo(vhost=r.vhost or "/", name=r.name, type=r.type or "direct", durable=r.durable)
 
     def DeleteExchange(self, request, context):  # noqa: N802
         return self._run(self._delete_exchange(request), context)
 
     async def _delete_exchange(self, r):
-        endpoint = await self._endpoint()
-        await endpoint.command(Op.EXCHANGE_DELETE, r.vhost or "/", r.name, r.if_unused)
+        await self.control.delete_exchange(r.vhost or "/", r.name, r.if_unused)
         return pb.Empty()
 
     def DeclareQueue(self, request, context):  # noqa: N802
         return self._run(self._declare(request), context)
 
     async def _declare(self, r):
-        endpoint = await self._endpoint()
         args = {k: _typed(v) for k, v in r.arguments.items()}
-        name, messages, consumers = await endpoint.command(
-            Op.QUEUE_DECLARE, r.vhost or "/", r.name, False, r.durable, False, r.auto_delete, args)
+        name, messages, consumers = await self.control.declare_queue(r.vhost or "/", r.name, r.durable,
+                                                                     r.auto_delete, args)
         return pb.QueueInfo(vhost=r.vhost or "/", name=name, durable=r.durable, auto_delete=r.auto_delete,
                             messages_ready=messages, consumers=consumers)
 
     def DeleteQueue(self, request, context):  # noqa: N802
-        return self._run(self._queue_op(Op.QUEUE_DELETE, request, False, False), context)
+        return self._run(self._count(self.control.delete_queue(request.vhost or "/", request.name)), context)
 
     def PurgeQueue(self, request, context):  # noqa: N802
-        return self._run(self._queue_op(Op.QUEUE_PURGE, request), context)
+        return self._run(self._count(self.control.purge_queue(request.vhost or "/", request.name)), context)
 
-    async def _queue_op(self, op, r, *extra):
-        endpoint = await self._endpoint()
-        count = await endpoint.command(op, r.vhost or "/", r.name, *extra)
-        return pb.Count(count=count or 0)
+    async def _count(self, coro):
+        return pb.Count(count=await coro)
 
     def CloseConnection(self, request, context):  # noqa: N802
         return self._run(self._close(request), context)
 
     async def _close(self, r):
-        endpoint = self.broker.endpoints.get(r.id)
-        if endpoint is None or isinstance(endpoint, AdminEndpoint):
-            raise AdminError(404, f"no connection '{r.id}' on this node")
-        endpoint.close_connection(320, f"CONNECTION_FORCED - {r.reason or 'closed by an administrator'}")
-        endpoint.flush()
+        self.control.close_connection(r.id, r.reason)
         return pb.Empty()
 
 
@@ -302,7 +226,7 @@ class AdminService(pb_grpc.AdminServicer):
     async def _list_users(self):
         managed = self.broker.machine.users
         users = [_user_info(u.name, u.tags, u.loopback_only, u.permissions, "cluster") for u in managed.values()]
-        users += [_user_info(name, [], u.loopback_only, u.permissions, "config")
+        users += [_user_info(name, u.tags, u.loopback_only, u.permissions, "config")
                   for name, u in self.broker.config.users.items() if name not in managed]
         return pb.UserList(users=sorted(users, key=lambda u: u.name))
 
@@ -313,11 +237,11 @@ class AdminService(pb_grpc.AdminServicer):
 
         # Hashed here, with fresh salt: the log and every node's store only ever see the hash.
         password_hash = hash_password(request.password)
-        return self._run(self._user_command(request.name, Op.USER_PUT, password_hash, list(request.tags),
+        return self._run(self._user_command(request.name, "put_user", password_hash, list(request.tags),
                                             request.loopback_only), context)
 
     def DeleteUser(self, request, context):  # noqa: N802
-        self._run(self._user_command(request.name, Op.USER_DELETE), context)
+        self._run(self._user_command(request.name, "delete_user"), context)
         return pb.Empty()
 
     def SetPermissions(self, request, context):  # noqa: N802
@@ -327,18 +251,18 @@ class AdminService(pb_grpc.AdminServicer):
                 re.compile(pattern)
             except re.error as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad regular expression {pattern!r}: {exc}")
-        return self._run(self._user_command(request.user, Op.PERMISSION_SET, request.vhost or "/", *patterns),
+        return self._run(self._user_command(request.user, "set_permissions", request.vhost or "/", *patterns),
                          context)
 
     def ClearPermissions(self, request, context):  # noqa: N802
-        return self._run(self._user_command(request.user, Op.PERMISSION_CLEAR, request.vhost or "/"), context)
+        return self._run(self._user_command(request.user, "clear_permissions", request.vhost or "/"), context)
 
-    async def _user_command(self, name: str, op: Op, *args):
-        if op != Op.USER_PUT and name not in self.broker.machine.users and name in self.broker.config.users:
+    async def _user_command(self, name: str, operation: str, *args):
+        if (operation != "put_user" and name not in self.broker.machine.users
+                and name in self.broker.config.users):
             raise AdminError(405, f"user '{name}' is defined in the configuration file; create it here "
                                   "(put-user) to manage it through the cluster")
-        endpoint = await self._endpoint()
-        await endpoint.command(op, name, *args)
+        await getattr(self.control, operation)(name, *args)
         user = self.broker.machine.users.get(name)
         if user is None:
             return pb.UserInfo(name=name)
@@ -364,16 +288,58 @@ def _user_info(name: str, tags, loopback_only: bool, permissions: dict, source: 
                                     for vh, p in sorted(permissions.items())])
 
 
+class CredentialsInterceptor(grpc.ServerInterceptor):
+    """Every admin call needs a user with the administrator tag (basic auth in the ``authorization``
+    metadata): UNAUTHENTICATED without valid credentials, PERMISSION_DENIED without the tag.  The
+    standard health service stays open, as load balancers probe it without credentials."""
+
+    def __init__(self, gatekeeper: Gatekeeper) -> None:
+        self.gatekeeper = gatekeeper
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or not handler_call_details.method.startswith(f"/{ADMIN_SERVICE}/"):
+            return handler
+        if handler.unary_unary is None:
+            return None  # the admin service has unary methods only: any other is UNIMPLEMENTED, never open
+        inner, gatekeeper = handler.unary_unary, self.gatekeeper
+
+        def checked(request, context):
+            metadata = dict(context.invocation_metadata())
+            operator = gatekeeper.login_header(metadata.get("authorization"), _peer_host(context.peer()))
+            if operator is None:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "login failed: the admin API needs a user "
+                              "and password (raftmq admin --user/--password)")
+            if not operator.has(ADMINISTRATOR):
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, f"user '{operator.name}' is not an administrator")
+            return inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(checked, request_deserializer=handler.request_deserializer,
+                                                   response_serializer=handler.response_serializer)
+
+
+def _peer_host(peer: str) -> str | None:
+    """gRPC's peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``) -> the host."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0]
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]")
+    return None
+
+
 ADMIN_SERVICE = "raftmq.admin.Admin"
 HEALTH_INTERVAL = 0.5  # seconds between refreshes of the standard health service
 
 
-def serve_admin(broker: Broker, loop: asyncio.AbstractEventLoop, host: str, port: int) -> grpc.Server:
+def serve_admin(broker: Broker, loop: asyncio.AbstractEventLoop, host: str, port: int,
+                gatekeeper: Gatekeeper | None = None) -> grpc.Server:
     """The admin service, plus the standard ``grpc.health.v1.Health`` service (for load balancers
     and orchestrators: SERVING while the node can make progress, i.e. has a cluster leader)."""
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="raftmq-admin"))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="raftmq-admin"),
+                         interceptors=[CredentialsInterceptor(gatekeeper or Gatekeeper(broker))])
     pb_grpc.add_AdminServicer_to_server(AdminService(broker, loop), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -400,11 +366,28 @@ def serve_admin(broker: Broker, loop: asyncio.AbstractEventLoop, host: str, port
     return server
 
 
-def admin_stub(address: str, tls_ca: str | None = None) -> pb_grpc.AdminStub:
-    """A client of a node's admin API; ``tls_ca``: a PEM file to verify a TLS admin port with."""
+class _Credentials(grpc.UnaryUnaryClientInterceptor):
+    """Adds basic-auth metadata to every call (also over plaintext: the admin port is meant for
+    loopback or a private network unless admin_tls_cert is set)."""
+
+    def __init__(self, header: str | None) -> None:
+        self.header = header
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        if self.header is not None:
+            metadata = list(client_call_details.metadata or []) + [("authorization", self.header)]
+            client_call_details = client_call_details._replace(metadata=metadata)
+        return continuation(client_call_details, request)
+
+
+def admin_stub(address: str, tls_ca: str | None = None, user: str | None = "guest",
+               password: str = "guest") -> pb_grpc.AdminStub:
+    """A client of a node's admin API; ``tls_ca``: a PEM file to verify a TLS admin port with;
+    ``user`` None sends no credentials (for tests of the refusal)."""
     if tls_ca:
         with open(tls_ca, "rb") as fh:
             channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=fh.read()))
     else:
         channel = grpc.insecure_channel(address)
-    return pb_grpc.AdminStub(channel)
+    header = basic_header(user, password) if user is not None else None
+    return pb_grpc.AdminStub(grpc.intercept_channel(channel, _Credentials(header)))

@@ -30,7 +30,7 @@ def run(args) -> int:
 
     from .admin import admin_stub
 
-    stub = admin_stub(args.address, args.tls_ca)
+    stub = admin_stub(args.address, args.tls_ca, args.auth_user, args.auth_password)
     try:
         reply, rows, columns = _call(stub, args)
     except grpc.RpcError as exc:
@@ -115,7 +115,10 @@ def _call(stub, args):
 
 def add_parser(sub) -> None:
     admin = sub.add_parser("admin", help="the node's gRPC admin API (status, queues, connections...)")
-    admin.add_argument("--address", default="127.0.0.1:15672", help="host:port of a node's admin port")
+    admin.add_argument("--address", default="127.0.0.1:15680", help="host:port of a node's admin port")
+    admin.add_argument("--user", dest="auth_user", default="guest",
+                       help="log in as this user, who needs the administrator tag (default guest)")
+    admin.add_argument("--password", dest="auth_password", default="guest", help="its password (default guest)")
     admin.add_argument("--json", action="store_true", help="JSON instead of tables")
     admin.add_argument("--tls-ca", help="CA certificate (PEM) to verify a TLS admin port (admin_tls_cert)")
     cmds = admin.add_subparsers(dest="admin_command", required=True)

@@ -22,6 +22,7 @@ def _server(args: argparse.Namespace) -> int:
         "log_format": args.log_format,
         "metrics_port": args.metrics_port,
         "admin_port": args.admin_port,
+        "http_port": args.http_port,
         "tls_port": args.tls_port,
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
@@ -39,7 +40,8 @@ def _cluster_up(args: argparse.Namespace) -> int:
     from .cluster_up import cluster_up
 
     return cluster_up(args.nodes, args.host, args.amqp_base_port, args.raft_base_port, args.data_dir,
-                      args.log_level)
+                      args.log_level, metrics_base=args.metrics_base_port, admin_base=args.admin_base_port,
+                      http_base=args.http_base_port)
 
 
 def _cluster_admin(args: argparse.Namespace) -> int:
@@ -122,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--log-format", choices=["text", "json"], help="log lines as text (default) or JSON")
     server.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (default off)")
     server.add_argument("--admin-port", type=int, help="serve the gRPC admin API on this port (default off)")
+    server.add_argument("--http-port", type=int,
+                        help="serve RabbitMQ's HTTP management API on this port (default off; RabbitMQ uses 15672)")
     server.add_argument("--tls-port", type=int, help="also serve AMQP over TLS on this port (default off)")
     server.add_argument("--tls-cert", help="PEM certificate chain for --tls-port")
     server.add_argument("--tls-key", help="PEM private key for --tls-port")
@@ -134,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--amqp-base-port", type=int, default=5672, help="first node's AMQP port (then +1...)")
     up.add_argument("--raft-base-port", type=int, default=4401, help="first node's Raft port (then +1...)")
+    up.add_argument("--http-base-port", type=int, default=15672,
+                    help="first node's HTTP management API port (RabbitMQ's 15672; then +1...; 0: off)")
+    up.add_argument("--admin-base-port", type=int, default=15680,
+                    help="first node's gRPC admin port (then +1...; 0: off)")
+    up.add_argument("--metrics-base-port", type=int, default=15692,
+                    help="first node's Prometheus port (then +1...; 0: off)")
     up.add_argument("--data-dir", default="data", help="parent of the nodes' data directories")
     up.add_argument("--log-level", default="INFO")
     up.set_defaults(func=_cluster_up)

@@ -17,6 +17,9 @@ class UserConfig:
     # vhost -> (configure, write, read) regular expressions, as RabbitMQ's permissions.
     permissions: dict[str, tuple[str, str, str]] = field(default_factory=lambda: {"/": (".*", ".*", ".*")})
     loopback_only: bool = False
+    # RabbitMQ's user tags for the management APIs (ops/operator.py): administrator, monitoring,
+    # policymaker, management.  None of them: an AMQP-only user.
+    tags: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -36,7 +39,7 @@ class Config:
     data_dir: str = ""  # default: ./data/<node_id>
     vhosts: list[str] = field(default_factory=lambda: ["/"])
     users: dict[str, UserConfig] = field(
-        default_factory=lambda: {"guest": UserConfig("guest", loopback_only=True)}
+        default_factory=lambda: {"guest": UserConfig("guest", loopback_only=True, tags=["administrator"])}
     )
     frame_max: int = 131072
     channel_max: int = 2047
@@ -67,6 +70,11 @@ class Config:
     audit_max_age: float = 0.0  # seconds of history kept (by event time); 0 = no limit
     audit_max_bytes: int = 0  # bytes of events + messages kept; 0 = no limit
     admin_port: int = 0  # gRPC admin service (ops/proto/admin.proto) on host:admin_port; 0 disables
+    # RabbitMQ's HTTP management API (ops/http/) on host:http_port (RabbitMQ uses 15672); 0 disables.
+    # Served over TLS with http_tls_cert/http_tls_key.
+    http_port: int = 0
+    http_tls_cert: str = ""
+    http_tls_key: str = ""
     admin_tls_cert: str = ""  # PEM files: serve the admin API over TLS instead of plaintext
     admin_tls_key: str = ""
     tls_port: int = 0  # AMQP over TLS (amqps, usually 5671) besides the plain port; 0 disables
@@ -143,6 +151,13 @@ class Config:
 _ENV_PREFIX = "RAFTMQ_"
 
 
+def _tags(value) -> list[str]:
+    """Tags as a list or, as rabbitmqctl and the HTTP API write them, one comma-separated string."""
+    if isinstance(value, str):
+        return [t.strip() for t in value.split(",") if t.strip()]
+    return [str(t) for t in value]
+
+
 def load_config(path: str | None = None, overrides: dict | None = None) -> Config:
     """Defaults <- TOML file <- RAFTMQ_* environment variables <- explicit overrides (CLI flags)."""
     values: dict = {}
@@ -166,6 +181,7 @@ def load_config(path: str | None = None, overrides: dict | None = None) -> Confi
                     password=spec["password"],
                     permissions={vh: tuple(p) for vh, p in spec.get("permissions", {"/": [".*"] * 3}).items()},
                     loopback_only=bool(spec.get("loopback_only", False)),
+                    tags=_tags(spec.get("tags", [])),
                 )
                 for name, spec in value.items()
             }

@@ -1,4 +1,5 @@
-"""What runs beside a broker node, chosen by configuration: the gRPC admin API and Prometheus metrics.
+"""What runs beside a broker node, chosen by configuration: the gRPC admin API, RabbitMQ's HTTP
+management API and Prometheus metrics.
 
 The composition root (``raftmq server``: ops/cli.py) hands these to ``node.server.run``; the broker
 itself knows nothing of them.  Each starts once the broker runs and returns its stop function.
@@ -21,9 +22,17 @@ def services_for(config: Config) -> list[Service]:
     services: list[Service] = []
     if config.admin_port:
         services.append(_admin)
+    if config.http_port:
+        services.append(_http)
     if config.metrics_port:
         services.append(_metrics)
     return services
+
+
+def _http(broker: Broker) -> Callable[[], None]:
+    from .http.server import serve_http
+
+    return serve_http(broker)
 
 
 def _admin(broker: Broker) -> Callable[[], None]:

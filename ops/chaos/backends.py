@@ -130,7 +130,7 @@ class ComposeBackend:
     name = "compose"
 
     def __init__(self, compose_file: str = "docker-compose.yml", project: str = "raftmqchaos",
-                 size: int = 3, amqp_base: int = 5672, admin_base: int = 15672) -> None:
+                 size: int = 3, amqp_base: int = 5672, admin_base: int = 15680) -> None:
         self.compose_file = str(Path(compose_file).resolve())
         self.project = project
         self.size = size

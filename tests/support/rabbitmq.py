@@ -76,13 +76,19 @@ class RabbitMQ:
 
     def __init__(self, port: int | None = None, dist_port: int | None = None, *,
                  base_dir: str | os.PathLike[str] | None = None, keep_dir: bool = False,
-                 start_timeout: float = 60.0, extra_config: str = "") -> None:
+                 start_timeout: float = 60.0, extra_config: str = "", plugins: tuple[str, ...] = (),
+                 management_port: int | None = None) -> None:
         self.port = port
         self.dist_port = dist_port
         self._base_dir_arg = base_dir
         self.keep_dir = keep_dir
         self.start_timeout = start_timeout
         self.extra_config = extra_config
+        # Plugins to enable offline (written to its enabled_plugins file before boot), e.g.
+        # ("rabbitmq_management",); with the management plugin, its HTTP API listens on
+        # 127.0.0.1:management_port (a free port when omitted).
+        self.plugins = tuple(plugins)
+        self.management_port = management_port
         self.base: Path | None = None
         self._own_tmp = False
         self.epmd_port: int | None = None
@@ -100,6 +106,10 @@ class RabbitMQ:
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@{self.host}:{self.port}/%2F"
+
+    @property
+    def management_url(self) -> str:
+        return f"http://{self.host}:{self.management_port}"
 
     @property
     def pid(self) -> int | None:
@@ -145,9 +155,13 @@ class RabbitMQ:
             self._own_tmp = True
         for sub in ("home", "mnesia", "log"):
             (self.base / sub).mkdir(exist_ok=True)
-        (self.base / "rabbitmq.conf").write_text(CONFIG_TEMPLATE.format(port=self.port) + self.extra_config)
+        config = CONFIG_TEMPLATE.format(port=self.port)
+        if "rabbitmq_management" in self.plugins:
+            self.management_port = self.management_port or free_port()
+            config += f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {self.management_port}\n"
+        (self.base / "rabbitmq.conf").write_text(config + self.extra_config)
         (self.base / "advanced.config").write_text("[].\n")
-        (self.base / "enabled_plugins").write_text("[].\n")
+        (self.base / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
         (self.base / "rabbitmq-env.conf").write_text("")
         env = self._env()
 

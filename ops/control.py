@@ -1,0 +1,224 @@
+"""Changes an operator makes -- declare, delete, purge, bind, publish, get, users -- as log commands.
+
+Both management front ends (the gRPC admin, ops/admin.py, and the HTTP API, ops/http/) change the
+broker only through here: every change is a command through the log, issued on the admin's own
+pseudo-connection and channel, so it replicates and answers with the same errors as a client's.
+Runs on the broker's event loop (the state machine belongs to it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from raftmq.store.commands import ERR, Op
+
+if TYPE_CHECKING:
+    from raftmq.node.broker import Broker
+    from raftmq.store.model import Message
+
+ADMIN_CHANNEL = 1
+
+
+class AdminError(Exception):
+    def __init__(self, code: int, text: str) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
+
+
+class AdminEndpoint:
+    """The admin's pseudo-connection: receives the replies to its commands."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.conn_id = broker.register(self)
+        self._tokens = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._channel_open = False
+        self._opening = asyncio.Lock()  # concurrent requests reopen the channel once
+
+    async def command(self, op: Op, *args):
+        """Apply a command through the log on the admin channel; its result value (raises on ERR)."""
+        if not self._channel_open:
+            async with self._opening:
+                if not self._channel_open:
+                    # After an error the channel may be closed (a channel exception) or still open
+                    # (a connection-level code such as 530): close it either way -- a no-op when it
+                    # is gone -- and open it afresh.
+                    await self._request([Op.CHANNEL_CLOSE, self.conn_id, None, ADMIN_CHANNEL])
+                    await self._request([Op.CHANNEL_OPEN, self.conn_id, None, ADMIN_CHANNEL])
+                    self._channel_open = True
+        return await self._request([op, self.conn_id, None, ADMIN_CHANNEL, *args])
+
+    def reset_channel(self) -> None:
+        """Close the admin channel now (what it holds unacked goes back to its queues); the next
+        command opens it again."""
+        self._channel_open = False
+        self.broker.submit([Op.CHANNEL_CLOSE, self.conn_id, None, ADMIN_CHANNEL])
+
+    async def add_vhost(self, name: str) -> None:
+        """VHOST_ADD has no channel: ``[op, conn, token, name]`` (the reply still comes here)."""
+        await self._request([Op.VHOST_ADD, self.conn_id, None, name])
+
+    async def _request(self, command: list):
+        token = next(self._tokens)
+        command[2] = token
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[token] = future
+        self.broker.submit(command)
+        try:
+            result = await asyncio.wait_for(future, 10)
+        finally:
+            self._waiting.pop(token, None)
+        if result[0] == ERR:
+            self._channel_open = False  # see command()
+            raise AdminError(result[1], result[2])
+        return result[1]
+
+    def on_reply(self, token, result, channel) -> None:
+        future = self._waiting.pop(token, None) if token is not None else None
+        if future is not None and not future.done():
+            future.set_result(result)
+        elif token is None and result[0] == ERR:
+            self._channel_open = False
+
+    def on_deliver(self, *args) -> None:
+        pass
+
+    def on_transfer(self, *args) -> None:
+        pass
+
+    def on_cancel(self, *args) -> None:
+        pass
+
+    def on_session_detached(self, *args) -> None:
+        pass
+
+    def on_forced_close(self, *args) -> None:
+        self._channel_open = False
+
+    def flush(self) -> None:
+        pass
+
+    def set_blocked(self, reason) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """One message taken by ``Control.get``."""
+
+    message: Message
+    redelivered: bool
+    remaining: int  # messages left ready in the queue after this one
+
+
+GET_ACK_MODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
+
+
+class Control:
+    """The operations, each one command (or a few) on one admin endpoint created on first use."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._endpoint: AdminEndpoint | None = None
+
+    @property
+    def endpoint(self) -> AdminEndpoint:
+        if self._endpoint is None:
+            self._endpoint = AdminEndpoint(self.broker)
+        return self._endpoint
+
+    async def declare_queue(self, vhost: str, name: str, durable: bool, auto_delete: bool = False,
+                            arguments: dict | None = None) -> tuple[str, int, int]:
+        """(name, ready messages, consumers): queue.declare's answer; 406 for different properties."""
+        return await self.endpoint.command(Op.QUEUE_DECLARE, vhost, name, False, durable, False, auto_delete,
+                                           arguments or {})
+
+    async def delete_queue(self, vhost: str, name: str, if_unused: bool = False, if_empty: bool = False) -> int:
+        return await self.endpoint.command(Op.QUEUE_DELETE, vhost, name, if_unused, if_empty) or 0
+
+    async def purge_queue(self, vhost: str, name: str) -> int:
+        return await self.endpoint.command(Op.QUEUE_PURGE, vhost, name) or 0
+
+    async def declare_exchange(self, vhost: str, name: str, type_: str, durable: bool, auto_delete: bool = False,
+                               internal: bool = False, arguments: dict | None = None) -> None:
+        await self.endpoint.command(Op.EXCHANGE_DECLARE, vhost, name, type_, False, durable, auto_delete,
+                                    internal, arguments or {})
+
+    async def delete_exchange(self, vhost: str, name: str, if_unused: bool = False) -> None:
+        await self.endpoint.command(Op.EXCHANGE_DELETE, vhost, name, if_unused)
+
+    async def bind(self, vhost: str, source: str, destination: str, to_queue: bool, routing_key: str,
+                   arguments: dict | None = None) -> None:
+        # queue.bind takes (queue, exchange); exchange.bind (destination, source): the same order.
+        op = Op.QUEUE_BIND if to_queue else Op.EXCHANGE_BIND
+        await self.endpoint.command(op, vhost, destination, source, routing_key, arguments or {})
+
+    async def unbind(self, vhost: str, source: str, destination: str, to_queue: bool, routing_key: str,
+                     arguments: dict | None = None) -> None:
+        op = Op.QUEUE_UNBIND if to_queue else Op.EXCHANGE_UNBIND
+        await self.endpoint.command(op, vhost, destination, source, routing_key, arguments or {})
+
+    async def publish(self, vhost: str, exchange: str, routing_key: str, properties: bytes, body: bytes,
+                      persistent: bool, priority: int | None, expiration_ms: int | None) -> int:
+        """The publish outcome: store.commands ROUTED, UNROUTABLE or REJECTED."""
+        return await self.endpoint.command(Op.PUBLISH, vhost, exchange, routing_key, False, properties, body,
+                                           persistent, priority, expiration_ms)
+
+    async def get(self, vhost: str, queue: str, count: int, ackmode: str) -> list[Fetched]:
+        """Up to ``count`` messages by basic.get, then settled all together by ``ackmode`` (RabbitMQ's
+        management semantics: with a requeue mode the same message is not fetched twice in one call,
+        as each stays unacked until the end)."""
+        if ackmode not in GET_ACK_MODES:
+            raise AdminError(400, f"ackmode must be one of {', '.join(GET_ACK_MODES)}")
+        fetched: list[Fetched] = []
+        refs: list[tuple[int, int]] = []
+        try:
+            for _ in range(count):
+                got = await self.endpoint.command(Op.GET, vhost, queue, False)
+                if got is None:
+                    break
+                qid, seq, redelivered, message, remaining = got
+                refs.append((qid, seq))
+                fetched.append(Fetched(message, redelivered, remaining))
+            if refs:
+                if ackmode == "ack_requeue_false":
+                    await self.endpoint.command(Op.ACK, refs)
+                else:
+                    await self.endpoint.command(Op.NACK, refs, ackmode.endswith("requeue_true"))
+        except BaseException:
+            # Failed or cancelled half way (a timeout, the caller gone): whatever was taken must not
+            # stay unacked on the admin channel for good -- closing it requeues it.
+            if refs:
+                self.endpoint.reset_channel()
+            raise
+        return fetched
+
+    async def put_user(self, name: str, password_hash: str, tags: list[str], loopback_only: bool = False) -> None:
+        """``password_hash``: made by the caller (node.auth.hash_password) before the command, so that
+        apply never draws random salt and the log never sees the password."""
+        await self.endpoint.command(Op.USER_PUT, name, password_hash, list(tags), loopback_only)
+
+    async def delete_user(self, name: str) -> None:
+        await self.endpoint.command(Op.USER_DELETE, name)
+
+    async def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str) -> None:
+        await self.endpoint.command(Op.PERMISSION_SET, user, vhost, configure, write, read)
+
+    async def clear_permissions(self, user: str, vhost: str) -> None:
+        await self.endpoint.command(Op.PERMISSION_CLEAR, user, vhost)
+
+    async def add_vhost(self, name: str) -> None:
+        await self.endpoint.add_vhost(name)
+
+    def close_connection(self, conn_id: str, reason: str) -> None:
+        """Close a client connection of this node (320 CONNECTION_FORCED, as rabbitmqctl does)."""
+        endpoint = self.broker.endpoints.get(conn_id)
+        if endpoint is None or isinstance(endpoint, AdminEndpoint) or not hasattr(endpoint, "close_connection"):
+            raise AdminError(404, f"no connection '{conn_id}' on this node")
+        endpoint.close_connection(320, f"CONNECTION_FORCED - {reason or 'closed by an administrator'}")
+        endpoint.flush()

@@ -1,0 +1,218 @@
+"""What every management HTTP handler shares: the node's context, RabbitMQ's error bodies, the
+authentication middleware and the checks of tags and vhost permissions.
+
+RabbitMQ's status codes, measured on RabbitMQ 3.10.8: 401 ``{"error": "not_authorized", "reason":
+"Login failed"}`` with ``WWW-Authenticate: Basic realm="RabbitMQ Management"`` for missing or wrong
+credentials; for a user lacking a tag or a vhost permission RabbitMQ answers 401 too
+(``not_authorised``, "Not administrator user"), while raftmq answers ``FORBIDDEN_STATUS`` (403,
+HTTP's code for an authenticated but unauthorized request) with the same body.  404 ``{"error":
+"Object Not Found", "reason": "Not Found"}`` for a missing object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from ..control import AdminError, Control
+from ..operator import MANAGEMENT, Gatekeeper, Operator
+
+if TYPE_CHECKING:
+    from raftmq.node.broker import Broker
+
+    from .rates import Rates
+
+FORBIDDEN_STATUS = 403
+# The management page needs a login too: the browser then sends the same basic credentials with
+# every API call of the page (same origin, at or below "/").
+PROTECTED_PAGES = frozenset(("/api", "/", "/index.html"))
+REALM = 'Basic realm="RabbitMQ Management"'
+
+
+@dataclass
+class Context:
+    broker: Broker
+    control: Control
+    gatekeeper: Gatekeeper
+    rates: Rates
+
+
+CONTEXT = web.AppKey("raftmq_context", Context)
+
+
+def context(request: web.Request) -> Context:
+    return request.app[CONTEXT]
+
+
+def operator(request: web.Request) -> Operator:
+    return request["operator"]
+
+
+def jsonable(value):
+    """Field-table values (bytes, Decimal, nested tables) as JSON can carry them."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, Decimal):
+        return float(value)
+    return value
+
+
+def reply(data, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(jsonable(data)), status=status, content_type="application/json")
+
+
+def columns(request: web.Request, rows: list[dict]) -> web.Response:
+    """A list, shaped by RabbitMQ's query parameters: ``name`` filters by a substring of the name
+    (``use_regex=true``: a regular expression), ``sort``/``sort_reverse`` order by a (dotted) field,
+    ``columns=a,b.c`` keeps only those fields (rabbitmqadmin asks for what it shows), and ``page``
+    with ``page_size`` answers one page wrapped as RabbitMQ does ({"items": ..., "page_count"...})."""
+    query = request.query
+    item_count = len(rows)
+    name_filter = query.get("name")
+    if name_filter:
+        if query.get("use_regex") == "true":
+            try:
+                pattern = re.compile(name_filter)
+            except re.error as exc:
+                raise bad_request(f"bad regular expression: {exc}") from None
+            rows = [r for r in rows if pattern.search(str(r.get("name", "")))]
+        else:
+            rows = [r for r in rows if name_filter in str(r.get("name", ""))]
+    if query.get("sort"):
+        key = query["sort"].split(".")
+
+        def sort_key(row: dict):
+            value = row
+            for part in key:
+                value = value.get(part) if isinstance(value, dict) else None
+            return (value is None, str(type(value)), value if value is not None else 0)
+
+        rows = sorted(rows, key=sort_key, reverse=query.get("sort_reverse") == "true")
+    wanted = query.get("columns")
+    if wanted:
+        keep = [c.split(".")[0] for c in wanted.split(",") if c]
+        rows = [{k: r[k] for k in keep if k in r} for r in rows]
+    if "page" not in query:
+        return reply(rows)
+    try:
+        page, page_size = int(query["page"]), int(query.get("page_size", 100))
+    except ValueError:
+        raise bad_request("page and page_size must be integers") from None
+    if page < 1 or not 1 <= page_size <= 500:
+        raise bad_request("page must be >= 1 and page_size between 1 and 500")
+    page_count = max(1, -(-len(rows) // page_size))
+    if page > page_count:
+        raise bad_request(f"page out of range: there are {page_count}")
+    items = rows[(page - 1) * page_size: page * page_size]
+    return reply({"items": items, "page": page, "page_count": page_count, "page_size": page_size,
+                  "filtered_count": len(rows), "item_count": item_count, "total_count": item_count})
+
+
+class HttpError(Exception):
+    """An error answered with RabbitMQ's JSON body (by the ``authenticate`` middleware)."""
+
+    def __init__(self, status: int, error: str, reason: str, headers: dict | None = None) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.error = error
+        self.reason = reason
+        self.headers = headers or {}
+
+    def response(self) -> web.Response:
+        return web.Response(text=json.dumps({"error": self.error, "reason": self.reason}), status=self.status,
+                            content_type="application/json", headers=self.headers)
+
+
+def not_found() -> HttpError:
+    return HttpError(404, "Object Not Found", "Not Found")
+
+
+def bad_request(reason: str) -> HttpError:
+    return HttpError(400, "bad_request", reason)
+
+
+def forbidden(reason: str) -> HttpError:
+    return HttpError(FORBIDDEN_STATUS, "not_authorised", reason)
+
+
+def from_admin_error(exc: AdminError) -> HttpError:
+    """A command's AMQP error as RabbitMQ's management API answers it."""
+    if exc.code == 404:
+        return HttpError(404, "not_found", exc.text)
+    if exc.code in (403,):
+        return forbidden(exc.text)
+    if exc.code == 405:
+        return HttpError(405, "method_not_allowed", exc.text)
+    return bad_request(exc.text)  # 406 precondition failed and the rest: RabbitMQ's 400
+
+
+def require(request: web.Request, tag: str) -> Operator:
+    op = operator(request)
+    if not op.has(tag):
+        raise forbidden(f"Not {tag if tag != 'monitoring' else 'monitor'} user")
+    return op
+
+
+def require_vhost(request: web.Request, vhost: str, *, change: bool = False) -> None:
+    """404 for an unknown vhost; refused without permissions there (monitoring users see all)."""
+    ctx, op = context(request), operator(request)
+    if vhost not in ctx.broker.machine.vhosts:
+        raise HttpError(404, "Object Not Found", "Not Found")
+    allowed = op.may_use_vhost(vhost) if change else op.may_see_vhost(vhost)
+    if not allowed:
+        raise forbidden("User not authorised to access virtual host")
+
+
+def require_permission(request: web.Request, vhost: str, kind: int, resource: str) -> None:
+    """configure (0), write (1), read (2) on a resource, as an AMQP client of that user would need."""
+    op = operator(request)
+    if not op.principal.allows(vhost, kind, resource or "amq.default"):
+        what = ("configure", "write", "read")[kind]
+        raise forbidden(f"access to '{resource}' in vhost '{vhost}' refused for user '{op.name}' ({what})")
+
+
+async def body(request: web.Request) -> dict:
+    if not request.can_read_body:
+        return {}
+    try:
+        data = await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"body is not JSON: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise bad_request("body must be a JSON object")
+    return data
+
+
+@web.middleware
+async def authenticate(request: web.Request, handler):
+    """Every /api path needs a management user (RabbitMQ has no anonymous management access)."""
+    try:
+        if request.path.startswith("/api/") or request.path in PROTECTED_PAGES:
+            # A login not seen before costs a PBKDF2 verification (~5 ms): in a worker thread, so
+            # that wrong passwords cannot stall the broker's loop.
+            op = await asyncio.to_thread(context(request).gatekeeper.login_header,
+                                         request.headers.get("Authorization"), request.remote)
+            if op is None:
+                raise HttpError(401, "not_authorized", "Login failed", headers={"WWW-Authenticate": REALM})
+            if not op.has(MANAGEMENT):
+                raise forbidden("Not management user")
+            request["operator"] = op
+        return await handler(request)
+    except AdminError as exc:
+        return from_admin_error(exc).response()
+    except HttpError as exc:
+        return exc.response()
+    except TimeoutError:
+        return HttpError(503, "timeout", "the cluster did not answer in time (no leader?)").response()

@@ -1,0 +1,86 @@
+"""Rates per second, as RabbitMQ's ``*_details: {"rate": ...}``: sampled, not counted on the hot path.
+
+Every ``SAMPLE_INTERVAL`` seconds (RabbitMQ's default collect_statistics_interval is 5 s) the node's
+message counters (``machine.stats``) and each queue's depths are sampled; a rate is the change
+between the last two samples divided by the time between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from raftmq.node.broker import Broker
+    from raftmq.store.model import Queue
+
+SAMPLE_INTERVAL = 5.0
+
+# RabbitMQ's message_stats names -> raftmq's machine.stats counters.
+MESSAGE_STATS = {
+    "publish": "published",
+    "deliver_get": "delivered",
+    "redeliver": "redelivered",
+    "ack": "acked",
+    "drop_unroutable": "unroutable",
+}
+
+
+def queue_published(queue: Queue) -> int:
+    """Messages enqueued into the queue: its entries are numbered from 1 (store/machine.py), so the
+    next number tells how many it was given (since it was declared; on a single node restarted,
+    since its oldest surviving message)."""
+    return queue.next_seq - 1
+
+
+def _queue_sample(queue: Queue) -> tuple[int, int, int, int]:
+    ready, unacked = len(queue.ready), queue.unacked_count
+    return ready + unacked, ready, unacked, queue_published(queue)
+
+
+_QUEUE_FIELDS = ("messages", "messages_ready", "messages_unacknowledged", "publish")
+
+
+class Rates:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._stats: list[tuple[float, dict[str, int]]] = []
+        self._queues: list[tuple[float, dict[int, tuple[int, int, int]]]] = []
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        machine = self.broker.machine
+        self._stats = [*self._stats[-1:], (now, dict(machine.stats))]
+        depths = {q.qid: _queue_sample(q) for v in machine.vhosts.values() for q in v.queues.values()}
+        self._queues = [*self._queues[-1:], (now, depths)]
+
+    async def run(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(SAMPLE_INTERVAL)
+
+    def message_stats(self) -> dict:
+        """Overview ``message_stats``: totals since this node started applying, with rates."""
+        current = self.broker.machine.stats
+        out: dict = {}
+        for name, counter in MESSAGE_STATS.items():
+            out[name] = current.get(counter, 0)
+            out[f"{name}_details"] = {"rate": self._rate(counter)}
+        return out
+
+    def _rate(self, counter: str) -> float:
+        if len(self._stats) < 2:
+            return 0.0
+        (t0, a), (t1, b) = self._stats
+        return round((b.get(counter, 0) - a.get(counter, 0)) / max(t1 - t0, 1e-6), 1)
+
+    def queue_rate(self, queue: Queue, field: str) -> float:
+        if len(self._queues) < 2:
+            return 0.0
+        (t0, a), (t1, b) = self._queues
+        if queue.qid not in a or queue.qid not in b:
+            return 0.0
+        i = _QUEUE_FIELDS.index(field)
+        rate = round((b[queue.qid][i] - a[queue.qid][i]) / max(t1 - t0, 1e-6), 1)
+        return max(rate, 0.0) if field == "publish" else rate

@@ -1,0 +1,422 @@
+"""Queues, exchanges and bindings: /api/queues, /api/exchanges, /api/bindings (RabbitMQ's paths).
+
+Reads come from this node's copy of the state machine; changes are log commands (ops/control.py)
+checked first against the user's vhost permissions with the rules an AMQP client of that user
+meets (configure to declare or delete, read to purge or get, write to publish...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+from aiohttp import web
+
+from raftmq.node.core.access import CONFIGURE, READ, WRITE
+from raftmq.protocol.amqp091.properties import BasicProperties, decode_properties, encode_properties
+from raftmq.store.commands import ROUTED
+
+from .common import (
+    bad_request,
+    body,
+    columns,
+    context,
+    not_found,
+    operator,
+    reply,
+    require_permission,
+    require_vhost,
+)
+from .views import binding_view, default_binding, exchange_view, properties_key, queue_view
+
+
+def _visible_vhosts(request: web.Request, vhost: str | None):
+    machine = context(request).broker.machine
+    if vhost is not None:
+        require_vhost(request, vhost)
+        return [machine.vhosts[vhost]]
+    op = operator(request)
+    return [v for v in machine.vhosts.values() if op.may_see_vhost(v.name)]
+
+
+def _vhost_arg(request: web.Request) -> str | None:
+    return request.match_info.get("vhost")  # (aiohttp decodes path parameters once: %2F is "/")
+
+
+def _name(request: web.Request, key: str = "name") -> str:
+    return request.match_info[key]
+
+
+# ------------------------------------------------------------------ queues
+
+async def list_queues(request: web.Request) -> web.Response:
+    ctx = context(request)
+    rows = [queue_view(ctx.broker, q, ctx.rates) for v in _visible_vhosts(request, _vhost_arg(request))
+            for q in sorted(v.queues.values(), key=lambda q: q.name)]
+    return columns(request, rows)
+
+
+def _queue(request: web.Request):
+    vhost = _vhost_arg(request)
+    require_vhost(request, vhost)
+    queue = context(request).broker.machine.vhosts[vhost].queues.get(_name(request))
+    if queue is None:
+        raise not_found()
+    return vhost, queue
+
+
+async def get_queue(request: web.Request) -> web.Response:
+    _vhost, queue = _queue(request)
+    ctx = context(request)
+    view = queue_view(ctx.broker, queue, ctx.rates)
+    view["consumer_details"] = [_consumer_view(ctx, c) for c in queue.consumers]
+    return reply(view)
+
+
+async def put_queue(request: web.Request) -> web.Response:
+    """Declare (201 when created, 204 when it existed with the same properties, 400 otherwise)."""
+    vhost, name = _vhost_arg(request), _name(request)
+    require_vhost(request, vhost, change=True)
+    data = await body(request)
+    require_permission(request, vhost, CONFIGURE, name)
+    arguments = data.get("arguments") or {}
+    if not isinstance(arguments, dict):
+        raise bad_request("arguments must be an object")
+    existed = name in context(request).broker.machine.vhosts[vhost].queues
+    await context(request).control.declare_queue(vhost, name, _flag(data, "durable", True),
+                                                 _flag(data, "auto_delete", False), arguments)
+    return web.Response(status=204 if existed else 201)
+
+
+async def delete_queue(request: web.Request) -> web.Response:
+    vhost, queue = _queue(request)
+    require_vhost(request, vhost, change=True)
+    require_permission(request, vhost, CONFIGURE, queue.name)
+    await context(request).control.delete_queue(vhost, queue.name, request.query.get("if-unused") == "true",
+                                                request.query.get("if-empty") == "true")
+    return web.Response(status=204)
+
+
+async def purge_queue(request: web.Request) -> web.Response:
+    vhost, queue = _queue(request)
+    require_vhost(request, vhost, change=True)
+    require_permission(request, vhost, READ, queue.name)
+    await context(request).control.purge_queue(vhost, queue.name)
+    return web.Response(status=204)
+
+
+async def get_messages(request: web.Request) -> web.Response:
+    """POST .../get {"count", "ackmode", "encoding": auto|base64, "truncate"}: RabbitMQ's fields."""
+    vhost, queue = _queue(request)
+    require_vhost(request, vhost, change=True)
+    require_permission(request, vhost, READ, queue.name)
+    data = await body(request)
+    try:
+        count = int(data.get("count", 1))
+    except (TypeError, ValueError):
+        raise bad_request("count must be an integer") from None
+    ackmode = str(data.get("ackmode", "ack_requeue_true"))
+    if "requeue" in data and "ackmode" not in data:  # the pre-3.7 form
+        ackmode = "ack_requeue_true" if data["requeue"] in (True, "true") else "ack_requeue_false"
+    encoding = str(data.get("encoding", "auto"))
+    if encoding not in ("auto", "base64"):
+        raise bad_request("encoding must be auto or base64")
+    truncate = data.get("truncate")
+    # Shielded: a client going away must not cut the get between taking and settling messages.
+    fetched = await asyncio.shield(context(request).control.get(vhost, queue.name, max(0, min(count, 10_000)),
+                                                                ackmode))
+    out = []
+    for item in fetched:
+        message = item.message
+        payload_bytes = message.body if truncate is None else message.body[: int(truncate)]
+        payload, payload_encoding = _encode_payload(payload_bytes, encoding)
+        out.append({
+            "payload_bytes": len(message.body),
+            "redelivered": item.redelivered,
+            "exchange": message.exchange,
+            "routing_key": message.routing_key,
+            "message_count": item.remaining,
+            "properties": _properties_view(message.properties),
+            "payload": payload,
+            "payload_encoding": payload_encoding,
+        })
+    return reply(out)
+
+
+def _encode_payload(payload: bytes, encoding: str) -> tuple[str, str]:
+    if encoding == "auto":
+        try:
+            return payload.decode("utf-8"), "string"
+        except UnicodeDecodeError:
+            pass
+    return base64.b64encode(payload).decode(), "base64"
+
+
+def _properties_view(raw: bytes) -> dict:
+    props = decode_properties(raw)
+    out = {}
+    for field in props.__slots__:
+        value = getattr(props, field)
+        if value is not None:
+            out[field] = value
+    return out
+
+
+# ------------------------------------------------------------------ exchanges
+
+async def list_exchanges(request: web.Request) -> web.Response:
+    rows = [exchange_view(e) for v in _visible_vhosts(request, _vhost_arg(request))
+            for e in sorted(v.exchanges.values(), key=lambda e: e.name)]
+    return columns(request, rows)
+
+
+def _exchange(request: web.Request):
+    vhost = _vhost_arg(request)
+    require_vhost(request, vhost)
+    exchange = context(request).broker.machine.vhosts[vhost].exchanges.get(_exchange_name(request))
+    if exchange is None:
+        raise not_found()
+    return vhost, exchange
+
+
+def _exchange_name(request: web.Request) -> str:
+    name = _name(request)
+    return "" if name == "amq.default" else name
+
+
+async def get_exchange(request: web.Request) -> web.Response:
+    _vhost, exchange = _exchange(request)
+    view = exchange_view(exchange)
+    view["incoming"], view["outgoing"] = [], []
+    return reply(view)
+
+
+async def put_exchange(request: web.Request) -> web.Response:
+    vhost, name = _vhost_arg(request), _exchange_name(request)
+    require_vhost(request, vhost, change=True)
+    data = await body(request)
+    if "type" not in data:
+        raise bad_request("[{key_missing,type}]")
+    require_permission(request, vhost, CONFIGURE, name)
+    existed = name in context(request).broker.machine.vhosts[vhost].exchanges
+    await context(request).control.declare_exchange(vhost, name, str(data["type"]), _flag(data, "durable", True),
+                                                    _flag(data, "auto_delete", False), _flag(data, "internal", False),
+                                                    data.get("arguments") or {})
+    return web.Response(status=204 if existed else 201)
+
+
+async def delete_exchange(request: web.Request) -> web.Response:
+    vhost, exchange = _exchange(request)
+    require_vhost(request, vhost, change=True)
+    require_permission(request, vhost, CONFIGURE, exchange.name)
+    await context(request).control.delete_exchange(vhost, exchange.name, request.query.get("if-unused") == "true")
+    return web.Response(status=204)
+
+
+async def publish(request: web.Request) -> web.Response:
+    """POST .../publish {"routing_key", "payload", "payload_encoding": string|base64, "properties"}
+    -> {"routed": bool}, as RabbitMQ (a message routed to no queue is dropped)."""
+    vhost, exchange = _exchange(request)
+    require_vhost(request, vhost, change=True)
+    require_permission(request, vhost, WRITE, exchange.name)
+    data = await body(request)
+    for key in ("routing_key", "payload", "payload_encoding", "properties"):
+        if key not in data:
+            raise bad_request(f"[{{key_missing,{key}}}]")
+    payload = data["payload"]
+    if data["payload_encoding"] == "base64":
+        try:
+            payload_bytes = base64.b64decode(payload, validate=True)
+        except ValueError:
+            raise bad_request("payload is not base64") from None
+    elif data["payload_encoding"] == "string":
+        payload_bytes = str(payload).encode()
+    else:
+        raise bad_request("payload_encoding must be string or base64")
+    props = _properties(data["properties"] or {})
+    expiration = int(props.expiration) if props.expiration and props.expiration.isdigit() else None
+    outcome = await context(request).control.publish(
+        vhost, exchange.name, str(data["routing_key"]), encode_properties(props), payload_bytes,
+        props.delivery_mode == 2, props.priority, expiration)
+    return reply({"routed": outcome == ROUTED})
+
+
+def _properties(data: dict) -> BasicProperties:
+    props = BasicProperties()
+    for key, value in data.items():
+        if key not in BasicProperties.__slots__:
+            raise bad_request(f"unknown message property '{key}'")
+        if key in ("delivery_mode", "priority", "timestamp"):
+            try:
+                value = int(value)
+            except (TypeError, ValueError):
+                raise bad_request(f"{key} must be an integer") from None
+        elif key == "headers":
+            if not isinstance(value, dict):
+                raise bad_request("headers must be an object")
+        else:
+            value = str(value)
+        setattr(props, key, value)
+    return props
+
+
+# ------------------------------------------------------------------ bindings
+
+def _bindings_of(vhost) -> list[dict]:
+    rows = [default_binding(vhost.name, q) for q in sorted(vhost.queues.values(), key=lambda q: q.name)]
+    for exchange in sorted(vhost.exchanges.values(), key=lambda e: e.name):
+        rows += [binding_view(vhost.name, b) for b in exchange.bindings]
+    return rows
+
+
+async def list_bindings(request: web.Request) -> web.Response:
+    rows = [row for v in _visible_vhosts(request, _vhost_arg(request)) for row in _bindings_of(v)]
+    return columns(request, rows)
+
+
+def _pair(request: web.Request):
+    """(vhost, source exchange, destination, destination is a queue) from .../e/{source}/{q|e}/{dest}."""
+    vhost = _vhost_arg(request)
+    require_vhost(request, vhost)
+    machine_vhost = context(request).broker.machine.vhosts[vhost]
+    source = _name(request, "source")
+    source = "" if source == "amq.default" else source
+    to_queue = request.match_info["kind"] == "q"
+    destination = _name(request, "destination")
+    if source not in machine_vhost.exchanges:
+        raise not_found()
+    if destination not in (machine_vhost.queues if to_queue else machine_vhost.exchanges):
+        raise not_found()
+    return vhost, machine_vhost, source, destination, to_queue
+
+
+def _pair_bindings(machine_vhost, vhost, source, destination, to_queue) -> list[dict]:
+    if not source:  # the default exchange: its implicit binding to every queue
+        return [default_binding(vhost, machine_vhost.queues[destination])] if to_queue else []
+    return [binding_view(vhost, b) for b in machine_vhost.exchanges[source].bindings
+            if b.destination == destination and b.dest_is_queue == to_queue]
+
+
+async def list_pair(request: web.Request) -> web.Response:
+    vhost, machine_vhost, source, destination, to_queue = _pair(request)
+    return reply(_pair_bindings(machine_vhost, vhost, source, destination, to_queue))
+
+
+async def create_binding(request: web.Request) -> web.Response:
+    vhost, _machine_vhost, source, destination, to_queue = _pair(request)
+    require_vhost(request, vhost, change=True)
+    data = await body(request)
+    require_permission(request, vhost, WRITE, destination)
+    require_permission(request, vhost, READ, source)
+    routing_key, arguments = str(data.get("routing_key", "")), data.get("arguments") or {}
+    await context(request).control.bind(vhost, source, destination, to_queue, routing_key, arguments)
+    location = f"{properties_key(routing_key, arguments)}"
+    return web.Response(status=201, headers={"Location": location})
+
+
+async def get_binding(request: web.Request) -> web.Response:
+    vhost, machine_vhost, source, destination, to_queue = _pair(request)
+    wanted = request.match_info["props"]
+    for row in _pair_bindings(machine_vhost, vhost, source, destination, to_queue):
+        if row["properties_key"] == wanted:
+            return reply(row)
+    raise not_found()
+
+
+async def delete_binding(request: web.Request) -> web.Response:
+    vhost, machine_vhost, source, destination, to_queue = _pair(request)
+    require_vhost(request, vhost, change=True)
+    require_permission(request, vhost, WRITE, destination)
+    require_permission(request, vhost, READ, source)
+    wanted = request.match_info["props"]
+    for row in _pair_bindings(machine_vhost, vhost, source, destination, to_queue):
+        if row["properties_key"] == wanted and source:
+            await context(request).control.unbind(vhost, source, destination, to_queue, row["routing_key"],
+                                                   row["arguments"])
+            return web.Response(status=204)
+    raise not_found()
+
+
+async def queue_bindings(request: web.Request) -> web.Response:
+    vhost, queue = _queue(request)
+    machine_vhost = context(request).broker.machine.vhosts[vhost]
+    rows = [default_binding(vhost, queue)]
+    for exchange in sorted(machine_vhost.exchanges.values(), key=lambda e: e.name):
+        rows += [binding_view(vhost, b) for b in exchange.bindings if b.dest_is_queue and b.destination == queue.name]
+    return reply(rows)
+
+
+async def exchange_bindings(request: web.Request) -> web.Response:
+    """.../bindings/source (bindings from this exchange) or .../bindings/destination (to it)."""
+    vhost, exchange = _exchange(request)
+    machine_vhost = context(request).broker.machine.vhosts[vhost]
+    if request.match_info["side"] == "source":
+        if exchange.name == "":
+            rows = [default_binding(vhost, q) for q in sorted(machine_vhost.queues.values(), key=lambda q: q.name)]
+        else:
+            rows = [binding_view(vhost, b) for b in exchange.bindings]
+    else:
+        rows = [binding_view(vhost, b) for e in sorted(machine_vhost.exchanges.values(), key=lambda e: e.name)
+                for b in e.bindings if not b.dest_is_queue and b.destination == exchange.name]
+    return reply(rows)
+
+
+def _flag(data: dict, key: str, default: bool) -> bool:
+    value = data.get(key, default)
+    if isinstance(value, str):
+        return value.lower() == "true"
+    return bool(value)
+
+
+# ------------------------------------------------------------------ consumers
+
+def _consumer_view(ctx, consumer) -> dict:
+    queue = consumer.queue
+    return {
+        "queue": {"name": queue.name, "vhost": queue.vhost},
+        "consumer_tag": consumer.tag,
+        "channel_details": {"name": f"{consumer.channel.conn} ({consumer.channel.number})",
+                            "number": consumer.channel.number, "connection_name": consumer.channel.conn,
+                            "node": "raftmq"},
+        "ack_required": not consumer.no_ack,
+        "exclusive": consumer.exclusive,
+        "prefetch_count": consumer.prefetch,
+        "active": True,
+        "activity_status": "up",
+        "arguments": {},
+    }
+
+
+async def list_consumers(request: web.Request) -> web.Response:
+    ctx = context(request)
+    rows = [_consumer_view(ctx, c) for v in _visible_vhosts(request, _vhost_arg(request))
+            for q in v.queues.values() for c in q.consumers]
+    return columns(request, rows)
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/api/queues", list_queues)
+    r.add_get("/api/queues/{vhost}", list_queues)
+    r.add_get("/api/queues/{vhost}/{name}", get_queue)
+    r.add_put("/api/queues/{vhost}/{name}", put_queue)
+    r.add_delete("/api/queues/{vhost}/{name}", delete_queue)
+    r.add_delete("/api/queues/{vhost}/{name}/contents", purge_queue)
+    r.add_post("/api/queues/{vhost}/{name}/get", get_messages)
+    r.add_get("/api/queues/{vhost}/{name}/bindings", queue_bindings)
+    r.add_get("/api/exchanges", list_exchanges)
+    r.add_get("/api/exchanges/{vhost}", list_exchanges)
+    r.add_get("/api/exchanges/{vhost}/{name}", get_exchange)
+    r.add_put("/api/exchanges/{vhost}/{name}", put_exchange)
+    r.add_delete("/api/exchanges/{vhost}/{name}", delete_exchange)
+    r.add_post("/api/exchanges/{vhost}/{name}/publish", publish)
+    r.add_get("/api/exchanges/{vhost}/{name}/bindings/{side:source|destination}", exchange_bindings)
+    r.add_get("/api/bindings", list_bindings)
+    r.add_get("/api/bindings/{vhost}", list_bindings)
+    pair = "/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{destination}"
+    r.add_get(pair, list_pair)
+    r.add_post(pair, create_binding)
+    r.add_get(pair + "/{props}", get_binding)
+    r.add_delete(pair + "/{props}", delete_binding)
+    r.add_get("/api/consumers", list_consumers)
+    r.add_get("/api/consumers/{vhost}", list_consumers)

@@ -1,0 +1,91 @@
+"""The HTTP management service: an aiohttp application on the broker's own event loop.
+
+Handlers read the state machine directly (it belongs to this loop, so no locking) and change it
+through the log (ops/control.py).  Over TLS with ``http_tls_cert``/``http_tls_key``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from ..control import Control
+from ..operator import Gatekeeper
+from . import resources, system, users
+from .common import CONTEXT, Context, authenticate
+from .rates import Rates
+
+if TYPE_CHECKING:
+    from raftmq.node.broker import Broker
+
+log = logging.getLogger(__name__)
+
+
+def build_app(broker: Broker, gatekeeper: Gatekeeper | None = None) -> tuple[web.Application, Rates]:
+    rates = Rates(broker)
+    app = web.Application(middlewares=[authenticate], client_max_size=64 << 20)
+    app[CONTEXT] = Context(broker, Control(broker), gatekeeper or Gatekeeper(broker), rates)
+    app.router.add_get("/", _page)
+    app.router.add_get("/index.html", _page)
+    resources.add_routes(app)
+    system.add_routes(app)
+    users.add_routes(app)
+    return app, rates
+
+
+PAGE = Path(__file__).with_name("static") / "index.html"
+
+
+async def _page(request: web.Request) -> web.Response:
+    """The management page (ops/http/static/index.html): it reads this node's API."""
+    return web.Response(text=PAGE.read_text(), content_type="text/html",
+                        headers={"Content-Security-Policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; "
+                                                            "style-src 'self' 'unsafe-inline'"})
+
+
+def _tls(broker: Broker) -> ssl.SSLContext | None:
+    config = broker.config
+    if not config.http_tls_cert:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(config.http_tls_cert, config.http_tls_key)
+    return context
+
+
+def serve_http(broker: Broker) -> Callable[[], None]:
+    """Start the API on host:http_port; returns its stop function (a service: node/server.py)."""
+    loop = asyncio.get_running_loop()
+    app, rates = build_app(broker)
+    runner = web.AppRunner(app, access_log=None)
+    config = broker.config
+
+    async def start() -> None:
+        await runner.setup()
+        site = web.TCPSite(runner, config.host, config.http_port, ssl_context=_tls(broker), reuse_address=True)
+        await site.start()
+        log.info("HTTP management API on %s://%s:%d", "https" if config.http_tls_cert else "http",
+                 config.host, config.http_port)
+
+    started = loop.create_task(start())
+
+    def check(task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("HTTP management API not started on %s:%d: %s", config.host, config.http_port,
+                      task.exception())
+
+    started.add_done_callback(check)
+    sampler = loop.create_task(rates.run())
+
+    def stop() -> None:
+        sampler.cancel()
+        started.cancel()
+        loop.create_task(runner.cleanup())
+
+    return stop

@@ -1,0 +1,351 @@
+"""Users, permissions, vhosts and definitions: administrator territory (RabbitMQ's rules).
+
+Users created here are the replicated users (store/users.py); users of the configuration file are
+listed (without their password) but managed only in that file, unless replaced by a replicated
+user of the same name.  A password given in clear is hashed here (PBKDF2, node/auth.py) before the
+command is proposed; a ``password_hash`` from RabbitMQ definitions (rabbit_password_hashing_sha256,
+sha512 or md5) is kept as it is and checked RabbitMQ's way, so users imported from RabbitMQ keep
+their passwords.
+
+/api/definitions exports and imports RabbitMQ's JSON format: users, vhosts, permissions, queues,
+exchanges, bindings.  Policies, parameters and topic permissions raftmq does not have: importing
+them is refused (400) rather than silently dropped; empty lists are accepted.
+"""
+
+from __future__ import annotations
+
+import re
+
+from aiohttp import web
+
+from raftmq.node.auth import HASH_SCHEME, RABBIT_HASHES, hash_password
+
+from ..control import AdminError
+from ..operator import ADMINISTRATOR
+from .common import bad_request, body, columns, context, not_found, operator, reply, require, require_vhost
+from .views import (
+    MANAGEMENT_VERSION,
+    PRODUCT,
+    binding_view,
+    exchange_view,
+    is_default_exchange,
+    permission_view,
+)
+
+HASHING_ALGORITHM = "raftmq_pbkdf2_sha256"  # how raftmq's own hashes are labelled in definitions
+
+
+def _tags(value) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [t.strip() for t in value.split(",") if t.strip()]
+    if isinstance(value, list):
+        return [str(t) for t in value]
+    raise bad_request("tags must be a string or a list")
+
+
+def _users(broker) -> list[dict]:
+    managed = broker.machine.users
+    rows = []
+    for name, user in managed.items():
+        algorithm, stored = _exported_hash(user.password_hash)
+        rows.append({"name": name, "password_hash": stored, "hashing_algorithm": algorithm,
+                     "tags": list(user.tags), "limits": {}})
+    for name, user in broker.config.users.items():
+        if name not in managed:
+            rows.append({"name": name, "password_hash": "", "hashing_algorithm": "", "tags": list(user.tags),
+                         "limits": {}, "source": "config"})
+    return sorted(rows, key=lambda r: r["name"])
+
+
+def _exported_hash(stored: str) -> tuple[str, str]:
+    if stored.startswith("rabbit-"):
+        algorithm, _, encoded = stored[len("rabbit-"):].partition("$")
+        return f"rabbit_password_hashing_{algorithm}", encoded
+    return HASHING_ALGORITHM, stored
+
+
+def _imported_hash(data: dict) -> str | None:
+    """The stored form of a user's password from PUT /api/users or definitions; None: none given."""
+    if "password" in data and data["password"] is not None:
+        return hash_password(str(data["password"]))
+    if data.get("password_hash") is None:
+        return None
+    algorithm = data.get("hashing_algorithm") or "rabbit_password_hashing_sha256"
+    stored = str(data["password_hash"])
+    if algorithm == HASHING_ALGORITHM:
+        if not stored.startswith(HASH_SCHEME + "$"):
+            raise bad_request("password_hash is not a raftmq hash")
+        return stored
+    if algorithm not in RABBIT_HASHES:
+        raise bad_request(f"unsupported hashing_algorithm '{algorithm}'")
+    if stored == "":
+        return None  # RabbitMQ: a user without a password cannot log in with one
+    return f"rabbit-{RABBIT_HASHES[algorithm]}${stored}"
+
+
+async def list_users(request: web.Request) -> web.Response:
+    require(request, ADMINISTRATOR)
+    return columns(request, _users(context(request).broker))
+
+
+async def get_user(request: web.Request) -> web.Response:
+    require(request, ADMINISTRATOR)
+    name = request.match_info["name"]
+    for row in _users(context(request).broker):
+        if row["name"] == name:
+            return reply(row)
+    raise not_found()
+
+
+async def put_user(request: web.Request) -> web.Response:
+    require(request, ADMINISTRATOR)
+    name = request.match_info["name"]
+    data = await body(request)
+    existed = name in context(request).broker.machine.users
+    await _put_user(request, name, data)
+    return web.Response(status=204 if existed else 201)
+
+
+async def _put_user(request: web.Request, name: str, data: dict) -> None:
+    if "password" not in data and "password_hash" not in data:
+        raise bad_request("[{key_missing,password}]")
+    stored = _imported_hash(data)
+    if stored is None:
+        # RabbitMQ accepts a user without a password (it can only use other mechanisms);
+        # raftmq's logins are passwords only: a random one nobody knows.
+        import secrets
+
+        stored = hash_password(secrets.token_urlsafe(24))
+    # Loopback-only stays as it was: RabbitMQ keeps it in its configuration (loopback_users), so
+    # definitions imported from RabbitMQ -- which list guest -- must not open guest to the network.
+    broker = context(request).broker
+    record, configured = broker.machine.users.get(name), broker.config.users.get(name)
+    loopback_only = record.loopback_only if record is not None else bool(configured and configured.loopback_only)
+    await context(request).control.put_user(name, stored, _tags(data.get("tags")), loopback_only)
+
+
+async def delete_user(request: web.Request) -> web.Response:
+    require(request, ADMINISTRATOR)
+    name = request.match_info["name"]
+    broker = context(request).broker
+    if name not in broker.machine.users:
+        if name in broker.config.users:
+            raise AdminError(405, f"user '{name}' is defined in the configuration file")
+        raise not_found()
+    await context(request).control.delete_user(name)
+    return web.Response(status=204)
+
+
+def _permissions(broker) -> list[dict]:
+    rows = []
+    managed = broker.machine.users
+    for name, user in managed.items():
+        rows += [permission_view(name, vh, p) for vh, p in sorted(user.permissions.items())]
+    for name, user in broker.config.users.items():
+        if name not in managed:
+            rows += [permission_view(name, vh, p) for vh, p in sorted(user.permissions.items())]
+    return rows
+
+
+async def list_permissions(request: web.Request) -> web.Response:
+    require(request, ADMINISTRATOR)
+    return columns(request, _permissions(context(request).broker))
+
+
+async def user_permissions(request: web.Request) -> web.Response:
+    require(request, ADMINISTRATOR)
+    name = request.match_info["name"]
+    broker = context(request).broker
+    if name not in broker.machine.users and name not in broker.config.users:
+        raise not_found()
+    return reply([p for p in _permissions(broker) if p["user"] == name])
+
+
+async def vhost_permissions(request: web.Request) -> web.Response:
+    require(request, ADMINISTRATOR)
+    name = request.match_info["name"]
+    require_vhost(request, name)
+    return reply([p for p in _permissions(context(request).broker) if p["vhost"] == name])
+
+
+def _permission_key(request: web.Request) -> tuple[str, str]:
+    return request.match_info["vhost"], request.match_info["user"]
+
+
+async def get_permission(request: web.Request) -> web.Response:
+    require(request, ADMINISTRATOR)
+    vhost, user = _permission_key(request)
+    for row in _permissions(context(request).broker):
+        if row["vhost"] == vhost and row["user"] == user:
+            return reply(row)
+    raise not_found()
+
+
+async def put_permission(request: web.Request) -> web.Response:
+    require(request, ADMINISTRATOR)
+    vhost, user = _permission_key(request)
+    require_vhost(request, vhost)
+    data = await body(request)
+    await _set_permission(request, user, vhost, data)
+    return web.Response(status=201)
+
+
+async def _set_permission(request: web.Request, user: str, vhost: str, data: dict) -> None:
+    patterns = []
+    for key in ("configure", "write", "read"):
+        if key not in data:
+            raise bad_request(f"[{{key_missing,{key}}}]")
+        try:
+            re.compile(str(data[key]))
+        except re.error as exc:
+            raise bad_request(f"bad regular expression for {key}: {exc}") from None
+        patterns.append(str(data[key]))
+    broker = context(request).broker
+    if user not in broker.machine.users:
+        if user in broker.config.users:
+            raise AdminError(405, f"user '{user}' is defined in the configuration file")
+        raise bad_request(f"no user '{user}'")
+    await context(request).control.set_permissions(user, vhost, *patterns)
+
+
+async def delete_permission(request: web.Request) -> web.Response:
+    require(request, ADMINISTRATOR)
+    vhost, user = _permission_key(request)
+    broker = context(request).broker
+    record = broker.machine.users.get(user)
+    if record is None or vhost not in record.permissions:
+        raise not_found()
+    await context(request).control.clear_permissions(user, vhost)
+    return web.Response(status=204)
+
+
+def _vhost_view(broker, vhost) -> dict:
+    ready = sum(len(q.ready) for q in vhost.queues.values())
+    unacked = sum(q.unacked_count for q in vhost.queues.values())
+    return {"name": vhost.name, "description": "", "tags": [], "tracing": False,
+            "metadata": {"description": "", "tags": []}, "default_queue_type": "classic",
+            "messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked,
+            "cluster_state": {f"raftmq@{node}": "running" for node in (broker.members or {broker.config.node_id: 0})}}
+
+
+async def list_vhosts(request: web.Request) -> web.Response:
+    broker, op = context(request).broker, operator(request)
+    rows = [_vhost_view(broker, v) for name, v in sorted(broker.machine.vhosts.items()) if op.may_see_vhost(name)]
+    return columns(request, rows)
+
+
+async def get_vhost(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    require_vhost(request, name)
+    broker = context(request).broker
+    return reply(_vhost_view(broker, broker.machine.vhosts[name]))
+
+
+async def put_vhost(request: web.Request) -> web.Response:
+    require(request, ADMINISTRATOR)
+    name = request.match_info["name"]
+    existed = name in context(request).broker.machine.vhosts
+    await context(request).control.add_vhost(name)
+    return web.Response(status=204 if existed else 201)
+
+
+async def delete_vhost(request: web.Request) -> web.Response:
+    require(request, ADMINISTRATOR)
+    raise AdminError(405, "raftmq cannot delete a virtual host yet")
+
+
+# ------------------------------------------------------------------ definitions
+
+def export_definitions(broker) -> dict:
+    machine = broker.machine
+    queues, exchanges, bindings = [], [], []
+    for vhost in sorted(machine.vhosts.values(), key=lambda v: v.name):
+        for q in sorted(vhost.queues.values(), key=lambda q: q.name):
+            if q.durable and q.exclusive_owner is None:  # RabbitMQ exports what survives a restart
+                queues.append({"name": q.name, "vhost": vhost.name, "durable": True, "auto_delete": q.auto_delete,
+                               "arguments": dict(q.arguments or {})})
+        for e in sorted(vhost.exchanges.values(), key=lambda e: e.name):
+            if e.durable and not is_default_exchange(e.name):
+                view = exchange_view(e)
+                view.pop("user_who_performed_action")
+                view.pop("policy")
+                exchanges.append(view)
+            bindings += [_binding_definition(binding_view(vhost.name, b)) for b in e.bindings]
+    users = [{k: v for k, v in u.items() if k != "source"} for u in _users(broker) if u.get("source") != "config"]
+    return {
+        "rabbit_version": MANAGEMENT_VERSION,
+        "rabbitmq_version": MANAGEMENT_VERSION,
+        "product_name": PRODUCT,
+        "product_version": MANAGEMENT_VERSION,
+        "users": users,
+        "vhosts": [{"name": name} for name in sorted(machine.vhosts)],
+        "permissions": [p for p in _permissions(broker) if p["user"] in machine.users],
+        "topic_permissions": [],
+        "parameters": [],
+        "global_parameters": [],
+        "policies": [],
+        "queues": queues,
+        "exchanges": exchanges,
+        "bindings": bindings,
+    }
+
+
+def _binding_definition(view: dict) -> dict:
+    view.pop("properties_key")
+    return view
+
+
+async def get_definitions(request: web.Request) -> web.Response:
+    require(request, ADMINISTRATOR)
+    return reply(export_definitions(context(request).broker))
+
+
+async def post_definitions(request: web.Request) -> web.Response:
+    """Import: vhosts, users, permissions, exchanges, queues, bindings in that order, each one a
+    log command; an error stops the import there (what came before stays, as in RabbitMQ)."""
+    require(request, ADMINISTRATOR)
+    data = await body(request)
+    for unsupported in ("policies", "parameters", "topic_permissions"):
+        if data.get(unsupported):
+            raise bad_request(f"raftmq has no {unsupported.replace('_', ' ')}: remove them to import the rest")
+    control = context(request).control
+    for vhost in data.get("vhosts") or []:
+        await control.add_vhost(str(vhost["name"]))
+    for user in data.get("users") or []:
+        await _put_user(request, str(user["name"]), user)
+    for perm in data.get("permissions") or []:
+        await _set_permission(request, str(perm["user"]), str(perm["vhost"]), perm)
+    for e in data.get("exchanges") or []:
+        await control.declare_exchange(str(e["vhost"]), str(e["name"]), str(e["type"]), bool(e.get("durable", True)),
+                                       bool(e.get("auto_delete", False)), bool(e.get("internal", False)),
+                                       e.get("arguments") or {})
+    for q in data.get("queues") or []:
+        await control.declare_queue(str(q["vhost"]), str(q["name"]), bool(q.get("durable", True)),
+                                    bool(q.get("auto_delete", False)), q.get("arguments") or {})
+    for b in data.get("bindings") or []:
+        await control.bind(str(b["vhost"]), str(b["source"]), str(b["destination"]),
+                           b.get("destination_type", "queue") == "queue", str(b.get("routing_key", "")),
+                           b.get("arguments") or {})
+    return web.Response(status=204)
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/api/users", list_users)
+    r.add_get("/api/users/{name}", get_user)
+    r.add_put("/api/users/{name}", put_user)
+    r.add_delete("/api/users/{name}", delete_user)
+    r.add_get("/api/users/{name}/permissions", user_permissions)
+    r.add_get("/api/vhosts/{name}/permissions", vhost_permissions)
+    r.add_get("/api/permissions", list_permissions)
+    r.add_get("/api/permissions/{vhost}/{user}", get_permission)
+    r.add_put("/api/permissions/{vhost}/{user}", put_permission)
+    r.add_delete("/api/permissions/{vhost}/{user}", delete_permission)
+    r.add_get("/api/vhosts", list_vhosts)
+    r.add_get("/api/vhosts/{name}", get_vhost)
+    r.add_put("/api/vhosts/{name}", put_vhost)
+    r.add_delete("/api/vhosts/{name}", delete_vhost)
+    r.add_get("/api/definitions", get_definitions)
+    r.add_post("/api/definitions", post_definitions)
