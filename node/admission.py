@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from raftmq.ops.config import Config
+from raftmq.node.config import Config
 
 
 @dataclass

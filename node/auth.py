@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from raftmq.ops.config import UserConfig
+from raftmq.node.config import UserConfig
 from raftmq.store.users import UserRecord
 
 MECHANISMS = ("PLAIN", "AMQPLAIN")

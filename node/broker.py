@@ -15,7 +15,7 @@ import shutil
 import time
 from typing import Protocol
 
-from raftmq.ops.config import Config
+from raftmq.node.config import Config
 from raftmq.raft.cluster import ClusterLog
 from raftmq.raft.local import LocalLog
 from raftmq.raft.log import Log

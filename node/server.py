@@ -11,7 +11,7 @@ import ssl
 import sys
 from collections.abc import Callable, Sequence
 
-from raftmq.ops.config import Config
+from raftmq.node.config import Config
 from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER as AMQP010_HEADER
 from raftmq.protocol.amqp091.constants import PROTOCOL_HEADER as AMQP091_HEADER
 from raftmq.store.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from raftmq.node.admission import Admission
-from raftmq.ops.config import Config
+from raftmq.node.config import Config
 
 
 def test_total_limit_refuses_beyond_max_connections_and_frees_on_release():

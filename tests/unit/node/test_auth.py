@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from raftmq.node.auth import Authenticator, AuthError, hash_password, verify_password
-from raftmq.ops.config import UserConfig
+from raftmq.node.config import UserConfig
 from raftmq.store.users import UserRecord
 
 

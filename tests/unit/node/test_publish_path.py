@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from raftmq.node.amqp091.connection import Amqp091Connection
 from raftmq.node.broker import Broker
-from raftmq.ops.config import Config
+from raftmq.node.config import Config
 from tests.integration import rawamqp as raw
 from tests.support.transport import RecordingTransport
 

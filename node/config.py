@@ -1,0 +1,149 @@
+"""A node's configuration: every setting with its embedded default.
+
+The schema lives with the node that reads it; how a configuration is assembled (defaults, a TOML
+file, RAFTMQ_* environment variables, command-line flags) is the operations layer's job
+(``ops/config.load_config``).  Every setting has a documented default so that ``raftmq server`` runs
+with no configuration at all (listening on 127.0.0.1:5672, data under ./data/<node-id>).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass
+class UserConfig:
+    password: str
+    # vhost -> (configure, write, read) regular expressions, as RabbitMQ's permissions.
+    permissions: dict[str, tuple[str, str, str]] = field(default_factory=lambda: {"/": (".*", ".*", ".*")})
+    loopback_only: bool = False
+    # RabbitMQ's user tags for the management APIs (ops/operator.py): administrator, monitoring,
+    # policymaker, management.  None of them: an AMQP-only user.
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class MemberConfig:
+    """One cluster member: its name, its Raft transport address and the address clients use."""
+
+    node_id: str
+    raft: str  # host:port
+    amqp: str  # host:port
+
+
+@dataclass
+class Config:
+    node_id: str = "n1"
+    host: str = "127.0.0.1"
+    port: int = 5672
+    data_dir: str = ""  # default: ./data/<node_id>
+    vhosts: list[str] = field(default_factory=lambda: ["/"])
+    users: dict[str, UserConfig] = field(
+        default_factory=lambda: {"guest": UserConfig("guest", loopback_only=True, tags=["administrator"])}
+    )
+    frame_max: int = 131072
+    channel_max: int = 2047
+    heartbeat: int = 60  # seconds offered in connection.tune; 0 disables
+    max_message_size: int = 128 * 1024 * 1024
+    # 0-9-1 consumers with prefetch >= 32: assign up to twice the prefetch, send as the client acks
+    # (node/amqp091/window.py); the client never has more than its prefetch unacked.
+    prefetch_readahead: bool = True
+    max_connections: int = 10_000  # AMQP connections of all protocols, counted from the protocol header
+    max_connections_per_address: int = 0  # ... from one source IP address; 0 = no limit
+    # Seconds from accepting a socket to connection.open-ok (both protocols): a client that has not
+    # opened its connection by then is closed.  0 disables (not advised: idle sockets hold slots).
+    handshake_timeout: float = 10.0
+    memory_high_watermark: int = 1024 * 1024 * 1024  # bytes of queued message bodies
+    disk_free_limit: int = 50 * 1024 * 1024
+    use_uvloop: bool = True
+    # Run the node's threads under Linux SCHED_BATCH: their many short wake-ups (every Raft message
+    # and batch) then do not preempt other busy processes on the same cores.  For a node sharing
+    # cores with CPU-bound clients; costs latency when the cores are saturated (docs/benchmarks.md).
+    sched_batch: bool = False
+    log_level: str = "INFO"
+    log_format: str = "text"  # or "json": one object per line (ops/logs.py)
+    metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0 disables
+    # Message history in <data>/events (store/event_writer.py): none (off), metadata, body.  A queue's
+    # x-audit-retention argument and audit_vhosts ({vhost = retention}) override it where history is on.
+    audit_retention: str = "none"
+    audit_vhosts: dict[str, str] = field(default_factory=dict)
+    audit_max_age: float = 0.0  # seconds of history kept (by event time); 0 = no limit
+    audit_max_bytes: int = 0  # bytes of events + messages kept; 0 = no limit
+    admin_port: int = 0  # gRPC admin service (ops/proto/admin.proto) on host:admin_port; 0 disables
+    # RabbitMQ's HTTP management API (ops/http/) on host:http_port (RabbitMQ uses 15672); 0 disables.
+    # Served over TLS with http_tls_cert/http_tls_key.
+    http_port: int = 0
+    http_tls_cert: str = ""
+    http_tls_key: str = ""
+    admin_tls_cert: str = ""  # PEM files: serve the admin API over TLS instead of plaintext
+    admin_tls_key: str = ""
+    tls_port: int = 0  # AMQP over TLS (amqps, usually 5671) besides the plain port; 0 disables
+    tls_cert: str = ""  # PEM certificate chain of the node
+    tls_key: str = ""  # PEM private key
+    tls_ca: str = ""  # PEM CA bundle to verify client certificates (optional)
+    tls_verify_peer: bool = False  # with tls_ca: require a client certificate
+    # Cluster: empty `cluster` runs a single node with its local log. Otherwise this node is the
+    # member whose node_id matches, and the secret authenticates and encrypts the Raft transport.
+    cluster: list[MemberConfig] = field(default_factory=list)
+    cluster_secret: str = ""
+    cluster_secret_file: str = ""
+    snapshot_entries: int = 20_000  # Raft entries between snapshots (each entry is a batch)
+    snapshot_seconds: float = 600.0
+    # ... or once the journal holds this many bytes on disk (bounds disk use and restart replay);
+    # like RabbitMQ's Ra WAL, which rolls over at 512 MB.  0: by entries and time only.
+    snapshot_bytes: int = 256 << 20
+    node_down_after: float = 5.0  # the leader declares an unreachable member down after this
+    # Close clients with 320 after this long without a leader (a leader cut off from the majority
+    # steps down after 1 s), so that they fail over to the majority instead of waiting.
+    leaderless_close_after: float = 1.5
+    # Heartbeat period of an idle leader.  New entries and new commit indexes go out at once (not
+    # on this timer), so it only bounds how fast followers notice a dead leader: 50 ms is a fifth
+    # of the shortest election timeout.  10 ms heartbeats plus a 5 ms tick cost each idle node
+    # 6-8 % of a core (measured); 50 ms and 20 ms cost 2-3 %.
+    raft_append_entries_period: float = 0.05
+    raft_batch_append_entries: bool = False  # pysyncobj's timer-batched AppendEntries (higher latency)
+    # Largest AppendEntries message.  An entry (one group-commit batch) above pysyncobj's default of
+    # 64 KiB is sent in chunks, one follower round trip each, and reassembled by quadratic
+    # concatenation: 4 KB messages under load ran 4-5x slower than 256 B ones.
+    raft_message_bytes: int = 4 << 20
+    raft_leader_fallback: float = 1.0  # a leader hearing from no majority this long steps down
+    raft_pre_vote: bool = True  # ask for pre-votes before raising the term (raft/prevote.py)
+    raft_batch_bytes: int = 1 << 20  # a group-commit batch (one Raft entry) is cut at this size
+    # While a batch is in flight, the next is proposed before the first commits only if it carries
+    # this much (raft/cluster.py: a batch's fixed cost on every node is CPU taken from clients).
+    # 64 KiB rather than 16: the nodes' CPU per confirmed publish fell ~9 % (docs/design.md).
+    raft_pipeline_min_bytes: int = 64 << 10
+    # How long a batch of deferrable commands only (acks of consumers with read-ahead to spare,
+    # publishes of publishers with several unconfirmed) waits for other commands before it is
+    # proposed; 0 proposes at once.
+    raft_defer_seconds: float = 0.002
+    # Commands waiting to be proposed beyond this many bytes stop the reading of publishers
+    # (TCP back-pressure) until half of it is proposed: memory stays bounded under a flood.
+    raft_backlog_bytes: int = 16 << 20
+    # The Raft thread's longest sleep; any message or proposal wakes it at once.
+    raft_tick_period: float = 0.02
+    raft_election_timeout_min: float = 0.25  # 0.15 s saw spurious elections on a loaded 2-core CI machine
+    raft_election_timeout_max: float = 0.5
+
+    def resolved_data_dir(self) -> str:
+        return self.data_dir or os.path.join("data", self.node_id)
+
+    @property
+    def clustered(self) -> bool:
+        return bool(self.cluster)
+
+    def member(self, node_id: str | None = None) -> MemberConfig:
+        wanted = node_id or self.node_id
+        for m in self.cluster:
+            if m.node_id == wanted:
+                return m
+        raise ValueError(f"node {wanted!r} is not a member of the configured cluster")
+
+    def secret(self) -> str:
+        if self.cluster_secret:
+            return self.cluster_secret
+        if self.cluster_secret_file:
+            with open(self.cluster_secret_file) as fh:
+                return fh.read().strip()
+        raise ValueError("a cluster needs cluster_secret or cluster_secret_file (it encrypts Raft traffic)")
