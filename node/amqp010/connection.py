@@ -20,10 +20,12 @@ from raftmq import __version__
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.protocol.amqp010.errors import FramingError
 from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER, FrameReader, encode_assembly
+from raftmq.store.commands import Op
 
 from ..auth import AuthError, Principal
 from ..peer import peer_of
-from .session import ServerSession
+from ..writeflow import DRAIN_CHUNK_BYTES, Parking, reader_bytes, set_write_limits
+from .session import ACCEPT_NONE, PRE_ACQUIRED, ServerSession
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -57,6 +59,8 @@ class Amqp010Connection(asyncio.Protocol):
         self._wbuf: list[bytes] = []
         self._loop = asyncio.get_running_loop()
         self._close_handle: asyncio.TimerHandle | None = None
+        self._parking = Parking()  # transfers held while the client's socket is full (writeflow.py)
+        set_write_limits(transport, self.config.write_buffer_high)
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
@@ -112,6 +116,56 @@ class Amqp010Connection(asyncio.Protocol):
             self.broker.unregister(self.conn_id)
         self.sessions.clear()
         self.pending.clear()
+        self._parking.clear()
+
+    def pause_writing(self) -> None:
+        """The write buffer passed ``write_buffer_high``: park transfers and stop the state machine
+        assigning to this connection's sessions (``Op.FLOW`` through the log, node/writeflow.py)."""
+        parking = self._parking
+        if parking.paused or self.state == CLOSED:
+            return
+        parking.paused = True
+        for channel, session in self.sessions.items():
+            if session.attached and channel not in parking.stopped:
+                parking.stopped[channel] = 0
+                self._submit_flow(channel, False)
+
+    def resume_writing(self) -> None:
+        """Below the low-water mark again: write the parked transfers in order, then re-enable
+        assignment. A transfer of a session detached meanwhile is dropped here: the session keeps
+        it unsettled in the state machine and replays it when it is resumed."""
+        parking = self._parking
+        parking.paused = False
+        if self.state != OPEN:
+            parking.clear()
+            return
+        written = 0
+        while parking.items and not parking.paused:
+            channel, destination, transfer, _owned = parking.pop()
+            session = self.sessions.get(channel)
+            if session is None:
+                continue
+            session.on_transfer(destination, transfer)
+            written += len(transfer[4].body)
+            if written >= DRAIN_CHUNK_BYTES:
+                written = 0
+                self.flush()  # may call pause_writing again, which ends this loop
+        self.flush()
+        if parking.paused or parking.items:
+            return
+        stopped, parking.stopped = parking.stopped, {}
+        for channel in stopped:
+            if channel in self.sessions:
+                self._submit_flow(channel, True)
+
+    def _submit_flow(self, channel: int, active: bool) -> None:
+        """Stop or restart assignment to a session, in the log (an error, session gone, is ignored)."""
+        self.broker.submit([Op.FLOW, self.conn_id, None, channel, active])
+
+    def held_bytes(self) -> int:
+        """What this connection holds for the memory alarm: write buffer, parked accept-mode-none
+        bodies, and input not yet decoded (partial frames and assemblies)."""
+        return self.transport.get_write_buffer_size() + self._parking.owned_bytes + reader_bytes(self.reader)
 
     # ------------------------------------------------------------------ writing
 
@@ -159,6 +213,13 @@ class Amqp010Connection(asyncio.Protocol):
     def on_transfer(self, channel_no: int, destination: str, transfer: tuple) -> None:
         session = self.sessions.get(channel_no)
         if session is not None:
+            if self._parking.holding:
+                settled = (session.accept_modes.get(destination) == ACCEPT_NONE
+                           and session.acquire_modes.get(destination, PRE_ACQUIRED) == PRE_ACQUIRED)
+                owned = len(transfer[4].body) if settled else 0  # settled on assignment: held only here
+                if self._parking.park(channel_no, destination, transfer, owned):
+                    self._submit_flow(channel_no, False)
+                return
             session.on_transfer(destination, transfer)
 
     def on_session_detached(self, channel_no: int, name: bytes) -> None:
@@ -206,6 +267,11 @@ class Amqp010Connection(asyncio.Protocol):
                 return
             session = self.sessions[channel] = ServerSession(self, channel, bytes(method.name or b""))
             session.attach(bool(method.force))
+            # A session detached while its connection's writing was paused kept assignment
+            # stopped (Op.FLOW is state of the session): set it for this attachment.
+            self._submit_flow(channel, not self._parking.paused)
+            if self._parking.paused:
+                self._parking.stopped[channel] = 0
             return
         session = self.sessions.get(channel)
         if session is None:

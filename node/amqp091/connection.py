@@ -30,9 +30,11 @@ from raftmq.protocol.amqp091.frames import (
     frames_at,
 )
 from raftmq.protocol.amqp091.methods import decode_method
+from raftmq.store.commands import Op
 
 from ..auth import MECHANISMS, AuthError, Principal
 from ..peer import peer_of
+from ..writeflow import DRAIN_CHUNK_BYTES, Parking, reader_bytes, set_write_limits
 from .channel import Channel
 from .errors import ConnectionException
 
@@ -89,6 +91,8 @@ class Amqp091Connection(asyncio.Protocol):
         self.blocked_reason: str | None = None
         self.is_publisher = False
         self._reading_paused = False
+        self._parking = Parking()  # deliveries held while the client's socket is full (writeflow.py)
+        set_write_limits(transport, self.config.write_buffer_high)
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
@@ -162,12 +166,62 @@ class Amqp091Connection(asyncio.Protocol):
             self.broker.unregister(self.conn_id)
         self.pending.clear()
         self.channels.clear()
+        self._parking.clear()
 
-    def pause_writing(self) -> None:  # noqa: D401 - asyncio callback
-        pass
+    def pause_writing(self) -> None:
+        """The write buffer passed ``write_buffer_high``: park deliveries, stop assignment (writeflow.py)."""
+        parking = self._parking
+        if parking.paused or self.state == CLOSED:
+            return
+        parking.paused = True
+        for number, channel in self.channels.items():
+            if channel.is_open and channel.has_consumers and number not in parking.stopped:
+                parking.stopped[number] = 0
+                self._submit_flow(number, False)
 
     def resume_writing(self) -> None:
-        pass
+        """The buffer drained below the low-water mark: write what was parked, then let the state
+        machine assign to this connection's channels again (unless the client paused them itself)."""
+        parking = self._parking
+        parking.paused = False
+        if self.state != OPEN:
+            parking.clear()
+            return
+        written = 0
+        while parking.items and not parking.paused:
+            number, consumer_tag, delivery, _owned = parking.pop()
+            channel = self.channels.get(number)
+            if channel is None or not channel.is_open:
+                continue  # closing the channel returned its unacked deliveries to their queues
+            if channel.consumer_no_ack(consumer_tag) is None:
+                channel.return_unsent([delivery])  # cancelled meanwhile (auto-ack ones are gone)
+                continue
+            channel.deliver(consumer_tag, delivery)
+            written += len(delivery[3].body)
+            if written >= DRAIN_CHUNK_BYTES:
+                written = 0
+                self.flush()  # may call pause_writing again, which ends this loop
+        self.flush()
+        if parking.paused or parking.items:
+            return
+        stopped, parking.stopped = parking.stopped, {}
+        for number in stopped:
+            channel = self.channels.get(number)
+            if channel is not None and channel.is_open and channel.client_flow_active:
+                self._submit_flow(number, True)
+
+    def _submit_flow(self, number: int, active: bool) -> None:
+        """channel.flow through the log: the only way a node-local pause can change assignment
+        identically on every replica. Token-less: an error (channel gone) is ignored."""
+        self.broker.submit([Op.FLOW, self.conn_id, None, number, active])
+
+    def held_bytes(self) -> int:
+        """What this connection holds for the memory alarm: its write buffer, parked auto-ack
+        bodies, unparsed input and publishes being assembled."""
+        held = self.transport.get_write_buffer_size() + self._parking.owned_bytes + reader_bytes(self.reader)
+        for channel in self.channels.values():
+            held += channel.assembling_bytes
+        return held
 
     # ------------------------------------------------------------------ writing
 
@@ -244,6 +298,12 @@ class Amqp091Connection(asyncio.Protocol):
     def on_deliver(self, channel_no: int, consumer_tag: str, delivery: tuple) -> None:
         channel = self.channels.get(channel_no)
         if channel is not None:
+            if self._parking.holding and channel.is_open:
+                no_ack = channel.consumer_no_ack(consumer_tag)
+                owned = len(delivery[3].body) if no_ack else 0
+                if self._parking.park(channel_no, consumer_tag, delivery, owned):
+                    self._submit_flow(channel_no, False)
+                return
             channel.deliver(consumer_tag, delivery)
 
     def on_cancel(self, channel_no: int, consumer_tag: str) -> None:

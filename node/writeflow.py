@@ -1,0 +1,91 @@
+"""Back-pressure towards a client that does not read: what a connection holds while its socket is full.
+
+asyncio calls ``pause_writing`` once a transport's write buffer passes its high-water mark
+(``write_buffer_high``) and ``resume_writing`` once it drained below the low one. In between, the
+connection must stop adding deliveries to that buffer, or a consumer that stopped reading grows
+the node's memory by every message published to its queues (issue 17: 293 MB for 293 MB
+published, and with manual acks each body held twice, once in the queue and once in the buffer).
+
+Two things happen on pause (docs/design.md, "Back-pressure towards consumers"):
+
+* deliveries already assigned by the state machine are *parked* here, as the references the
+  outputs carry (the ``Message`` objects the queue holds): no body is copied or encoded again;
+* the connection asks the state machine, through the log, to stop assigning to its channels
+  (``Op.FLOW`` active=false, the command channel.flow uses). The pause is node-local knowledge;
+  only a command in the log may change what apply does, so every replica stops assigning at the
+  same point of the log. Until that command is applied a few more deliveries may arrive: they are
+  parked too. Messages not yet assigned stay in their queues, where other consumers can take
+  them and where the memory alarm counts them.
+
+On resume the parked deliveries are written in order (stopping again if the buffer refills) and
+then the channels' assignment is re-enabled with ``Op.FLOW`` active=true.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+# Parked deliveries between two flushes while draining: small enough that a refilling buffer
+# pauses the drain soon, large enough that one transport.write carries many messages.
+DRAIN_CHUNK_BYTES = 256 * 1024
+# Re-send the stop for a channel after this many deliveries parked since the last one: if the
+# client re-enabled it (its own channel.flow active=true), assignment would go on unbounded.
+RESTOP_EVERY = 1024
+
+
+def set_write_limits(transport, high: int) -> None:
+    """High-water mark ``high`` and low-water mark high/4 on ``transport`` (0 leaves asyncio's)."""
+    if high > 0:
+        transport.set_write_buffer_limits(high=high, low=high // 4)
+
+
+@dataclass
+class Parking:
+    """Deliveries held while the client's socket is full, in arrival order.
+
+    ``owned_bytes`` counts only bodies that nothing else holds any more: an auto-ack delivery left
+    its queue when it was assigned, so the node holds it only here; a manual-ack delivery is still
+    an unacked message of its queue (counted there by the memory alarm) and is held here by
+    reference.
+    """
+
+    paused: bool = False
+    items: deque = field(default_factory=deque)  # (channel number, key, payload, owned bytes)
+    owned_bytes: int = 0
+    stopped: dict[int, int] = field(default_factory=dict)  # channel -> parked since its stop was sent
+
+    def park(self, channel: int, key: str, payload: tuple, owned: int) -> bool:
+        """Hold one delivery; True when the caller should (re)send the stop for ``channel``."""
+        self.items.append((channel, key, payload, owned))
+        self.owned_bytes += owned
+        count = self.stopped.get(channel)
+        if count is None or count >= RESTOP_EVERY:
+            self.stopped[channel] = 0
+            return True
+        self.stopped[channel] = count + 1
+        return False
+
+    def pop(self) -> tuple:
+        item = self.items.popleft()
+        self.owned_bytes -= item[3]
+        return item
+
+    def clear(self) -> None:
+        self.items.clear()
+        self.owned_bytes = 0
+        self.stopped.clear()
+
+    @property
+    def holding(self) -> bool:
+        """Deliveries must go through the parking (paused, or older ones still parked)."""
+        return self.paused or bool(self.items)
+
+
+def reader_bytes(reader) -> int:
+    """Bytes a frame reader holds: its unparsed buffer plus (0-10) assemblies being reassembled."""
+    held = len(getattr(reader, "_buf", b""))
+    sizes = getattr(reader, "_sizes", None)
+    if sizes:
+        held += sum(sizes.values())
+    return held
