@@ -228,8 +228,7 @@ class Broker:
     def submit(self, command: list, deferrable: bool = False, size: int = 0) -> None:
         """Hand ``command`` to the log; ``size``, the bytes it carries if the caller knows them."""
         self.log.submit(command, deferrable, size)
-        if time.monotonic() >= self._next_alarm_check:
-            self._check_alarms_now()
+        self.maybe_check_alarms()
 
     # ------------------------------------------------------------------ flow control
 
@@ -275,8 +274,7 @@ class Broker:
             touched[out[0]] = endpoint
         for endpoint in touched.values():
             endpoint.flush()
-        if time.monotonic() >= self._next_alarm_check:
-            self._check_alarms_now()
+        self.maybe_check_alarms()
 
     # ------------------------------------------------------------------ timers
 
@@ -370,14 +368,26 @@ class Broker:
     async def _alarm_loop(self) -> None:
         while True:
             try:
+                if self.alarm:
+                    # Blocked connections are not read: find those whose client left (their partial
+                    # input would otherwise hold the alarm up for good).
+                    for endpoint in list(self.endpoints.values()):
+                        drop = getattr(endpoint, "drop_if_peer_gone", None)
+                        if drop is not None:
+                            drop()
                 self.check_alarms()
             except Exception:  # a failing check must not end the loop (and with it all alarms)
                 log.exception("resource alarm check failed")
             await asyncio.sleep(ALARM_CHECK_INTERVAL)
 
+    def maybe_check_alarms(self) -> None:
+        """Memory or disk use may have grown (commands submitted, outputs written, input read)."""
+        if time.monotonic() >= self._next_alarm_check:
+            self._check_alarms_now()
+
     def _check_alarms_now(self) -> None:
-        """Evaluate the alarms as memory and disk use grow (called after submitted commands and
-        dispatched outputs), at most every ``resource_check_interval``. Summing the connections'
+        """Evaluate the alarms as memory and disk use grow (called after submitted commands,
+        dispatched outputs and input read), at most every ``resource_check_interval``. Summing the connections'
         holdings costs about 0.3 us per connection, so with many connections the interval grows
         to keep the check under ~2 % of a core (10,000 connections: every 0.2 s)."""
         interval = max(self.config.resource_check_interval, len(self.endpoints) * 20e-6)

@@ -23,6 +23,7 @@ then the channels' assignment is re-enabled with ``Op.FLOW`` active=true.
 
 from __future__ import annotations
 
+import socket
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -89,3 +90,26 @@ def reader_bytes(reader) -> int:
     if sizes:
         held += sum(sizes.values())
     return held
+
+
+def peer_closed(transport) -> bool:
+    """Whether the client of a transport that is not being read has gone (Linux TCP only).
+
+    A connection whose reading is paused (a blocked publisher) hears nothing from its peer: without
+    this look, a publisher that gave up while blocked would keep its partial publishes -- memory
+    that holds the alarm up, which keeps the reading paused -- until a write to it failed (never,
+    with heartbeats off). Reading is no way to know (an RST leaves the unread bytes readable, and a
+    FIN waits behind them), but the kernel's TCP state says it: CLOSE after a reset, CLOSE_WAIT
+    after a FIN. One getsockopt(TCP_INFO); its first octet is the state.
+    """
+    sock = transport.get_extra_info("socket")
+    if sock is None or not hasattr(socket, "TCP_INFO"):
+        return False
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)
+    except (OSError, AttributeError, ValueError):  # ValueError: uvloop's socket already closed
+        return False
+    return bool(info) and info[0] in (_TCP_CLOSE, _TCP_CLOSE_WAIT)
+
+
+_TCP_CLOSE, _TCP_CLOSE_WAIT = 7, 8  # include/net/tcp_states.h

@@ -24,7 +24,7 @@ from raftmq.store.commands import Op
 
 from ..auth import AuthError, Principal
 from ..peer import peer_of
-from ..writeflow import DRAIN_CHUNK_BYTES, Parking, reader_bytes, set_write_limits
+from ..writeflow import DRAIN_CHUNK_BYTES, Parking, peer_closed, reader_bytes, set_write_limits
 from .session import ACCEPT_NONE, PRE_ACQUIRED, ServerSession
 
 if TYPE_CHECKING:
@@ -52,7 +52,8 @@ class Amqp010Connection(asyncio.Protocol):
         self.max_frame_size = MAX_FRAME_SIZE
         self.sessions: dict[int, ServerSession] = {}
         self.completion_due: dict[int, ServerSession] = {}
-        self._alarm_blocked = False  # a resource alarm stopped reading
+        self._alarm_blocked = False  # a resource alarm stopped reading (publishers only)
+        self.is_publisher = False  # sent a message.transfer: the one kind of client an alarm stops reading
         self._flow_paused = False  # the broker's proposal backlog stopped reading
         self.pending: dict[int, tuple] = {}
         self._next_token = 0
@@ -97,6 +98,9 @@ class Amqp010Connection(asyncio.Protocol):
             log.exception("0-10 connection %s: internal error", self.peer)
             self.close(CLOSE_FORCED, "internal error")
         self.flush()
+        self.broker.maybe_check_alarms()  # input read may be held (partial assemblies): memory grew
+        if self.broker.alarm and self.is_publisher and not self._alarm_blocked and self.state != CLOSED:
+            self.set_blocked(self.broker.alarm)
         if self.broker.flow_throttled and not self._flow_paused and self.state != CLOSED:
             self._flow_paused = True
             self.transport.pause_reading()
@@ -239,11 +243,23 @@ class Amqp010Connection(asyncio.Protocol):
         self.close(CLOSE_FORCED, reply_text)
 
     def set_blocked(self, reason: str | None) -> None:
-        self._alarm_blocked = bool(reason)
+        """A resource alarm stops reading publishers only (as 0-9-1 does): a subscriber that
+        could not be read could not accept, and its accepts are what frees the memory."""
         if reason:
-            self.transport.pause_reading()
-        elif not self._flow_paused:
-            self.transport.resume_reading()
+            if self.is_publisher and not self._alarm_blocked:
+                self._alarm_blocked = True
+                self.transport.pause_reading()
+        elif self._alarm_blocked:
+            self._alarm_blocked = False
+            if not self._flow_paused:
+                self.transport.resume_reading()
+
+    def drop_if_peer_gone(self) -> None:
+        """While its reading is paused the connection cannot see its client leave: look (writeflow.py)."""
+        if (self._alarm_blocked or self._flow_paused) and self.state != CLOSED and peer_closed(self.transport):
+            log.info("0-10 connection %s: client closed while blocked", self.peer)
+            self.state = CLOSED
+            self.transport.abort()
 
     def close_connection(self, code: int, text: str) -> None:  # the broker's shutdown path
         self.close(CLOSE_FORCED, text)
@@ -274,6 +290,8 @@ class Amqp010Connection(asyncio.Protocol):
                 self._parking.stopped[channel] = 0
             return
         session = self.sessions.get(channel)
+        if method.__class__ is c.MessageTransfer:
+            self.is_publisher = True
         if session is None:
             if isinstance(method, c.Control) and not isinstance(method, (c.SessionDetached, c.SessionDetach)):
                 self.send(channel, c.SessionDetached(name=getattr(method, "name", b"") or b"", code=3))

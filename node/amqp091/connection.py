@@ -34,7 +34,7 @@ from raftmq.store.commands import Op
 
 from ..auth import MECHANISMS, AuthError, Principal
 from ..peer import peer_of
-from ..writeflow import DRAIN_CHUNK_BYTES, Parking, reader_bytes, set_write_limits
+from ..writeflow import DRAIN_CHUNK_BYTES, Parking, peer_closed, reader_bytes, set_write_limits
 from .channel import Channel
 from .errors import ConnectionException
 
@@ -152,6 +152,7 @@ class Amqp091Connection(asyncio.Protocol):
             log.exception("connection %s: internal error", self.peer)
             self.close_connection(541, "INTERNAL_ERROR - internal error")
         self.flush()
+        self.broker.maybe_check_alarms()  # input read may be held (partial publishes): memory grew
         if self.is_publisher and not self._reading_paused:
             if self.blocked_reason:
                 self._pause_reading()
@@ -551,6 +552,13 @@ class Amqp091Connection(asyncio.Protocol):
         if self._reading_paused and not self.blocked_reason and self.state != CLOSED:
             self._reading_paused = False
             self.transport.resume_reading()
+
+    def drop_if_peer_gone(self) -> None:
+        """While its reading is paused the connection cannot see its client leave: look (writeflow.py)."""
+        if self._reading_paused and self.state != CLOSED and peer_closed(self.transport):
+            log.info("connection %s: client closed while blocked", self.peer)
+            self.state = CLOSED
+            self.transport.abort()
 
     def _pause_reading(self) -> None:
         self._reading_paused = True

@@ -262,7 +262,9 @@ def test_consumer_that_stops_reading_does_not_grow_the_node(memory_node: RaftmqN
         held = publisher.sent * BODY if not no_ack else queued(memory_node, queue) * BODY
         print(f"published {publisher.sent * BODY / MiB:.0f} MiB, queue holds {held / MiB:.0f} MiB, "
               f"RSS grew {grown / MiB:.0f} MiB")
-        assert held <= WATERMARK + 16 * MiB
+        # The alarm is evaluated every 20 ms as memory grows; what the node read meanwhile (tens of
+        # MB/s over loopback) is the overshoot.
+        assert held <= WATERMARK + 32 * MiB
         assert grown < held + 80 * MiB, f"RSS grew {grown / MiB:.0f} MiB for {held / MiB:.0f} MiB held"
         # The node stopped reading the blocked publisher: what it had published is all there is.
         published = publisher.sent
@@ -274,6 +276,110 @@ def test_consumer_that_stops_reading_does_not_grow_the_node(memory_node: RaftmqN
     finally:
         publisher.close()
         consumer.close()
+
+
+@pytest.mark.timeout(240)
+def test_0_10_subscriber_that_stops_reading_does_not_grow_the_node(memory_node: RaftmqNode) -> None:
+    """The same for AMQP 0-10: a subscription with unlimited credit (message.flow, 0-10 spec class
+    message) whose client stops reading. The transfers assigned stay unaccepted in the queue's
+    memory and are not also piled up in the write buffer: RSS grows by at most what was published
+    plus 80 MB, the memory alarm blocks the 0-9-1 publisher, and once the client reads again it
+    receives every message, in order."""
+    import asyncio
+
+    from raftmq.client.amqp010 import UNLIMITED, Connection
+    from raftmq.protocol.amqp010 import codec as c
+
+    queue = uniq("bp010")
+
+    async def scenario() -> None:
+        conn = await Connection.connect([f"{memory_node.host}:{memory_node.port}"], stall_timeout=0)
+        try:
+            session = await conn.session()
+            await session.queue_declare(queue)
+            sub = await session.subscribe(queue, window=UNLIMITED)
+            conn._writer.transport.pause_reading()  # the client stops reading its socket
+            publisher = RawPublisher(memory_node, queue)
+            try:
+                await asyncio.sleep(0.5)
+                baseline = rss(memory_node.pid)
+                publisher.run(max_messages=FLOOD_CAP, seconds=60, until=lambda p: p.blocked)
+                assert publisher.blocked, f"no connection.blocked after {publisher.sent} messages"
+                await asyncio.sleep(1.0)
+                grown = rss(memory_node.pid) - baseline
+                held = publisher.sent * BODY
+                print(f"published {held / MiB:.0f} MiB, RSS grew {grown / MiB:.0f} MiB")
+                assert grown < held + 80 * MiB, f"RSS grew {grown / MiB:.0f} MiB for {held / MiB:.0f} MiB"
+                published = publisher.sent
+                conn._writer.transport.resume_reading()
+                seqs, unaccepted = [], []
+                deadline = time.monotonic() + 120
+                while len(seqs) < published and time.monotonic() < deadline:
+                    msg = await sub.get(timeout=10)
+                    assert msg is not None, f"only {len(seqs)} of {published} transfers"
+                    seqs.append(struct.unpack_from(">Q", msg.body)[0])
+                    unaccepted.append(msg.id)
+                    if len(unaccepted) == 64:
+                        # Accepting frees the memory: the alarm clears and the node reads the
+                        # publishes still in its socket.
+                        await session.execute(c.MessageAccept(transfers=[(i, i) for i in unaccepted]))
+                        unaccepted.clear()
+                assert seqs == list(range(published)), "every message once, in order"
+            finally:
+                publisher.close()
+        finally:
+            await conn.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 200))
+
+
+@pytest.mark.timeout(120)
+def test_unfinished_publishes_count_toward_the_memory_alarm(memory_node: RaftmqNode) -> None:
+    """Ten channels each announce a 30 MiB body (content header, general spec 4.2.6) and send it in
+    frames, never finishing: the bodies being assembled are memory the node holds, so the alarm
+    blocks the publisher (connection.blocked) and the node stops reading it near the 96 MiB watermark (before
+    issue 17 they were not counted: 300 MB held, no alarm). Resetting the connection frees them and
+    the alarm clears."""
+    client = RawClient(memory_node.host, memory_node.port, timeout=10)
+    assert raw_handshake(client).opened
+    queue = uniq("partial")
+    channels = range(1, 11)
+    for ch in channels:
+        client.open_channel(ch)
+    header = struct.pack(">HHQH", 60, 0, 30 * MiB, 0)
+    for ch in channels:
+        client.send(r.basic_publish(ch, "", queue) + r.frame(r.FRAME_HEADER, ch, header))
+    chunk = bytes(128 * 1024 - 8)
+    frames = [r.body_frame(ch, chunk) for ch in channels]
+    sock, sent, blocked, incoming = client.sock, 0, False, b""
+    sock.setblocking(False)
+    pending, i = b"", 0
+    deadline = time.monotonic() + 60
+    while not blocked and sent < 290 * MiB and time.monotonic() < deadline:
+        readable, writable, _ = select.select([sock], [sock], [], 0.05)
+        if readable:
+            data = sock.recv(65536)
+            assert data, "the node closed the connection"
+            incoming += data
+            blocked = struct.pack(">HH", *CONNECTION_BLOCKED) in incoming
+        if writable:
+            if not pending:
+                pending, i = frames[i % 10], i + 1
+            n = sock.send(pending)
+            pending, sent = pending[n:], sent + n
+    sock.setblocking(True)
+    print(f"blocked after {sent / MiB:.0f} MiB of unfinished bodies")
+    assert blocked, f"no connection.blocked after {sent / MiB:.0f} MiB of unfinished bodies"
+    # The watermark, plus what the sockets' kernel buffers held in flight when the alarm was sent.
+    assert sent < WATERMARK + 32 * MiB
+    before = memory_node.log_path.read_text().count("resource alarm cleared")
+    # An abortive close (RST): a FIN would wait behind the bytes the node no longer reads, as long
+    # as the client's kernel keeps the orphaned socket; the node notices an RST on a paused
+    # connection within its 1 s alarm loop.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    client.close()
+    wait_until(lambda: memory_node.log_path.read_text().count("resource alarm cleared") > before,
+               timeout=10, what="the memory alarm to clear once the connection is gone")
 
 
 # ======================================================================================================
