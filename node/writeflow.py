@@ -6,19 +6,23 @@ connection must stop adding deliveries to that buffer, or a consumer that stoppe
 the node's memory by every message published to its queues (issue 17: 293 MB for 293 MB
 published, and with manual acks each body held twice, once in the queue and once in the buffer).
 
-Two things happen on pause (docs/design.md, "Back-pressure towards consumers"):
+What a connection does (docs/design.md, "Back-pressure towards consumers"):
 
-* deliveries already assigned by the state machine are *parked* here, as the references the
+* it flushes as soon as the deliveries written since the last flush reach the high-water mark,
+  so that the transport can say "pause" in the middle of a large batch of outputs (one apply may
+  assign a whole backlog) instead of after all of it was encoded into the buffer;
+* while paused, deliveries the state machine assigned are *parked* here, as the references the
   outputs carry (the ``Message`` objects the queue holds): no body is copied or encoded again;
-* the connection asks the state machine, through the log, to stop assigning to its channels
-  (``Op.FLOW`` active=false, the command channel.flow uses). The pause is node-local knowledge;
-  only a command in the log may change what apply does, so every replica stops assigning at the
-  same point of the log. Until that command is applied a few more deliveries may arrive: they are
-  parked too. Messages not yet assigned stay in their queues, where other consumers can take
-  them and where the memory alarm counts them.
+* once one channel has parked ``stop_after`` bytes (the high-water mark), the connection asks the
+  state machine, through the log, to stop assigning to it (``Op.FLOW`` active=false, the command
+  channel.flow uses). The pause is node-local knowledge; only a command in the log may change what
+  apply does, so every replica stops assigning at the same point of the log. Channels whose
+  assignment is bounded anyway (a small prefetch or credit) never reach the threshold and cost no
+  command; an auto-ack consumer or one without prefetch reaches it at once. Messages not assigned
+  stay in their queues, where other consumers can take them and the memory alarm counts them.
 
 On resume the parked deliveries are written in order (stopping again if the buffer refills) and
-then the channels' assignment is re-enabled with ``Op.FLOW`` active=true.
+then the stopped channels' assignment is re-enabled with ``Op.FLOW`` active=true.
 """
 
 from __future__ import annotations
@@ -27,12 +31,10 @@ import socket
 from collections import deque
 from dataclasses import dataclass, field
 
-# Parked deliveries between two flushes while draining: small enough that a refilling buffer
-# pauses the drain soon, large enough that one transport.write carries many messages.
-DRAIN_CHUNK_BYTES = 256 * 1024
 # Re-send the stop for a channel after this many deliveries parked since the last one: if the
 # client re-enabled it (its own channel.flow active=true), assignment would go on unbounded.
 RESTOP_EVERY = 1024
+DEFAULT_HIGH = 64 * 1024  # asyncio's own default high-water mark
 
 
 def set_write_limits(transport, high: int) -> None:
@@ -51,20 +53,32 @@ class Parking:
     reference.
     """
 
+    stop_after: int = DEFAULT_HIGH  # parked bytes of one channel before its assignment is stopped
     paused: bool = False
+    unflushed: int = 0  # body bytes delivered since the last flush
     items: deque = field(default_factory=deque)  # (channel number, key, payload, owned bytes)
     owned_bytes: int = 0
     stopped: dict[int, int] = field(default_factory=dict)  # channel -> parked since its stop was sent
+    _parked: dict[int, int] = field(default_factory=dict)  # channel -> bytes parked, until stopped
 
-    def park(self, channel: int, key: str, payload: tuple, owned: int) -> bool:
-        """Hold one delivery; True when the caller should (re)send the stop for ``channel``."""
+    def park(self, channel: int, key: str, payload: tuple, owned: int, size: int) -> bool:
+        """Hold one delivery of ``size`` body bytes; True when the caller should (re)send the stop
+        for ``channel``."""
         self.items.append((channel, key, payload, owned))
         self.owned_bytes += owned
         count = self.stopped.get(channel)
-        if count is None or count >= RESTOP_EVERY:
+        if count is not None:
+            if count + 1 >= RESTOP_EVERY:
+                self.stopped[channel] = 0
+                return True
+            self.stopped[channel] = count + 1
+            return False
+        parked = self._parked.get(channel, 0) + size
+        if parked >= self.stop_after:
+            self._parked.pop(channel, None)
             self.stopped[channel] = 0
             return True
-        self.stopped[channel] = count + 1
+        self._parked[channel] = parked
         return False
 
     def pop(self) -> tuple:
@@ -72,10 +86,17 @@ class Parking:
         self.owned_bytes -= item[3]
         return item
 
+    def drained(self) -> dict[int, int]:
+        """Everything parked was written: forget the counts; return the channels that were stopped."""
+        stopped, self.stopped = self.stopped, {}
+        self._parked.clear()
+        return stopped
+
     def clear(self) -> None:
         self.items.clear()
         self.owned_bytes = 0
         self.stopped.clear()
+        self._parked.clear()
 
     @property
     def holding(self) -> bool:

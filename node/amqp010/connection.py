@@ -24,7 +24,7 @@ from raftmq.store.commands import Op
 
 from ..auth import AuthError, Principal
 from ..peer import peer_of
-from ..writeflow import DRAIN_CHUNK_BYTES, Parking, peer_closed, reader_bytes, set_write_limits
+from ..writeflow import DEFAULT_HIGH, Parking, peer_closed, reader_bytes, set_write_limits
 from .session import ACCEPT_NONE, PRE_ACQUIRED, ServerSession
 
 if TYPE_CHECKING:
@@ -60,7 +60,8 @@ class Amqp010Connection(asyncio.Protocol):
         self._wbuf: list[bytes] = []
         self._loop = asyncio.get_running_loop()
         self._close_handle: asyncio.TimerHandle | None = None
-        self._parking = Parking()  # transfers held while the client's socket is full (writeflow.py)
+        # Transfers held while the client's socket is full (writeflow.py).
+        self._parking = Parking(stop_after=self.config.write_buffer_high or DEFAULT_HIGH)
         set_write_limits(transport, self.config.write_buffer_high)
 
     # ------------------------------------------------------------------ asyncio.Protocol
@@ -123,16 +124,8 @@ class Amqp010Connection(asyncio.Protocol):
         self._parking.clear()
 
     def pause_writing(self) -> None:
-        """The write buffer passed ``write_buffer_high``: park transfers and stop the state machine
-        assigning to this connection's sessions (``Op.FLOW`` through the log, node/writeflow.py)."""
-        parking = self._parking
-        if parking.paused or self.state == CLOSED:
-            return
-        parking.paused = True
-        for channel, session in self.sessions.items():
-            if session.attached and channel not in parking.stopped:
-                parking.stopped[channel] = 0
-                self._submit_flow(channel, False)
+        """The write buffer passed ``write_buffer_high``: park transfers from now on (writeflow.py)."""
+        self._parking.paused = True
 
     def resume_writing(self) -> None:
         """Below the low-water mark again: write the parked transfers in order, then re-enable
@@ -143,22 +136,15 @@ class Amqp010Connection(asyncio.Protocol):
         if self.state != OPEN:
             parking.clear()
             return
-        written = 0
         while parking.items and not parking.paused:
             channel, destination, transfer, _owned = parking.pop()
             session = self.sessions.get(channel)
-            if session is None:
-                continue
-            session.on_transfer(destination, transfer)
-            written += len(transfer[4].body)
-            if written >= DRAIN_CHUNK_BYTES:
-                written = 0
-                self.flush()  # may call pause_writing again, which ends this loop
+            if session is not None:
+                self._transfer_now(session, destination, transfer)
         self.flush()
         if parking.paused or parking.items:
             return
-        stopped, parking.stopped = parking.stopped, {}
-        for channel in stopped:
+        for channel in parking.drained():
             if channel in self.sessions:
                 self._submit_flow(channel, True)
 
@@ -178,6 +164,7 @@ class Amqp010Connection(asyncio.Protocol):
         self._wbuf.append(encode_assembly(channel, track, segments, self.max_frame_size))
 
     def flush(self) -> None:
+        self._parking.unflushed = 0
         if self.completion_due:
             for session in self.completion_due.values():
                 session.send_completion()
@@ -220,11 +207,21 @@ class Amqp010Connection(asyncio.Protocol):
             if self._parking.holding:
                 settled = (session.accept_modes.get(destination) == ACCEPT_NONE
                            and session.acquire_modes.get(destination, PRE_ACQUIRED) == PRE_ACQUIRED)
-                owned = len(transfer[4].body) if settled else 0  # settled on assignment: held only here
-                if self._parking.park(channel_no, destination, transfer, owned):
+                size = len(transfer[4].body)
+                owned = size if settled else 0  # settled on assignment: held only here
+                if self._parking.park(channel_no, destination, transfer, owned, size):
                     self._submit_flow(channel_no, False)
                 return
-            session.on_transfer(destination, transfer)
+            self._transfer_now(session, destination, transfer)
+
+    def _transfer_now(self, session: ServerSession, destination: str, transfer: tuple) -> None:
+        """Write a transfer; flush once a high-water mark's worth is written, so that the
+        transport can pause us in the middle of a large batch (writeflow.py)."""
+        session.on_transfer(destination, transfer)
+        parking = self._parking
+        parking.unflushed += len(transfer[4].body)
+        if parking.unflushed >= parking.stop_after:
+            self.flush()
 
     def on_session_detached(self, channel_no: int, name: bytes) -> None:
         """The session was taken over by another attachment (attach with force)."""
@@ -283,11 +280,9 @@ class Amqp010Connection(asyncio.Protocol):
                 return
             session = self.sessions[channel] = ServerSession(self, channel, bytes(method.name or b""))
             session.attach(bool(method.force))
-            # A session detached while its connection's writing was paused kept assignment
-            # stopped (Op.FLOW is state of the session): set it for this attachment.
-            self._submit_flow(channel, not self._parking.paused)
-            if self._parking.paused:
-                self._parking.stopped[channel] = 0
+            # A session detached while its connection's writing was paused may have kept its
+            # assignment stopped (Op.FLOW is state of the session): restart it for this attachment.
+            self._submit_flow(channel, True)
             return
         session = self.sessions.get(channel)
         if method.__class__ is c.MessageTransfer:

@@ -34,7 +34,7 @@ from raftmq.store.commands import Op
 
 from ..auth import MECHANISMS, AuthError, Principal
 from ..peer import peer_of
-from ..writeflow import DRAIN_CHUNK_BYTES, Parking, peer_closed, reader_bytes, set_write_limits
+from ..writeflow import DEFAULT_HIGH, Parking, peer_closed, reader_bytes, set_write_limits
 from .channel import Channel
 from .errors import ConnectionException
 
@@ -91,7 +91,8 @@ class Amqp091Connection(asyncio.Protocol):
         self.blocked_reason: str | None = None
         self.is_publisher = False
         self._reading_paused = False
-        self._parking = Parking()  # deliveries held while the client's socket is full (writeflow.py)
+        # Deliveries held while the client's socket is full (writeflow.py).
+        self._parking = Parking(stop_after=self.config.write_buffer_high or DEFAULT_HIGH)
         set_write_limits(transport, self.config.write_buffer_high)
 
     # ------------------------------------------------------------------ asyncio.Protocol
@@ -170,25 +171,17 @@ class Amqp091Connection(asyncio.Protocol):
         self._parking.clear()
 
     def pause_writing(self) -> None:
-        """The write buffer passed ``write_buffer_high``: park deliveries, stop assignment (writeflow.py)."""
-        parking = self._parking
-        if parking.paused or self.state == CLOSED:
-            return
-        parking.paused = True
-        for number, channel in self.channels.items():
-            if channel.is_open and channel.has_consumers and number not in parking.stopped:
-                parking.stopped[number] = 0
-                self._submit_flow(number, False)
+        """The write buffer passed ``write_buffer_high``: park deliveries from now on (writeflow.py)."""
+        self._parking.paused = True
 
     def resume_writing(self) -> None:
         """The buffer drained below the low-water mark: write what was parked, then let the state
-        machine assign to this connection's channels again (unless the client paused them itself)."""
+        machine assign to the stopped channels again (unless the client paused them itself)."""
         parking = self._parking
         parking.paused = False
         if self.state != OPEN:
             parking.clear()
             return
-        written = 0
         while parking.items and not parking.paused:
             number, consumer_tag, delivery, _owned = parking.pop()
             channel = self.channels.get(number)
@@ -197,16 +190,11 @@ class Amqp091Connection(asyncio.Protocol):
             if channel.consumer_no_ack(consumer_tag) is None:
                 channel.return_unsent([delivery])  # cancelled meanwhile (auto-ack ones are gone)
                 continue
-            channel.deliver(consumer_tag, delivery)
-            written += len(delivery[3].body)
-            if written >= DRAIN_CHUNK_BYTES:
-                written = 0
-                self.flush()  # may call pause_writing again, which ends this loop
+            self._deliver_now(channel, consumer_tag, delivery)
         self.flush()
         if parking.paused or parking.items:
             return
-        stopped, parking.stopped = parking.stopped, {}
-        for number in stopped:
+        for number in parking.drained():
             channel = self.channels.get(number)
             if channel is not None and channel.is_open and channel.client_flow_active:
                 self._submit_flow(number, True)
@@ -240,6 +228,7 @@ class Amqp091Connection(asyncio.Protocol):
         self._wbuf.append(encode_method_frame(channel, method))
 
     def flush(self) -> None:
+        self._parking.unflushed = 0
         if self.confirm_dirty:
             for channel in self.confirm_dirty.values():
                 channel.flush_confirms()
@@ -300,12 +289,21 @@ class Amqp091Connection(asyncio.Protocol):
         channel = self.channels.get(channel_no)
         if channel is not None:
             if self._parking.holding and channel.is_open:
-                no_ack = channel.consumer_no_ack(consumer_tag)
-                owned = len(delivery[3].body) if no_ack else 0
-                if self._parking.park(channel_no, consumer_tag, delivery, owned):
+                size = len(delivery[3].body)
+                owned = size if channel.consumer_no_ack(consumer_tag) else 0
+                if self._parking.park(channel_no, consumer_tag, delivery, owned, size):
                     self._submit_flow(channel_no, False)
                 return
-            channel.deliver(consumer_tag, delivery)
+            self._deliver_now(channel, consumer_tag, delivery)
+
+    def _deliver_now(self, channel: Channel, consumer_tag: str, delivery: tuple) -> None:
+        """Hand a delivery to its channel; flush once a high-water mark's worth is written, so
+        that the transport can pause us in the middle of a large batch (writeflow.py)."""
+        channel.deliver(consumer_tag, delivery)
+        parking = self._parking
+        parking.unflushed += len(delivery[3].body)
+        if parking.unflushed >= parking.stop_after:
+            self.flush()
 
     def on_cancel(self, channel_no: int, consumer_tag: str) -> None:
         channel = self.channels.get(channel_no)

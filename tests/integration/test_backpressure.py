@@ -278,6 +278,35 @@ def test_consumer_that_stops_reading_does_not_grow_the_node(memory_node: RaftmqN
         consumer.close()
 
 
+@pytest.mark.timeout(120)
+def test_consumer_attached_to_a_backlog_is_not_sent_it_all_at_once(memory_node: RaftmqNode) -> None:
+    """A manual-ack consumer without prefetch attaches to a queue holding 64 MiB and does not read.
+    One apply assigns it the whole backlog; the node writes only up to the high-water mark and keeps
+    the rest as references to the queued messages, so its RSS grows by well under the backlog
+    (before: every body encoded into the write buffer at once, +64 MiB on top of the queue). When
+    the consumer reads, it gets all of them, in order."""
+    queue = uniq("backlog")
+    count = 64 * MiB // BODY
+    publisher = RawPublisher(memory_node, queue)
+    try:
+        publisher.run(max_messages=count, seconds=30, until=lambda p: p.sent >= count)
+        wait_until(lambda: queued(memory_node, queue) == count, timeout=20, what=f"{count} messages queued")
+        time.sleep(0.5)
+        baseline = rss(memory_node.pid)
+        consumer = RawConsumer(memory_node, queue, no_ack=False)
+        try:
+            time.sleep(2.0)
+            grown = rss(memory_node.pid) - baseline
+            print(f"backlog {count * BODY / MiB:.0f} MiB, RSS grew {grown / MiB:.0f} MiB on attach")
+            assert grown < 24 * MiB, f"RSS grew {grown / MiB:.0f} MiB when the consumer attached"
+            consumer.drain(count, seconds=60)
+            assert consumer.seqs == list(range(count))
+        finally:
+            consumer.close()
+    finally:
+        publisher.close()
+
+
 @pytest.mark.timeout(240)
 def test_0_10_subscriber_that_stops_reading_does_not_grow_the_node(memory_node: RaftmqNode) -> None:
     """The same for AMQP 0-10: a subscription with unlimited credit (message.flow, 0-10 spec class
