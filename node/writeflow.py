@@ -16,9 +16,10 @@ What a connection does (docs/design.md, "Back-pressure towards consumers"):
 * once one channel has parked ``stop_after`` bytes (the high-water mark), the connection asks the
   state machine, through the log, to stop assigning to it (``Op.FLOW`` active=false, the command
   channel.flow uses). The pause is node-local knowledge; only a command in the log may change what
-  apply does, so every replica stops assigning at the same point of the log. Channels whose
-  assignment is bounded anyway (a small prefetch or credit) never reach the threshold and cost no
-  command; an auto-ack consumer or one without prefetch reaches it at once. Messages not assigned
+  apply does, so every replica stops assigning at the same point of the log. A 0-9-1 channel
+  whose consumers are all under a basic.qos limit is assigned no more than its credit and is never
+  stopped (its parked deliveries are not counted toward the threshold); an auto-ack consumer or one
+  without prefetch reaches it at once, a 0-10 session when it parked that much. Messages not assigned
   stay in their queues, where other consumers can take them and the memory alarm counts them.
 
 On resume the parked deliveries are written in order (stopping again if the buffer refills) and

@@ -586,6 +586,12 @@ class Channel:
         return self._consumers.get(consumer_tag)
 
     @property
+    def assignment_bounded(self) -> bool:
+        """What the state machine assigns to this channel is bounded by credit (manual acks under a
+        basic.qos limit): parking it needs no stop through the log."""
+        return not any(self._consumers.values()) and self._window.bounded()
+
+    @property
     def client_flow_active(self) -> bool:
         """The client has not paused this channel with channel.flow active=false."""
         return not self._paused

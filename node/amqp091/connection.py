@@ -291,7 +291,9 @@ class Amqp091Connection(asyncio.Protocol):
             if self._parking.holding and channel.is_open:
                 size = len(delivery[3].body)
                 owned = size if channel.consumer_no_ack(consumer_tag) else 0
-                if self._parking.park(channel_no, consumer_tag, delivery, owned, size):
+                # A channel under a basic.qos limit parks at most its credit: no stop needed.
+                counted = 0 if channel.assignment_bounded else size
+                if self._parking.park(channel_no, consumer_tag, delivery, owned, counted):
                     self._submit_flow(channel_no, False)
                 return
             self._deliver_now(channel, consumer_tag, delivery)
