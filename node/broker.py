@@ -11,7 +11,6 @@ import asyncio
 import itertools
 import logging
 import os
-import shutil
 import time
 from typing import Protocol
 
@@ -93,6 +92,7 @@ class Broker:
             self.store = DurableStore(os.path.join(data_dir, "state"))
             self.machine = StateMachine(self.store)
             self.log = LocalLog(self.machine, self._on_outputs)
+            self.log.on_fatal = self._on_disk_failure
             self._configured_members = {}
         self.flow_throttled = False
         self.flow_paused: set = set()  # endpoints not read until the backlog is low again
@@ -110,6 +110,9 @@ class Broker:
         self.endpoints: dict[str, Endpoint] = {}
         self._conn_ids = itertools.count(1)
         self.alarm: str | None = None
+        self._disk_paths = [data_dir] + [os.path.join(data_dir, sub) for sub in ("state", "raft", "events")]
+        self._next_alarm_check = 0.0  # monotonic time from which growth triggers check_alarms again
+        self.memory_in_use = 0  # at the last check (bytes): see memory_held()
         self._tasks: list[asyncio.Task] = []
         self._leaderless_since: float | None = None
         self.leader_changes = 0
@@ -208,6 +211,7 @@ class Broker:
     def submit(self, command: list, deferrable: bool = False, size: int = 0) -> None:
         """Hand ``command`` to the log; ``size``, the bytes it carries if the caller knows them."""
         self.log.submit(command, deferrable, size)
+        self.maybe_check_alarms()
 
     # ------------------------------------------------------------------ flow control
 
@@ -252,6 +256,7 @@ class Broker:
             touched[out[0]] = endpoint
         for endpoint in touched.values():
             endpoint.flush()
+        self.maybe_check_alarms()
 
     # ------------------------------------------------------------------ timers
 
@@ -331,6 +336,10 @@ class Broker:
                     self._declared_down.add(node_id)
                     self.submit([Op.NODE_RESET, None, None, node_id, None])
 
+    def _on_disk_failure(self, reason: str) -> None:
+        """The log is about to stop the node (a failed LMDB commit or fsync): answer every client."""
+        self.close_all(541, "INTERNAL_ERROR - this node could not write to its disk and is stopping")
+
     def close_all(self, code: int, text: str) -> None:
         for endpoint in list(self.endpoints.values()):
             close = getattr(endpoint, "close_connection", None)
@@ -341,24 +350,70 @@ class Broker:
     async def _alarm_loop(self) -> None:
         while True:
             try:
+                if self.alarm:
+                    # Blocked connections are not read: find those whose client left (their partial
+                    # input would otherwise hold the alarm up for good).
+                    for endpoint in list(self.endpoints.values()):
+                        drop = getattr(endpoint, "drop_if_peer_gone", None)
+                        if drop is not None:
+                            drop()
                 self.check_alarms()
             except Exception:  # a failing check must not end the loop (and with it all alarms)
                 log.exception("resource alarm check failed")
             await asyncio.sleep(ALARM_CHECK_INTERVAL)
 
+    def maybe_check_alarms(self) -> None:
+        """Memory or disk use may have grown (commands submitted, outputs written, input read)."""
+        if time.monotonic() >= self._next_alarm_check:
+            self._check_alarms_now()
+
+    def _check_alarms_now(self) -> None:
+        """Evaluate the alarms as memory and disk use grow (called after submitted commands,
+        dispatched outputs and input read), at most every ``resource_check_interval``. Summing the
+        connections' holdings costs ~0.6 us per connection (10,000 in-process connections: 5.9 ms),
+        so with many connections the interval grows to keep the check near 2 % of a core
+        (10,000 connections: every 0.3 s)."""
+        interval = max(self.config.resource_check_interval, len(self.endpoints) * 30e-6)
+        self._next_alarm_check = time.monotonic() + interval
+        try:
+            self.check_alarms()
+        except Exception:
+            log.exception("resource alarm check failed")
+
+    def memory_held(self) -> int:
+        """Bytes the node holds for clients: bodies in queues (ready and unacked), and per
+        connection its socket write buffer, parked auto-ack deliveries and partial input."""
+        held = self.machine.message_bytes
+        for endpoint in list(self.endpoints.values()):
+            held_bytes = getattr(endpoint, "held_bytes", None)
+            if held_bytes is not None:
+                held += held_bytes()
+        return held
+
+    def disk_free(self) -> int:
+        """Bytes free for an unprivileged writer where the node writes: the least of the data
+        directory's filesystem and those of its stores (each may be a mount of its own)."""
+        free = None
+        for path in self._disk_paths:
+            try:
+                st = os.statvfs(path)
+            except OSError:
+                continue
+            avail = st.f_bavail * st.f_frsize
+            free = avail if free is None else min(free, avail)
+        return self.config.disk_free_limit + 1 if free is None else free
+
     def check_alarms(self) -> None:
         reason = None
-        if self.machine.message_bytes > self.config.memory_high_watermark:
+        self.memory_in_use = self.memory_held()
+        if self.memory_in_use > self.config.memory_high_watermark:
             reason = "low on memory"
-        else:
-            try:
-                free = shutil.disk_usage(self.config.resolved_data_dir()).free
-            except OSError:
-                free = self.config.disk_free_limit + 1
-            if free < self.config.disk_free_limit:
-                reason = "low on disk"
+        elif self.disk_free() < self.config.disk_free_limit:
+            reason = "low on disk"
         if reason != self.alarm:
-            log.warning("resource alarm %s", f"set: {reason}" if reason else "cleared")
+            log.warning("resource alarm %s (memory held %d bytes, watermark %d)",
+                        f"set: {reason}" if reason else "cleared", self.memory_in_use,
+                        self.config.memory_high_watermark)
             self.alarm = reason
             for endpoint in list(self.endpoints.values()):
                 endpoint.set_blocked(reason)

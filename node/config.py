@@ -54,8 +54,16 @@ class Config:
     # Seconds from accepting a socket to connection.open-ok (both protocols): a client that has not
     # opened its connection by then is closed.  0 disables (not advised: idle sockets hold slots).
     handshake_timeout: float = 10.0
-    memory_high_watermark: int = 1024 * 1024 * 1024  # bytes of queued message bodies
+    # Bytes the node holds for clients: queued bodies, client write buffers, parked auto-ack
+    # deliveries, publishes being received (node/broker.py memory_in_use).
+    memory_high_watermark: int = 1024 * 1024 * 1024
     disk_free_limit: int = 50 * 1024 * 1024
+    # Resource alarms are re-evaluated as memory and disk use grow (after batches of outputs and
+    # submitted commands), at most once per this many seconds, besides the once-a-second check.
+    resource_check_interval: float = 0.02
+    # A client's socket write buffer above this stops deliveries to its connection until it drains
+    # to a quarter of it (pause_writing / resume_writing, node/writeflow.py); 0: asyncio's 64 KiB.
+    write_buffer_high: int = 1 << 20
     use_uvloop: bool = True
     # Run the node's threads under Linux SCHED_BATCH: their many short wake-ups (every Raft message
     # and batch) then do not preempt other busy processes on the same cores.  For a node sharing

@@ -82,7 +82,9 @@ def _chaos_run(args: argparse.Namespace) -> int:
         if not backends.netns.available():
             print("raftmq chaos: the netns backend needs root and iproute2", file=sys.stderr)
             return 2
-        backend = backends.NetnsBackend(tempfile.mkdtemp(prefix="raftmq-chaos-"))
+        nemeses = [n.strip() for n in args.nemesis.split(",")]
+        backend = backends.NetnsBackend(tempfile.mkdtemp(prefix="raftmq-chaos-"),
+                                        small_disks=512 << 20 if "disk-full" in nemeses else 0)
     else:
         backend = backends.ComposeBackend(args.compose_file)
     config = runner.RunConfig(duration=args.duration, nemeses=[n.strip() for n in args.nemesis.split(",") if n.strip()],

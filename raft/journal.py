@@ -53,6 +53,22 @@ from pysyncobj.syncobj import _COMMAND_TYPE
 
 log = logging.getLogger(__name__)
 
+
+def _stop_node(what: str, exc: OSError) -> None:
+    """A journal write failed (disk full, EIO): stop the process at once, loudly.
+
+    The failed flush has already taken the records off its buffer, so carrying on would let the
+    next flush report them durable and this node acknowledge entries it does not have (pysyncobj
+    logs the exception and retries the tick forever: measured, the leader kept failing and its
+    publishers waited without an answer). Raft tolerates a node that stops; on restart the journal
+    is read back (a torn tail cut off) and the node catches up from the leader. This runs in
+    pysyncobj's thread, where SystemExit would end only that thread: ``os._exit``. Clients see
+    their connections end and fail over.
+    """
+    log.critical("Raft journal: %s failed: %r; stopping the node (exit status 70)", what, exc)
+    logging.shutdown()
+    os._exit(70)
+
 SEGMENT_BYTES = 64 << 20
 # Committed entries that stay in memory (whole): a follower just behind is sent these without a
 # read.  An entry is a batch, usually a few KiB; at most 1 MiB.
@@ -436,6 +452,12 @@ class AppendJournal(Journal):
         """Append the buffered records and fdatasync: one device flush for all of them."""
         if not self._buffer and not self._truncate:
             return
+        try:
+            self._flush()
+        except OSError as exc:
+            _stop_node("flush", exc)
+
+    def _flush(self) -> None:
         if self._truncate:
             self._truncate_segments()
             self._truncate = False
@@ -483,6 +505,12 @@ class AppendJournal(Journal):
         last.size = cut - last.base
 
     def _write_meta(self) -> None:
+        try:
+            self._replace_meta()
+        except OSError as exc:
+            _stop_node("writing the meta file", exc)
+
+    def _replace_meta(self) -> None:
         tmp = self._meta_path + ".tmp"
         with open(tmp, "w") as fh:
             json.dump(self._meta, fh)

@@ -42,6 +42,8 @@ class LocalLog:
         self._syncing = False
         self._held: deque[tuple[int, list]] = deque()
         self.batches_applied = 0
+        # Called with a reason just before the node stops because its disk failed (_fail_stop).
+        self.on_fatal: Callable[[str], None] | None = None
         self.commands_applied = 0
         self.on_throttle: Callable[[bool], None] | None = None  # never called: nothing queues up here
 
@@ -97,8 +99,11 @@ class LocalLog:
         if not batch:
             return
         now_us = self._clock() // 1000
-        effects = self.machine.apply(now_us, batch)
-        self.machine.carry_out(effects)  # the LMDB commit and the audit events
+        try:
+            effects = self.machine.apply(now_us, batch)
+            self.machine.carry_out(effects)  # the LMDB commit and the audit events
+        except Exception as exc:
+            self._fail_stop("the LMDB commit of a batch failed", exc)
         outputs = effects.outputs
         self.batches_applied += 1
         self.commands_applied += len(batch)
@@ -113,6 +118,26 @@ class LocalLog:
         self._held.append((needs, outputs))
         self._start_sync()
         self._release()
+
+    def _fail_stop(self, what: str, exc: BaseException) -> None:
+        """The disk refused a write (full, EIO): stop the node loudly rather than diverge.
+
+        The batch was applied to the in-memory model but not to LMDB, and apply cannot be undone,
+        so memory and disk now disagree; carrying on would answer clients from a state a restart
+        does not have. Its outputs (and those of every batch still waiting for an fsync) are never
+        released, so nothing is confirmed that is not on disk; ``on_fatal`` closes every client
+        connection (541) so that no publisher waits for an answer, and the process exits with 70.
+        A restart rebuilds the model from LMDB, which holds exactly what was confirmed and more.
+        """
+        log.critical("%s: %r; stopping the node (the state on disk is what a restart serves)", what, exc)
+        self._held.clear()
+        self._pending.clear()
+        if self.on_fatal is not None:
+            try:
+                self.on_fatal(f"{what}: {exc}")
+            except Exception:
+                log.exception("closing client connections before stopping failed")
+        raise SystemExit(70)
 
     def _release(self) -> None:
         while self._held and self._held[0][0] <= self._synced_upto:
@@ -134,9 +159,7 @@ class LocalLog:
         self._syncing = False
         exc = future.exception()
         if exc is not None:
-            # Without a working disk nothing promised can be kept: stop rather than lie.
-            log.critical("fsync of the LMDB environment failed: %s", exc)
-            raise SystemExit(70)
+            self._fail_stop("fsync of the LMDB environment failed", exc)
         self._synced_upto = max(self._synced_upto, target)
         self._release()
         self._start_sync()

@@ -29,11 +29,13 @@ from raftmq import __version__
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.protocol.amqp010.errors import FramingError
 from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER, FrameReader, encode_assembly
+from raftmq.store.commands import Op
 
 from ..auth import AuthError, Principal
 from ..core.access import Access, AccessRefused
 from ..peer import peer_of
-from .session import ServerSession
+from ..writeflow import DEFAULT_HIGH, Parking, peer_closed, reader_bytes, set_write_limits
+from .session import ACCEPT_NONE, PRE_ACQUIRED, ServerSession
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -64,7 +66,8 @@ class Amqp010Connection(asyncio.Protocol):
         self.max_frame_size = MAX_FRAME_SIZE
         self.sessions: dict[int, ServerSession] = {}
         self.completion_due: dict[int, ServerSession] = {}
-        self._alarm_blocked = False  # a resource alarm stopped reading
+        self._alarm_blocked = False  # a resource alarm stopped reading (publishers only)
+        self.is_publisher = False  # sent a message.transfer: the one kind of client an alarm stops reading
         self._flow_paused = False  # the broker's proposal backlog stopped reading
         self.pending: dict[int, tuple] = {}
         self._next_token = 0
@@ -74,6 +77,9 @@ class Amqp010Connection(asyncio.Protocol):
         self._handshake_handle: asyncio.TimerHandle | None = None
         self._refusal: str | None = None  # why the connection limits refuse this connection
         self._admitted_as: str | None = None  # the address counted in broker.admission
+        # Transfers held while the client's socket is full (writeflow.py).
+        self._parking = Parking(stop_after=self.config.write_buffer_high or DEFAULT_HIGH)
+        set_write_limits(transport, self.config.write_buffer_high)
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
@@ -116,6 +122,9 @@ class Amqp010Connection(asyncio.Protocol):
             log.exception("0-10 connection %s: internal error", self.peer)
             self.close(CLOSE_FORCED, "internal error")
         self.flush()
+        self.broker.maybe_check_alarms()  # input read may be held (partial assemblies): memory grew
+        if self.broker.alarm and self.is_publisher and not self._alarm_blocked and self.state != CLOSED:
+            self.set_blocked(self.broker.alarm)
         if self.broker.flow_throttled and not self._flow_paused and self.state != CLOSED:
             self._flow_paused = True
             self.transport.pause_reading()
@@ -139,6 +148,41 @@ class Amqp010Connection(asyncio.Protocol):
             self.broker.unregister(self.conn_id)
         self.sessions.clear()
         self.pending.clear()
+        self._parking.clear()
+
+    def pause_writing(self) -> None:
+        """The write buffer passed ``write_buffer_high``: park transfers from now on (writeflow.py)."""
+        self._parking.paused = True
+
+    def resume_writing(self) -> None:
+        """Below the low-water mark again: write the parked transfers in order, then re-enable
+        assignment. A transfer of a session detached meanwhile is dropped here: the session keeps
+        it unsettled in the state machine and replays it when it is resumed."""
+        parking = self._parking
+        parking.paused = False
+        if self.state != OPEN:
+            parking.clear()
+            return
+        while parking.items and not parking.paused:
+            channel, destination, transfer, _owned = parking.pop()
+            session = self.sessions.get(channel)
+            if session is not None:
+                self._transfer_now(session, destination, transfer)
+        self.flush()
+        if parking.paused or parking.items:
+            return
+        for channel in parking.drained():
+            if channel in self.sessions:
+                self._submit_flow(channel, True)
+
+    def _submit_flow(self, channel: int, active: bool) -> None:
+        """Stop or restart assignment to a session, in the log (an error, session gone, is ignored)."""
+        self.broker.submit([Op.FLOW, self.conn_id, None, channel, active])
+
+    def held_bytes(self) -> int:
+        """What this connection holds for the memory alarm: write buffer, parked accept-mode-none
+        bodies, and input not yet decoded (partial frames and assemblies)."""
+        return self.transport.get_write_buffer_size() + self._parking.owned_bytes + reader_bytes(self.reader)
 
     # ------------------------------------------------------------------ writing
 
@@ -147,6 +191,7 @@ class Amqp010Connection(asyncio.Protocol):
         self._wbuf.append(encode_assembly(channel, track, segments, self.max_frame_size))
 
     def flush(self) -> None:
+        self._parking.unflushed = 0
         if self.completion_due:
             for session in self.completion_due.values():
                 session.send_completion()
@@ -186,7 +231,24 @@ class Amqp010Connection(asyncio.Protocol):
     def on_transfer(self, channel_no: int, destination: str, transfer: tuple) -> None:
         session = self.sessions.get(channel_no)
         if session is not None:
-            session.on_transfer(destination, transfer)
+            if self._parking.holding:
+                settled = (session.accept_modes.get(destination) == ACCEPT_NONE
+                           and session.acquire_modes.get(destination, PRE_ACQUIRED) == PRE_ACQUIRED)
+                size = len(transfer[4].body)
+                owned = size if settled else 0  # settled on assignment: held only here
+                if self._parking.park(channel_no, destination, transfer, owned, size):
+                    self._submit_flow(channel_no, False)
+                return
+            self._transfer_now(session, destination, transfer)
+
+    def _transfer_now(self, session: ServerSession, destination: str, transfer: tuple) -> None:
+        """Write a transfer; flush once a high-water mark's worth is written, so that the
+        transport can pause us in the middle of a large batch (writeflow.py)."""
+        session.on_transfer(destination, transfer)
+        parking = self._parking
+        parking.unflushed += len(transfer[4].body)
+        if parking.unflushed >= parking.stop_after:
+            self.flush()
 
     def on_session_detached(self, channel_no: int, name: bytes) -> None:
         """The session was taken over by another attachment (attach with force)."""
@@ -205,11 +267,23 @@ class Amqp010Connection(asyncio.Protocol):
         self.close(CLOSE_FORCED, reply_text)
 
     def set_blocked(self, reason: str | None) -> None:
-        self._alarm_blocked = bool(reason)
+        """A resource alarm stops reading publishers only (as 0-9-1 does): a subscriber that
+        could not be read could not accept, and its accepts are what frees the memory."""
         if reason:
-            self.transport.pause_reading()
-        elif not self._flow_paused:
-            self.transport.resume_reading()
+            if self.is_publisher and not self._alarm_blocked:
+                self._alarm_blocked = True
+                self.transport.pause_reading()
+        elif self._alarm_blocked:
+            self._alarm_blocked = False
+            if not self._flow_paused:
+                self.transport.resume_reading()
+
+    def drop_if_peer_gone(self) -> None:
+        """While its reading is paused the connection cannot see its client leave: look (writeflow.py)."""
+        if (self._alarm_blocked or self._flow_paused) and self.state != CLOSED and peer_closed(self.transport):
+            log.info("0-10 connection %s: client closed while blocked", self.peer)
+            self.state = CLOSED
+            self.transport.abort()
 
     def close_connection(self, code: int, text: str) -> None:  # the broker's shutdown path
         self.close(CLOSE_FORCED, text)
@@ -233,8 +307,13 @@ class Amqp010Connection(asyncio.Protocol):
                 return
             session = self.sessions[channel] = ServerSession(self, channel, bytes(method.name or b""))
             session.attach(bool(method.force))
+            # A session detached while its connection's writing was paused may have kept its
+            # assignment stopped (Op.FLOW is state of the session): restart it for this attachment.
+            self._submit_flow(channel, True)
             return
         session = self.sessions.get(channel)
+        if method.__class__ is c.MessageTransfer:
+            self.is_publisher = True
         if session is None:
             if isinstance(method, c.Control) and not isinstance(method, (c.SessionDetached, c.SessionDetach)):
                 self.send(channel, c.SessionDetached(name=getattr(method, "name", b"") or b"", code=3))

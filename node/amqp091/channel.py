@@ -588,6 +588,38 @@ class Channel:
             return
         self._send_delivery(consumer_tag, delivery, no_ack)
 
+    # Read by the connection's write back-pressure (node/writeflow.py).
+
+    @property
+    def has_consumers(self) -> bool:
+        return bool(self._consumers)
+
+    def consumer_no_ack(self, consumer_tag: str) -> bool | None:
+        """Whether the consumer is auto-ack; None when the channel has no such consumer (any more)."""
+        return self._consumers.get(consumer_tag)
+
+    @property
+    def assignment_bounded(self) -> bool:
+        """What the state machine assigns to this channel is bounded by credit (manual acks under a
+        basic.qos limit): parking it needs no stop through the log."""
+        return not any(self._consumers.values()) and self._window.bounded()
+
+    @property
+    def client_flow_active(self) -> bool:
+        """The client has not paused this channel with channel.flow active=false."""
+        return not self._paused
+
+    @property
+    def assembling_bytes(self) -> int:
+        """Body bytes of a publish still being received."""
+        return self._body_received if self._publish is not None else 0
+
+    def return_unsent(self, deliveries: list[tuple]) -> None:
+        """Assignments never sent (their consumer went while they were parked): back to their
+        queues as not delivered. Unknown ones (auto-ack, already gone) are ignored by apply."""
+        refs = [[qid, seq] for qid, seq, _redelivered, _message in deliveries]
+        self.conn.broker.submit(self._command(Op.NACK, refs, True, True))
+
     def _send_held(self) -> None:
         if self._paused or self.state != OPEN:
             return

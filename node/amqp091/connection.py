@@ -30,10 +30,12 @@ from raftmq.protocol.amqp091.frames import (
     frames_at,
 )
 from raftmq.protocol.amqp091.methods import decode_method
+from raftmq.store.commands import Op
 
 from ..auth import MECHANISMS, AuthError, Principal
 from ..core.access import Access, AccessRefused
 from ..peer import peer_of
+from ..writeflow import DEFAULT_HIGH, Parking, peer_closed, reader_bytes, set_write_limits
 from .channel import Channel
 from .errors import ConnectionException
 
@@ -100,6 +102,9 @@ class Amqp091Connection(asyncio.Protocol):
         self.blocked_reason: str | None = None
         self.is_publisher = False
         self._reading_paused = False
+        # Deliveries held while the client's socket is full (writeflow.py).
+        self._parking = Parking(stop_after=self.config.write_buffer_high or DEFAULT_HIGH)
+        set_write_limits(transport, self.config.write_buffer_high)
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
@@ -161,6 +166,7 @@ class Amqp091Connection(asyncio.Protocol):
             log.exception("connection %s: internal error", self.peer)
             self.close_connection(541, "INTERNAL_ERROR - internal error")
         self.flush()
+        self.broker.maybe_check_alarms()  # input read may be held (partial publishes): memory grew
         if self.is_publisher and not self._reading_paused and self.state != CLOSED:
             if self.blocked_reason:
                 self._pause_reading()
@@ -178,12 +184,49 @@ class Amqp091Connection(asyncio.Protocol):
             self.broker.unregister(self.conn_id)
         self.pending.clear()
         self.channels.clear()
+        self._parking.clear()
 
-    def pause_writing(self) -> None:  # noqa: D401 - asyncio callback
-        pass
+    def pause_writing(self) -> None:
+        """The write buffer passed ``write_buffer_high``: park deliveries from now on (writeflow.py)."""
+        self._parking.paused = True
 
     def resume_writing(self) -> None:
-        pass
+        """The buffer drained below the low-water mark: write what was parked, then let the state
+        machine assign to the stopped channels again (unless the client paused them itself)."""
+        parking = self._parking
+        parking.paused = False
+        if self.state != OPEN:
+            parking.clear()
+            return
+        while parking.items and not parking.paused:
+            number, consumer_tag, delivery, _owned = parking.pop()
+            channel = self.channels.get(number)
+            if channel is None or not channel.is_open:
+                continue  # closing the channel returned its unacked deliveries to their queues
+            if channel.consumer_no_ack(consumer_tag) is None:
+                channel.return_unsent([delivery])  # cancelled meanwhile (auto-ack ones are gone)
+                continue
+            self._deliver_now(channel, consumer_tag, delivery)
+        self.flush()
+        if parking.paused or parking.items:
+            return
+        for number in parking.drained():
+            channel = self.channels.get(number)
+            if channel is not None and channel.is_open and channel.client_flow_active:
+                self._submit_flow(number, True)
+
+    def _submit_flow(self, number: int, active: bool) -> None:
+        """channel.flow through the log: the only way a node-local pause can change assignment
+        identically on every replica. Token-less: an error (channel gone) is ignored."""
+        self.broker.submit([Op.FLOW, self.conn_id, None, number, active])
+
+    def held_bytes(self) -> int:
+        """What this connection holds for the memory alarm: its write buffer, parked auto-ack
+        bodies, unparsed input and publishes being assembled."""
+        held = self.transport.get_write_buffer_size() + self._parking.owned_bytes + reader_bytes(self.reader)
+        for channel in self.channels.values():
+            held += channel.assembling_bytes
+        return held
 
     # ------------------------------------------------------------------ writing
 
@@ -201,6 +244,7 @@ class Amqp091Connection(asyncio.Protocol):
         self._wbuf.append(encode_method_frame(channel, method))
 
     def flush(self) -> None:
+        self._parking.unflushed = 0
         if self.confirm_dirty:
             for channel in self.confirm_dirty.values():
                 channel.flush_confirms()
@@ -260,7 +304,24 @@ class Amqp091Connection(asyncio.Protocol):
     def on_deliver(self, channel_no: int, consumer_tag: str, delivery: tuple) -> None:
         channel = self.channels.get(channel_no)
         if channel is not None:
-            channel.deliver(consumer_tag, delivery)
+            if self._parking.holding and channel.is_open:
+                size = len(delivery[3].body)
+                owned = size if channel.consumer_no_ack(consumer_tag) else 0
+                # A channel under a basic.qos limit parks at most its credit: no stop needed.
+                counted = 0 if channel.assignment_bounded else size
+                if self._parking.park(channel_no, consumer_tag, delivery, owned, counted):
+                    self._submit_flow(channel_no, False)
+                return
+            self._deliver_now(channel, consumer_tag, delivery)
+
+    def _deliver_now(self, channel: Channel, consumer_tag: str, delivery: tuple) -> None:
+        """Hand a delivery to its channel; flush once a high-water mark's worth is written, so
+        that the transport can pause us in the middle of a large batch (writeflow.py)."""
+        channel.deliver(consumer_tag, delivery)
+        parking = self._parking
+        parking.unflushed += len(delivery[3].body)
+        if parking.unflushed >= parking.stop_after:
+            self.flush()
 
     def on_cancel(self, channel_no: int, consumer_tag: str) -> None:
         channel = self.channels.get(channel_no)
@@ -563,6 +624,13 @@ class Amqp091Connection(asyncio.Protocol):
         if self._reading_paused and not self.blocked_reason and self.state != CLOSED:
             self._reading_paused = False
             self.transport.resume_reading()
+
+    def drop_if_peer_gone(self) -> None:
+        """While its reading is paused the connection cannot see its client leave: look (writeflow.py)."""
+        if self._reading_paused and self.state != CLOSED and peer_closed(self.transport):
+            log.info("connection %s: client closed while blocked", self.peer)
+            self.state = CLOSED
+            self.transport.abort()
 
     def _pause_reading(self) -> None:
         self._reading_paused = True

@@ -54,6 +54,11 @@ class ClientWindow:
         self._consumer_limit[consumer_tag] = limit
         self._in_client.setdefault(consumer_tag, 0)
 
+    def bounded(self) -> bool:
+        """Every consumer is under a basic.qos limit (channel-wide or its own): the state machine
+        assigns it no more than that (twice that with read-ahead) until acks come back."""
+        return bool(self.channel_limit) or all(self._consumer_limit.values())
+
     def ample(self) -> bool:
         """Enough is held that an ack need not reach the state machine at once."""
         return len(self.held) >= AMPLE_HELD

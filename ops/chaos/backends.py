@@ -4,7 +4,8 @@ Both backends offer the same operations on node indexes 0..n-1: ``kill`` (SIGKIL
 ``start``, ``pause`` / ``resume`` (SIGSTOP / SIGCONT, docker pause), ``cut`` (drop the traffic
 between pairs of nodes, both ways), ``loss`` (drop a fraction of a node's incoming packets),
 ``heal`` (undo cuts and loss), ``restart_all``, ``leader`` and ``settle`` (wait until the nodes
-agree again).
+agree again); the netns backend also ``fill_disk`` / ``free_disk`` (a ballast file on a node's
+small store filesystem, ``small_disks``).
 
 * ``NetnsBackend``: node processes in network namespaces (``netns.py``); cuts are blackhole
   routes, loss is ``iptables -m statistic`` inside the node's namespace.  Runs in CI (root).
@@ -37,19 +38,29 @@ def _run(*cmd: str, check: bool = True, timeout: float = 60) -> subprocess.Compl
 class NetnsBackend:
     name = "netns"
 
-    def __init__(self, base_dir: str, size: int = 3, extra_config: str = "") -> None:
+    def __init__(self, base_dir: str, size: int = 3, extra_config: str = "", small_disks: int = 0) -> None:
+        """``small_disks``: give every node's Raft store (<data>/raft) a tmpfs of that many bytes of
+        its own, which the ``disk-full`` nemesis fills (0: the stores share the host's disk)."""
         from raftmq.ops.local.cluster import Cluster
 
         self.net = netns.NetnsNetwork(size)
         self.cluster = Cluster(size, base_dir, network=self.net,
                                extra_config="node_down_after = 2.0\n" + extra_config + "\n" + GUEST_ANYWHERE)
         self.size = size
+        self.small_disks = small_disks
+        self._mounts: list[Path] = []
         self._lossy: set[int] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
         self.net.create()
+        if self.small_disks:
+            for node in self.cluster.nodes:
+                mount = node.data_dir / "raft"
+                mount.mkdir(parents=True, exist_ok=True)
+                _run("mount", "-t", "tmpfs", "-o", f"size={self.small_disks}", "tmpfs", str(mount))
+                self._mounts.append(mount)
         self.cluster.start()
 
     def stop(self) -> None:
@@ -57,6 +68,9 @@ class NetnsBackend:
             if node.is_alive():
                 os.kill(node.pid, signal.SIGCONT)
         self.cluster.__exit__(None, None, None)
+        for mount in self._mounts:
+            _run("umount", "-l", str(mount), check=False)
+        self._mounts.clear()
         self.net.destroy()
 
     def urls(self) -> list[str]:
@@ -113,6 +127,22 @@ class NetnsBackend:
             self.kill(i)
         for node in self.cluster.nodes:
             node.start()
+
+    def fill_disk(self, i: int, leave: int) -> None:
+        """Leave ``leave`` bytes free on node ``i``'s small store filesystem (a ballast file)."""
+        if not self._mounts:
+            raise Unsupported("no small disks (NetnsBackend(small_disks=...))")
+        ballast = self._mounts[i] / "ballast"
+        with open(ballast, "ab") as fh:
+            todo = os.statvfs(self._mounts[i]).f_bavail * os.statvfs(self._mounts[i]).f_frsize - leave
+            chunk = bytes(1 << 20)
+            while todo > 0:
+                fh.write(chunk[:min(len(chunk), todo)])
+                todo -= len(chunk)
+
+    def free_disk(self, i: int) -> None:
+        if self._mounts:
+            (self._mounts[i] / "ballast").unlink(missing_ok=True)
 
     def settle(self, timeout: float = 60.0) -> dict:
         """Every node running, caught up, with identical state: the digests."""
@@ -236,6 +266,12 @@ class ComposeBackend:
         for i in range(self.size):
             _run("docker", "start", self.container(i))
         self._wait_amqp(range(self.size), timeout=120)
+
+    def fill_disk(self, i: int, leave: int) -> None:
+        raise Unsupported("disk-full needs the netns backend (a small filesystem per node)")
+
+    def free_disk(self, i: int) -> None:
+        pass
 
     def settle(self, timeout: float = 120.0) -> dict:
         """Every container running and every node ready at the same applied index (twice in a row).

@@ -9,6 +9,9 @@
 | bridge        | cut two nodes from each other; the third still sees both      | heal               |
 | loss          | drop 20% of the packets arriving at every node                 | heal               |
 | restart-all   | kill -9 every node, then start them all                        | (immediate)        |
+| disk-full     | fill a node's store filesystem to half its disk_free_limit      | free it            |
+|               | (netns backend with small_disks): its disk alarm blocks the    |                    |
+|               | publishers connected to it (connection.blocked) until freed    |                    |
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-NEMESES = ("kill", "leader-kill", "pause", "partition", "bridge", "loss", "restart-all")
+NEMESES = ("kill", "leader-kill", "pause", "partition", "bridge", "loss", "restart-all", "disk-full")
 LOSS_PROBABILITY = 0.2
+DISK_LEFT = 25 * 1024 * 1024  # bytes left free by disk-full: half the default disk_free_limit
 
 
 def _leader_or_random(backend, rng: random.Random) -> int:
@@ -55,4 +59,8 @@ def start_fault(name: str, backend, rng: random.Random) -> tuple[str, Callable[[
     if name == "restart-all":
         backend.restart_all()
         return "restart all nodes (kill -9)", lambda: None
+    if name == "disk-full":
+        i = _leader_or_random(backend, rng) if rng.random() < 0.5 else rng.randrange(n)
+        backend.fill_disk(i, DISK_LEFT)
+        return f"disk-full {backend.node_name(i)}", lambda: backend.free_disk(i)
     raise ValueError(f"unknown nemesis {name!r}; one of {', '.join(NEMESES)}")

@@ -28,3 +28,9 @@ class RecordingTransport:
 
     def resume_reading(self) -> None:
         pass
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass  # everything written is kept at once: the buffer never fills, pause_writing never comes
+
+    def get_write_buffer_size(self) -> int:
+        return 0
