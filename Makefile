@@ -13,15 +13,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 
-# The one system package the default suite needs beyond Python and iproute2: iptables, for the
-# chaos tests' packet-loss nemesis inside network namespaces (they run as root; without root they
-# are skipped, and so is this).  A fresh Debian machine does not have it.
+# The system packages the default suite needs beyond Python and iproute2, installed as root when
+# missing (without root the tests that need them skip, and this does nothing); a fresh Debian
+# machine has neither: iptables, for the chaos tests' packet-loss nemesis inside network
+# namespaces; chromium, for tests/integration/test_ui_browser.py (the web UI in headless Chromium;
+# the apt-get took 11 s here).
 system-packages:
-	@if [ "$$(id -u)" = 0 ] && ! command -v iptables >/dev/null && command -v apt-get >/dev/null; then \
-	  echo "installing iptables (apt-get) for the chaos tests"; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends iptables >/dev/null \
-	  || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends iptables >/dev/null; }; \
-	fi
+	@for pkg in iptables chromium; do \
+	  if [ "$$(id -u)" = 0 ] && ! command -v $$pkg >/dev/null && command -v apt-get >/dev/null; then \
+	    echo "installing $$pkg (apt-get) for the tests"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$pkg >/dev/null \
+	    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$pkg >/dev/null; }; \
+	  fi; \
+	done
 
 run: $(STAMP)
 	$(BIN)/raftmq cluster up
