@@ -8,10 +8,10 @@ plus ``task_queues``: flower/views/__init__.py ``get_active_queue_names``) and s
 page and in ``/api/queues/length``.  Here Flower runs unmodified as a real process
 (``celery flower``) against a real raftmq node; the counts it shows must be raftmq's own.
 
-The queues live in a named vhost.  For the default vhost "/" Flower 2.2.0 builds the URL
-``<broker_api>queues//`` (the vhost "/" left unencoded), which RabbitMQ 3.10.8 itself answers with
-404 (measured with Debian's rabbitmq-server and the management plugin) as raftmq does: Flower's
-broker view works with RabbitMQ only for a named vhost, so that is what is checked here.
+Both with Celery's usual default vhost and a named one.  For the default vhost Flower 2.2.0 asks
+``urljoin(broker_api, "queues//")``, which is ``/api/queues/``: every vhost's queues, with a trailing
+slash that RabbitMQ 3.10.8 accepts on any /api path (measured with Debian's rabbitmq-server and the
+management plugin, and Flower 2.2.0 against it) and raftmq now does too (ops/http/server.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from html.parser import HTMLParser
+from urllib.parse import quote
 
 import pika
 import pytest
@@ -39,17 +41,18 @@ pytestmark = pytest.mark.timeout(120)
 
 FLOWER_READY_TIMEOUT = 45.0  # seconds for `celery flower` to import, start Tornado and answer
 COUNT_TIMEOUT = 20.0  # seconds for Flower's view to show the expected counts
-# Queue -> (messages published, of which delivered and held unacknowledged by one consumer).
+# Queue -> (messages published, of which delivered and held unacknowledged by one consumer); in the
+# named vhost the names get a prefix, so that Flower's all-vhost list for "/" never sees them twice.
 ACTIVE = {"celery": (7, 0), "raftmq-flower-video": (5, 2)}
-INACTIVE = "raftmq-flower-not-celery"
+INACTIVE = "raftmq-flower-not-celery"  # holds messages but Celery does not know it: Flower must not list it
 VHOST = "flower-vhost"
-USER = ("flower-user", "flower-pw")  # tag "management" and full permissions on VHOST only  # holds messages but Celery does not know it: Flower must not list it
+USER = ("flower-user", "flower-pw")  # tag "management", full permissions on "/" and VHOST
 
 CONFIG_MODULE = textwrap.dedent('''\
     """Celery configuration for tests/integration/test_flower.py: which queues Flower treats as active."""
     from kombu import Queue
 
-    task_default_queue = "celery"
+    task_default_queue = {default!r}
     task_queues = [Queue(name) for name in {names!r}]
 ''')
 
@@ -119,34 +122,63 @@ def node(tmp_path_factory):
         assert call(node.http_base, "PUT", path("vhosts", VHOST))[0] in (201, 204)
         assert call(node.http_base, "PUT", path("users", USER[0]),
                     body={"password": USER[1], "tags": "management"})[0] in (201, 204)
-        assert call(node.http_base, "PUT", path("permissions", VHOST, USER[0]),
-                    body={"configure": ".*", "write": ".*", "read": ".*"})[0] in (201, 204)
-        node.vhost_url = f"amqp://{USER[0]}:{USER[1]}@{node.host}:{node.port}/{VHOST}"
+        for vhost in ("/", VHOST):
+            assert call(node.http_base, "PUT", path("permissions", vhost, USER[0]),
+                        body={"configure": ".*", "write": ".*", "read": ".*"})[0] in (201, 204)
         yield node
 
 
-@pytest.fixture(scope="module")
-def loaded(node):
-    """The queues with their messages, and one consumer holding some unacknowledged (open while used)."""
-    connection = pika.BlockingConnection(pika.URLParameters(node.vhost_url))
+@dataclass
+class Loaded:
+    node: RaftmqNode
+    vhost: str
+
+    @property
+    def prefix(self) -> str:
+        return "" if self.vhost == "/" else "named-"
+
+    @property
+    def active(self) -> dict[str, tuple[int, int]]:
+        return {self.prefix + name: counts for name, counts in ACTIVE.items()}
+
+    @property
+    def inactive(self) -> str:
+        return self.prefix + INACTIVE
+
+    @property
+    def pika_url(self) -> str:
+        return f"amqp://{USER[0]}:{USER[1]}@{self.node.host}:{self.node.port}/{quote(self.vhost, safe='')}"
+
+    @property
+    def celery_url(self) -> str:
+        """Celery's (kombu's) form: the path after the first "/" is the vhost, so "//" is "/"."""
+        return f"amqp://{USER[0]}:{USER[1]}@{self.node.host}:{self.node.port}/{self.vhost}"
+
+
+@pytest.fixture(scope="module", params=["/", VHOST], ids=["default-vhost", "named-vhost"])
+def loaded(node, request):
+    """The queues with their messages in one vhost, and one consumer holding some unacknowledged
+    (open while the vhost's tests run)."""
+    target = Loaded(node, request.param)
+    connection = pika.BlockingConnection(pika.URLParameters(target.pika_url))
     channel = connection.channel()
     channel.confirm_delivery()
-    for name, (count, _) in [*ACTIVE.items(), (INACTIVE, (3, 0))]:
+    for name, (count, _) in [*target.active.items(), (target.inactive, (3, 0))]:
         channel.queue_declare(name, durable=True)
         for i in range(count):
             channel.basic_publish("", name, f"{name}-{i}".encode(),
                                   pika.BasicProperties(delivery_mode=2), mandatory=True)
     held = []
     consumer = connection.channel()
-    for name, (_, unacked) in ACTIVE.items():
+    for name, (_, unacked) in target.active.items():
         if unacked:
             consumer.basic_qos(prefetch_count=unacked)
             consumer.basic_consume(name, lambda ch, method, props, body: held.append(method.delivery_tag))
     deadline = time.monotonic() + 10
-    while len(held) < sum(u for _, u in ACTIVE.values()):
+    while len(held) < sum(u for _, u in target.active.values()):
         assert time.monotonic() < deadline, f"only {len(held)} deliveries reached the consumer"
         connection.process_data_events(time_limit=0.2)
-    yield node
+    yield target
     connection.close()
 
 
@@ -154,13 +186,13 @@ def loaded(node):
 def flower(loaded, tmp_path_factory):
     """``celery flower`` as a real process (ended by PID); its base URL."""
     workdir = tmp_path_factory.mktemp("flower")
-    (workdir / "raftmq_flower_config.py").write_text(CONFIG_MODULE.format(names=sorted(ACTIVE)))
+    (workdir / "raftmq_flower_config.py").write_text(CONFIG_MODULE.format(default=loaded.prefix + "celery", names=sorted(loaded.active)))
     port = free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(workdir), os.environ.get("PYTHONPATH", "")]),
                FLOWER_UNAUTHENTICATED_API="true")  # Flower 2 serves /api/* without auth only with this
     command = [sys.executable, "-m", "celery", "--config", "raftmq_flower_config",
-               f"--broker={loaded.vhost_url}", "flower",
-               f"--broker_api={loaded.http_base.replace('http://', f'http://{USER[0]}:{USER[1]}@')}/api/",
+               f"--broker={loaded.celery_url}", "flower",
+               f"--broker_api={loaded.node.http_base.replace('http://', f'http://{USER[0]}:{USER[1]}@')}/api/",
                f"--port={port}", "--address=127.0.0.1"]
     log_path = workdir / "flower.log"
     with open(log_path, "wb") as log:
@@ -185,26 +217,27 @@ def flower(loaded, tmp_path_factory):
         print(f"flower log: {log_path}")
 
 
-def _raftmq_view(node) -> dict[str, dict]:
+def _raftmq_view(loaded: Loaded) -> dict[str, dict]:
     """What raftmq itself says of the active queues (its management API, the source Flower reads)."""
     view = {}
-    for name in ACTIVE:
-        status, queue = call(node.http_base, "GET", path("queues", VHOST, name))
+    for name in loaded.active:
+        status, queue = call(loaded.node.http_base, "GET", path("queues", loaded.vhost, name))
         assert status == 200, queue
         view[name] = queue
     return view
 
 
-def _expected() -> dict[str, tuple[int, int, int, int]]:
+def _expected(loaded: Loaded) -> dict[str, tuple[int, int, int, int]]:
     """(messages, unacked, ready, consumers) per active queue, from what the fixtures did."""
-    return {name: (count, unacked, count - unacked, 1 if unacked else 0) for name, (count, unacked) in ACTIVE.items()}
+    return {name: (count, unacked, count - unacked, 1 if unacked else 0)
+            for name, (count, unacked) in loaded.active.items()}
 
 
 def test_raftmq_holds_the_published_counts(loaded):
     view = _raftmq_view(loaded)
     got = {name: (q["messages"], q["messages_unacknowledged"], q["messages_ready"], q["consumers"])
            for name, q in view.items()}
-    assert got == _expected()
+    assert got == _expected(loaded)
 
 
 def test_flower_queue_lengths_api(loaded, flower):
@@ -215,14 +248,14 @@ def test_flower_queue_lengths_api(loaded, flower):
         if status != 200:
             return False, (status, body[:300])
         queues = {q["name"]: q for q in json.loads(body)["active_queues"]}
-        return {name: q.get("messages") for name, q in queues.items()} == {n: c for n, (c, _) in ACTIVE.items()}, queues
+        return {name: q.get("messages") for name, q in queues.items()} == {n: c for n, (c, _) in loaded.active.items()}, queues
 
     queues = _wait(lengths, COUNT_TIMEOUT, "Flower's /api/queues/length to show raftmq's counts")
-    assert INACTIVE not in queues
-    for name, counts in _expected().items():
+    assert loaded.inactive not in queues
+    for name, counts in _expected(loaded).items():
         q = queues[name]
         assert (q["messages"], q["messages_unacknowledged"], q["messages_ready"], q["consumers"]) == counts
-        assert q["vhost"] == VHOST and q["durable"] is True
+        assert q["vhost"] == loaded.vhost and q["durable"] is True
 
 
 def test_flower_broker_page(loaded, flower):
@@ -235,9 +268,9 @@ def test_flower_broker_page(loaded, flower):
         parser = QueueTable()
         parser.feed(html)
         rows = {row[0]: tuple(row[1:5]) for row in parser.rows if len(row) >= 5}
-        want = {name: tuple(str(v) for v in counts) for name, counts in _expected().items()}
+        want = {name: tuple(str(v) for v in counts) for name, counts in _expected(loaded).items()}
         return rows == want, rows
 
     rows = _wait(table, COUNT_TIMEOUT, "Flower's /broker page to show raftmq's queues and counts")
     print(f"Flower /broker rows (queue: messages, unacked, ready, consumers): {rows}")
-    assert INACTIVE not in rows
+    assert loaded.inactive not in rows

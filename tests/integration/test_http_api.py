@@ -534,3 +534,24 @@ def test_more_read_endpoints(api):
     assert api("GET", path("health", "checks", "port-listener", "1"))[0] == 503
     assert api("GET", "/api/healthchecks/node")[1] == {"status": "ok"}
     assert api("GET", "/api/cluster-name")[1]["name"]
+
+
+def test_trailing_slash_paths_answer_like_rabbitmq(api):
+    """RabbitMQ 3.10.8 answers any /api path with a trailing slash as without it (measured: 200 for
+    /api/queues/, /api/queues/%2F/, /api/overview/, /api/queues/%2F/NAME/) and 404 for an empty
+    vhost segment (/api/queues//).  Celery Flower relies on it: for the default vhost it asks
+    ``urljoin(broker_api, "queues//")`` = /api/queues/ (tests/integration/test_flower.py)."""
+    q = unique("slash")
+    assert api("PUT", path("queues", "/", q) + "/", body={"durable": True})[0] == 201
+    assert api("GET", "/api/queues/", auth=None)[0] == 401  # the login is still required
+    for url in ("/api/queues", path("queues", "/"), path("queues", "/", q)):
+        status, body = api("GET", url + "/")
+        assert status == 200, (url, body)
+        if isinstance(body, list):
+            assert q in {row["name"] for row in body}
+        else:
+            assert body["name"] == q
+    assert api("GET", "/api/overview/")[1]["node"] == api("GET", "/api/overview")[1]["node"]
+    assert api("GET", "/api/queues//")[0] == 404
+    assert api("DELETE", path("queues", "/", q) + "/")[0] == 204
+    assert api("GET", path("queues", "/", q))[0] == 404
