@@ -1,9 +1,9 @@
 """Celery Flower's broker view reads raftmq's queue lengths through the management HTTP API.
 
 Flower (pip ``flower``) asks a RabbitMQ broker for its queues with ``GET <broker_api>queues/<vhost>``
-(flower/utils/broker.py, class RabbitMQ), keeps
-the queues Celery knows as active (the workers' queues, or without workers ``task_default_queue``
-plus ``task_queues``: flower/views/__init__.py ``get_active_queue_names``) and shows their
+(flower/utils/broker.py, class RabbitMQ), keeps the queues Celery knows as active, by name (the
+workers' queues, or without workers ``task_default_queue`` plus ``task_queues``:
+flower/views/__init__.py ``get_active_queue_names``) and shows their
 ``messages``, ``messages_unacknowledged``, ``messages_ready`` and ``consumers`` on its ``/broker``
 page and in ``/api/queues/length``.  Here Flower runs unmodified as a real process
 (``celery flower``) against a real raftmq node; the counts it shows must be raftmq's own.
