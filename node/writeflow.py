@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import socket
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Re-send the stop for a channel after this many deliveries parked since the last one: if the
@@ -92,6 +93,24 @@ class Parking:
         stopped, self.stopped = self.stopped, {}
         self._parked.clear()
         return stopped
+
+    def release(self, connection_open: bool, write: Callable[[tuple], None], flush: Callable[[], None],
+                restart: Callable[[int], None]) -> None:
+        """The socket drained below its low-water mark (``resume_writing``): ``write`` each parked
+        item in order (unless the socket fills again), ``flush``, and once nothing is parked any more
+        ``restart`` assignment on every channel whose stop was sent.  A closing connection drops
+        what is parked (its unacked deliveries return to their queues with it)."""
+        self.paused = False
+        if not connection_open:
+            self.clear()
+            return
+        while self.items and not self.paused:
+            write(self.pop())
+        flush()
+        if self.paused or self.items:
+            return
+        for channel in self.drained():
+            restart(channel)
 
     def clear(self) -> None:
         self.items.clear()

@@ -158,22 +158,17 @@ class Amqp010Connection(asyncio.Protocol):
         """Below the low-water mark again: write the parked transfers in order, then re-enable
         assignment. A transfer of a session detached meanwhile is dropped here: the session keeps
         it unsettled in the state machine and replays it when it is resumed."""
-        parking = self._parking
-        parking.paused = False
-        if self.state != OPEN:
-            parking.clear()
-            return
-        while parking.items and not parking.paused:
-            channel, destination, transfer, _owned = parking.pop()
-            session = self.sessions.get(channel)
-            if session is not None:
-                self._transfer_now(session, destination, transfer)
-        self.flush()
-        if parking.paused or parking.items:
-            return
-        for channel in parking.drained():
-            if channel in self.sessions:
-                self._submit_flow(channel, True)
+        self._parking.release(self.state == OPEN, self._write_parked, self.flush, self._restart_flow)
+
+    def _write_parked(self, item: tuple) -> None:
+        channel, destination, transfer, _owned = item
+        session = self.sessions.get(channel)
+        if session is not None:
+            self._transfer_now(session, destination, transfer)
+
+    def _restart_flow(self, channel: int) -> None:
+        if channel in self.sessions:
+            self._submit_flow(channel, True)
 
     def _submit_flow(self, channel: int, active: bool) -> None:
         """Stop or restart assignment to a session, in the log (an error, session gone, is ignored)."""

@@ -193,27 +193,22 @@ class Amqp091Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         """The buffer drained below the low-water mark: write what was parked, then let the state
         machine assign to the stopped channels again (unless the client paused them itself)."""
-        parking = self._parking
-        parking.paused = False
-        if self.state != OPEN:
-            parking.clear()
+        self._parking.release(self.state == OPEN, self._write_parked, self.flush, self._restart_flow)
+
+    def _write_parked(self, item: tuple) -> None:
+        number, consumer_tag, delivery, _owned = item
+        channel = self.channels.get(number)
+        if channel is None or not channel.is_open:
+            return  # closing the channel returned its unacked deliveries to their queues
+        if channel.consumer_no_ack(consumer_tag) is None:
+            channel.return_unsent([delivery])  # cancelled meanwhile (auto-ack ones are gone)
             return
-        while parking.items and not parking.paused:
-            number, consumer_tag, delivery, _owned = parking.pop()
-            channel = self.channels.get(number)
-            if channel is None or not channel.is_open:
-                continue  # closing the channel returned its unacked deliveries to their queues
-            if channel.consumer_no_ack(consumer_tag) is None:
-                channel.return_unsent([delivery])  # cancelled meanwhile (auto-ack ones are gone)
-                continue
-            self._deliver_now(channel, consumer_tag, delivery)
-        self.flush()
-        if parking.paused or parking.items:
-            return
-        for number in parking.drained():
-            channel = self.channels.get(number)
-            if channel is not None and channel.is_open and channel.client_flow_active:
-                self._submit_flow(number, True)
+        self._deliver_now(channel, consumer_tag, delivery)
+
+    def _restart_flow(self, number: int) -> None:
+        channel = self.channels.get(number)
+        if channel is not None and channel.is_open and channel.client_flow_active:
+            self._submit_flow(number, True)
 
     def _submit_flow(self, number: int, active: bool) -> None:
         """channel.flow through the log: the only way a node-local pause can change assignment

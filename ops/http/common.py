@@ -137,6 +137,14 @@ def not_found() -> HttpError:
     return HttpError(404, "Object Not Found", "Not Found")
 
 
+def reply_one(rows: list[dict], **wanted: str) -> web.Response:
+    """The row whose fields have the ``wanted`` values (an object's GET), or 404."""
+    for row in rows:
+        if all(row.get(key) == value for key, value in wanted.items()):
+            return reply(row)
+    raise not_found()
+
+
 def bad_request(reason: str) -> HttpError:
     return HttpError(400, "bad_request", reason)
 

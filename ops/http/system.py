@@ -29,6 +29,7 @@ from .common import (
     not_found,
     operator,
     reply,
+    reply_one,
     require,
     require_vhost,
 )
@@ -159,11 +160,7 @@ async def list_nodes(request: web.Request) -> web.Response:
 
 async def get_node(request: web.Request) -> web.Response:
     require(request, MONITORING)
-    wanted = request.match_info["name"]
-    for node in _nodes(context(request).broker):
-        if node["name"] == wanted:
-            return reply(node)
-    raise not_found()
+    return reply_one(_nodes(context(request).broker), name=request.match_info["name"])
 
 
 # ------------------------------------------------------------------ connections and channels

@@ -22,7 +22,18 @@ from raftmq.node.auth import HASH_SCHEME, RABBIT_HASHES, hash_password
 
 from ..control import AdminError
 from ..operator import ADMINISTRATOR
-from .common import bad_request, body, columns, context, not_found, operator, reply, require, require_vhost
+from .common import (
+    bad_request,
+    body,
+    columns,
+    context,
+    not_found,
+    operator,
+    reply,
+    reply_one,
+    require,
+    require_vhost,
+)
 from .views import (
     MANAGEMENT_VERSION,
     PRODUCT,
@@ -92,11 +103,7 @@ async def list_users(request: web.Request) -> web.Response:
 
 async def get_user(request: web.Request) -> web.Response:
     require(request, ADMINISTRATOR)
-    name = request.match_info["name"]
-    for row in _users(context(request).broker):
-        if row["name"] == name:
-            return reply(row)
-    raise not_found()
+    return reply_one(_users(context(request).broker), name=request.match_info["name"])
 
 
 async def put_user(request: web.Request) -> web.Response:
@@ -177,10 +184,7 @@ def _permission_key(request: web.Request) -> tuple[str, str]:
 async def get_permission(request: web.Request) -> web.Response:
     require(request, ADMINISTRATOR)
     vhost, user = _permission_key(request)
-    for row in _permissions(context(request).broker):
-        if row["vhost"] == vhost and row["user"] == user:
-            return reply(row)
-    raise not_found()
+    return reply_one(_permissions(context(request).broker), vhost=vhost, user=user)
 
 
 async def put_permission(request: web.Request) -> web.Response:

@@ -172,6 +172,20 @@ def start_ok_with_properties(properties: bytes, password: str = "wrong") -> byte
     return payload[:4] + properties + payload[4 + len(empty):]
 
 
+def answer_to_start_ok(port: int, properties: bytes):
+    """Open a raw 0-10 connection, send a start-ok with ``properties`` (and a wrong password): the
+    node's connection.close (None if it sent none) and the seconds it took."""
+    raw = Raw010(port)
+    try:
+        raw.start()
+        started = time.monotonic()
+        raw.send_segment(0, 0, SEG_CONTROL, start_ok_with_properties(properties))
+        close = raw.until((c.ConnectionClose,), timeout=5.0)
+        return close, time.monotonic() - started
+    finally:
+        raw.close()
+
+
 def map_of(key: bytes, code: int, value: bytes) -> bytes:
     body = U32.pack(1) + bytes((len(key),)) + key + bytes((code,)) + value
     return U32.pack(len(body)) + body
@@ -198,15 +212,7 @@ def test_zero_width_array_in_start_ok_is_refused_at_once_before_the_password_che
     before = rss(node.pid)
     properties = map_of(b"big", t.CODE_OF["array"], zero_width_array(0xFFFFFFFF))
     for _ in range(5):
-        raw = Raw010(node.port)
-        try:
-            raw.start()
-            started = time.monotonic()
-            raw.send_segment(0, 0, SEG_CONTROL, start_ok_with_properties(properties))
-            close = raw.until((c.ConnectionClose,), timeout=5.0)
-            elapsed = time.monotonic() - started
-        finally:
-            raw.close()
+        close, elapsed = answer_to_start_ok(node.port, properties)
         assert close is not None and close.reply_code == 501, close
         assert elapsed < 1.0, f"the node took {elapsed:.2f} s to refuse the frame"
     grown = rss(node.pid) - before
@@ -551,15 +557,7 @@ def test_fuzz_start_ok_counts_and_depths_before_login(node, kind, code, count, t
     for _ in range(depth):
         properties = map_of(b"k", t.CODE_OF["map"], properties)
     _rss_baseline.setdefault(node.pid, rss(node.pid))
-    raw = Raw010(node.port)
-    try:
-        raw.start()
-        started = time.monotonic()
-        raw.send_segment(0, 0, SEG_CONTROL, start_ok_with_properties(properties))
-        close = raw.until((c.ConnectionClose,), timeout=5.0)
-        elapsed = time.monotonic() - started
-    finally:
-        raw.close()
+    close, elapsed = answer_to_start_ok(node.port, properties)
     assert close is not None and close.reply_code in (501, 320), close
     assert elapsed < 1.0, f"{elapsed:.2f} s to answer"
     grown = rss(node.pid) - _rss_baseline[node.pid]
