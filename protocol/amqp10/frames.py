@@ -21,6 +21,7 @@ from struct import Struct
 
 from . import performatives as p
 from .errors import DecodeError, FramingError
+from .types import MAX_ZERO_WIDTH_ELEMENTS
 
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
 TLS_HEADER = b"AMQP\x02\x01\x00\x00"
@@ -90,14 +91,16 @@ def encode_frame_raw(body: bytes, channel: int = 0, frame_type: int = TYPE_AMQP)
     return _HEADER.pack(HEADER_SIZE + len(body), 2, frame_type, channel) + body
 
 
-def decode_body(frame_type: int, channel: int, body) -> Frame:
-    """The frame of a ``body`` (the octets after the extended header): performative and payload."""
+def decode_body(frame_type: int, channel: int, body, budget: list[int] | None = None) -> Frame:
+    """The frame of a ``body`` (the octets after the extended header): performative and payload.
+
+    ``budget``: zero-width array elements left (:func:`.types.decode_value`)."""
     if not body:
         if frame_type == TYPE_SASL:
             raise DecodeError("an empty SASL frame (5.3.1: an irrecoverable error)")
         return Frame(frame_type, channel, None)
     provides = "frame" if frame_type == TYPE_AMQP else "sasl-frame"
-    performative, end = p.decode_described(body, 0, len(body), provides=provides)
+    performative, end = p.decode_described(body, 0, len(body), provides, budget)
     payload = bytes(body[end:])
     if payload and (frame_type == TYPE_SASL or not isinstance(performative, p.Transfer)):
         raise DecodeError(f"{len(payload)} octets after the {performative.NAME} performative")
@@ -111,6 +114,9 @@ class FrameReader:
     its open; :data:`MIN_MAX_FRAME_SIZE` until then, and always for SASL frames, 5.3.1).  A frame header
     declaring more is a FramingError before any of its body is buffered, so the reader never holds more
     than one frame of that size.  After an error the reader stays failed (the connection is closed).
+    All frames decoded by one ``feed()`` share one budget of zero-width array elements
+    (:data:`.types.MAX_ZERO_WIDTH_ELEMENTS`): no client sends such arrays, and a per-frame budget would
+    let many tiny frames multiply it.
     The protocol headers are not frames: the front end reads them before it feeds the reader.
     """
 
@@ -131,6 +137,9 @@ class FrameReader:
         buf += data
         out: list[Frame] = []
         pos = 0
+        # One zero-width element budget for all the frames of this call: thousands of tiny frames each
+        # holding an array of 1,024 empty lists would otherwise turn 64 KB read into hundreds of MB.
+        budget = [MAX_ZERO_WIDTH_ELEMENTS]
         try:
             while len(buf) - pos >= HEADER_SIZE:
                 size, doff, frame_type, channel = _HEADER.unpack_from(buf, pos)
@@ -149,7 +158,7 @@ class FrameReader:
                     break
                 body = bytes(buf[pos + doff * 4:pos + size])
                 pos += size
-                out.append(decode_body(frame_type, channel, body))
+                out.append(decode_body(frame_type, channel, body, budget))
         except (FramingError, DecodeError):
             self._failed = True
             self._buf = bytearray()

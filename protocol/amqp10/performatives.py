@@ -132,8 +132,8 @@ def _checker(source: str) -> Callable[[object], object]:
 class FieldCodec:
     """How one field of a composite is encoded and checked: resolved once from the table."""
 
-    __slots__ = ("name", "attr", "type", "source", "mandatory", "multiple", "default", "encode_one",
-                 "check_one")
+    __slots__ = ("name", "attr", "type", "source", "mandatory", "multiple", "default", "requires",
+                 "encode_one", "check_one")
 
     def __init__(self, f: Field) -> None:
         self.name = f.name
@@ -142,6 +142,7 @@ class FieldCodec:
         self.source = SPEC.source_of(f.type)
         self.mandatory = f.mandatory
         self.multiple = f.multiple
+        self.requires = f.requires
         source = self.source
         self.default = t.Symbol(f.default) if source == "symbol" and f.default is not None else f.default
         if source == "*":
@@ -159,6 +160,8 @@ class FieldCodec:
             self.check_one = _checker(source)
 
     def encode(self, value) -> bytes:
+        if self.multiple and isinstance(value, t.Array):
+            return t.encode_array(value)
         if self.multiple and isinstance(value, (list, tuple)):
             if self.source in SPEC.described or self.source == "*":
                 raise ValueError(f"{self.name}: multiple values of {self.source} are not supported")
@@ -358,12 +361,14 @@ def from_described(value):
     return _convert(value)
 
 
-def decode_described(buf, pos: int = 0, end: int | None = None, provides: str | None = None):
+def decode_described(buf, pos: int = 0, end: int | None = None, provides: str | None = None,
+                     budget: list[int] | None = None):
     """Decode the described value at ``pos`` as its class; (object, position after it).
 
     ``provides``: the archetype it must provide (``"frame"``, ``"sasl-frame"``, ``"section"``), else a
-    DecodeError.  Raises only DecodeError (and its InvalidField)."""
-    value, pos = t.decode_value(buf, pos, end)
+    DecodeError.  ``budget``: zero-width array elements left (:func:`.types.decode_value`), shared by
+    callers that decode many values from one input.  Raises only DecodeError (and its InvalidField)."""
+    value, pos = t.decode_value(buf, pos, end, 0, budget)
     obj = _convert(value)
     if provides is not None and provides not in getattr(obj, "PROVIDES", ()):
         what = getattr(obj, "NAME", None) or type(obj).__name__
@@ -378,8 +383,9 @@ def decode_sections(payload) -> list:
     made only of the sections of 3.2."""
     out = []
     pos, end = 0, len(payload)
+    budget = [t.MAX_ZERO_WIDTH_ELEMENTS]  # one for the whole message, not one per section
     while pos < end:
-        section, pos = decode_described(payload, pos, end, provides="section")
+        section, pos = decode_described(payload, pos, end, "section", budget)
         out.append(section)
     return out
 

@@ -47,11 +47,14 @@ Every size field must fit in the bytes of the enclosing value (the buffer, a lis
 size); every count must be satisfiable by the octets left at the least width of one element: one octet
 per list item or map key/value (its constructor), an array element's fixed width or size prefix.  Array
 elements of zero width (null, true, false, uint0, ulong0, list0 as element constructors) take no octets,
-so nothing backs their count: at most :data:`MAX_ZERO_WIDTH_ELEMENTS` of them.  Lists, maps, arrays and
+so nothing backs their count: at most :data:`MAX_ZERO_WIDTH_ELEMENTS` of them in one top-level value,
+all its arrays together (a per-array cap would multiply: a list of 4-octet arrays of 255 empty lists
+each would turn a 512-octet frame into megabytes).  Lists, maps, arrays and
 described values nest at most :data:`MAX_DEPTH` deep.  Every violation, truncation, unknown format code,
 invalid UTF-8 string or non-ASCII symbol is a :class:`DecodeError` (amqp:decode-error); nothing else
-escapes :func:`decode_value`.  Decoding allocates at most a small multiple of the input: the worst case is
-a list of empty lists, one list object (56 octets) per input octet.
+escapes :func:`decode_value`.  Decoding allocates at most a small multiple of the input: the worst cases
+are a list of empty lists and an array of empty symbols, about 64 octets of Python objects per input
+octet, plus at most :data:`MAX_ZERO_WIDTH_ELEMENTS` empty lists (~64 KB) for zero-width elements.
 """
 
 from __future__ import annotations
@@ -194,7 +197,7 @@ class DescribedType:
 
 
 # ------------------------------------------------------------------------------------------------ decoding
-Decoder = Callable[[bytes, int, int, int], tuple[object, int]]
+Decoder = Callable[[bytes, int, int, int, list], tuple[object, int]]
 _U8, _U32 = Struct(">B"), Struct(">I")
 _STRUCTS = {
     "ubyte": ">B", "ushort": ">H", "uint": ">I", "ulong": ">Q", "byte": ">b", "short": ">h", "int": ">i",
@@ -202,11 +205,12 @@ _STRUCTS = {
     "smalluint": ">B", "smallulong": ">B", "smallint": ">b", "smalllong": ">b",
 }
 
-#: The data decoder of each format code, after its constructor: (buf, pos, end, depth) -> (value, pos).
+#: The data decoder of each format code, after its constructor:
+#: (buf, pos, end, depth, budget) -> (value, pos); ``budget`` is a one-item list, the zero-width array
+#: elements the whole value may still hold (shared by every array inside one top-level value).
 DATA_DECODERS: list[Decoder | None] = [None] * 256
 #: Fewest octets one value takes after its constructor (array elements): fixed width or size prefix.
-MIN_WIDTH: dict[int, int] = {
-    e.code: e.width if e.category == "fixed" else e.width for e in ENCODING.values()}
+MIN_WIDTH: dict[int, int] = {e.code: e.width for e in ENCODING.values()}
 
 
 def _truncated(what: str, pos: int, need: int, end: int) -> DecodeError:
@@ -215,7 +219,7 @@ def _truncated(what: str, pos: int, need: int, end: int) -> DecodeError:
 
 def _fixed(name: str, width: int, fmt: str | None, convert=None) -> Decoder:
     if fmt is None:  # raw octets: uuid and the decimals
-        def dec_raw(buf, pos, end, depth):
+        def dec_raw(buf, pos, end, depth, budget):
             nxt = pos + width
             if nxt > end:
                 raise _truncated(name, pos, width, end)
@@ -224,14 +228,14 @@ def _fixed(name: str, width: int, fmt: str | None, convert=None) -> Decoder:
     unpack = Struct(fmt).unpack_from
 
     if convert is None:
-        def dec(buf, pos, end, depth):
+        def dec(buf, pos, end, depth, budget):
             nxt = pos + width
             if nxt > end:
                 raise _truncated(name, pos, width, end)
             return unpack(buf, pos)[0], nxt
         return dec
 
-    def dec_conv(buf, pos, end, depth):
+    def dec_conv(buf, pos, end, depth, budget):
         nxt = pos + width
         if nxt > end:
             raise _truncated(name, pos, width, end)
@@ -240,12 +244,12 @@ def _fixed(name: str, width: int, fmt: str | None, convert=None) -> Decoder:
 
 
 def _constant(value) -> Decoder:
-    def dec(buf, pos, end, depth):
+    def dec(buf, pos, end, depth, budget):
         return value, pos
     return dec
 
 
-def _boolean(buf, pos, end, depth):
+def _boolean(buf, pos, end, depth, budget):
     if pos >= end:
         raise _truncated("boolean", pos, 1, end)
     octet = buf[pos]
@@ -254,7 +258,7 @@ def _boolean(buf, pos, end, depth):
     return octet == 1, pos + 1
 
 
-def _char(buf, pos, end, depth):
+def _char(buf, pos, end, depth, budget):
     if pos + 4 > end:
         raise _truncated("char", pos, 4, end)
     point = _U32.unpack_from(buf, pos)[0]
@@ -266,7 +270,7 @@ def _char(buf, pos, end, depth):
 def _variable(name: str, width: int, convert: Callable[[bytes], object]) -> Decoder:
     size_of = _U8.unpack_from if width == 1 else _U32.unpack_from
 
-    def dec(buf, pos, end, depth):
+    def dec(buf, pos, end, depth, budget):
         start = pos + width
         if start > end:
             raise _truncated(name, pos, width, end)
@@ -315,7 +319,7 @@ def _header(name: str, width: int, buf, pos: int, end: int, least_size: int) -> 
 
 
 def _compound(name: str, width: int, is_map: bool) -> Decoder:
-    def dec(buf, pos, end, depth):
+    def dec(buf, pos, end, depth, budget):
         _deeper(depth)
         count, pos, stop = _header(name, width, buf, pos, end, width)
         if count > stop - pos:  # every item takes at least its constructor octet
@@ -325,8 +329,8 @@ def _compound(name: str, width: int, is_map: bool) -> Decoder:
                 raise DecodeError(f"{name} holds an odd number ({count}) of keys and values")
             out: dict = {}
             for _ in range(count >> 1):
-                key, pos = decode_value(buf, pos, stop, depth + 1)
-                item, pos = decode_value(buf, pos, stop, depth + 1)
+                key, pos = decode_value(buf, pos, stop, depth + 1, budget)
+                item, pos = decode_value(buf, pos, stop, depth + 1, budget)
                 try:
                     if key in out:
                         raise DecodeError(f"{name} has the key {key!r} twice (1.6.23)")
@@ -337,7 +341,7 @@ def _compound(name: str, width: int, is_map: bool) -> Decoder:
         else:
             items = []
             for _ in range(count):
-                item, pos = decode_value(buf, pos, stop, depth + 1)
+                item, pos = decode_value(buf, pos, stop, depth + 1, budget)
                 items.append(item)
             value = items
         if pos != stop:
@@ -347,7 +351,7 @@ def _compound(name: str, width: int, is_map: bool) -> Decoder:
 
 
 def _array(name: str, width: int) -> Decoder:
-    def dec(buf, pos, end, depth):
+    def dec(buf, pos, end, depth, budget):
         _deeper(depth)
         count, pos, stop = _header(name, width, buf, pos, end, width + 1)
         if pos >= stop:
@@ -356,7 +360,7 @@ def _array(name: str, width: int) -> Decoder:
         code = buf[pos]
         pos += 1
         if code == 0x00:
-            descriptor, pos = decode_value(buf, pos, stop, depth + 1)
+            descriptor, pos = decode_value(buf, pos, stop, depth + 1, budget)
             if pos >= stop:
                 raise DecodeError(f"{name} of described elements has no element format code")
             code = buf[pos]
@@ -366,14 +370,15 @@ def _array(name: str, width: int) -> Decoder:
             raise DecodeError(f"unknown array element format code {code:#04x}")
         least = MIN_WIDTH[code]
         if least == 0:
-            if count > MAX_ZERO_WIDTH_ELEMENTS:
-                raise DecodeError(f"{name} declares {count} zero-width elements "
-                                  f"(at most {MAX_ZERO_WIDTH_ELEMENTS})")
+            if count > budget[0]:
+                raise DecodeError(f"{name} declares {count} zero-width elements (at most "
+                                  f"{MAX_ZERO_WIDTH_ELEMENTS} in one value, {budget[0]} left)")
+            budget[0] -= count
         elif count * least > stop - pos:
             raise DecodeError(f"{name} declares {count} elements, more than its {stop - pos} octets can hold")
         items = []
         for _ in range(count):
-            item, pos = element(buf, pos, stop, depth + 1)
+            item, pos = element(buf, pos, stop, depth + 1, budget)
             items.append(item)
         if pos != stop:
             raise DecodeError(f"{name} size does not match its {count} elements ({stop - pos} octets left)")
@@ -418,31 +423,35 @@ def _build_decoders() -> None:
         else:  # pragma: no cover - every encoding of the table is handled above
             raise AssertionError(f"unhandled encoding {name}")
         DATA_DECODERS[code] = dec
-    DATA_DECODERS[CODE["list0"]] = lambda buf, pos, end, depth: ([], pos)
+    DATA_DECODERS[CODE["list0"]] = lambda buf, pos, end, depth, budget: ([], pos)
 
 
 _build_decoders()
 
 
-def decode_value(buf, pos: int = 0, end: int | None = None, depth: int = 0) -> tuple[object, int]:
+def decode_value(buf, pos: int = 0, end: int | None = None, depth: int = 0,
+                 budget: list[int] | None = None) -> tuple[object, int]:
     """Decode one value (constructor and data) at ``pos``, reading no further than ``end``.
 
     Returns (value, position after it).  ``depth``: how deep inside lists, maps, arrays and described
-    values this value sits.  Raises only :class:`DecodeError`."""
+    values this value sits; ``budget``: see :data:`DATA_DECODERS` (None: a fresh one of
+    :data:`MAX_ZERO_WIDTH_ELEMENTS`).  Raises only :class:`DecodeError`."""
     if end is None:
         end = len(buf)
+    if budget is None:
+        budget = [MAX_ZERO_WIDTH_ELEMENTS]
     if pos >= end:
         raise DecodeError(f"a value was expected at {pos}, the data ends at {end}")
     code = buf[pos]
     if code == 0x00:
         _deeper(depth)
-        descriptor, pos = decode_value(buf, pos + 1, end, depth + 1)
-        value, pos = decode_value(buf, pos, end, depth + 1)
+        descriptor, pos = decode_value(buf, pos + 1, end, depth + 1, budget)
+        value, pos = decode_value(buf, pos, end, depth + 1, budget)
         return Described(descriptor, value), pos
     dec = DATA_DECODERS[code]
     if dec is None:
         raise DecodeError(f"unknown format code {code:#04x} at {pos}")
-    return dec(buf, pos + 1, end, depth)
+    return dec(buf, pos + 1, end, depth, budget)
 
 
 def decode(buf) -> object:
