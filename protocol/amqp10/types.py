@@ -269,6 +269,7 @@ def _char(buf, pos, end, depth, budget):
 
 def _variable(name: str, width: int, convert: Callable[[bytes], object]) -> Decoder:
     size_of = _U8.unpack_from if width == 1 else _U32.unpack_from
+    empty = convert(b"")  # one shared object: an array of empty symbols would cost ~100 octets per octet
 
     def dec(buf, pos, end, depth, budget):
         start = pos + width
@@ -277,6 +278,8 @@ def _variable(name: str, width: int, convert: Callable[[bytes], object]) -> Deco
         stop = start + size_of(buf, pos)[0]
         if stop > end:
             raise DecodeError(f"{name} of {stop - start} octets overruns the {end - start} present")
+        if stop == start:
+            return empty, stop
         return convert(buf[start:stop]), stop
     return dec
 
