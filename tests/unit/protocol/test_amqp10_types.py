@@ -370,3 +370,19 @@ def test_the_table_is_consistent():
     spec = parse()
     assert len(spec.encodings) == 39
     assert {e.type for e in spec.encodings.values()} == set(t.ENCODERS)
+
+
+@pytest.mark.parametrize(("what", "data"), [
+    ("list32 of 20,000 list0", b"\xd0" + U32.pack(20_004) + U32.pack(20_000) + b"\x45" * 20_000),
+    ("array32 of 10,000 one-character symbols",
+     b"\xf0" + U32.pack(20_005) + U32.pack(10_000) + b"\xa3" + b"\x01a" * 10_000),
+    ("array32 of 20,000 empty symbols", b"\xf0" + U32.pack(20_005) + U32.pack(20_000) + b"\xa3" + b"\x00" * 20_000),
+    ("list32 of 6,000 described nulls", b"\xd0" + U32.pack(18_004) + U32.pack(6_000) + b"\x00\x40\x40" * 6_000),
+    ("array32 of 6,000 array8 of null", b"\xf0" + U32.pack(18_005) + U32.pack(6_000) + b"\xe0" + b"\x02\x00\x40" * 6_000),
+])
+def test_worst_case_allocation_per_octet(what, data):
+    """The densest inputs we know (module docstring: ~64 octets of Python objects per input octet at most)."""
+    outcome, elapsed, peak = bounded(t.decode, data)
+    assert not isinstance(outcome, Exception), outcome
+    assert peak < 70 * len(data), (what, peak / len(data))
+    assert elapsed < TIME_BOUND
