@@ -77,7 +77,7 @@ def _encode_keyed_map(mapping, key_kind: str) -> bytes:
     for key, item in mapping.items():
         parts.append(key_encoder(key))
         parts.append(t.encode_value(item))
-    return t._compound_bytes("map8", "map32", 2 * len(mapping), b"".join(parts))
+    return t.encode_compound("map8", "map32", 2 * len(mapping), b"".join(parts))
 
 
 # ---------------------------------------------------------------------------------------- field checks
@@ -87,11 +87,13 @@ _INT_TYPES = {"ubyte", "ushort", "uint", "ulong", "byte", "short", "int", "long"
 def _checker(source: str) -> Callable[[object], object]:
     """A function that returns a decoded value as the field's Python type, or raises ValueError."""
     if source in _INT_TYPES:
-        lo, hi = t._RANGES[source]
+        lo, hi = t.INT_RANGES[source]
 
         def check_int(v):
-            if v.__class__ is not int and (isinstance(v, bool) or not isinstance(v, int)) or not lo <= v <= hi:
+            if v.__class__ is not int and (isinstance(v, bool) or not isinstance(v, int)):
                 raise ValueError(f"expected {source}")
+            if not lo <= v <= hi:
+                raise ValueError(f"{v} is out of range for {source}")
             return v
         return check_int
     simple: dict[str, tuple[type, ...]] = {
@@ -245,7 +247,7 @@ class Composite(t.DescribedType):
             used = i + 1
         if not used:
             return self._PREFIX + b"\x45"
-        return self._PREFIX + t._compound_bytes("list8", "list32", used, b"".join(parts[:used]))
+        return self._PREFIX + t.encode_compound("list8", "list32", used, b"".join(parts[:used]))
 
     @classmethod
     def from_value(cls, value):

@@ -466,7 +466,8 @@ def decode(buf) -> object:
 
 
 # ------------------------------------------------------------------------------------------------ encoding
-_RANGES = {
+#: The ranges of the integer types (and timestamp), inclusive.
+INT_RANGES = {
     "ubyte": (0, 0xFF), "ushort": (0, 0xFFFF), "uint": (0, 0xFFFFFFFF), "ulong": (0, (1 << 64) - 1),
     "byte": (-0x80, 0x7F), "short": (-0x8000, 0x7FFF), "int": (-(1 << 31), (1 << 31) - 1),
     "long": (-(1 << 63), (1 << 63) - 1), "timestamp": (-(1 << 63), (1 << 63) - 1),
@@ -477,7 +478,7 @@ _PACK = {name: Struct(fmt).pack for name, fmt in _STRUCTS.items()}
 def _int(type_name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{type_name} needs an int, got {type(value).__name__}")
-    lo, hi = _RANGES[type_name]
+    lo, hi = INT_RANGES[type_name]
     if not lo <= value <= hi:
         raise ValueError(f"{value} is out of range for {type_name}")
     return value
@@ -492,7 +493,8 @@ def _sized(small: str, large: str, raw: bytes) -> bytes:
     return bytes((CODE[large],)) + _U32.pack(n) + raw
 
 
-def _compound_bytes(small: str, large: str, count: int, body: bytes) -> bytes:
+def encode_compound(small: str, large: str, count: int, body: bytes) -> bytes:
+    """A list or map of ``count`` encoded items ``body``: the 8-bit encoding when size and count fit."""
     if count <= 0xFF and len(body) < 0xFF:
         return bytes((CODE[small], len(body) + 1, count)) + body
     return bytes((CODE[large],)) + _U32.pack(len(body) + 4) + _U32.pack(count) + body
@@ -501,7 +503,7 @@ def _compound_bytes(small: str, large: str, count: int, body: bytes) -> bytes:
 def encode_list(items) -> bytes:
     if not items:
         return b"\x45"
-    return _compound_bytes("list8", "list32", len(items), b"".join(encode_value(i) for i in items))
+    return encode_compound("list8", "list32", len(items), b"".join(encode_value(i) for i in items))
 
 
 def encode_map(mapping: dict, key_type: str = "*") -> bytes:
@@ -509,7 +511,7 @@ def encode_map(mapping: dict, key_type: str = "*") -> bytes:
     for key, item in mapping.items():
         parts.append(encode_as(key_type, key))
         parts.append(encode_value(item))
-    return _compound_bytes("map8", "map32", 2 * len(mapping), b"".join(parts))
+    return encode_compound("map8", "map32", 2 * len(mapping), b"".join(parts))
 
 
 def encode_uint(value: int) -> bytes:

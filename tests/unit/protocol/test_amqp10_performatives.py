@@ -184,7 +184,7 @@ def test_multiple_fields_accept_a_single_value_and_an_array():
 @pytest.mark.parametrize(("encoded", "message"), [
     (b"\x00\x53\x10\x45", "container-id is mandatory"),  # open with no container-id (2.7.1 mandatory)
     (b"\x00\x53\x12\xc0\x06\x03\xa1\x01l\x43\x40", "role is mandatory"),  # attach without role
-    (b"\x00\x53\x12\xc0\x07\x03\xa1\x01l\x54\xff\x41", "handle: expected uint"),  # handle -1 (smallint)
+    (b"\x00\x53\x12\xc0\x07\x03\xa1\x01l\x54\xff\x41", "handle: -1 is out of range for uint"),  # handle -1 (smallint)
     (b"\x00\x53\x12\xc0\x09\x03\xa1\x01l\x70\x00\x00\x00", None),  # truncated uint: decode error
     (b"\x00\x53\x12\xc0\x06\x03\xa1\x01l\x43\x52", None),  # a smalluint with no data: truncated
     (b"\x00\x53\x12\xc0\x07\x03\xa1\x01l\x43\x52\x01", "role: expected boolean"),
