@@ -2,9 +2,11 @@
 
 Transcribed from the OASIS specification (``amqp-1-0.txt`` in the shared specs; section numbers in
 ``#`` comments).  That text is a PDF-to-text conversion that lost most of the XML type definitions
-(the encoding codes of part 1 and the field lists of parts 2, 3 and 5); those were filled in from the
-specification's XML (``types.xml``, ``transport.xml``, ``messaging.xml``, ``security.xml``), whose codes
-and field orders every implementation shares.  :mod:`.types` and :mod:`.performatives` are generated
+(the encoding codes of part 1 and many field lists of parts 2, 3 and 5); those were filled in from the
+specification's XML definitions, whose codes and field orders every implementation shares.  They are
+checked against a real implementation in ``tests/unit/protocol/test_amqp10_proton.py``: Qpid Proton's
+engine writes and reads open, begin, attach (with source and target), flow, transfer, disposition
+(with outcomes), close (with an error), the SASL frames and the message sections with them.  :mod:`.types` and :mod:`.performatives` are generated
 from these tables; :func:`parse` turns them into records and checks that they are consistent.  Blank
 lines and ``#`` comments (also trailing ones) are ignored.
 

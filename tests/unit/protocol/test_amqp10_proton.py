@@ -14,12 +14,17 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raftmq.protocol.amqp10 import frames as f
+from raftmq.protocol.amqp10 import performatives as p
+from raftmq.protocol.amqp10 import types as t
+from raftmq.protocol.amqp10.errors import DecodeError, FramingError
+
+from .test_amqp10_types import ALLOC_CONSTANT, ALLOC_FACTOR, TIME_BOUND, bounded
 
 proton = pytest.importorskip("proton")
-
-from raftmq.protocol.amqp10 import frames as f  # noqa: E402
-from raftmq.protocol.amqp10 import performatives as p  # noqa: E402
-from raftmq.protocol.amqp10 import types as t  # noqa: E402
 
 SERVER_OPEN = p.Open(container_id="raftmq-test", max_frame_size=65536, channel_max=255,
                      offered_capabilities=["ANONYMOUS-RELAY"], properties={"product": "raftmq"})
@@ -309,3 +314,56 @@ def test_frames_re_encoded_byte_for_byte():
         else:
             assert mine == raw, (name, raw.hex(), mine.hex())
     assert seen == ["Open", "Begin", "Attach", "Transfer"]
+
+
+def _proton_stream() -> bytes:
+    """The frames proton writes for open, begin, attach and one transfer (protocol header removed)."""
+    conn, transport = client()
+    conn.open()
+    session = conn.session()
+    session.open()
+    sender = session.sender("fuzz-link")
+    sender.target.address = "/queues/q"
+    sender.open()
+    out = drain(transport)[8:]
+    transport.push(f.AMQP_HEADER + f.encode_frame(SERVER_OPEN) + f.encode_frame(
+        p.Begin(remote_channel=0, next_outgoing_id=0, incoming_window=100, outgoing_window=100))
+        + f.encode_frame(p.Attach(name="fuzz-link", handle=0, role=True, target=p.Target(address="/queues/q")))
+        + f.encode_frame(p.Flow(incoming_window=100, next_outgoing_id=0, outgoing_window=100, handle=0,
+                                delivery_count=0, link_credit=1)))
+    sender.delivery(b"t")
+    sender.send(proton.Message(body={"k": [1, 2.5, "x"]}, properties={"a": 1}, subject="s").encode())
+    sender.advance()
+    return out + drain(transport)
+
+
+PROTON_STREAM = _proton_stream()
+
+
+def test_proton_stream_decodes_whole():
+    assert [type(fr.performative) for fr in frames_of(PROTON_STREAM)] == [p.Open, p.Begin, p.Attach, p.Transfer]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(PROTON_STREAM) - 1), st.integers(0, 255)), min_size=1, max_size=6),
+       st.integers(1, 97))
+def test_mutated_proton_frames_only_raise_codec_errors(flips, chunk):
+    """Real client frames with octets changed, fed in chunks: frames, DecodeError or FramingError only,
+    within the time and memory bounds of the other fuzz tests; decoded transfers' sections likewise."""
+    data = bytearray(PROTON_STREAM)
+    for index, octet in flips:
+        data[index] = octet
+
+    def run():
+        reader = f.FrameReader(1 << 16)
+        got = []
+        for i in range(0, len(data), chunk):
+            got += reader.feed(bytes(data[i:i + chunk]))
+        for fr in got:
+            if fr.payload:
+                p.decode_sections(fr.payload)
+        return got
+    outcome, elapsed, peak = bounded(run)
+    assert not isinstance(outcome, Exception) or isinstance(outcome, (DecodeError, FramingError)), repr(outcome)
+    assert elapsed < TIME_BOUND
+    assert peak < ALLOC_FACTOR * len(data) + ALLOC_CONSTANT
