@@ -1,0 +1,207 @@
+"""Issue 21 against a real node, with pika and kombu: the quorum-queue delivery limit and queue-level
+publisher deduplication.
+
+Delivery limit: RabbitMQ's quorum queues (docs "Quorum Queues", section "Poison Message Handling";
+3.x rabbit_fifo ``return_one``): a message returned more than ``x-delivery-limit`` times is
+dead-lettered with reason ``delivery_limit``; redeliveries carry ``x-delivery-count``.  The queues
+here are declared as RabbitMQ needs them for that (``x-queue-type: quorum``, durable), so the same
+tests run against RabbitMQ (RAFTMQ_TEST_BROKER=rabbitmq).
+
+Deduplication: the rabbitmq-message-deduplication plugin's queue interface (its README, "Queue level
+deduplication"): ``x-message-deduplication: true``, header ``x-deduplication-header``.  RabbitMQ
+needs that plugin, which the reference broker here does not have: those tests run on raftmq only.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pika
+import pytest
+from kombu import Connection, Consumer, Producer
+from kombu import Queue as KQueue
+
+from tests.integration.helpers import get_bodies, uniq, wait_until
+
+OP = 5.0
+H = "x-deduplication-header"
+
+
+def limited_queue(ch, limit: int) -> tuple[str, str]:
+    """A quorum-type queue with ``x-delivery-limit`` dead-lettering to a fresh queue: (queue, dlq)."""
+    dlq = ch.queue_declare(uniq("f21-dlq"), durable=True).method.queue
+    q = ch.queue_declare(uniq("f21-limited"), durable=True, arguments={
+        "x-queue-type": "quorum", "x-delivery-limit": limit,
+        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq}).method.queue
+    return q, dlq
+
+
+def get_one(ch, queue: str, timeout: float = OP) -> tuple:
+    holder: list = []
+
+    def fetch():
+        method, props, body = ch.basic_get(queue, auto_ack=True)
+        if method is not None:
+            holder.append((method, props, body))
+        return holder
+
+    wait_until(fetch, timeout=timeout, what=f"a message in {queue}")
+    return holder[0]
+
+
+def test_pika_consumer_nacking_with_requeue_ends_in_the_dlq_after_limit_plus_one_deliveries(conn, ch):
+    """x-delivery-limit 2: three deliveries, x-delivery-count absent then 1 then 2, then the
+    message is in the dead-letter queue with an x-death record of reason delivery_limit."""
+    q, dlq = limited_queue(ch, 2)
+    ch.basic_publish("", q, b"poison", pika.BasicProperties(delivery_mode=2, headers={"app": "f21"}))
+    ch.basic_qos(prefetch_count=1)
+    seen = []
+    deadline = time.monotonic() + 10
+    for method, props, body in ch.consume(q, inactivity_timeout=1.0):
+        if method is None:
+            if seen and ch.queue_declare(dlq, passive=True).method.message_count:
+                break
+            assert time.monotonic() < deadline, seen
+            continue
+        seen.append((method.redelivered, (props.headers or {}).get("x-delivery-count"), body))
+        ch.basic_nack(method.delivery_tag, requeue=True)
+        assert len(seen) <= 5, seen
+    ch.cancel()
+    assert seen == [(False, None, b"poison"), (True, 1, b"poison"), (True, 2, b"poison")]
+    _method, props, body = get_one(ch, dlq)
+    assert body == b"poison"
+    (death,) = props.headers["x-death"]
+    assert (death["reason"], death["queue"], death["count"]) == ("delivery_limit", q, 1)
+    assert props.headers["x-first-death-reason"] == "delivery_limit"
+    assert props.headers["app"] == "f21"
+    assert ch.queue_declare(q, passive=True).method.message_count == 0
+    ch.queue_delete(q)
+    ch.queue_delete(dlq)
+
+
+def test_pika_limit_zero_and_channel_close_and_reject_each_count(connections):
+    """Limit 1 counts returns of every kind: a channel closed with the message unacked, then a
+    basic.reject with requeue: the second return dead-letters it.  Limit 0: the first return."""
+    conn = connections()
+    ch = conn.channel()
+    q, dlq = limited_queue(ch, 1)
+    ch.basic_publish("", q, b"m", pika.BasicProperties(delivery_mode=2))
+    first = conn.channel()
+    method, props, _ = wait_until(lambda: (r := first.basic_get(q, auto_ack=False))[0] and r, timeout=OP,
+                                  what="first delivery")
+    assert not method.redelivered and "x-delivery-count" not in (props.headers or {})
+    first.close()  # return 1
+    method, props, _ = wait_until(lambda: (r := ch.basic_get(q, auto_ack=False))[0] and r, timeout=OP,
+                                  what="second delivery")
+    assert method.redelivered and props.headers["x-delivery-count"] == 1
+    ch.basic_reject(method.delivery_tag, requeue=True)  # return 2 > 1
+    _m, props, _ = get_one(ch, dlq)
+    assert props.headers["x-death"][0]["reason"] == "delivery_limit"
+
+    q0, dlq0 = limited_queue(ch, 0)
+    ch.basic_publish("", q0, b"z", pika.BasicProperties(delivery_mode=2))
+    method, _props, _ = wait_until(lambda: (r := ch.basic_get(q0, auto_ack=False))[0] and r, timeout=OP,
+                                   what="the only delivery")
+    ch.basic_nack(method.delivery_tag, requeue=True)
+    assert get_one(ch, dlq0)[2] == b"z"
+    assert ch.basic_get(q0, auto_ack=True)[0] is None
+    for name in (q, dlq, q0, dlq0):
+        ch.queue_delete(name)
+
+
+def test_kombu_consumer_requeueing_sees_the_count_and_the_message_ends_dead_lettered(broker, ch):
+    q, dlq = limited_queue(ch, 3)
+    counts = []
+    with Connection(broker.url, connect_timeout=OP, transport_options={"confirm_publish": True}) as kconn:
+        queue = KQueue(q, no_declare=True)
+        Producer(kconn).publish({"job": 1}, routing_key=q, delivery_mode=2)
+
+        def on_message(body, message):
+            counts.append(message.headers.get("x-delivery-count"))
+            message.requeue()
+
+        with Consumer(kconn, [queue], callbacks=[on_message], prefetch_count=1):
+            deadline = time.monotonic() + 10
+            while len(counts) < 4 and time.monotonic() < deadline:
+                try:
+                    kconn.drain_events(timeout=0.5)
+                except TimeoutError:
+                    pass
+        dead = wait_until(lambda: kconn.default_channel.basic_get(dlq, no_ack=True), timeout=OP,
+                          what="the dead-lettered message")
+    assert counts == [None, 1, 2, 3]
+    assert dead.headers["x-death"][0]["reason"] == "delivery_limit"
+    assert dead.body == b'{"job": 1}' or dead.body == '{"job": 1}'
+    ch.queue_delete(q)
+    ch.queue_delete(dlq)
+
+
+# ------------------------------------------------------------------------------------ deduplication
+
+
+@pytest.fixture
+def raftmq_only(broker):
+    if broker.kind == "rabbitmq":
+        pytest.skip("the reference RabbitMQ has no rabbitmq-message-deduplication plugin")
+
+
+def test_pika_confirmed_resends_are_all_confirmed_and_stored_once(raftmq_only, ch):
+    """A confirm-mode publisher that resends (its confirm lost, say) gets a basic.ack every time;
+    mandatory does not return the duplicate (it was routed); the queue holds one copy."""
+    q = ch.queue_declare(uniq("f21-dedup"), durable=True, arguments={"x-message-deduplication": True}).method.queue
+    ch.confirm_delivery()
+    for i in range(5):  # BlockingChannel raises on a nack or a return: each send is confirmed
+        ch.basic_publish("", q, f"send {i}".encode(),
+                         pika.BasicProperties(delivery_mode=2, headers={H: "order-42"}), mandatory=True)
+    ch.basic_publish("", q, b"other", pika.BasicProperties(headers={H: "order-43"}), mandatory=True)
+    ch.basic_publish("", q, b"no header", mandatory=True)
+    ch.basic_publish("", q, b"no header", mandatory=True)
+    assert ch.queue_declare(q, passive=True).method.message_count == 4
+    assert get_bodies(ch, q) == [b"send 0", b"other", b"no header", b"no header"]
+    # The plugin's rule: the first copy consumed, the header is free again.
+    ch.basic_publish("", q, b"after consume", pika.BasicProperties(headers={H: "order-42"}), mandatory=True)
+    assert get_bodies(ch, q) == [b"after consume"]
+    ch.queue_delete(q)
+
+
+def test_pika_cache_ttl_drops_a_resend_after_the_first_copy_was_consumed(raftmq_only, ch):
+    q = ch.queue_declare(uniq("f21-ttl"), arguments={"x-message-deduplication": True,
+                                                     "x-cache-ttl": 60_000}).method.queue
+    ch.confirm_delivery()
+    ch.basic_publish("", q, b"first", pika.BasicProperties(headers={H: "k"}))
+    assert get_bodies(ch, q) == [b"first"]
+    ch.basic_publish("", q, b"resend", pika.BasicProperties(headers={H: "k"}))
+    assert ch.queue_declare(q, passive=True).method.message_count == 0
+    ch.queue_delete(q)
+
+
+def test_pika_dedup_cache_size_bounds_and_evicts_the_oldest(raftmq_only, ch):
+    q = ch.queue_declare(uniq("f21-size"), arguments={"x-message-deduplication": True,
+                                                      "x-cache-size": 2}).method.queue
+    ch.confirm_delivery()
+    for key in ("a", "b", "c", "a", "c"):  # c evicts a: "a" is accepted again, "c" is not
+        ch.basic_publish("", q, key.encode(), pika.BasicProperties(headers={H: key}))
+    assert get_bodies(ch, q) == [b"a", b"b", b"c", b"a"]
+    ch.queue_delete(q)
+
+
+@pytest.mark.parametrize("args", [{"x-message-deduplication": "yes"},
+                                  {"x-message-deduplication": True, "x-cache-size": 0},
+                                  {"x-message-deduplication": True, "x-cache-ttl": -5},
+                                  {"x-delivery-limit": -1}])
+def test_invalid_arguments_close_the_channel_with_406(raftmq_only, conn, args):
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        ch.queue_declare(uniq("f21-bad"), arguments=args)
+    assert info.value.reply_code == 406
+
+
+def test_kombu_confirmed_producer_resending_stores_one_copy(raftmq_only, broker, ch):
+    q = ch.queue_declare(uniq("f21-kdedup"), durable=True, arguments={"x-message-deduplication": True}).method.queue
+    with Connection(broker.url, connect_timeout=OP, transport_options={"confirm_publish": True}) as kconn:
+        producer = Producer(kconn)
+        for _ in range(4):  # confirm_publish: publish() returns once the broker confirmed it
+            producer.publish({"id": 7}, routing_key=q, headers={H: "task-7"}, delivery_mode=2)
+        producer.publish({"id": 8}, routing_key=q, headers={H: "task-8"}, delivery_mode=2)
+    assert ch.queue_declare(q, passive=True).method.message_count == 2
+    ch.queue_delete(q)
