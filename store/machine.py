@@ -114,7 +114,7 @@ class StateMachine(SessionMixin, UserMixin):
         self.event_sink: Callable[[int | None, list], None] | None = None
         self._events: list[list] = []
         self.stats = {"published": 0, "unroutable": 0, "delivered": 0, "redelivered": 0, "acked": 0,
-                      "rejected": 0, "dead_lettered": 0, "expired": 0}
+                      "rejected": 0, "dead_lettered": 0, "expired": 0, "deduplicated": 0, "delivery_limited": 0}
         self.sessions: dict[str, Session] = {}  # AMQP 0-10 sessions by key (sessions.py)
         self.users: dict[str, UserRecord] = {}  # managed through the admin API (users.py)
         self.detached_sessions: dict[str, Session] = {}  # the ones waiting out their timeout
@@ -880,6 +880,8 @@ class StateMachine(SessionMixin, UserMixin):
             dedup_as = dedup_key(message.properties)
             if dedup_as is not None and queue.dedup.seen(dedup_as, self._now):
                 self._event(EV.DROPPED, queue, message, "duplicate")
+                # .get: the stats of a snapshot written before issue 21 lack the key
+                self.stats["deduplicated"] = self.stats.get("deduplicated", 0) + 1
                 return True
         if queue.max_length is not None or queue.max_length_bytes is not None:
             full = (queue.max_length is not None and len(queue.ready) >= queue.max_length) or (
@@ -1248,6 +1250,8 @@ class StateMachine(SessionMixin, UserMixin):
             self.stats["expired"] += 1
         elif reason == "rejected":
             self.stats["rejected"] += 1
+        elif reason == "delivery_limit":
+            self.stats["delivery_limited"] = self.stats.get("delivery_limited", 0) + 1
         kind = {"expired": EV.EXPIRED, "rejected": EV.REJECTED}.get(reason, EV.DROPPED)
         self._event(kind, queue, message, reason)
         dlx_name = queue.dead_letter_exchange

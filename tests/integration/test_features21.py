@@ -21,7 +21,9 @@ import pytest
 from kombu import Connection, Consumer, Producer
 from kombu import Queue as KQueue
 
+from raftmq.ops.local.node import RaftmqNode, free_port
 from tests.integration.helpers import get_bodies, uniq, wait_until
+from tests.integration.test_metrics import scrape, value
 
 OP = 5.0
 H = "x-deduplication-header"
@@ -207,3 +209,23 @@ def test_kombu_confirmed_producer_resending_stores_one_copy(raftmq_only, broker,
         producer.publish({"id": 8}, routing_key=q, headers={H: "task-8"}, delivery_mode=2)
     assert ch.queue_declare(q, passive=True).method.message_count == 2
     ch.queue_delete(q)
+
+
+def test_metrics_count_duplicates_and_delivery_limited_messages(raftmq_only, tmp_path):
+    metrics_port = free_port()
+    with RaftmqNode(tmp_path / "n", extra_args=["--metrics-port", str(metrics_port)]) as node:
+        conn = pika.BlockingConnection(pika.URLParameters(node.url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("dedup", arguments={"x-message-deduplication": True})
+        ch.queue_declare("limited", arguments={"x-delivery-limit": 0})
+        for _ in range(3):
+            ch.basic_publish("", "dedup", b"m", pika.BasicProperties(headers={H: "same"}))
+        ch.basic_publish("", "limited", b"m")
+        method, _props, _body = ch.basic_get("limited")
+        ch.basic_nack(method.delivery_tag, requeue=True)
+        assert ch.queue_declare("limited", passive=True).method.message_count == 0
+        conn.close()
+        samples = scrape(metrics_port)
+    assert value(samples, "raftmq_messages_deduplicated_total") == 2
+    assert value(samples, "raftmq_messages_delivery_limited_total") == 1

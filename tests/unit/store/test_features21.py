@@ -185,6 +185,7 @@ def test_limit_zero_allows_one_delivery_and_without_a_dlx_the_message_is_dropped
     assert len(queue(d, "q").ready) == 0 and d.machine.message_bytes == 0
     assert d.kinds(EV.DROPPED) == [("q", "delivery_limit")]
     assert d.kinds(EV.DEAD_LETTERED) == []
+    assert d.machine.stats["delivery_limited"] == 1
 
 
 def test_nack_without_requeue_is_rejected_not_delivery_limited(d):
@@ -289,6 +290,7 @@ def test_a_duplicate_is_confirmed_and_not_enqueued_and_a_message_without_the_hea
     d.publish("q", b"other header", headers={"x-other": "order-1"})
     assert d.bodies("q") == [b"1", b"2", b"plain", b"plain", b"other header"]
     assert d.kinds(EV.DROPPED) == [("q", "duplicate")]
+    assert d.machine.stats["deduplicated"] == 1  # raftmq_messages_deduplicated_total (ops/metrics.py)
 
 
 def test_header_values_compare_by_type_and_text_equals_its_bytes():
