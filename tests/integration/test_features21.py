@@ -229,3 +229,51 @@ def test_metrics_count_duplicates_and_delivery_limited_messages(raftmq_only, tmp
         samples = scrape(metrics_port)
     assert value(samples, "raftmq_messages_deduplicated_total") == 2
     assert value(samples, "raftmq_messages_delivery_limited_total") == 1
+
+
+def test_amqp010_publisher_and_subscriber_get_the_same_core_rules(raftmq_only, broker):
+    """The core does both features for every protocol: a 0-10 publisher's x-deduplication-header
+    (application headers) is deduplicated, and 0-10 releases with set-redelivered count as returns
+    (x-delivery-count in the transfer's application headers; amqp-0-10.txt message.release, L5819:
+    "marked as redelivered on their next transfer"; a release without it is not counted)."""
+    import asyncio
+
+    from raftmq.client.amqp010 import Connection as Connection010
+
+    dedup, limited, dlq = uniq("f21-010d"), uniq("f21-010l"), uniq("f21-010dlq")
+
+    async def scenario():
+        conn = await Connection010.connect([f"{broker.host}:{broker.port}"])
+        session = await conn.session()
+        await session.queue_declare(dedup, arguments={"x-message-deduplication": True})
+        await session.queue_declare(dlq)
+        await session.queue_declare(limited, arguments={"x-delivery-limit": 1, "x-dead-letter-exchange": "",
+                                                        "x-dead-letter-routing-key": dlq})
+        for _ in range(3):
+            await session.publish("", dedup, b"once", headers={H: "k"})
+        stored = (await session.queue_query(dedup)).message_count
+        await session.publish("", limited, b"poison")
+        subscription = await session.subscribe(limited, window=1)
+        counts = []
+        for _ in range(2):
+            message = await subscription.get(timeout=5)
+            counts.append((message.headers or {}).get("x-delivery-count"))
+            await message.release(redelivered=True)
+        dead = (await session.queue_query(dlq)).message_count
+        left = (await session.queue_query(limited)).message_count
+        await session.publish("", limited, b"released")
+        for _ in range(3):  # without set-redelivered: the delivery is taken back, not counted
+            message = await subscription.get(timeout=5)
+            assert message.body == b"released" and not message.redelivered
+            await message.release(redelivered=False)
+        message = await subscription.get(timeout=5)
+        unhurt = (message.body, (message.headers or {}).get("x-delivery-count"))
+        await message.accept()
+        await conn.close()
+        return stored, counts, dead, left, unhurt
+
+    stored, counts, dead, left, unhurt = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert stored == 1
+    assert counts == [None, 1]
+    assert (dead, left) == (1, 0)
+    assert unhurt == (b"released", None)
