@@ -277,3 +277,30 @@ def test_amqp010_publisher_and_subscriber_get_the_same_core_rules(raftmq_only, b
     assert counts == [None, 1]
     assert (dead, left) == (1, 0)
     assert unhurt == (b"released", None)
+
+
+def test_kill_9_keeps_dedup_for_queued_messages_and_the_delivery_count(fresh_node):
+    """A single node after SIGKILL: the cache is rebuilt from the persistent messages still queued
+    (a confirmed resend is still dropped), and a message delivered before the crash counts that
+    delivery (limit 0: dead-lettered instead of delivered again)."""
+    conn = pika.BlockingConnection(pika.URLParameters(fresh_node.url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("dedup", durable=True, arguments={"x-message-deduplication": True})
+    ch.queue_declare("dlq", durable=True)
+    ch.queue_declare("limited", durable=True, arguments={
+        "x-delivery-limit": 0, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"})
+    ch.basic_publish("", "dedup", b"kept", pika.BasicProperties(delivery_mode=2, headers={H: "k"}))
+    ch.basic_publish("", "limited", b"poison", pika.BasicProperties(delivery_mode=2))
+    method, _props, _body = ch.basic_get("limited", auto_ack=False)
+    assert method is not None  # held, unacked, when the node dies
+    fresh_node.restart(hard=True)
+    conn = pika.BlockingConnection(pika.URLParameters(fresh_node.url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("", "dedup", b"resend", pika.BasicProperties(delivery_mode=2, headers={H: "k"}))
+    assert get_bodies(ch, "dedup") == [b"kept"]
+    assert ch.basic_get("limited", auto_ack=True)[0] is None
+    _method, props, body = get_one(ch, "dlq")
+    assert body == b"poison" and props.headers["x-death"][0]["reason"] == "delivery_limit"
+    conn.close()
