@@ -10,7 +10,7 @@ snapshot of the first, as a follower catching up does.
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
@@ -154,7 +154,20 @@ def _prepared(machine: StateMachine, batch: list[list]) -> list[list]:
     return [[Op.CHANNEL_OPEN, c, None, n] for c, n in opened] + [list(c) for c in batch]
 
 
+# Found by this test: a message expired in "dq" during a dispatch, dead-lettered into "dlq" (which
+# has a consumer), left "dlq" dirty for the next command, which a machine joined from a snapshot
+# in between never dispatched (StateMachine._apply_one now dispatches until nothing is dirty).
+_EXPIRED_INTO_A_CONSUMED_DLQ = [
+    (0, [[Op.PUBLISH, "n1.a.1", 1, 1, "/", "x.fanout", "a", False, b"\x00\x00", b"", False, 0, 0]]),
+    (1, [[Op.CONSUME, "n1.a.1", 1, 1, "/", "q1", "", False, False, {}],
+         [Op.CONSUME, "n1.a.1", 1, 1, "/", "dlq", "", False, False, {}],
+         [Op.PUBLISH, "n1.a.1", 1, 1, "/", "x.fanout", "a", False, b"\x00\x00", b"", False, 0, None]]),
+    (0, [[Op.CONNECTION_CLOSE, "n1.a.2", None]]),
+]
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(stream=_EXPIRED_INTO_A_CONSUMED_DLQ)
 @given(batches)
 def test_two_machines_without_lmdb_agree_on_every_effect_and_digest(stream):
     first, second = _fresh(), _fresh()

@@ -442,3 +442,43 @@ def test_dedup_cache_unit_rules():
     cache.add("c", 4, 0, None)  # a second message with a key already cached (after an eviction)
     cache.forget(3)  # the first one leaving does not take the second one's entry
     assert cache.seen("c", 0)
+
+
+def test_an_amqp010_resume_replays_a_redelivery_with_the_count_it_was_sent_with():
+    """Transfers replayed on resume (store/sessions.py) carry the x-delivery-count of their first
+    sending: the entry's count has grown by that delivery since."""
+    from raftmq.store.sessions import SETTLE_RELEASE_REDELIVERED, UNLIMITED
+    from tests.unit.store.test_sessions import attach, machine_with_queue
+
+    m = machine_with_queue()
+    a, _ = attach(m, "n1.x.1")
+    a.call(Op.SESSION_TIMEOUT, 60)
+    a.command(Op.QUEUE_DECLARE, "/", "q", False, True, False, False, {"x-delivery-limit": 5})
+    a.command(Op.PUBLISH, "/", "", "q", False, b"\x00\x00", b"m", True, 0, None)
+    a.command(Op.MESSAGE_SUBSCRIBE, "/", "q", "dest", False, False, {})
+    a.command(Op.MESSAGE_FLOW, "dest", 0, 2)
+    a.command(Op.MESSAGE_FLOW, "dest", 1, UNLIMITED)
+    a.command(Op.MESSAGE_SETTLE, [[0, 0]], SETTLE_RELEASE_REDELIVERED)
+    sent = [(o[4][0], headers_of(o[4][4]).get("x-delivery-count")) for o in a.transfers()]
+    assert sent == [(0, None), (1, 1)]
+    m.apply_batch(NOW, [[Op.NODE_RESET, None, None, "n1", None]])
+    _b, result = attach(m, "n2.y.1")
+    replay = result[1][3]
+    assert [(t[0], headers_of(t[4]).get("x-delivery-count")) for t in replay] == [(1, 1)]
+
+
+def test_an_amqp010_browser_sees_the_count_of_a_redelivered_message():
+    from raftmq.store.sessions import UNLIMITED
+    from tests.unit.store.test_sessions import attach
+
+    d = _driver(StateMachine(None))
+    d.declare("q", {"x-delivery-limit": 5})
+    d.publish("q", b"m")
+    assert d.get("q", no_ack=False) is not None
+    d.ok(Op.RECOVER, True)  # back in the queue with a count of 1
+    b, _ = attach(d.machine, "n1.x.1")
+    b.command(Op.MESSAGE_SUBSCRIBE, "/", "q", "browser", False, False, {}, True)  # acquire-mode not-acquired
+    b.command(Op.MESSAGE_FLOW, "browser", 0, UNLIMITED)
+    b.command(Op.MESSAGE_FLOW, "browser", 1, UNLIMITED)
+    (transfer,) = b.transfers()
+    assert transfer[4][3] is True and headers_of(transfer[4][4])["x-delivery-count"] == 1
