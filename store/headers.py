@@ -1,5 +1,5 @@
 """A message's headers as the core reads them (headers exchanges) and rewrites them (dead-lettering:
-RabbitMQ's x-death records and x-first-death-* headers).
+RabbitMQ's x-death records and x-first-death-* headers; a redelivery's x-delivery-count).
 
 Pure functions of a message's properties -- still AMQP 0-9-1 property bytes, the model's canonical
 form, decoded with protocol/amqp091's codec: the one place the core reads a wire format (until the
@@ -60,3 +60,25 @@ def add_x_death(message: Message, queue: Queue, reason: str, now: int) -> bytes:
     if reason == "expired":
         props.expiration = None
     return encode_properties(props)
+
+
+def with_delivery_count(message: Message, count: int) -> Message:
+    """The message as a quorum queue redelivers it: header ``x-delivery-count`` = ``count``, the
+    number of earlier deliveries that came back (RabbitMQ 3.13's rabbit_fifo_client sets it once the
+    count exists, i.e. from the first redelivery on).
+
+    A copy for one delivery, not the queued message: the same message may sit in other queues, and
+    the count belongs to this queue's entry.  Outputs only: nothing of it is replicated state.
+    """
+    from raftmq.protocol.amqp091.properties import decode_properties, encode_properties
+
+    try:
+        props = decode_properties(message.properties)
+        headers = dict(props.headers or {})
+        headers["x-delivery-count"] = count
+        props.headers = headers
+        properties = encode_properties(props)
+    except Exception:
+        return message  # a headers table the codec cannot rewrite: delivered as it was published
+    return Message(message.id, message.exchange, message.routing_key, properties, message.body,
+                   message.persistent, message.priority, message.published_at)

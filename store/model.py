@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from .dedup import DedupCache
 from .routing import MATCHERS, Binding
 
 
@@ -243,6 +244,23 @@ class Queue:
     had_consumers: bool = False
     next_seq: int = 1
     unacked_count: int = 0
+    # Added after snapshot format 1: ``__setstate__`` gives them their defaults when an older
+    # snapshot is loaded (tests/unit/store/test_versions.py).
+    delivery_limit: int | None = None  # x-delivery-limit: returns allowed before dead-lettering
+    delivery_header: bool = False  # redeliveries carry x-delivery-count (as quorum queues do)
+    dedup: DedupCache | None = None  # x-message-deduplication (store/dedup.py)
+
+    def __setstate__(self, state: tuple) -> None:
+        """Unpickle a queue, the fields a snapshot predates taking their defaults."""
+        slots = state[1] if isinstance(state, tuple) else state
+        for name, default in _QUEUE_ADDED_FIELDS:
+            if name not in slots:
+                object.__setattr__(self, name, default)
+        for name, value in slots.items():
+            object.__setattr__(self, name, value)
+
+
+_QUEUE_ADDED_FIELDS = (("delivery_limit", None), ("delivery_header", False), ("dedup", None))
 
 
 @dataclass(slots=True, eq=False)

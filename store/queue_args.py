@@ -3,14 +3,23 @@
 The arguments RabbitMQ clients use, read as RabbitMQ reads them: integers within their range,
 strings (bytes accepted as UTF-8), ``x-overflow`` one of RabbitMQ's three policies.  Parsing is done
 before the state machine changes anything, so a refused declare leaves no trace.
+
+Also the arguments of issue 21: ``x-delivery-limit`` (a quorum queue's poison-message limit; with it,
+or with ``x-queue-type: quorum``, redeliveries carry ``x-delivery-count``) and the deduplication
+plugin's ``x-message-deduplication`` (a boolean) with raftmq's ``x-cache-size`` and ``x-cache-ttl``
+(store/dedup.py).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
+from .dedup import DEFAULT_CACHE_SIZE, MAX_CACHE_SIZE
 from .errors import CommandError
 from .values import as_int
+
+log = logging.getLogger(__name__)
 
 # The x-arguments whose value must match on a queue redeclare (as RabbitMQ checks them).
 EQUIVALENCE_ARGS = (
@@ -22,8 +31,11 @@ EQUIVALENCE_ARGS = (
     "x-overflow",
     "x-max-priority",
     "x-expires",
+    "x-delivery-limit",  # a quorum queue's argument, checked on redeclare as RabbitMQ does
 )
 OVERFLOW_POLICIES = ("drop-head", "reject-publish", "reject-publish-dlx")
+# Arguments that earlier raftmq versions stored without reading them (so without validating them).
+LATER_ARGS = ("x-delivery-limit", "x-message-deduplication", "x-cache-size", "x-cache-ttl")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +48,11 @@ class QueueSettings:
     dead_letter_exchange: str | None = None
     dead_letter_routing_key: str | None = None
     overflow: str = "drop-head"
+    delivery_limit: int | None = None  # returns of a delivered message before it is dead-lettered
+    delivery_header: bool = False  # redeliveries carry x-delivery-count
+    deduplicate: bool = False  # x-message-deduplication (store/dedup.py)
+    cache_size: int = DEFAULT_CACHE_SIZE  # x-cache-size: entries of the deduplication cache
+    cache_ttl: int | None = None  # x-cache-ttl, ms: how long an entry outlives its message
 
 
 def parse_queue_arguments(args: dict, queue: str, vhost: str) -> QueueSettings:
@@ -63,7 +80,19 @@ def parse_queue_arguments(args: dict, queue: str, vhost: str) -> QueueSettings:
     overflow = str_arg("x-overflow") or "drop-head"
     if overflow not in OVERFLOW_POLICIES:
         raise refuse("x-overflow", overflow)
+    deduplicate = args.get("x-message-deduplication", False)
+    if not isinstance(deduplicate, bool):
+        raise refuse("x-message-deduplication", deduplicate)
+    delivery_limit = int_arg("x-delivery-limit", 0)
+    queue_type = args.get("x-queue-type")
     return QueueSettings(
+        delivery_limit=delivery_limit,
+        # As a quorum queue: RabbitMQ has no delivery count on classic queues, and raftmq's
+        # queues are classic ones unless they ask for quorum semantics.
+        delivery_header=delivery_limit is not None or queue_type in ("quorum", b"quorum"),
+        deduplicate=deduplicate,
+        cache_size=int_arg("x-cache-size", 1, MAX_CACHE_SIZE) or DEFAULT_CACHE_SIZE,
+        cache_ttl=int_arg("x-cache-ttl", 1),
         message_ttl=int_arg("x-message-ttl", 0),
         max_length=int_arg("x-max-length", 0),
         max_length_bytes=int_arg("x-max-length-bytes", 0),
@@ -73,3 +102,14 @@ def parse_queue_arguments(args: dict, queue: str, vhost: str) -> QueueSettings:
         dead_letter_routing_key=str_arg("x-dead-letter-routing-key"),
         overflow=overflow,
     )
+
+
+def parse_stored_queue_arguments(args: dict, queue: str, vhost: str) -> QueueSettings:
+    """``parse_queue_arguments`` for a queue declared earlier (the single-node store's): an argument
+    that an older raftmq accepted without reading it and that is invalid now is ignored, with a
+    warning, instead of stopping the node from loading its queues."""
+    try:
+        return parse_queue_arguments(args, queue, vhost)
+    except CommandError as exc:
+        log.warning("queue '%s' in vhost '%s': %s; ignoring %s", queue, vhost, exc.text, ", ".join(LATER_ARGS))
+        return parse_queue_arguments({k: v for k, v in args.items() if k not in LATER_ARGS}, queue, vhost)

@@ -34,6 +34,7 @@ from __future__ import annotations
 from . import events as EV
 from . import ranges as rs
 from .commands import OUT_SESSION_DETACHED, OUT_TRANSFER, Op
+from .headers import with_delivery_count
 from .model import ChannelState, Consumer, Session
 
 MAX_SESSION_TIMEOUT = 3600  # seconds: a detached session's state is kept at most this long
@@ -109,8 +110,11 @@ class SessionMixin:
         for transfer_id, (qid, seq, destination) in sorted(session.transfers.items()):
             item = ch.unacked.get((qid, seq))
             if item is not None:
-                _queue, entry = item
-                replay.append((transfer_id, destination, qid, seq, entry.message))
+                queue, entry = item
+                message = entry.message
+                if queue.delivery_header and entry.delivery_count > 1:  # as first sent (issue 21)
+                    message = with_delivery_count(message, entry.delivery_count - 1)
+                replay.append((transfer_id, destination, qid, seq, message))
         for consumer in ch.consumers.values():
             self._dirty[consumer.queue.qid] = consumer.queue  # deliveries resume
         return ("attached", resumed, [list(r) for r in session.completed], replay, session.transactional)
@@ -231,8 +235,11 @@ class SessionMixin:
                 if len(session.browsed) > MAX_BROWSED:
                     del session.browsed[next(iter(session.browsed))]
                 ch = consumer.channel
+                message = entry.message
+                if queue.delivery_header and entry.delivery_count > 0:
+                    message = with_delivery_count(message, entry.delivery_count)
                 self._out.append((ch.conn, OUT_TRANSFER, ch.number, consumer.tag,
-                                  (transfer_id, queue.qid, entry.seq, entry.delivery_count > 0, entry.message)))
+                                  (transfer_id, queue.qid, entry.seq, entry.delivery_count > 0, message)))
 
     def _message_acquire(self, cmd: list) -> list:
         """message.acquire (L5854): take browsed messages that are still available; the ranges acquired."""

@@ -87,7 +87,8 @@ def digest(machine: StateMachine) -> str:
 
     Walks the model in sorted key order and covers everything that affects future behaviour:
     entities and their arguments, bindings, every queued message in delivery order with its
-    delivery count, unacknowledged deliveries, consumers and their credit, counters.
+    delivery count, unacknowledged deliveries, consumers and their credit, counters, delivery
+    limits and deduplication caches (their entries in eviction order).
     """
     h = hashlib.sha256()
 
@@ -117,6 +118,11 @@ def digest(machine: StateMachine) -> str:
                         hashlib.sha256(entry.message.body).hexdigest(), entry.message.properties)
                 for seq, entry in sorted(ready._returned[level], key=lambda item: item[0]):
                     put("returned", seq, entry.message.id, entry.delivery_count)
+            if q.delivery_limit is not None or q.delivery_header:
+                put("delivery", q.delivery_limit, q.delivery_header)
+            if q.dedup is not None:
+                # In insertion order: eviction takes the oldest, so the order is state too.
+                put("dedup", q.dedup.size, q.dedup.ttl, list(q.dedup.entries.items()))
             for c in q.consumers:
                 put("consumer", c.channel.conn, c.channel.number, c.tag, c.no_ack, c.exclusive, c.prefetch, c.unacked)
     for name in sorted(machine.users):

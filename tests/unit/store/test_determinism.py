@@ -10,15 +10,19 @@ snapshot of the first, as a follower catching up does.
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
+from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
 from raftmq.store.commands import OUT_DELIVER, Op
 from raftmq.store.machine import StateMachine
 from raftmq.store.snapshot import digest, export_model, import_model
 
 CONNS = ("n1.a.1", "n1.a.2", "n2.b.1")
-QUEUES = ("q1", "q2", "dlq")
+QUEUES = ("q1", "q2", "dlq", "dq")
+# "dq" deduplicates (a small cache, so that it evicts) and dead-letters past one return (issue 21).
+DQ_ARGS = {"x-message-deduplication": True, "x-cache-size": 3, "x-delivery-limit": 1,
+           "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}
 EXCHANGES = ("", "x.direct", "x.topic", "x.fanout", "amq.topic")
 NOW = 1_700_000_000_000_000
 
@@ -34,14 +38,18 @@ def _queue_args():
     """Mostly none (a redeclare with other arguments is a 406 that closes the channel)."""
     return st.sampled_from([{}, {}, {}, {}, {}, {"x-max-priority": 3}, {"x-message-ttl": 5}, {"x-max-length": 2},
                             {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"},
-                            {"x-overflow": "reject-publish", "x-max-length": 1}])
+                            {"x-overflow": "reject-publish", "x-max-length": 1},
+                            {"x-message-deduplication": True, "x-cache-ttl": 5}, DQ_ARGS])
 
 
+# Properties: none, or an x-deduplication-header drawn from a few values (so that they repeat).
+PROPS = (b"\x00\x00", b"\x00\x00", *(encode_properties(BasicProperties(headers={"x-deduplication-header": v}))
+                                        for v in ("a", "b", "c", "d", 1)))
 publish = st.builds(
-    lambda c, n, t, x, k, body, persistent, priority, ttl:
-    [Op.PUBLISH, c, t, n, "/", x, k, False, b"\x00\x00", body, persistent, priority, ttl],
-    conn, channel, token, exchange, key, st.binary(max_size=8), st.booleans(), st.integers(0, 4),
-    st.sampled_from((None, 0, 3, 50)))
+    lambda c, n, t, x, k, props, body, persistent, priority, ttl:
+    [Op.PUBLISH, c, t, n, "/", x, k, False, props, body, persistent, priority, ttl],
+    conn, channel, token, exchange, key, st.sampled_from(PROPS), st.binary(max_size=8), st.booleans(),
+    st.integers(0, 4), st.sampled_from((None, 0, 3, 50)))
 consume = st.builds(lambda c, n, t, q, no_ack: [Op.CONSUME, c, t, n, "/", q, "", no_ack, False, {}],
                     conn, channel, token, queue, st.booleans())
 refs = st.lists(st.lists(st.integers(1, 4), min_size=2, max_size=2), max_size=3)  # (qid, seq) pairs
@@ -104,13 +112,15 @@ def _canonical(outputs: list) -> list:
 SETUP = [
     [Op.VHOST_ADD, None, None, "/"],
     [Op.CHANNEL_OPEN, "setup", 1, 1],
-    *([Op.QUEUE_DECLARE, "setup", 2, 1, "/", q, False, True, False, False, {}] for q in QUEUES),
+    *([Op.QUEUE_DECLARE, "setup", 2, 1, "/", q, False, True, False, False, DQ_ARGS if q == "dq" else {}]
+      for q in QUEUES),
     *([Op.EXCHANGE_DECLARE, "setup", 3, 1, "/", x, t, False, True, False, False, {}]
       for x, t in (("x.direct", "direct"), ("x.topic", "topic"), ("x.fanout", "fanout"))),
     [Op.QUEUE_BIND, "setup", 4, 1, "/", "q1", "x.direct", "a", {}],
     [Op.QUEUE_BIND, "setup", 5, 1, "/", "q2", "x.topic", "a.*", {}],
     [Op.QUEUE_BIND, "setup", 6, 1, "/", "q1", "x.fanout", "", {}],
     [Op.QUEUE_BIND, "setup", 7, 1, "/", "q2", "x.fanout", "", {}],
+    [Op.QUEUE_BIND, "setup", 8, 1, "/", "dq", "x.fanout", "", {}],
     [Op.CONNECTION_CLOSE, "setup", None],
 ]
 
@@ -144,7 +154,20 @@ def _prepared(machine: StateMachine, batch: list[list]) -> list[list]:
     return [[Op.CHANNEL_OPEN, c, None, n] for c, n in opened] + [list(c) for c in batch]
 
 
+# Found by this test: a message expired in "dq" during a dispatch, dead-lettered into "dlq" (which
+# has a consumer), left "dlq" dirty for the next command, which a machine joined from a snapshot
+# in between never dispatched (StateMachine._apply_one now dispatches until nothing is dirty).
+_EXPIRED_INTO_A_CONSUMED_DLQ = [
+    (0, [[Op.PUBLISH, "n1.a.1", 1, 1, "/", "x.fanout", "a", False, b"\x00\x00", b"", False, 0, 0]]),
+    (1, [[Op.CONSUME, "n1.a.1", 1, 1, "/", "q1", "", False, False, {}],
+         [Op.CONSUME, "n1.a.1", 1, 1, "/", "dlq", "", False, False, {}],
+         [Op.PUBLISH, "n1.a.1", 1, 1, "/", "x.fanout", "a", False, b"\x00\x00", b"", False, 0, None]]),
+    (0, [[Op.CONNECTION_CLOSE, "n1.a.2", None]]),
+]
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(stream=_EXPIRED_INTO_A_CONSUMED_DLQ)
 @given(batches)
 def test_two_machines_without_lmdb_agree_on_every_effect_and_digest(stream):
     first, second = _fresh(), _fresh()
