@@ -282,23 +282,7 @@ def test_frames_re_encoded_byte_for_byte():
     Attach differs in one way only: proton writes fields equal to their defaults (snd-settle-mode mixed,
     rcv-settle-mode first, a source's durable none, timeout 0, dynamic false) where we send null, which
     1.3.4 makes the same ("A default value for the field if no value is encoded"); it decodes equal."""
-    conn, transport = client()
-    conn.open()
-    session = conn.session()
-    session.open()
-    sender = session.sender("sender-link")
-    sender.target.address = "/queues/q"
-    sender.open()
-    out = drain(transport)[8:]
-    transport.push(f.AMQP_HEADER + f.encode_frame(SERVER_OPEN) + f.encode_frame(
-        p.Begin(remote_channel=0, next_outgoing_id=0, incoming_window=100, outgoing_window=100))
-        + f.encode_frame(p.Attach(name="sender-link", handle=0, role=True, target=p.Target(address="/queues/q")))
-        + f.encode_frame(p.Flow(incoming_window=100, next_outgoing_id=0, outgoing_window=100, handle=0,
-                                delivery_count=0, link_credit=1)))
-    sender.delivery(b"t")
-    sender.send(proton.Message(body="x").encode())
-    sender.advance()
-    out += drain(transport)
+    out = proton_sends("sender-link", proton.Message(body="x"))
     pos, seen = 0, []
     while pos < len(out):
         size = int.from_bytes(out[pos:pos + 4], "big")
@@ -316,25 +300,31 @@ def test_frames_re_encoded_byte_for_byte():
     assert seen == ["Open", "Begin", "Attach", "Transfer"]
 
 
-def _proton_stream() -> bytes:
-    """The frames proton writes for open, begin, attach and one transfer (protocol header removed)."""
+def proton_sends(link: str, message: proton.Message) -> bytes:
+    """The frames proton writes (protocol header removed) to open a connection, a session and a sender
+    link ``link`` to /queues/q, and, once our peer frames granted credit, to send ``message``."""
     conn, transport = client()
     conn.open()
     session = conn.session()
     session.open()
-    sender = session.sender("fuzz-link")
+    sender = session.sender(link)
     sender.target.address = "/queues/q"
     sender.open()
     out = drain(transport)[8:]
     transport.push(f.AMQP_HEADER + f.encode_frame(SERVER_OPEN) + f.encode_frame(
         p.Begin(remote_channel=0, next_outgoing_id=0, incoming_window=100, outgoing_window=100))
-        + f.encode_frame(p.Attach(name="fuzz-link", handle=0, role=True, target=p.Target(address="/queues/q")))
+        + f.encode_frame(p.Attach(name=link, handle=0, role=True, target=p.Target(address="/queues/q")))
         + f.encode_frame(p.Flow(incoming_window=100, next_outgoing_id=0, outgoing_window=100, handle=0,
                                 delivery_count=0, link_credit=1)))
     sender.delivery(b"t")
-    sender.send(proton.Message(body={"k": [1, 2.5, "x"]}, properties={"a": 1}, subject="s").encode())
+    sender.send(message.encode())
     sender.advance()
     return out + drain(transport)
+
+
+def _proton_stream() -> bytes:
+    """Open, begin, attach and one transfer with a map body, properties and a subject."""
+    return proton_sends("fuzz-link", proton.Message(body={"k": [1, 2.5, "x"]}, properties={"a": 1}, subject="s"))
 
 
 PROTON_STREAM = _proton_stream()

@@ -19,40 +19,24 @@ import pytest
 
 from raftmq.protocol.amqp091.properties import BasicProperties, decode_properties, encode_properties
 from raftmq.store import events as EV
-from raftmq.store.commands import ERR, OK, OUT_DELIVER, OUT_REPLY, REJECTED, ROUTED, Op
+from raftmq.store.commands import ERR, OK, OUT_DELIVER, REJECTED, ROUTED, Op
 from raftmq.store.dedup import DEFAULT_CACHE_SIZE, DedupCache, dedup_key
 from raftmq.store.durable import DurableStore, PersistenceRecorder
 from raftmq.store.machine import StateMachine
 from raftmq.store.snapshot import digest, export_model, import_model
+from tests.unit.store.test_machine import Driver as MachineDriver
 
 C = "conn-1"
 NOW = 1_700_000_000_000_000
 
 
-class Driver:
-    """Issues commands as a front end would; keeps the audit events the machine records."""
+class Driver(MachineDriver):
+    """test_machine's driver, keeping the audit events the machine records."""
 
     def __init__(self, machine: StateMachine) -> None:
-        self.machine = machine
-        self.now = NOW
-        self.token = 0
+        super().__init__(machine, NOW)
         self.events: list[list] = []
         machine.event_sink = lambda _index, events: self.events.extend(events)
-
-    def apply(self, *commands: list) -> list:
-        return self.machine.apply_batch(self.now, [list(c) for c in commands])
-
-    def call(self, op: Op, *args, conn: str = C, ch: int = 1):
-        self.token += 1
-        outputs = self.apply([op, conn, self.token, ch, *args])
-        replies = [o for o in outputs if o[1] == OUT_REPLY and o[2] == self.token]
-        assert len(replies) == 1, outputs
-        return replies[0][3], outputs
-
-    def ok(self, op: Op, *args, **kw):
-        result, outputs = self.call(op, *args, **kw)
-        assert result[0] == OK, result
-        return result[1], outputs
 
     def declare(self, name: str, args: dict | None = None, durable: bool = False):
         return self.call(Op.QUEUE_DECLARE, "/", name, False, durable, False, False, args or {})[0]
