@@ -35,6 +35,7 @@ the installed pysyncobj still has them); nothing outside ``raft/`` should use an
 from __future__ import annotations
 
 import logging
+import math
 import os
 import struct
 import threading
@@ -219,18 +220,30 @@ class Replica(SyncObj):
                 and self._snapshot_state == SERIALIZER_STATE.NOT_SERIALIZING):
             self.forceLogCompaction()
         now = _syncobj_module.monotonicTime()
+        may_campaign = False
         if not self._SyncObj__connectedNodes and self._SyncObj__otherNodes:
             self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
         elif (self._SyncObj__raftElectionDeadline < now and self.selfNode is not None
               and self._SyncObj__raftState != _RAFT_STATE.LEADER):
-            self._on_election_timeout(now)
-        if self._isLeader():
-            due = self._SyncObj__newAppendEntriesTime
-        else:
-            due = self._SyncObj__raftElectionDeadline
+            may_campaign = self._on_election_timeout(now)
+        leading = self._isLeader()
+        due = self._SyncObj__newAppendEntriesTime if leading else self._SyncObj__raftElectionDeadline
         if now < due < now + timeToWait:  # (a deadline already past is pysyncobj's to act on)
             timeToWait = due - now + 0.0002  # just past it: the tick then sees it due
-        super()._onTick(timeToWait)
+        if not self.pre_vote or may_campaign or leading:
+            super()._onTick(timeToWait)
+            return
+        # pysyncobj checks the deadline again, a moment later: a deadline that passes in between
+        # (the thread preempted under load, or due within microseconds) would let it campaign
+        # without a pre-vote -- seen with a follower whose timer is shorter than the heartbeat.
+        # Hold its deadline through this tick; one that passes is the next tick's, pre-vote first.
+        held = self._SyncObj__raftElectionDeadline
+        self._SyncObj__raftElectionDeadline = math.inf
+        try:
+            super()._onTick(timeToWait)
+        finally:
+            if self._SyncObj__raftElectionDeadline == math.inf:  # (a message may have reset it)
+                self._SyncObj__raftElectionDeadline = held
 
     def _SyncObj__setState(self, newState: int) -> None:  # noqa: N802, N803 (pysyncobj's names)
         """Count the times this node stops leading for want of a majority.
@@ -278,8 +291,8 @@ class Replica(SyncObj):
 
     # ------------------------------------------------------------------ pre-vote (raft/prevote.py)
 
-    def _on_election_timeout(self, now: float) -> None:
-        """The election timer fired (pysyncobj campaigns in this tick unless the deadline moves).
+    def _on_election_timeout(self, now: float) -> bool:
+        """The election timer fired: True if pysyncobj may campaign in this tick.
 
         Ask for pre-votes instead, and restart the timer: if the round fails (a leader is alive,
         or this log is behind), the node asks again at the next timeout, and the leader's next
@@ -293,7 +306,7 @@ class Replica(SyncObj):
         self._won_pre_vote = False
         self._pre_vote_round = None
         if step is prevote.Step.ELECT:
-            return
+            return True
         self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
         term = self.raftCurrentTerm + 1
         self._pre_vote_round = prevote.PreVoteRound(term)
@@ -304,6 +317,7 @@ class Replica(SyncObj):
         transport = self._SyncObj__transport
         for node in self._SyncObj__otherNodes:
             transport.send(node, request)
+        return False
 
     def _answer_pre_vote(self, node, message: dict) -> None:
         """Grant or refuse a pre-vote; nothing about this node changes either way."""
