@@ -366,7 +366,8 @@ class Broker:
             await asyncio.sleep(ALARM_CHECK_INTERVAL)
 
     def maybe_check_alarms(self) -> None:
-        """Memory or disk use may have grown (commands submitted, outputs written, input read)."""
+        """Memory or disk use may have grown (input read, outputs dispatched): check, at most every
+        ``resource_check_interval``."""
         if time.monotonic() >= self._next_alarm_check:
             self._check_alarms_now()
 

@@ -83,6 +83,12 @@ class Parking:
         self._parked[channel] = parked
         return False
 
+    def wrote(self, size: int) -> bool:
+        """``size`` body bytes were written; True when a flush is due (a high-water mark's worth since
+        the last one), so that the transport can pause the writer in the middle of a large batch."""
+        self.unflushed += size
+        return self.unflushed >= self.stop_after
+
     def pop(self) -> tuple:
         item = self.items.popleft()
         self.owned_bytes -= item[3]

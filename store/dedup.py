@@ -40,13 +40,10 @@ def dedup_key(properties: bytes) -> object | None:
     """
     if _HEADER_BYTES not in properties:
         return None  # the common case, without decoding anything
-    from raftmq.protocol.amqp091.properties import decode_properties
+    from .headers import wire_headers  # (model.py imports this module; headers.py imports model.py)
 
-    try:
-        headers = decode_properties(properties).headers
-    except Exception:
-        return None
-    if not headers or HEADER not in headers:
+    headers = wire_headers(properties)
+    if HEADER not in headers:
         return None
     value = headers[HEADER]
     if isinstance(value, str):

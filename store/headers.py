@@ -11,15 +11,23 @@ from __future__ import annotations
 from .model import Message, Queue
 
 
-def message_headers(props: bytes) -> dict:
+def wire_headers(props: bytes) -> dict:
+    """The headers table as decoded, wire types kept (decimals, timestamps...); {} if the
+    properties have none or do not decode."""
     from raftmq.protocol.amqp091.properties import decode_properties
-
-    from .values import to_plain
 
     try:
         headers = decode_properties(props).headers
     except Exception:
         return {}
+    return headers or {}
+
+
+def message_headers(props: bytes) -> dict:
+    """The headers as plain values (store/values.py), for matching against bindings' arguments."""
+    from .values import to_plain
+
+    headers = wire_headers(props)
     return to_plain(headers) if headers else {}
 
 

@@ -126,9 +126,6 @@ class StateMachine(SessionMixin, UserMixin):
         # The owner identity of the command being applied when it is not its connection: an AMQP
         # 0-10 session (exclusive queues belong to the session and survive its failover).
         self._caller_owner: str | None = None
-        # The LMDB mirror is kept in step only for a machine loaded from one (single node): apply
-        # then records persistence operations (effects) instead of writing.
-        self.persists = store is not None
         self.internal_errors = 0  # commands that raised something other than CommandError (a bug)
         self._persist: PersistenceRecorder | None = None
         self._handlers: dict[int, Callable[[list], object]] = {
@@ -196,7 +193,9 @@ class StateMachine(SessionMixin, UserMixin):
             self._now = now
         self._out = effects.outputs
         self._replies = replies
-        self._persist = PersistenceRecorder() if self.persists else None
+        # The LMDB mirror is kept in step only for a machine loaded from one (single node): apply
+        # records persistence operations (effects) for it instead of writing.
+        self._persist = PersistenceRecorder() if self.store is not None else None
         for command in commands:
             self._apply_one(command)
         if index is not None:
@@ -1123,8 +1122,7 @@ class StateMachine(SessionMixin, UserMixin):
             # A quorum queue's poison-message rule (RabbitMQ 3.13 rabbit_fifo return_one): each
             # return counts one (delivery_count: deliveries not taken back as never sent), and
             # past the limit the message is dead-lettered instead of requeued.
-            self._dead_letter(queue, entry.message, "delivery_limit")
-            self._drop(queue, entry)
+            self._past_limit(queue, entry)
             return
         self._event(EV.REQUEUED, queue, entry.message)
         queue.ready.requeue(entry)
@@ -1134,9 +1132,10 @@ class StateMachine(SessionMixin, UserMixin):
         self._dirty[queue.qid] = queue
 
     def _past_limit(self, queue: Queue, entry: Entry) -> None:
-        """A ready entry already returned more often than the queue's delivery limit allows: a
-        single node restarted while it was delivered (its stored count includes that delivery,
-        as RabbitMQ counts a consumer that went down as a return).  Dead-lettered, not delivered."""
+        """An entry returned more often than the queue's delivery limit allows: dead-lettered with
+        reason delivery_limit (or dropped), not requeued or delivered.  Besides a return, a ready
+        entry can be past it when a single node restarted while it was delivered (its stored count
+        includes that delivery, as RabbitMQ counts a consumer that went down as a return)."""
         self._dead_letter(queue, entry.message, "delivery_limit")
         self._drop(queue, entry)
 

@@ -240,9 +240,7 @@ class Amqp010Connection(asyncio.Protocol):
         """Write a transfer; flush once a high-water mark's worth is written, so that the
         transport can pause us in the middle of a large batch (writeflow.py)."""
         session.on_transfer(destination, transfer)
-        parking = self._parking
-        parking.unflushed += len(transfer[4].body)
-        if parking.unflushed >= parking.stop_after:
+        if self._parking.wrote(len(transfer[4].body)):
             self.flush()
 
     def on_session_detached(self, channel_no: int, name: bytes) -> None:

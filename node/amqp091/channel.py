@@ -448,10 +448,7 @@ class Channel:
         conn = self.conn
         vhost = conn.vhost
         try:
-            try:
-                conn.access.require(WRITE, "exchange", exchange)  # the PUBLISH rule, without a command yet
-            except AccessRefused as exc:
-                raise ChannelException(403, f"ACCESS_REFUSED - {exc.text}") from None
+            conn.access.require(WRITE, "exchange", exchange)  # the PUBLISH rule, without a command yet
             machine_vhost = conn.broker.machine.vhosts.get(vhost)
             if machine_vhost is None or exchange not in machine_vhost.exchanges:
                 raise ChannelException(404, f"NOT_FOUND - no exchange '{exchange}' in vhost '{vhost}'")
@@ -466,6 +463,9 @@ class Channel:
                 if not expiration.isdigit():
                     raise ChannelException(406, f"PRECONDITION_FAILED - invalid expiration '{expiration}'")
                 expiration_ms = int(expiration)
+        except AccessRefused as exc:
+            self.fail(403, f"ACCESS_REFUSED - {exc.text}", 60, 40)
+            return
         except ChannelException as exc:
             self.fail(exc.code, exc.text, 60, 40)
             return
@@ -590,10 +590,6 @@ class Channel:
 
     # Read by the connection's write back-pressure (node/writeflow.py).
 
-    @property
-    def has_consumers(self) -> bool:
-        return bool(self._consumers)
-
     def consumer_no_ack(self, consumer_tag: str) -> bool | None:
         """Whether the consumer is auto-ack; None when the channel has no such consumer (any more)."""
         return self._consumers.get(consumer_tag)
@@ -630,8 +626,7 @@ class Channel:
         """A cancelled consumer's held deliveries go back to their queues, as never delivered."""
         held = self._window.remove_consumer(consumer_tag)
         if held:
-            refs = [[qid, seq] for qid, seq, _redelivered, _message in held]
-            self.conn.broker.submit(self._command(Op.NACK, refs, True, True))
+            self.return_unsent(held)
 
     def _send_delivery(self, consumer_tag: str, delivery: tuple, no_ack: bool) -> None:
         qid, seq, redelivered, message = delivery

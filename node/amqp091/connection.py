@@ -313,9 +313,7 @@ class Amqp091Connection(asyncio.Protocol):
         """Hand a delivery to its channel; flush once a high-water mark's worth is written, so
         that the transport can pause us in the middle of a large batch (writeflow.py)."""
         channel.deliver(consumer_tag, delivery)
-        parking = self._parking
-        parking.unflushed += len(delivery[3].body)
-        if parking.unflushed >= parking.stop_after:
+        if self._parking.wrote(len(delivery[3].body)):
             self.flush()
 
     def on_cancel(self, channel_no: int, consumer_tag: str) -> None:
