@@ -17,6 +17,7 @@ from raftmq.store.commands import ERR, Op
 
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
+    from raftmq.node.core.access import Access
     from raftmq.store.model import Message
 
 ADMIN_CHANNEL = 1
@@ -40,8 +41,15 @@ class AdminEndpoint:
         self._channel_open = False
         self._opening = asyncio.Lock()  # concurrent requests reopen the channel once
 
-    async def command(self, op: Op, *args):
-        """Apply a command through the log on the admin channel; its result value (raises on ERR)."""
+    async def command(self, op: Op, *args, access: Access | None = None):
+        """Apply a command through the log on the admin channel; its result value (raises on ERR).
+
+        ``access``: the operator's permissions in the vhost (HTTP management users): the command
+        is authorized by the rule every protocol uses (node/core/access.py; AccessRefused) before
+        anything is submitted.  None: an administrator acting as the broker (gRPC admin, definitions)."""
+        command = [op, self.conn_id, None, ADMIN_CHANNEL, *args]
+        if access is not None:
+            access.authorize(command)
         if not self._channel_open:
             async with self._opening:
                 if not self._channel_open:
@@ -51,7 +59,7 @@ class AdminEndpoint:
                     await self._request([Op.CHANNEL_CLOSE, self.conn_id, None, ADMIN_CHANNEL])
                     await self._request([Op.CHANNEL_OPEN, self.conn_id, None, ADMIN_CHANNEL])
                     self._channel_open = True
-        return await self._request([op, self.conn_id, None, ADMIN_CHANNEL, *args])
+        return await self._request(command)
 
     def reset_channel(self) -> None:
         """Close the admin channel now (what it holds unacked goes back to its queues); the next
@@ -133,43 +141,48 @@ class Control:
         return self._endpoint
 
     async def declare_queue(self, vhost: str, name: str, durable: bool, auto_delete: bool = False,
-                            arguments: dict | None = None) -> tuple[str, int, int]:
+                            arguments: dict | None = None, access: Access | None = None) -> tuple[str, int, int]:
         """(name, ready messages, consumers): queue.declare's answer; 406 for different properties."""
         return await self.endpoint.command(Op.QUEUE_DECLARE, vhost, name, False, durable, False, auto_delete,
-                                           arguments or {})
+                                           arguments or {}, access=access)
 
-    async def delete_queue(self, vhost: str, name: str, if_unused: bool = False, if_empty: bool = False) -> int:
-        return await self.endpoint.command(Op.QUEUE_DELETE, vhost, name, if_unused, if_empty) or 0
+    async def delete_queue(self, vhost: str, name: str, if_unused: bool = False, if_empty: bool = False,
+                           access: Access | None = None) -> int:
+        return await self.endpoint.command(Op.QUEUE_DELETE, vhost, name, if_unused, if_empty, access=access) or 0
 
-    async def purge_queue(self, vhost: str, name: str) -> int:
-        return await self.endpoint.command(Op.QUEUE_PURGE, vhost, name) or 0
+    async def purge_queue(self, vhost: str, name: str, access: Access | None = None) -> int:
+        return await self.endpoint.command(Op.QUEUE_PURGE, vhost, name, access=access) or 0
 
     async def declare_exchange(self, vhost: str, name: str, type_: str, durable: bool, auto_delete: bool = False,
-                               internal: bool = False, arguments: dict | None = None) -> None:
+                               internal: bool = False, arguments: dict | None = None,
+                               access: Access | None = None) -> None:
         await self.endpoint.command(Op.EXCHANGE_DECLARE, vhost, name, type_, False, durable, auto_delete,
-                                    internal, arguments or {})
+                                    internal, arguments or {}, access=access)
 
-    async def delete_exchange(self, vhost: str, name: str, if_unused: bool = False) -> None:
-        await self.endpoint.command(Op.EXCHANGE_DELETE, vhost, name, if_unused)
+    async def delete_exchange(self, vhost: str, name: str, if_unused: bool = False,
+                              access: Access | None = None) -> None:
+        await self.endpoint.command(Op.EXCHANGE_DELETE, vhost, name, if_unused, access=access)
 
     async def bind(self, vhost: str, source: str, destination: str, to_queue: bool, routing_key: str,
-                   arguments: dict | None = None) -> None:
+                   arguments: dict | None = None, access: Access | None = None) -> None:
         # queue.bind takes (queue, exchange); exchange.bind (destination, source): the same order.
         op = Op.QUEUE_BIND if to_queue else Op.EXCHANGE_BIND
-        await self.endpoint.command(op, vhost, destination, source, routing_key, arguments or {})
+        await self.endpoint.command(op, vhost, destination, source, routing_key, arguments or {}, access=access)
 
     async def unbind(self, vhost: str, source: str, destination: str, to_queue: bool, routing_key: str,
-                     arguments: dict | None = None) -> None:
+                     arguments: dict | None = None, access: Access | None = None) -> None:
         op = Op.QUEUE_UNBIND if to_queue else Op.EXCHANGE_UNBIND
-        await self.endpoint.command(op, vhost, destination, source, routing_key, arguments or {})
+        await self.endpoint.command(op, vhost, destination, source, routing_key, arguments or {}, access=access)
 
     async def publish(self, vhost: str, exchange: str, routing_key: str, properties: bytes, body: bytes,
-                      persistent: bool, priority: int | None, expiration_ms: int | None) -> int:
+                      persistent: bool, priority: int | None, expiration_ms: int | None,
+                      access: Access | None = None) -> int:
         """The publish outcome: store.commands ROUTED, UNROUTABLE or REJECTED."""
         return await self.endpoint.command(Op.PUBLISH, vhost, exchange, routing_key, False, properties, body,
-                                           persistent, priority, expiration_ms)
+                                           persistent, priority, expiration_ms, access=access)
 
-    async def get(self, vhost: str, queue: str, count: int, ackmode: str) -> list[Fetched]:
+    async def get(self, vhost: str, queue: str, count: int, ackmode: str,
+                  access: Access | None = None) -> list[Fetched]:
         """Up to ``count`` messages by basic.get, then settled all together by ``ackmode`` (RabbitMQ's
         management semantics: with a requeue mode the same message is not fetched twice in one call,
         as each stays unacked until the end)."""
@@ -179,7 +192,7 @@ class Control:
         refs: list[tuple[int, int]] = []
         try:
             for _ in range(count):
-                got = await self.endpoint.command(Op.GET, vhost, queue, False)
+                got = await self.endpoint.command(Op.GET, vhost, queue, False, access=access)
                 if got is None:
                     break
                 qid, seq, redelivered, message, remaining = got

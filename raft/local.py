@@ -99,8 +99,8 @@ class LocalLog:
         if not batch:
             return
         now_us = self._clock() // 1000
+        effects = self.machine.apply(now_us, batch)  # no I/O: only carrying it out can meet the disk
         try:
-            effects = self.machine.apply(now_us, batch)
             self.machine.carry_out(effects)  # the LMDB commit and the audit events
         except Exception as exc:
             self._fail_stop("the LMDB commit of a batch failed", exc)

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from raftmq.node.core.access import Access, AccessRefused
+
 from ..control import AdminError, Control
 from ..operator import MANAGEMENT, Gatekeeper, Operator
 
@@ -181,12 +183,10 @@ def require_vhost(request: web.Request, vhost: str, *, change: bool = False) -> 
         raise forbidden("User not authorised to access virtual host")
 
 
-def require_permission(request: web.Request, vhost: str, kind: int, resource: str) -> None:
-    """configure (0), write (1), read (2) on a resource, as an AMQP client of that user would need."""
-    op = operator(request)
-    if not op.principal.allows(vhost, kind, resource or "amq.default"):
-        what = ("configure", "write", "read")[kind]
-        raise forbidden(f"access to '{resource}' in vhost '{vhost}' refused for user '{op.name}' ({what})")
+def access_in(request: web.Request, vhost: str) -> Access:
+    """The operator's permissions in ``vhost``, for the control to authorize each command by the rule
+    every protocol uses (node/core/access.py); a refusal answers 403 (see ``authenticate``)."""
+    return Access(operator(request).principal, vhost)
 
 
 async def body(request: web.Request) -> dict:
@@ -220,6 +220,8 @@ async def authenticate(request: web.Request, handler):
         return await handler(request)
     except AdminError as exc:
         return from_admin_error(exc).response()
+    except AccessRefused as exc:
+        return forbidden(exc.text).response()
     except HttpError as exc:
         return exc.response()
     except TimeoutError:

@@ -12,11 +12,11 @@ import base64
 
 from aiohttp import web
 
-from raftmq.node.core.access import CONFIGURE, READ, WRITE
 from raftmq.protocol.amqp091.properties import BasicProperties, decode_properties, encode_properties
 from raftmq.store.commands import ROUTED
 
 from .common import (
+    access_in,
     bad_request,
     body,
     columns,
@@ -24,7 +24,6 @@ from .common import (
     not_found,
     operator,
     reply,
-    require_permission,
     require_vhost,
 )
 from .views import binding_view, default_binding, exchange_view, properties_key, queue_view
@@ -78,30 +77,29 @@ async def put_queue(request: web.Request) -> web.Response:
     vhost, name = _vhost_arg(request), _name(request)
     require_vhost(request, vhost, change=True)
     data = await body(request)
-    require_permission(request, vhost, CONFIGURE, name)
     arguments = data.get("arguments") or {}
     if not isinstance(arguments, dict):
         raise bad_request("arguments must be an object")
     existed = name in context(request).broker.machine.vhosts[vhost].queues
     await context(request).control.declare_queue(vhost, name, _flag(data, "durable", True),
-                                                 _flag(data, "auto_delete", False), arguments)
+                                                 _flag(data, "auto_delete", False), arguments,
+                                                 access=access_in(request, vhost))
     return web.Response(status=204 if existed else 201)
 
 
 async def delete_queue(request: web.Request) -> web.Response:
     vhost, queue = _queue(request)
     require_vhost(request, vhost, change=True)
-    require_permission(request, vhost, CONFIGURE, queue.name)
     await context(request).control.delete_queue(vhost, queue.name, request.query.get("if-unused") == "true",
-                                                request.query.get("if-empty") == "true")
+                                                request.query.get("if-empty") == "true",
+                                                access=access_in(request, vhost))
     return web.Response(status=204)
 
 
 async def purge_queue(request: web.Request) -> web.Response:
     vhost, queue = _queue(request)
     require_vhost(request, vhost, change=True)
-    require_permission(request, vhost, READ, queue.name)
-    await context(request).control.purge_queue(vhost, queue.name)
+    await context(request).control.purge_queue(vhost, queue.name, access=access_in(request, vhost))
     return web.Response(status=204)
 
 
@@ -109,7 +107,6 @@ async def get_messages(request: web.Request) -> web.Response:
     """POST .../get {"count", "ackmode", "encoding": auto|base64, "truncate"}: RabbitMQ's fields."""
     vhost, queue = _queue(request)
     require_vhost(request, vhost, change=True)
-    require_permission(request, vhost, READ, queue.name)
     data = await body(request)
     try:
         count = int(data.get("count", 1))
@@ -124,7 +121,7 @@ async def get_messages(request: web.Request) -> web.Response:
     truncate = data.get("truncate")
     # Shielded: a client going away must not cut the get between taking and settling messages.
     fetched = await asyncio.shield(context(request).control.get(vhost, queue.name, max(0, min(count, 10_000)),
-                                                                ackmode))
+                                                                ackmode, access_in(request, vhost)))
     out = []
     for item in fetched:
         message = item.message
@@ -197,19 +194,18 @@ async def put_exchange(request: web.Request) -> web.Response:
     data = await body(request)
     if "type" not in data:
         raise bad_request("[{key_missing,type}]")
-    require_permission(request, vhost, CONFIGURE, name)
     existed = name in context(request).broker.machine.vhosts[vhost].exchanges
     await context(request).control.declare_exchange(vhost, name, str(data["type"]), _flag(data, "durable", True),
                                                     _flag(data, "auto_delete", False), _flag(data, "internal", False),
-                                                    data.get("arguments") or {})
+                                                    data.get("arguments") or {}, access=access_in(request, vhost))
     return web.Response(status=204 if existed else 201)
 
 
 async def delete_exchange(request: web.Request) -> web.Response:
     vhost, exchange = _exchange(request)
     require_vhost(request, vhost, change=True)
-    require_permission(request, vhost, CONFIGURE, exchange.name)
-    await context(request).control.delete_exchange(vhost, exchange.name, request.query.get("if-unused") == "true")
+    await context(request).control.delete_exchange(vhost, exchange.name, request.query.get("if-unused") == "true",
+                                                   access=access_in(request, vhost))
     return web.Response(status=204)
 
 
@@ -218,7 +214,6 @@ async def publish(request: web.Request) -> web.Response:
     -> {"routed": bool}, as RabbitMQ (a message routed to no queue is dropped)."""
     vhost, exchange = _exchange(request)
     require_vhost(request, vhost, change=True)
-    require_permission(request, vhost, WRITE, exchange.name)
     data = await body(request)
     for key in ("routing_key", "payload", "payload_encoding", "properties"):
         if key not in data:
@@ -237,7 +232,7 @@ async def publish(request: web.Request) -> web.Response:
     expiration = int(props.expiration) if props.expiration and props.expiration.isdigit() else None
     outcome = await context(request).control.publish(
         vhost, exchange.name, str(data["routing_key"]), encode_properties(props), payload_bytes,
-        props.delivery_mode == 2, props.priority, expiration)
+        props.delivery_mode == 2, props.priority, expiration, access=access_in(request, vhost))
     return reply({"routed": outcome == ROUTED})
 
 
@@ -306,10 +301,9 @@ async def create_binding(request: web.Request) -> web.Response:
     vhost, _machine_vhost, source, destination, to_queue = _pair(request)
     require_vhost(request, vhost, change=True)
     data = await body(request)
-    require_permission(request, vhost, WRITE, destination)
-    require_permission(request, vhost, READ, source)
     routing_key, arguments = str(data.get("routing_key", "")), data.get("arguments") or {}
-    await context(request).control.bind(vhost, source, destination, to_queue, routing_key, arguments)
+    await context(request).control.bind(vhost, source, destination, to_queue, routing_key, arguments,
+                                        access=access_in(request, vhost))
     location = f"{properties_key(routing_key, arguments)}"
     return web.Response(status=201, headers={"Location": location})
 
@@ -326,13 +320,11 @@ async def get_binding(request: web.Request) -> web.Response:
 async def delete_binding(request: web.Request) -> web.Response:
     vhost, machine_vhost, source, destination, to_queue = _pair(request)
     require_vhost(request, vhost, change=True)
-    require_permission(request, vhost, WRITE, destination)
-    require_permission(request, vhost, READ, source)
     wanted = request.match_info["props"]
     for row in _pair_bindings(machine_vhost, vhost, source, destination, to_queue):
         if row["properties_key"] == wanted and source:
             await context(request).control.unbind(vhost, source, destination, to_queue, row["routing_key"],
-                                                   row["arguments"])
+                                                   row["arguments"], access=access_in(request, vhost))
             return web.Response(status=204)
     raise not_found()
 

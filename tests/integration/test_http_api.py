@@ -555,3 +555,28 @@ def test_trailing_slash_paths_answer_like_rabbitmq(api):
     assert api("GET", "/api/queues//")[0] == 404
     assert api("DELETE", path("queues", "/", q) + "/")[0] == 204
     assert api("GET", path("queues", "/", q))[0] == 404
+
+
+def test_management_changes_are_authorized_by_the_amqp_rule_of_the_operation(api):
+    """A management user's changes go through node/core/access.py, the rule AMQP clients meet: declaring
+    a queue needs configure on it, and with a dead-letter exchange also read on the queue and write on
+    that exchange (RabbitMQ's rule, tests/integration/test_permissions.py); a purge needs read.  The
+    refusal is 403 with the AMQP refusal's text, and nothing changes."""
+    user = (unique("scoped"), "scoped-pw")
+    assert api("PUT", path("users", user[0]), body={"password": user[1], "tags": "management"})[0] in (201, 204)
+    # configure and read on scoped-*, write on nothing but scoped-*: amq.direct is not writable.
+    assert api("PUT", path("permissions", "/", user[0]),
+               body={"configure": "^scoped-", "write": "^scoped-", "read": "^scoped-"})[0] == 201
+    own, dead_lettered = unique("scoped-q"), unique("scoped-dlq")
+    assert api("PUT", path("queues", "/", own), auth=user, body={"durable": False})[0] == 201
+    status, error = api("PUT", path("queues", "/", dead_lettered), auth=user,
+                        body={"durable": False, "arguments": {"x-dead-letter-exchange": "amq.direct"}})
+    assert status == 403 and "exchange 'amq.direct'" in error["reason"], (status, error)
+    assert api("GET", path("queues", "/", dead_lettered))[0] == 404  # not declared
+    foreign = unique("foreign-q")
+    assert api("PUT", path("queues", "/", foreign), body={"durable": False})[0] == 201
+    status, error = api("DELETE", path("queues", "/", foreign, "contents"), auth=user)
+    assert status == 403 and f"queue '{foreign}'" in error["reason"], (status, error)
+    for name in (own, foreign):
+        assert api("DELETE", path("queues", "/", name))[0] == 204
+    assert api("DELETE", path("users", user[0]))[0] == 204
