@@ -25,7 +25,13 @@ from raftmq.store.commands import (
     OUT_REPLY,
     OUT_SESSION_DETACHED,
     OUT_TRANSFER,
-    Op,
+    Command,
+    ConnectionClose,
+    MemberRemove,
+    MemberSet,
+    NodeReset,
+    Tick,
+    VhostAdd,
 )
 from raftmq.store.durable import DurableStore
 from raftmq.store.event_writer import EventStore, RetentionPolicy
@@ -125,13 +131,13 @@ class Broker:
         self.log.start(asyncio.get_running_loop())
         if self.config.clustered:
             # Connections of this node's previous incarnation are gone: release what they held.
-            self.submit([Op.NODE_RESET, None, None, self.config.node_id, self._boot])
+            self.submit(NodeReset(None, None, self.config.node_id, self._boot))
             me = self.config.member()
-            self.submit([Op.MEMBER_SET, None, None, me.node_id, me.raft, me.amqp])
+            self.submit(MemberSet(None, None, me.node_id, me.raft, me.amqp))
             self._tasks.append(asyncio.create_task(self._cluster_watch_loop()))
         for vhost in self.config.vhosts:
             if vhost not in self.machine.vhosts:
-                self.submit([Op.VHOST_ADD, None, None, vhost])
+                self.submit(VhostAdd(None, None, vhost))
         self._tasks.append(asyncio.create_task(self._tick_loop()))
         self._tasks.append(asyncio.create_task(self._alarm_loop()))
         self._tasks.append(asyncio.create_task(status_loop(self, self.config.resolved_data_dir())))
@@ -202,13 +208,13 @@ class Broker:
         endpoint = self.endpoints.pop(conn_id, None)
         if endpoint is not None:
             self.flow_paused.discard(endpoint)
-            self.submit([Op.CONNECTION_CLOSE, conn_id, None])
+            self.submit(ConnectionClose(conn_id, None))
 
     @property
     def connection_count(self) -> int:
         return len(self.endpoints)
 
-    def submit(self, command: list, deferrable: bool = False, size: int = 0) -> None:
+    def submit(self, command: Command, deferrable: bool = False, size: int = 0) -> None:
         """Hand ``command`` to the log; ``size``, the bytes it carries if the caller knows them."""
         self.log.submit(command, deferrable, size)
         # (No alarm check here, per command: what a submitted command holds grows memory when it
@@ -271,7 +277,7 @@ class Broker:
                 continue
             deadline = self.machine.next_deadline()
             if deadline is not None and time.time_ns() // 1000 >= deadline:
-                self.submit([Op.TICK, None, None])
+                self.submit(Tick(None, None))
 
     async def _cluster_watch_loop(self) -> None:
         """Leader: declare unreachable members down. Everyone: drop clients while leaderless."""
@@ -320,14 +326,14 @@ class Broker:
                 for member in config.cluster:
                     if member.raft in raft_members and member.raft not in known:
                         log.info("member %s is back in the Raft configuration", member.node_id)
-                        self.submit([Op.MEMBER_SET, None, None, member.node_id, member.raft, member.amqp])
+                        self.submit(MemberSet(None, None, member.node_id, member.raft, member.amqp))
             for node_id, (raft_address, _amqp) in list(self.members.items()):
                 if node_id == config.node_id:
                     continue
                 if self.machine.members and raft_address not in raft_members:
                     # Removed from the Raft configuration (raftmq cluster remove): forget it.
                     log.warning("member %s left the Raft configuration", node_id)
-                    self.submit([Op.MEMBER_REMOVE, None, None, node_id])
+                    self.submit(MemberRemove(None, None, node_id))
                     continue
                 if raft_address in connected:
                     unreachable_since.pop(raft_address, None)
@@ -337,7 +343,7 @@ class Broker:
                 if now - since > config.node_down_after and node_id not in self._declared_down:
                     log.warning("member %s unreachable for %.1f s: releasing its connections", node_id, now - since)
                     self._declared_down.add(node_id)
-                    self.submit([Op.NODE_RESET, None, None, node_id, None])
+                    self.submit(NodeReset(None, None, node_id, None))
 
     def _on_disk_failure(self, reason: str) -> None:
         """The log is about to stop the node (a failed LMDB commit or fsync): answer every client."""

@@ -13,7 +13,30 @@ import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from raftmq.store.commands import ERR, Op
+from raftmq.store.commands import (
+    ERR,
+    Ack,
+    ChannelClose,
+    ChannelOpen,
+    Command,
+    ExchangeBind,
+    ExchangeDeclare,
+    ExchangeDelete,
+    ExchangeUnbind,
+    Get,
+    Nack,
+    PermissionClear,
+    PermissionSet,
+    Publish,
+    QueueBind,
+    QueueDeclare,
+    QueueDelete,
+    QueuePurge,
+    QueueUnbind,
+    UserDelete,
+    UserPut,
+    VhostAdd,
+)
 
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
@@ -41,13 +64,13 @@ class AdminEndpoint:
         self._channel_open = False
         self._opening = asyncio.Lock()  # concurrent requests reopen the channel once
 
-    async def command(self, op: Op, *args, access: Access | None = None):
+    async def command(self, kind: type, *args, access: Access | None = None):
         """Apply a command through the log on the admin channel; its result value (raises on ERR).
 
         ``access``: the operator's permissions in the vhost (HTTP management users): the command
         is authorized by the rule every protocol uses (node/core/access.py; AccessRefused) before
         anything is submitted.  None: an administrator acting as the broker (gRPC admin, definitions)."""
-        command = [op, self.conn_id, None, ADMIN_CHANNEL, *args]
+        command = kind(self.conn_id, None, ADMIN_CHANNEL, *args)
         if access is not None:
             access.authorize(command)
         if not self._channel_open:
@@ -56,8 +79,8 @@ class AdminEndpoint:
                     # After an error the channel may be closed (a channel exception) or still open
                     # (a connection-level code such as 530): close it either way -- a no-op when it
                     # is gone -- and open it afresh.
-                    await self._request([Op.CHANNEL_CLOSE, self.conn_id, None, ADMIN_CHANNEL])
-                    await self._request([Op.CHANNEL_OPEN, self.conn_id, None, ADMIN_CHANNEL])
+                    await self._request(ChannelClose(self.conn_id, None, ADMIN_CHANNEL))
+                    await self._request(ChannelOpen(self.conn_id, None, ADMIN_CHANNEL))
                     self._channel_open = True
         return await self._request(command)
 
@@ -65,15 +88,15 @@ class AdminEndpoint:
         """Close the admin channel now (what it holds unacked goes back to its queues); the next
         command opens it again."""
         self._channel_open = False
-        self.broker.submit([Op.CHANNEL_CLOSE, self.conn_id, None, ADMIN_CHANNEL])
+        self.broker.submit(ChannelClose(self.conn_id, None, ADMIN_CHANNEL))
 
     async def add_vhost(self, name: str) -> None:
-        """VHOST_ADD has no channel: ``[op, conn, token, name]`` (the reply still comes here)."""
-        await self._request([Op.VHOST_ADD, self.conn_id, None, name])
+        """VhostAdd has no channel (the reply still comes here)."""
+        await self._request(VhostAdd(self.conn_id, None, name))
 
-    async def _request(self, command: list):
+    async def _request(self, command: Command):
         token = next(self._tokens)
-        command[2] = token
+        command = command._replace(token=token)
         future = asyncio.get_running_loop().create_future()
         self._waiting[token] = future
         self.broker.submit(command)
@@ -81,16 +104,16 @@ class AdminEndpoint:
             result = await asyncio.wait_for(future, 10)
         finally:
             self._waiting.pop(token, None)
-        if result[0] == ERR:
+        if result.status == ERR:
             self._channel_open = False  # see command()
-            raise AdminError(result[1], result[2])
-        return result[1]
+            raise AdminError(result.code, result.text)
+        return result.value
 
     def on_reply(self, token, result, channel) -> None:
         future = self._waiting.pop(token, None) if token is not None else None
         if future is not None and not future.done():
             future.set_result(result)
-        elif token is None and result[0] == ERR:
+        elif token is None and result.status == ERR:
             self._channel_open = False
 
     def on_deliver(self, *args) -> None:
@@ -143,42 +166,42 @@ class Control:
     async def declare_queue(self, vhost: str, name: str, durable: bool, auto_delete: bool = False,
                             arguments: dict | None = None, access: Access | None = None) -> tuple[str, int, int]:
         """(name, ready messages, consumers): queue.declare's answer; 406 for different properties."""
-        return await self.endpoint.command(Op.QUEUE_DECLARE, vhost, name, False, durable, False, auto_delete,
+        return await self.endpoint.command(QueueDeclare, vhost, name, False, durable, False, auto_delete,
                                            arguments or {}, access=access)
 
     async def delete_queue(self, vhost: str, name: str, if_unused: bool = False, if_empty: bool = False,
                            access: Access | None = None) -> int:
-        return await self.endpoint.command(Op.QUEUE_DELETE, vhost, name, if_unused, if_empty, access=access) or 0
+        return await self.endpoint.command(QueueDelete, vhost, name, if_unused, if_empty, access=access) or 0
 
     async def purge_queue(self, vhost: str, name: str, access: Access | None = None) -> int:
-        return await self.endpoint.command(Op.QUEUE_PURGE, vhost, name, access=access) or 0
+        return await self.endpoint.command(QueuePurge, vhost, name, access=access) or 0
 
     async def declare_exchange(self, vhost: str, name: str, type_: str, durable: bool, auto_delete: bool = False,
                                internal: bool = False, arguments: dict | None = None,
                                access: Access | None = None) -> None:
-        await self.endpoint.command(Op.EXCHANGE_DECLARE, vhost, name, type_, False, durable, auto_delete,
+        await self.endpoint.command(ExchangeDeclare, vhost, name, type_, False, durable, auto_delete,
                                     internal, arguments or {}, access=access)
 
     async def delete_exchange(self, vhost: str, name: str, if_unused: bool = False,
                               access: Access | None = None) -> None:
-        await self.endpoint.command(Op.EXCHANGE_DELETE, vhost, name, if_unused, access=access)
+        await self.endpoint.command(ExchangeDelete, vhost, name, if_unused, access=access)
 
     async def bind(self, vhost: str, source: str, destination: str, to_queue: bool, routing_key: str,
                    arguments: dict | None = None, access: Access | None = None) -> None:
         # queue.bind takes (queue, exchange); exchange.bind (destination, source): the same order.
-        op = Op.QUEUE_BIND if to_queue else Op.EXCHANGE_BIND
+        op = QueueBind if to_queue else ExchangeBind
         await self.endpoint.command(op, vhost, destination, source, routing_key, arguments or {}, access=access)
 
     async def unbind(self, vhost: str, source: str, destination: str, to_queue: bool, routing_key: str,
                      arguments: dict | None = None, access: Access | None = None) -> None:
-        op = Op.QUEUE_UNBIND if to_queue else Op.EXCHANGE_UNBIND
+        op = QueueUnbind if to_queue else ExchangeUnbind
         await self.endpoint.command(op, vhost, destination, source, routing_key, arguments or {}, access=access)
 
     async def publish(self, vhost: str, exchange: str, routing_key: str, properties: bytes, body: bytes,
                       persistent: bool, priority: int | None, expiration_ms: int | None,
                       access: Access | None = None) -> int:
         """The publish outcome: store.commands ROUTED, UNROUTABLE or REJECTED."""
-        return await self.endpoint.command(Op.PUBLISH, vhost, exchange, routing_key, False, properties, body,
+        return await self.endpoint.command(Publish, vhost, exchange, routing_key, False, properties, body,
                                            persistent, priority, expiration_ms, access=access)
 
     async def get(self, vhost: str, queue: str, count: int, ackmode: str,
@@ -192,7 +215,7 @@ class Control:
         refs: list[tuple[int, int]] = []
         try:
             for _ in range(count):
-                got = await self.endpoint.command(Op.GET, vhost, queue, False, access=access)
+                got = await self.endpoint.command(Get, vhost, queue, False, access=access)
                 if got is None:
                     break
                 qid, seq, redelivered, message, remaining = got
@@ -200,9 +223,9 @@ class Control:
                 fetched.append(Fetched(message, redelivered, remaining))
             if refs:
                 if ackmode == "ack_requeue_false":
-                    await self.endpoint.command(Op.ACK, refs)
+                    await self.endpoint.command(Ack, refs)
                 else:
-                    await self.endpoint.command(Op.NACK, refs, ackmode.endswith("requeue_true"))
+                    await self.endpoint.command(Nack, refs, ackmode.endswith("requeue_true"))
         except BaseException:
             # Failed or cancelled half way (a timeout, the caller gone): whatever was taken must not
             # stay unacked on the admin channel for good -- closing it requeues it.
@@ -214,16 +237,16 @@ class Control:
     async def put_user(self, name: str, password_hash: str, tags: list[str], loopback_only: bool = False) -> None:
         """``password_hash``: made by the caller (node.auth.hash_password) before the command, so that
         apply never draws random salt and the log never sees the password."""
-        await self.endpoint.command(Op.USER_PUT, name, password_hash, list(tags), loopback_only)
+        await self.endpoint.command(UserPut, name, password_hash, list(tags), loopback_only)
 
     async def delete_user(self, name: str) -> None:
-        await self.endpoint.command(Op.USER_DELETE, name)
+        await self.endpoint.command(UserDelete, name)
 
     async def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str) -> None:
-        await self.endpoint.command(Op.PERMISSION_SET, user, vhost, configure, write, read)
+        await self.endpoint.command(PermissionSet, user, vhost, configure, write, read)
 
     async def clear_permissions(self, user: str, vhost: str) -> None:
-        await self.endpoint.command(Op.PERMISSION_CLEAR, user, vhost)
+        await self.endpoint.command(PermissionClear, user, vhost)
 
     async def add_vhost(self, name: str) -> None:
         await self.endpoint.add_vhost(name)

@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import NoReturn
 
-from raftmq.store.commands import decode_batch, encode_batch
+from raftmq.store.commands import Command, decode_batch, encode_batch
 from raftmq.store.machine import StateMachine
 from raftmq.store.snapshot import import_model, read_snapshot, write_snapshot
 from raftmq.store.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
@@ -183,7 +183,7 @@ class ClusterLog:
 
     # ------------------------------------------------------------------ proposing
 
-    def submit(self, command: list, deferrable: bool = False, size: int = 0) -> None:
+    def submit(self, command: Command, deferrable: bool = False, size: int = 0) -> None:
         """Queue ``command`` for the next batch.  ``deferrable``: it may wait a few milliseconds
         for other commands to share its batch (see the module docstring).  ``size``: its bytes
         (bodies, mostly) if the caller knows them, else counted here."""

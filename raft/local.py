@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from raftmq.store.commands import Command
 from raftmq.store.machine import StateMachine
 
 from .log import Compaction, NotReplicated, OutputsCallback, RaftStatus
@@ -84,7 +85,7 @@ class LocalLog:
         """Nothing submitted is waiting to be applied or released."""
         return not self._pending and not self._held and not self._syncing
 
-    def submit(self, command: list, deferrable: bool = False, size: int = 0) -> None:
+    def submit(self, command: Command, deferrable: bool = False, size: int = 0) -> None:
         """Queue ``command`` for the next batch (``deferrable`` and ``size`` matter only in a cluster)."""
         self._pending.append(command)
         if not self._scheduled:

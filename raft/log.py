@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from raftmq.store.commands import Command
+
 OutputsCallback = Callable[[list], None]
 
 
@@ -68,7 +70,7 @@ class Log(Protocol):
 
     def close(self) -> None: ...
 
-    def submit(self, command: list, deferrable: bool = False, size: int = 0) -> None: ...
+    def submit(self, command: Command, deferrable: bool = False, size: int = 0) -> None: ...
 
     @property
     def is_leader(self) -> bool:

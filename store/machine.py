@@ -32,8 +32,38 @@ from .commands import (
     REJECTED,
     ROUTED,
     UNROUTABLE,
+    Ack,
+    Cancel,
+    ChannelClose,
+    ChannelOpen,
+    ConnectionClose,
+    Consume,
+    DeclaredQueue,
+    ExchangeBind,
+    ExchangeDeclare,
+    ExchangeDelete,
+    ExchangeUnbind,
+    Flow,
+    Get,
+    GotMessage,
+    MemberRemove,
+    MemberSet,
+    Nack,
+    NodeReset,
+    Ok,
     Op,
-    ok,
+    Publish,
+    Qos,
+    QueueBind,
+    QueueDeclare,
+    QueueDelete,
+    QueuePurge,
+    QueueUnbind,
+    Recover,
+    Refused,
+    Tick,
+    TxCommit,
+    VhostAdd,
 )
 from .dedup import DedupCache, dedup_key
 from .durable import DurableStore, PersistenceRecorder, binding_key
@@ -61,6 +91,11 @@ DEFAULT_EXCHANGES = (
 )
 def _b(flag: bool) -> str:
     return "true" if flag else "false"
+
+
+def _channel_of(command) -> int | None:
+    """The channel (or 0-10 session) a command came on; None for connection- and node-level ones."""
+    return getattr(command, "channel", None)
 
 
 class BatchWindow:
@@ -244,17 +279,16 @@ class StateMachine(SessionMixin, UserMixin):
                                  0, detail, definition])
 
     def _apply_one(self, command: list) -> None:
-        op = command[0]
+        op = command.op
         try:
             result = self._handlers[op](command)
-            if result is None or result.__class__ is not tuple or result[0] not in (OK, ERR):
-                result = (OK, result)
+            result = Ok(OK, result)
         except CommandError as exc:
-            result = (ERR, exc.code, exc.text)
-            if exc.code not in HARD_ERRORS and len(command) > 3 and command[1] is not None:
+            result = Refused(ERR, exc.code, exc.text)
+            if exc.code not in HARD_ERRORS and command.conn is not None and _channel_of(command) is not None:
                 # A channel exception closes the channel: later commands from it are refused
                 # (an 0-10 execution exception destroys the session the same way).
-                self._close_channel(command[1], command[3], error=True)
+                self._close_channel(command.conn, command.channel, error=True)
         except Exception:
             # A bug, not a refusal (refusals raise CommandError before changing anything).  Every
             # replica applies the same command with the same code, so they all fail alike and stay
@@ -263,12 +297,12 @@ class StateMachine(SessionMixin, UserMixin):
             # status.json and the metrics show (docs/design.md, "A bug inside apply").
             self.internal_errors += 1
             log.exception("apply failed for op %s (internal error %d)", op, self.internal_errors)
-            result = (ERR, 541, "INTERNAL_ERROR - internal error applying command")
-        token = command[2] if len(command) > 2 else None
-        if self._replies and (token is not None or (result[0] == ERR and command[1] is not None)):
+            result = Refused(ERR, 541, "INTERNAL_ERROR - internal error applying command")
+        token = command.token
+        if self._replies and (token is not None or (result.status == ERR and command.conn is not None)):
             # Token-less commands (plain publishes) answer only with errors, so that the front end
             # can close the channel they came from.
-            self._out.append((command[1], OUT_REPLY, token, result, command[3] if len(command) > 3 else None))
+            self._out.append((command.conn, OUT_REPLY, token, result, _channel_of(command)))
         # Until none is left: dispatching one queue can dirty another (a message expired or past
         # its delivery limit, dead-lettered into a queue with consumers).  Left for the next
         # command, it would be dispatched there on this node but never on a follower that installs
@@ -315,8 +349,8 @@ class StateMachine(SessionMixin, UserMixin):
 
     # ------------------------------------------------------------------ vhosts, channels, connections
 
-    def _vhost_add(self, cmd: list) -> None:
-        name = cmd[3]
+    def _vhost_add(self, cmd: VhostAdd) -> None:
+        name = cmd.name
         if name in self.vhosts:
             return None
         vhost = self.vhosts[name] = VHost(name)
@@ -328,15 +362,15 @@ class StateMachine(SessionMixin, UserMixin):
             self._persist.put_vhost(name)
         return None
 
-    def _channel_open(self, cmd: list) -> None:
-        conn, number = cmd[1], cmd[3]
+    def _channel_open(self, cmd: ChannelOpen) -> None:
+        conn, number = cmd.conn, cmd.channel
         channels = self.channels.setdefault(conn, {})
         if number in channels:
             raise CommandError(504, f"channel {number} already open")
         channels[number] = ChannelState(conn, number)
 
-    def _channel_close(self, cmd: list) -> None:
-        self._close_channel(cmd[1], cmd[3])
+    def _channel_close(self, cmd: ChannelClose) -> None:
+        self._close_channel(cmd.conn, cmd.channel)
 
     def _close_channel(self, conn: str, number: int, error: bool = False) -> None:
         channels = self.channels.get(conn)
@@ -354,22 +388,22 @@ class StateMachine(SessionMixin, UserMixin):
             self._remove_consumer(consumer)
         self._requeue_all(ch)
 
-    def _connection_close(self, cmd: list) -> None:
-        conn = cmd[1]
+    def _connection_close(self, cmd: ConnectionClose) -> None:
+        conn = cmd.conn
         for number in list(self.channels.get(conn, {})):
             self._close_channel(conn, number)
         self.channels.pop(conn, None)
         for queue in list(self.exclusive_queues.pop(conn, {}).values()):
             self._delete_queue(queue)
 
-    def _node_reset(self, cmd: list) -> None:
+    def _node_reset(self, cmd: NodeReset) -> None:
         """Close every connection of node ``node_id`` not of its boot ``keep_boot``.
 
         Issued when a node is declared down (``keep_boot`` None) and when a node restarts: its
         consumers' unacknowledged messages go back to their queues (redelivered) and its exclusive
         queues are deleted, as if each client connection had closed.
         """
-        node_id, keep_boot = cmd[3], cmd[4]
+        node_id, keep_boot = cmd.node_id, cmd.keep_boot
         prefix = f"{node_id}."
         keep = f"{keep_boot}." if keep_boot else None
         conns = [c for c in dict.fromkeys([*self.channels, *self.exclusive_queues])
@@ -379,24 +413,24 @@ class StateMachine(SessionMixin, UserMixin):
             for origin in [o for o in self.applied_batches if o.startswith(prefix) and o != keep_boot]:
                 del self.applied_batches[origin]
         for conn in conns:
-            self._connection_close([Op.CONNECTION_CLOSE, conn, None])
+            self._connection_close(ConnectionClose(conn, None))
             self._out.append((conn, OUT_CLOSE, 320, f"CONNECTION_FORCED - node {node_id} left the cluster"))
         return len(conns)
 
-    def _member_set(self, cmd: list) -> None:
-        node_id, raft, amqp = cmd[3], cmd[4], cmd[5]
+    def _member_set(self, cmd: MemberSet) -> None:
+        node_id, raft, amqp = cmd.node_id, cmd.raft, cmd.amqp
         if self.members.get(node_id) != (raft, amqp):
             self.members[node_id] = (raft, amqp)
             self._failover_update()  # failover_exchange_behavior 2: the candidates changed
 
-    def _member_remove(self, cmd: list) -> None:
-        node_id = cmd[3]
+    def _member_remove(self, cmd: MemberRemove) -> None:
+        node_id = cmd.node_id
         if self.members.pop(node_id, None) is not None:
-            self._node_reset([Op.NODE_RESET, None, None, node_id, None])
+            self._node_reset(NodeReset(None, None, node_id, None))
             self._failover_update()
 
-    def _qos(self, cmd: list) -> None:
-        _, conn, _, number, prefetch_count, global_ = cmd
+    def _qos(self, cmd: Qos) -> None:
+        conn, number, prefetch_count, global_ = cmd.conn, cmd.channel, cmd.prefetch_count, cmd.global_
         ch = self._channel(conn, number)
         if global_:
             ch.prefetch_count = prefetch_count
@@ -405,8 +439,8 @@ class StateMachine(SessionMixin, UserMixin):
         for consumer in ch.consumers.values():
             self._dirty[consumer.queue.qid] = consumer.queue
 
-    def _flow(self, cmd: list) -> bool:
-        _, conn, _, number, active = cmd
+    def _flow(self, cmd: Flow) -> bool:
+        conn, number, active = cmd.conn, cmd.channel, cmd.active
         ch = self._channel(conn, number)
         ch.active = bool(active)
         if active:
@@ -416,8 +450,8 @@ class StateMachine(SessionMixin, UserMixin):
 
     # ------------------------------------------------------------------ exchanges
 
-    def _exchange_declare(self, cmd: list) -> None:
-        _, conn, _, number, vhost_name, name, type_, passive, durable, auto_delete, internal, args = cmd
+    def _exchange_declare(self, cmd: ExchangeDeclare) -> None:
+        conn, number, vhost_name, name, type_, passive, durable, auto_delete, internal, args = cmd.conn, cmd.channel, cmd.vhost, cmd.name, cmd.type, cmd.passive, cmd.durable, cmd.auto_delete, cmd.internal, cmd.arguments
         self._channel(conn, number)
         vhost = self._vhost(vhost_name)
         existing = vhost.exchanges.get(name)
@@ -462,8 +496,8 @@ class StateMachine(SessionMixin, UserMixin):
             self._persist.put_exchange(vhost_name, name, type_, auto_delete, internal, args)
         return None
 
-    def _exchange_delete(self, cmd: list) -> None:
-        _, conn, _, number, vhost_name, name, if_unused = cmd
+    def _exchange_delete(self, cmd: ExchangeDelete) -> None:
+        conn, number, vhost_name, name, if_unused = cmd.conn, cmd.channel, cmd.vhost, cmd.name, cmd.if_unused
         self._channel(conn, number)
         vhost = self._vhost(vhost_name)
         if name == "":
@@ -504,16 +538,16 @@ class StateMachine(SessionMixin, UserMixin):
             target = self._exchange(vhost, dest)
         return exchange, target
 
-    def _exchange_bind(self, cmd: list) -> None:
-        _, conn, _, number, vhost_name, destination, source, routing_key, args = cmd
+    def _exchange_bind(self, cmd: ExchangeBind) -> None:
+        conn, number, vhost_name, destination, source, routing_key, args = cmd.conn, cmd.channel, cmd.vhost, cmd.destination, cmd.source, cmd.routing_key, cmd.arguments
         self._channel(conn, number)
         vhost = self._vhost(vhost_name)
         exchange, target = self._binding_endpoints(vhost, source, False, destination, conn)
         self._add_binding(vhost, exchange, Binding(source, False, destination, routing_key, args),
                           target.durable)
 
-    def _exchange_unbind(self, cmd: list) -> None:
-        _, conn, _, number, vhost_name, destination, source, routing_key, args = cmd
+    def _exchange_unbind(self, cmd: ExchangeUnbind) -> None:
+        conn, number, vhost_name, destination, source, routing_key, args = cmd.conn, cmd.channel, cmd.vhost, cmd.destination, cmd.source, cmd.routing_key, cmd.arguments
         self._channel(conn, number)
         vhost = self._vhost(vhost_name)
         exchange, _ = self._binding_endpoints(vhost, source, False, destination, conn)
@@ -560,15 +594,15 @@ class StateMachine(SessionMixin, UserMixin):
 
     # ------------------------------------------------------------------ queues
 
-    def _queue_declare(self, cmd: list) -> tuple:
-        (_, conn, _, number, vhost_name, name, passive, durable, exclusive, auto_delete, args) = cmd[:11]
-        server_named = len(cmd) > 11 and bool(cmd[11])  # the front end generated the name
+    def _queue_declare(self, cmd: QueueDeclare) -> tuple:
+        conn, number, vhost_name, name, passive, durable, exclusive, auto_delete, args = cmd.conn, cmd.channel, cmd.vhost, cmd.name, cmd.passive, cmd.durable, cmd.exclusive, cmd.auto_delete, cmd.arguments
+        server_named = cmd.server_named  # the front end generated the name
         self._channel(conn, number)
         vhost = self._vhost(vhost_name)
         existing = vhost.queues.get(name)
         if passive:
             queue = self._queue(vhost, name, conn)
-            return ok((name, len(queue.ready), len(queue.consumers)))
+            return DeclaredQueue(name, len(queue.ready), len(queue.consumers))
         if existing is not None:
             self._queue(vhost, name, conn)  # exclusive-lock check
             if bool(exclusive) != (existing.exclusive_owner is not None):
@@ -598,7 +632,7 @@ class StateMachine(SessionMixin, UserMixin):
                         f"received {args.get(key)!r} but current is {existing.arguments.get(key)!r}",
                     )
             self._touch(existing)
-            return ok((name, len(existing.ready), len(existing.consumers)))
+            return DeclaredQueue(name, len(existing.ready), len(existing.consumers))
         if name.startswith("amq.") and not server_named:
             raise CommandError(403, f"queue name '{name}' contains reserved prefix 'amq.*'")
         settings = parse_queue_arguments(args, name, vhost_name)  # refused before anything changes
@@ -611,7 +645,7 @@ class StateMachine(SessionMixin, UserMixin):
                                definition=(bool(durable), bool(exclusive), bool(auto_delete), args))
         if durable and not exclusive and self._persist is not None:
             self._persist.put_queue(vhost_name, name, queue.qid, auto_delete, args)
-        return ok((name, 0, 0))
+        return DeclaredQueue(name, 0, 0)
 
     def _configure_queue(self, queue: Queue, settings: QueueSettings) -> None:
         """Give a new queue its x-argument settings (validated already: parse_queue_arguments)."""
@@ -642,8 +676,8 @@ class StateMachine(SessionMixin, UserMixin):
         if queue.qid in self.idle_expiring:
             self.queue_last_used[queue.qid] = self._now
 
-    def _queue_bind(self, cmd: list) -> None:
-        _, conn, _, number, vhost_name, queue_name, exchange_name, routing_key, args = cmd
+    def _queue_bind(self, cmd: QueueBind) -> None:
+        conn, number, vhost_name, queue_name, exchange_name, routing_key, args = cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.exchange, cmd.routing_key, cmd.arguments
         self._channel(conn, number)
         vhost = self._vhost(vhost_name)
         exchange, queue = self._binding_endpoints(vhost, exchange_name, True, queue_name, conn)
@@ -677,15 +711,15 @@ class StateMachine(SessionMixin, UserMixin):
             self.next_msg_id += 1
             self._enqueue(queue, message, None)
 
-    def _queue_unbind(self, cmd: list) -> None:
-        _, conn, _, number, vhost_name, queue_name, exchange_name, routing_key, args = cmd
+    def _queue_unbind(self, cmd: QueueUnbind) -> None:
+        conn, number, vhost_name, queue_name, exchange_name, routing_key, args = cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.exchange, cmd.routing_key, cmd.arguments
         self._channel(conn, number)
         vhost = self._vhost(vhost_name)
         exchange, _ = self._binding_endpoints(vhost, exchange_name, True, queue_name, conn)
         self._unbind(vhost, exchange, Binding(exchange_name, True, queue_name, routing_key, args))
 
-    def _queue_purge(self, cmd: list) -> int:
-        _, conn, _, number, vhost_name, name = cmd
+    def _queue_purge(self, cmd: QueuePurge) -> int:
+        conn, number, vhost_name, name = cmd.conn, cmd.channel, cmd.vhost, cmd.name
         self._channel(conn, number)
         queue = self._queue(self._vhost(vhost_name), name, conn)
         count = 0
@@ -696,8 +730,8 @@ class StateMachine(SessionMixin, UserMixin):
         queue.ready_bytes = 0
         return count
 
-    def _queue_delete(self, cmd: list) -> int:
-        _, conn, _, number, vhost_name, name, if_unused, if_empty = cmd
+    def _queue_delete(self, cmd: QueueDelete) -> int:
+        conn, number, vhost_name, name, if_unused, if_empty = cmd.conn, cmd.channel, cmd.vhost, cmd.name, cmd.if_unused, cmd.if_empty
         self._channel(conn, number)
         vhost = self._vhost(vhost_name)
         queue = vhost.queues.get(name)
@@ -748,8 +782,8 @@ class StateMachine(SessionMixin, UserMixin):
 
     # ------------------------------------------------------------------ consumers
 
-    def _consume(self, cmd: list) -> str:
-        _, conn, _, number, vhost_name, queue_name, tag, no_ack, exclusive, _args = cmd
+    def _consume(self, cmd: Consume) -> str:
+        conn, number, vhost_name, queue_name, tag, no_ack, exclusive = cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.consumer_tag, cmd.no_ack, cmd.exclusive
         ch = self._channel(conn, number)
         queue = self._queue(self._vhost(vhost_name), queue_name, conn)
         if not tag:
@@ -769,8 +803,8 @@ class StateMachine(SessionMixin, UserMixin):
         self._dirty[queue.qid] = queue
         return tag
 
-    def _cancel(self, cmd: list) -> str:
-        _, conn, _, number, tag = cmd
+    def _cancel(self, cmd: Cancel) -> str:
+        conn, number, tag = cmd.conn, cmd.channel, cmd.consumer_tag
         ch = self._channel(conn, number)
         consumer = ch.consumers.get(tag)
         if consumer is not None:
@@ -793,9 +827,8 @@ class StateMachine(SessionMixin, UserMixin):
 
     # ------------------------------------------------------------------ publishing
 
-    def _publish(self, cmd: list) -> int:
-        (_, conn, _, number, vhost_name, exchange_name, routing_key, mandatory, props, body,
-         persistent, priority, expiration) = cmd
+    def _publish(self, cmd: Publish) -> int:
+        conn, number, vhost_name, exchange_name, routing_key, mandatory, props, body, persistent, priority, expiration = cmd.conn, cmd.channel, cmd.vhost, cmd.exchange, cmd.routing_key, cmd.mandatory, cmd.properties, cmd.body, cmd.persistent, cmd.priority, cmd.expiration
         # (lookups inlined: this runs for every message on every node; the helpers raise the errors)
         if conn is not None:
             channels = self.channels.get(conn)
@@ -1031,8 +1064,8 @@ class StateMachine(SessionMixin, UserMixin):
             self._persist.put_entry(queue.qid, entry.seq, [entry.message.id, entry.expires_at, entry.priority,
                                                      entry.delivery_count], durable_promise=False)
 
-    def _get(self, cmd: list):
-        _, conn, _, number, vhost_name, queue_name, no_ack = cmd
+    def _get(self, cmd: Get):
+        conn, number, vhost_name, queue_name, no_ack = cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.no_ack
         ch = self._channel(conn, number)
         queue = self._queue(self._vhost(vhost_name), queue_name, conn)
         self._touch(queue)
@@ -1042,7 +1075,7 @@ class StateMachine(SessionMixin, UserMixin):
         while True:
             entry = queue.ready.pop()
             if entry is None:
-                return ok(None)
+                return None
             queue.ready_bytes -= len(entry.message.body)
             if limit is None or entry.delivery_count <= limit:
                 break
@@ -1057,7 +1090,7 @@ class StateMachine(SessionMixin, UserMixin):
         else:
             self._hold(ch, ch, queue, entry)
         self._event(EV.DELIVERED, queue, entry.message, "")
-        return ok((queue.qid, entry.seq, redelivered, message, len(queue.ready)))
+        return GotMessage(queue.qid, entry.seq, redelivered, message, len(queue.ready))
 
     def _take_unacked(self, ch: ChannelState, refs: list) -> list[tuple[Queue, Entry]]:
         taken = []
@@ -1080,19 +1113,19 @@ class StateMachine(SessionMixin, UserMixin):
                 self._dirty[consumer.queue.qid] = consumer.queue
         return taken
 
-    def _ack(self, cmd: list) -> None:
-        _, conn, _, number, refs = cmd
+    def _ack(self, cmd: Ack) -> None:
+        conn, number, refs = cmd.conn, cmd.channel, cmd.refs
         ch = self._channel(conn, number)
         for queue, entry in self._take_unacked(ch, refs):
             self.stats["acked"] += 1
             self._event(EV.ACKED, queue, entry.message)
             self._drop(queue, entry)
 
-    def _nack(self, cmd: list) -> None:
-        _, conn, _, number, refs, requeue = cmd[:6]
+    def _nack(self, cmd: Nack) -> None:
+        conn, number, refs, requeue = cmd.conn, cmd.channel, cmd.refs, cmd.requeue
         # ``unsent``: the front end held these assignments and never sent them (a cancelled
         # consumer's read-ahead, node/amqp091/window.py): back to the queue as not delivered.
-        unsent = len(cmd) > 6 and cmd[6]
+        unsent = cmd.unsent
         ch = self._channel(conn, number)
         for queue, entry in self._take_unacked(ch, refs):
             if unsent and entry.delivery_count > 0:
@@ -1103,8 +1136,8 @@ class StateMachine(SessionMixin, UserMixin):
                 self._dead_letter(queue, entry.message, "rejected")
                 self._drop(queue, entry)
 
-    def _recover(self, cmd: list) -> None:
-        _, conn, _, number, _requeue = cmd
+    def _recover(self, cmd: Recover) -> None:
+        conn, number = cmd.conn, cmd.channel
         # 0-9-1 basic.recover requeue=false (redeliver to the original recipient) is served as a
         # requeue, as RabbitMQ does: the message is redelivered, possibly to the same consumer.
         self._requeue_all(self._channel(conn, number))
@@ -1173,25 +1206,25 @@ class StateMachine(SessionMixin, UserMixin):
 
     # ------------------------------------------------------------------ tx
 
-    def _tx_commit(self, cmd: list) -> list:
+    def _tx_commit(self, cmd: TxCommit) -> list:
         """Apply a transaction's publishes and acks atomically; return the publish outcomes."""
-        _, conn, _, number, operations = cmd
+        conn, number, operations = cmd.conn, cmd.channel, cmd.operations
         self._channel(conn, number)
         outcomes = []
         for sub in operations:
             try:
-                result = self._handlers[sub[0]](sub)
+                result = self._handlers[sub.op](sub)
             except CommandError:
                 # The front end validated each operation when the client sent it; one that became
                 # invalid since (its exchange deleted meanwhile) is skipped, the rest still commit.
                 result = UNROUTABLE
-            if sub[0] == Op.PUBLISH:
+            if sub.op == Op.PUBLISH:
                 outcomes.append(result)
         return outcomes
 
     # ------------------------------------------------------------------ time
 
-    def _tick(self, cmd: list) -> None:
+    def _tick(self, cmd: Tick) -> None:
         """Expire message heads, idle queues and detached sessions as of the batch time."""
         if self.detached_sessions:
             self._expire_sessions()
@@ -1289,7 +1322,7 @@ class StateMachine(SessionMixin, UserMixin):
         self.next_qid, self.next_msg_id = state.counters
         self.applied_index = state.applied_index
         for name in state.vhosts:
-            self._vhost_add([Op.VHOST_ADD, None, None, name])
+            self._vhost_add(VhostAdd(None, None, name))
         for name, (password_hash, tags, loopback_only, permissions) in state.users:
             self.users[name] = UserRecord(name, password_hash, list(tags), loopback_only,
                                           {vh: tuple(p) for vh, p in permissions.items()})

@@ -16,24 +16,40 @@ other node and finds it intact:
   session lives ``timeout`` seconds (session.request-timeout), then TICK destroys it: unsettled
   deliveries return to their queues, redelivered. An execution exception destroys it at once.
 
-Command layouts (``[op, conn, token, channel, *args]``):
-
-  SESSION_ATTACH(vhost, principal, name, force) -> ("busy",) | ("attached", resumed, completed, replay, tx)
-  SESSION_DETACH()                              SESSION_TIMEOUT(seconds) -> granted seconds
-  SESSION_COMMAND(command_id, inner)            -> inner's result, or ("duplicate",)
-  SESSION_KNOWN_COMPLETED(ranges)               SESSION_TX_SELECT()
-  MESSAGE_SUBSCRIBE(vhost, queue, destination, accept_none, exclusive, args[, browse])
-  MESSAGE_ACQUIRE(ranges) -> ("result", id, acquired ranges)    MESSAGE_RESUME() -> ("result", id, 0)
-  MESSAGE_FLOW(destination, unit, value)        MESSAGE_FLOW_MODE(destination, window)
-  MESSAGE_STOP(destination)                     MESSAGE_FLUSH(destination)
-  MESSAGE_SETTLE(ranges, how)                   how: 0 accept, 1 release, 2 release+redelivered, 3 reject
+The commands (SessionAttach, SessionCommand, MessageSubscribe, MessageSettle...) and their values
+(SessionBusy, SessionAttached, Duplicate, CommandResult...) are typed in store/commands.py.
 """
 
 from __future__ import annotations
 
 from . import events as EV
 from . import ranges as rs
-from .commands import OUT_SESSION_DETACHED, OUT_TRANSFER, Op
+from .commands import (
+    OUT_SESSION_DETACHED,
+    OUT_TRANSFER,
+    CommandResult,
+    Consume,
+    Duplicate,
+    ExchangeBound,
+    ExchangeQuery,
+    MessageAcquire,
+    MessageFlow,
+    MessageFlowMode,
+    MessageFlush,
+    MessageSettle,
+    MessageStop,
+    MessageSubscribe,
+    Op,
+    QueueQuery,
+    SessionAttach,
+    SessionAttached,
+    SessionBusy,
+    SessionCommand,
+    SessionDetach,
+    SessionKnownCompleted,
+    SessionTimeout,
+    SessionTxSelect,
+)
 from .headers import with_delivery_count
 from .model import ChannelState, Consumer, Session
 
@@ -79,8 +95,8 @@ class SessionMixin:
 
     # ------------------------------------------------------------------ attachment
 
-    def _session_attach(self, cmd: list):
-        _, conn, _, number, vhost_name, principal, name, force = cmd
+    def _session_attach(self, cmd: SessionAttach):
+        conn, number, vhost_name, principal, name, force = cmd.conn, cmd.channel, cmd.vhost, cmd.principal, cmd.name, cmd.force
         self._vhost(vhost_name)
         key = session_key(vhost_name, principal, name)
         session = self.sessions.get(key)
@@ -88,7 +104,7 @@ class SessionMixin:
             if session.channel.conn == conn and session.channel.number == number:
                 pass  # a repeated attach on the same channel: idempotent
             elif not force:
-                return ("busy",)
+                return SessionBusy()
             else:
                 old_conn, old_number = session.channel.conn, session.channel.number
                 self._unregister_channel(session.channel)
@@ -117,7 +133,7 @@ class SessionMixin:
                 replay.append((transfer_id, destination, qid, seq, message))
         for consumer in ch.consumers.values():
             self._dirty[consumer.queue.qid] = consumer.queue  # deliveries resume
-        return ("attached", resumed, [list(r) for r in session.completed], replay, session.transactional)
+        return SessionAttached(resumed, [list(r) for r in session.completed], replay, session.transactional)
 
     def _unregister_channel(self, ch: ChannelState) -> None:
         channels = self.channels.get(ch.conn)
@@ -127,8 +143,8 @@ class SessionMixin:
                 del self.channels[ch.conn]
         ch.conn = None
 
-    def _session_detach(self, cmd: list) -> None:
-        ch = self._channel(cmd[1], cmd[3])
+    def _session_detach(self, cmd: SessionDetach) -> None:
+        ch = self._channel(cmd.conn, cmd.channel)
         if ch.session is not None:
             self._detach(ch.session)
 
@@ -154,9 +170,9 @@ class SessionMixin:
         for queue in list(self.exclusive_queues.pop(session.key, {}).values()):
             self._delete_queue(queue)
 
-    def _session_timeout(self, cmd: list) -> int:
-        ch = self._channel(cmd[1], cmd[3])
-        granted = max(0, min(int(cmd[4]), MAX_SESSION_TIMEOUT))
+    def _session_timeout(self, cmd: SessionTimeout) -> int:
+        ch = self._channel(cmd.conn, cmd.channel)
+        granted = max(0, min(int(cmd.seconds), MAX_SESSION_TIMEOUT))
         if ch.session is not None:
             ch.session.timeout = granted
         return granted
@@ -168,47 +184,47 @@ class SessionMixin:
 
     # ------------------------------------------------------------------ commands
 
-    def _session_command(self, cmd: list):
+    def _session_command(self, cmd: SessionCommand):
         """Execute ``inner`` once per (session, command id): the incoming idempotence barrier."""
-        _, conn, _, number, command_id, inner = cmd
+        conn, number, command_id, inner = cmd.conn, cmd.channel, cmd.command_id, cmd.inner
         ch = self._channel(conn, number)
         session = ch.session
         if session is None:
             raise self._error(503, "session command on a channel without a session")
         if rs.contains(session.completed, command_id):
-            return ("duplicate",)
+            return Duplicate()
         rs.add(session.completed, command_id, command_id)
         self._caller_owner = session.key
         try:
-            value = self._handlers[inner[0]]([inner[0], conn, None, number, *inner[4:]])
+            value = self._handlers[inner.op](inner._replace(conn=conn, token=None, channel=number))
         finally:
             self._caller_owner = None
-        if inner[0] in RESULT_OPS:
+        if inner.op in RESULT_OPS:
             # The result travels in an execution.result command: give it an id of ours.
             result_id = session.next_transfer
             session.next_transfer += 1
-            return ("result", result_id, value)
+            return CommandResult(result_id, value)
         return value
 
-    def _session_tx_select(self, cmd: list) -> None:
-        ch = self._channel(cmd[1], cmd[3])
+    def _session_tx_select(self, cmd: SessionTxSelect) -> None:
+        ch = self._channel(cmd.conn, cmd.channel)
         if ch.session is None:
             raise self._error(503, "tx.select on a channel without a session")
         ch.session.transactional = True
 
-    def _session_known_completed(self, cmd: list) -> None:
-        ch = self._channel(cmd[1], cmd[3])
+    def _session_known_completed(self, cmd: SessionKnownCompleted) -> None:
+        ch = self._channel(cmd.conn, cmd.channel)
         if ch.session is not None:
-            for lo, hi in cmd[4]:
+            for lo, hi in cmd.ranges:
                 rs.remove(ch.session.completed, lo, hi)
 
     # ------------------------------------------------------------------ subscriptions
 
-    def _message_subscribe(self, cmd: list) -> str:
-        _, conn, _, number, vhost_name, queue_name, destination, accept_none, exclusive, args = cmd[:10]
-        browse = len(cmd) > 10 and bool(cmd[10])
-        tag = self._consume([Op.CONSUME, conn, None, number, vhost_name, queue_name, destination,
-                             bool(accept_none) or browse, bool(exclusive), args])
+    def _message_subscribe(self, cmd: MessageSubscribe) -> str:
+        conn, number, vhost_name, queue_name, destination, accept_none, exclusive, args = cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.destination, cmd.accept_none, cmd.exclusive, cmd.arguments
+        browse = bool(cmd.browse)
+        tag = self._consume(Consume(conn, None, number, vhost_name, queue_name, destination,
+                             bool(accept_none) or browse, bool(exclusive), args))
         consumer = self._channel(conn, number).consumers[tag]
         consumer.credit_messages = 0  # 0-10: a subscription starts without credit (message.flow)
         consumer.credit_bytes = 0
@@ -241,9 +257,9 @@ class SessionMixin:
                 self._out.append((ch.conn, OUT_TRANSFER, ch.number, consumer.tag,
                                   (transfer_id, queue.qid, entry.seq, entry.delivery_count > 0, message)))
 
-    def _message_acquire(self, cmd: list) -> list:
+    def _message_acquire(self, cmd: MessageAcquire) -> list:
         """message.acquire (L5854): take browsed messages that are still available; the ranges acquired."""
-        _, conn, _, number, id_ranges = cmd
+        conn, number, id_ranges = cmd.conn, cmd.channel, cmd.ranges
         ch = self._channel(conn, number)
         session = ch.session
         acquired = []
@@ -263,16 +279,16 @@ class SessionMixin:
             acquired.append(transfer_id)
         return rs.from_ids(acquired)
 
-    def _subscription(self, cmd: list) -> Consumer:
-        ch = self._channel(cmd[1], cmd[3])
-        consumer = ch.consumers.get(cmd[4])
+    def _subscription(self, cmd: MessageFlow | MessageFlowMode | MessageStop | MessageFlush) -> Consumer:
+        ch = self._channel(cmd.conn, cmd.channel)
+        consumer = ch.consumers.get(cmd.destination)
         if consumer is None:
-            raise self._error(404, f"no subscription '{cmd[4]}'")
+            raise self._error(404, f"no subscription '{cmd.destination}'")
         return consumer
 
-    def _message_flow(self, cmd: list) -> None:
+    def _message_flow(self, cmd: MessageFlow) -> None:
         consumer = self._subscription(cmd)
-        unit, value = cmd[5], cmd[6]
+        unit, value = cmd.unit, cmd.value
         attr = "credit_messages" if unit == 0 else "credit_bytes"
         current = getattr(consumer, attr)
         if value == UNLIMITED or current is None or current >= UNLIMITED:
@@ -281,16 +297,16 @@ class SessionMixin:
             setattr(consumer, attr, current + value)
         self._dirty[consumer.queue.qid] = consumer.queue
 
-    def _message_flow_mode(self, cmd: list) -> None:
+    def _message_flow_mode(self, cmd: MessageFlowMode) -> None:
         consumer = self._subscription(cmd)
-        consumer.window_mode = bool(cmd[5])
+        consumer.window_mode = bool(cmd.window)
         consumer.credit_messages = consumer.credit_bytes = 0
 
-    def _message_stop(self, cmd: list) -> None:
+    def _message_stop(self, cmd: MessageStop) -> None:
         consumer = self._subscription(cmd)
         consumer.credit_messages = consumer.credit_bytes = 0
 
-    def _message_flush(self, cmd: list) -> None:
+    def _message_flush(self, cmd: MessageFlush) -> None:
         consumer = self._subscription(cmd)
         self._dispatch(consumer.queue)
         consumer.credit_messages = consumer.credit_bytes = 0
@@ -301,8 +317,8 @@ class SessionMixin:
         if consumer.credit_bytes is not None and consumer.credit_bytes < UNLIMITED:
             consumer.credit_bytes = max(0, consumer.credit_bytes - size)
 
-    def _message_settle(self, cmd: list) -> None:
-        _, conn, _, number, id_ranges, how = cmd
+    def _message_settle(self, cmd: MessageSettle) -> None:
+        conn, number, id_ranges, how = cmd.conn, cmd.channel, cmd.ranges, cmd.how
         ch = self._channel(conn, number)
         session = ch.session
         if session is None:
@@ -337,27 +353,27 @@ class SessionMixin:
 
     # ------------------------------------------------------------------ queries (0-10 results)
 
-    def _queue_query(self, cmd: list):
+    def _queue_query(self, cmd: QueueQuery):
         """(name, durable, exclusive, auto_delete, arguments, messages, consumers) or None."""
-        vhost = self._vhost(cmd[4])
-        queue = vhost.queues.get(cmd[5])
+        vhost = self._vhost(cmd.vhost)
+        queue = vhost.queues.get(cmd.name)
         if queue is None:
             return None
         return (queue.name, queue.durable, queue.exclusive_owner is not None, queue.auto_delete,
                 dict(queue.arguments), len(queue.ready), len(queue.consumers))
 
-    def _exchange_query(self, cmd: list):
+    def _exchange_query(self, cmd: ExchangeQuery):
         """(type, durable, arguments) or None."""
-        exchange = self._vhost(cmd[4]).exchanges.get(cmd[5])
+        exchange = self._vhost(cmd.vhost).exchanges.get(cmd.name)
         if exchange is None:
             return None
         return (exchange.type, exchange.durable, dict(exchange.arguments))
 
-    def _exchange_bound(self, cmd: list):
+    def _exchange_bound(self, cmd: ExchangeBound):
         """0-10 exchange.bound: (exchange-not-found, queue-not-found, queue-not-matched,
         key-not-matched, args-not-matched)."""
-        vhost = self._vhost(cmd[4])
-        exchange_name, queue_name, key, args = cmd[5], cmd[6], cmd[7], cmd[8]
+        vhost = self._vhost(cmd.vhost)
+        exchange_name, queue_name, key, args = cmd.exchange, cmd.queue, cmd.routing_key, cmd.arguments
         exchange = vhost.exchanges.get(exchange_name)
         queue_missing = queue_name not in vhost.queues
         if exchange is None:

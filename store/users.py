@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .commands import Op
+from .commands import Op, PermissionClear, PermissionSet, UserDelete, UserPut
 
 
 @dataclass(slots=True)
@@ -43,31 +43,31 @@ class UserMixin:
             Op.PERMISSION_CLEAR: self._permission_clear,
         }
 
-    def _user_put(self, cmd: list) -> None:
-        name, password_hash, tags, loopback_only = cmd[4], cmd[5], list(cmd[6]), bool(cmd[7])
+    def _user_put(self, cmd: UserPut) -> None:
+        name, password_hash, tags, loopback_only = cmd.name, cmd.password_hash, list(cmd.tags), bool(cmd.loopback_only)
         old = self.users.get(name)
         user = UserRecord(name, password_hash, tags, loopback_only, dict(old.permissions) if old else {})
         self.users[name] = user
         self._store_user(user)
 
-    def _user_delete(self, cmd: list) -> None:
-        name = cmd[4]
+    def _user_delete(self, cmd: UserDelete) -> None:
+        name = cmd.name
         if self.users.pop(name, None) is None:
             raise self._error(404, f"NOT_FOUND - no user '{name}'")
         if self._persist is not None:
             self._persist.delete_user(name)
 
-    def _permission_set(self, cmd: list) -> None:
-        name, vhost, configure, write, read = cmd[4:9]
+    def _permission_set(self, cmd: PermissionSet) -> None:
+        name, vhost, configure, write, read = cmd.user, cmd.vhost, cmd.configure, cmd.write, cmd.read
         user = self._user(name)
         if vhost not in self.vhosts:
             raise self._error(404, f"NOT_FOUND - no vhost '{vhost}'")
         user.permissions[vhost] = (configure, write, read)
         self._store_user(user)
 
-    def _permission_clear(self, cmd: list) -> None:
-        user = self._user(cmd[4])
-        if user.permissions.pop(cmd[5], None) is not None:
+    def _permission_clear(self, cmd: PermissionClear) -> None:
+        user = self._user(cmd.user)
+        if user.permissions.pop(cmd.vhost, None) is not None:
             self._store_user(user)
 
     def _user(self, name: str) -> UserRecord:

@@ -13,7 +13,7 @@ version is read as version 1.
 
 from __future__ import annotations
 
-COMMAND_FORMAT = 1  # the commands of a batch (store/commands.py, encode_batch)
+COMMAND_FORMAT = 2  # the commands of a batch (store/commands.py, encode_batch); 2: typed, op last
 SNAPSHOT_FORMAT = 1  # the model pickled into a snapshot (store/snapshot.py)
 STORE_FORMAT = 1  # the tables of the single-node LMDB store (store/durable.py)
 

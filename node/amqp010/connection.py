@@ -29,7 +29,7 @@ from raftmq import __version__
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.protocol.amqp010.errors import FramingError
 from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER, FrameReader, encode_assembly
-from raftmq.store.commands import Op
+from raftmq.store.commands import OK, Command, Flow, Result
 
 from ..auth import AuthError, Principal
 from ..core.access import Access, AccessRefused
@@ -172,7 +172,7 @@ class Amqp010Connection(asyncio.Protocol):
 
     def _submit_flow(self, channel: int, active: bool) -> None:
         """Stop or restart assignment to a session, in the log (an error, session gone, is ignored)."""
-        self.broker.submit([Op.FLOW, self.conn_id, None, channel, active])
+        self.broker.submit(Flow(self.conn_id, None, channel, active))
 
     def held_bytes(self) -> int:
         """What this connection holds for the memory alarm: write buffer, parked accept-mode-none
@@ -200,28 +200,28 @@ class Amqp010Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ the broker's endpoint interface
 
-    def submit(self, command: list) -> None:
+    def submit(self, command: Command) -> None:
         self.broker.submit(command)
 
-    def request(self, session: ServerSession, command: list, on_ok, on_error=None) -> None:
+    def request(self, session: ServerSession, command: Command, on_ok, on_error=None) -> None:
         self._next_token += 1
-        command[2] = self._next_token
+        command = command._replace(token=self._next_token)
         self.pending[self._next_token] = (session, on_ok, on_error)
         self.broker.submit(command)
 
-    def on_reply(self, token: int | None, result: tuple, channel_no: int | None) -> None:
+    def on_reply(self, token: int | None, result: Result, channel_no: int | None) -> None:
         entry = self.pending.pop(token, None) if token is not None else None
         if entry is None:
             return
         session, on_ok, on_error = entry
         if self.sessions.get(session.channel) is not session:
             return
-        if result[0] == 0:
-            on_ok(result[1])
+        if result.status == OK:
+            on_ok(result.value)
         elif on_error is not None:
-            on_error(result[1], result[2])
+            on_error(result.code, result.text)
         else:
-            session._exception(-1, _Unknown(None), result[1], result[2], destroy=False)
+            session._exception(-1, _Unknown(None), result.code, result.text, destroy=False)
 
     def on_transfer(self, channel_no: int, destination: str, transfer: tuple) -> None:
         session = self.sessions.get(channel_no)

@@ -13,7 +13,40 @@ from typing import TYPE_CHECKING
 
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.store import ranges as rs
-from raftmq.store.commands import Op
+from raftmq.store.commands import (
+    Cancel,
+    Command,
+    CommandResult,
+    ExchangeBound,
+    ExchangeDeclare,
+    ExchangeDelete,
+    ExchangeQuery,
+    MessageAcquire,
+    MessageFlow,
+    MessageFlowMode,
+    MessageFlush,
+    MessageResume,
+    MessageSettle,
+    MessageStop,
+    MessageSubscribe,
+    Op,
+    Publish,
+    QueueBind,
+    QueueDeclare,
+    QueueDelete,
+    QueuePurge,
+    QueueQuery,
+    QueueUnbind,
+    SessionAttach,
+    SessionAttached,
+    SessionBusy,
+    SessionCommand,
+    SessionDetach,
+    SessionKnownCompleted,
+    SessionTimeout,
+    SessionTxSelect,
+    TxCommit,
+)
 from raftmq.store.sessions import (
     SETTLE_ACCEPT,
     SETTLE_REJECT,
@@ -59,16 +92,16 @@ class ServerSession:
 
     def attach(self, force: bool) -> None:
         vhost = self.conn.vhost
-        command = [Op.SESSION_ATTACH, self.conn.conn_id, None, self.channel, vhost, self.conn.principal.name,
-                   self.name, force]
+        command = SessionAttach(self.conn.conn_id, None, self.channel, vhost, self.conn.principal.name,
+                   self.name, force)
         self.conn.request(self, command, self._attached)
 
-    def _attached(self, value) -> None:
-        if value[0] == "busy":
+    def _attached(self, value: SessionBusy | SessionAttached) -> None:
+        if isinstance(value, SessionBusy):
             self.conn.send(self.channel, c.SessionDetached(name=self.name, code=DETACH_BUSY))
             self.conn.drop_session(self.channel)
             return
-        _, _resumed, completed, replay, transactional = value
+        completed, replay, transactional = value.completed, value.replay, value.transactional
         self.attached = True
         if transactional:
             # The transaction's buffered work was on the node that failed: it is lost, so its
@@ -83,7 +116,7 @@ class ServerSession:
             self._send_transfer(transfer_id, destination, True, message)
 
     def detach(self) -> None:
-        self.conn.submit([Op.SESSION_DETACH, self.conn.conn_id, None, self.channel])
+        self.conn.submit(SessionDetach(self.conn.conn_id, None, self.channel))
         self.conn.send(self.channel, c.SessionDetached(name=self.name, code=DETACH_NORMAL))
         self.attached = False
         self.conn.drop_session(self.channel)
@@ -96,8 +129,8 @@ class ServerSession:
         elif not self.attached:
             self.conn.send(self.channel, c.SessionDetached(name=self.name, code=DETACH_NOT_ATTACHED))
         elif isinstance(control, c.SessionRequestTimeout):
-            self.conn.request(self, [Op.SESSION_TIMEOUT, self.conn.conn_id, None, self.channel,
-                                     control.timeout or 0],
+            self.conn.request(self, SessionTimeout(self.conn.conn_id, None, self.channel,
+                                     control.timeout or 0),
                               lambda granted: self.conn.send(self.channel, c.SessionTimeout(timeout=granted)))
         elif isinstance(control, c.SessionCommandPoint):
             self.in_next = control.command_id
@@ -117,8 +150,8 @@ class ServerSession:
         elif isinstance(control, c.SessionKnownCompleted):
             for lo, hi in control.commands or ():
                 rs.remove(self.completed, lo, hi)
-            self.conn.submit([Op.SESSION_KNOWN_COMPLETED, self.conn.conn_id, None, self.channel,
-                              [list(r) for r in control.commands or ()]])
+            self.conn.submit(SessionKnownCompleted(self.conn.conn_id, None, self.channel,
+                              [list(r) for r in control.commands or ()]))
         elif isinstance(control, c.SessionGap):
             for lo, hi in control.commands or ():
                 rs.add(self.completed, lo, hi)
@@ -166,9 +199,9 @@ class ServerSession:
         except AccessRefused as exc:
             self._exception(command_id, command, UNAUTHORIZED_ACCESS, exc.text)
             return
-        if self.tx_ops is not None and inner[0] in (Op.PUBLISH, Op.MESSAGE_SETTLE):
+        if self.tx_ops is not None and inner.op in (Op.PUBLISH, Op.MESSAGE_SETTLE):
             # Transactional work waits for tx.commit; the command itself is complete once buffered.
-            self.tx_ops.append([inner[0], self.conn.conn_id, None, self.channel, *inner[4:]])
+            self.tx_ops.append(inner._replace(conn=self.conn.conn_id, channel=self.channel))
             self._complete(command_id, command.sync)
             return
         self._submit(command_id, command, inner)
@@ -177,7 +210,7 @@ class ServerSession:
         """Class tx (L6205ff): select once, then commit/rollback any number of transactions."""
         if isinstance(command, c.TxSelect):
             self.tx_ops = self.tx_ops if self.tx_ops is not None else []
-            self._submit(command_id, command, [Op.SESSION_TX_SELECT, None, None, None])
+            self._submit(command_id, command, SessionTxSelect(None, None, None))
         elif self.tx_ops is None:
             self._exception(command_id, command, 409, f"{command.NAME} without tx.select")  # illegal-state
         elif isinstance(command, c.TxRollback):
@@ -189,93 +222,94 @@ class ServerSession:
             self._exception(command_id, command, 409, "transaction aborted: its session failed over")
         else:
             operations, self.tx_ops = self.tx_ops, []
-            settled = [tuple(r) for op in operations if op[0] == Op.MESSAGE_SETTLE for r in op[4]]
-            self._submit(command_id, command, [Op.TX_COMMIT, None, None, None, operations], settled)
+            settled = [tuple(r) for op in operations if op.op == Op.MESSAGE_SETTLE for r in op.ranges]
+            self._submit(command_id, command, TxCommit(None, None, None, operations), settled)
 
-    def _submit(self, command_id: int, command, inner: list, settled: list | None = None) -> None:
+    def _submit(self, command_id: int, command, inner: Command, settled: list | None = None) -> None:
         self.in_flight.add(command_id)
-        wrapped = [Op.SESSION_COMMAND, self.conn.conn_id, None, self.channel, command_id, inner]
+        wrapped = SessionCommand(self.conn.conn_id, None, self.channel, command_id, inner)
         sync = command.sync
-        if inner[0] == Op.MESSAGE_SETTLE:
+        if inner.op == Op.MESSAGE_SETTLE:
             settled = [tuple(r) for r in command.transfers]
         self.conn.request(self, wrapped, lambda value: self._applied(command_id, sync, settled, value, command),
                           on_error=lambda code, text: self._failed(command_id, command, code, text))
 
-    def translate(self, cmd) -> list | None:
-        """The core command for a 0-10 command (``[op, None, None, None, *args]``), None if unsupported."""
+    def translate(self, cmd) -> Command | None:
+        """The core command for a 0-10 command (conn, token and channel None: SessionCommand carries
+        them), None if unsupported."""
         vhost = self.conn.vhost
         head = [None, None, None]
         if isinstance(cmd, c.MessageTransfer):
             routing_key, props, persistent, priority, ttl = to_core(cmd.headers)
-            return [Op.PUBLISH, *head, vhost, cmd.destination or "", routing_key, False, props,
-                    bytes(cmd.body or b""), persistent, priority, ttl]
+            return Publish(*head, vhost, cmd.destination or "", routing_key, False, props,
+                    bytes(cmd.body or b""), persistent, priority, ttl)
         if isinstance(cmd, c.MessageSubscribe):
             destination = cmd.destination or ""
             self.accept_modes[destination] = cmd.accept_mode
             self.acquire_modes[destination] = cmd.acquire_mode
-            return [Op.MESSAGE_SUBSCRIBE, *head, vhost, cmd.queue, destination, cmd.accept_mode == ACCEPT_NONE,
-                    bool(cmd.exclusive), dict(cmd.arguments or {}), cmd.acquire_mode == NOT_ACQUIRED]
+            return MessageSubscribe(*head, vhost, cmd.queue, destination, cmd.accept_mode == ACCEPT_NONE,
+                    bool(cmd.exclusive), dict(cmd.arguments or {}), cmd.acquire_mode == NOT_ACQUIRED)
         if isinstance(cmd, c.MessageAcquire):
-            return [Op.MESSAGE_ACQUIRE, *head, [list(r) for r in cmd.transfers]]
+            return MessageAcquire(*head, [list(r) for r in cmd.transfers])
         if isinstance(cmd, c.MessageResume):
-            return [Op.MESSAGE_RESUME, *head]
+            return MessageResume(*head)
         if isinstance(cmd, c.MessageFlow):
-            return [Op.MESSAGE_FLOW, *head, cmd.destination or "", cmd.unit, 0xFFFFFFFF if cmd.value is None
-                    else cmd.value]
+            return MessageFlow(*head, cmd.destination or "", cmd.unit, 0xFFFFFFFF if cmd.value is None
+                    else cmd.value)
         if isinstance(cmd, c.MessageSetFlowMode):
-            return [Op.MESSAGE_FLOW_MODE, *head, cmd.destination or "", cmd.flow_mode == 1]
+            return MessageFlowMode(*head, cmd.destination or "", cmd.flow_mode == 1)
         if isinstance(cmd, c.MessageStop):
-            return [Op.MESSAGE_STOP, *head, cmd.destination or ""]
+            return MessageStop(*head, cmd.destination or "")
         if isinstance(cmd, c.MessageFlush):
-            return [Op.MESSAGE_FLUSH, *head, cmd.destination or ""]
+            return MessageFlush(*head, cmd.destination or "")
         if isinstance(cmd, c.MessageCancel):
-            return [Op.CANCEL, *head, cmd.destination]
+            return Cancel(*head, cmd.destination)
         if isinstance(cmd, c.MessageAccept):
-            return [Op.MESSAGE_SETTLE, *head, [list(r) for r in cmd.transfers], SETTLE_ACCEPT]
+            return MessageSettle(*head, [list(r) for r in cmd.transfers], SETTLE_ACCEPT)
         if isinstance(cmd, c.MessageRelease):
             how = SETTLE_RELEASE_REDELIVERED if cmd.set_redelivered else SETTLE_RELEASE
-            return [Op.MESSAGE_SETTLE, *head, [list(r) for r in cmd.transfers], how]
+            return MessageSettle(*head, [list(r) for r in cmd.transfers], how)
         if isinstance(cmd, c.MessageReject):
-            return [Op.MESSAGE_SETTLE, *head, [list(r) for r in cmd.transfers], SETTLE_REJECT]
+            return MessageSettle(*head, [list(r) for r in cmd.transfers], SETTLE_REJECT)
         if isinstance(cmd, c.ExchangeDeclare):
             args = dict(cmd.arguments or {})
             if cmd.alternate_exchange:
                 args["alternate-exchange"] = cmd.alternate_exchange
-            return [Op.EXCHANGE_DECLARE, *head, vhost, cmd.exchange, cmd.type or "direct", bool(cmd.passive),
-                    bool(cmd.durable), bool(cmd.auto_delete), False, args]
+            return ExchangeDeclare(*head, vhost, cmd.exchange, cmd.type or "direct", bool(cmd.passive),
+                    bool(cmd.durable), bool(cmd.auto_delete), False, args)
         if isinstance(cmd, c.ExchangeDelete):
-            return [Op.EXCHANGE_DELETE, *head, vhost, cmd.exchange, bool(cmd.if_unused)]
+            return ExchangeDelete(*head, vhost, cmd.exchange, bool(cmd.if_unused))
         if isinstance(cmd, c.ExchangeBind):
-            return [Op.QUEUE_BIND, *head, vhost, cmd.queue, cmd.exchange, cmd.binding_key,
-                    dict(cmd.arguments or {})]
+            return QueueBind(*head, vhost, cmd.queue, cmd.exchange, cmd.binding_key,
+                    dict(cmd.arguments or {}))
         if isinstance(cmd, c.ExchangeUnbind):
-            return [Op.QUEUE_UNBIND, *head, vhost, cmd.queue, cmd.exchange, cmd.binding_key, {}]
+            return QueueUnbind(*head, vhost, cmd.queue, cmd.exchange, cmd.binding_key, {})
         if isinstance(cmd, c.QueueDeclare):
             args = dict(cmd.arguments or {})
             if cmd.alternate_exchange:
                 args["x-dead-letter-exchange"] = cmd.alternate_exchange
-            return [Op.QUEUE_DECLARE, *head, vhost, cmd.queue, bool(cmd.passive), bool(cmd.durable),
-                    bool(cmd.exclusive), bool(cmd.auto_delete), args]
+            return QueueDeclare(*head, vhost, cmd.queue, bool(cmd.passive), bool(cmd.durable),
+                    bool(cmd.exclusive), bool(cmd.auto_delete), args)
         if isinstance(cmd, c.QueueDelete):
-            return [Op.QUEUE_DELETE, *head, vhost, cmd.queue, bool(cmd.if_unused), bool(cmd.if_empty)]
+            return QueueDelete(*head, vhost, cmd.queue, bool(cmd.if_unused), bool(cmd.if_empty))
         if isinstance(cmd, c.QueuePurge):
-            return [Op.QUEUE_PURGE, *head, vhost, cmd.queue]
+            return QueuePurge(*head, vhost, cmd.queue)
         if isinstance(cmd, c.QueueQuery):
-            return [Op.QUEUE_QUERY, *head, vhost, cmd.queue]
+            return QueueQuery(*head, vhost, cmd.queue)
         if isinstance(cmd, c.ExchangeQuery):
-            return [Op.EXCHANGE_QUERY, *head, vhost, cmd.name or ""]
+            return ExchangeQuery(*head, vhost, cmd.name or "")
         if isinstance(cmd, c.ExchangeBound):
-            return [Op.EXCHANGE_BOUND, *head, vhost, cmd.exchange or "", cmd.queue, cmd.binding_key,
-                    None if cmd.arguments is None else dict(cmd.arguments)]
+            return ExchangeBound(*head, vhost, cmd.exchange or "", cmd.queue, cmd.binding_key,
+                    None if cmd.arguments is None else dict(cmd.arguments))
         return None
 
     def _applied(self, command_id: int, sync: bool, settled: list | None = None, value=None,
                  command=None) -> None:
         self.in_flight.discard(command_id)
-        if isinstance(value, (tuple, list)) and value and value[0] == "result":
+        if isinstance(value, CommandResult):
             # 3.4.1.2: the result precedes the completion of the command that asked for it.
-            self._send_command(c.ExecutionResult(command_id=command_id, value=result_struct(command, value[2])),
-                               value[1])
+            result = c.ExecutionResult(command_id=command_id, value=result_struct(command, value.value))
+            self._send_command(result, value.result_id)
         if settled:
             # Settled transfers are never replayed: the client may forget them now.
             self.conn.send(self.channel, c.SessionKnownCompleted(commands=settled))
@@ -307,8 +341,8 @@ class ServerSession:
         """3.4.1.3: report the error, destroy the session state, detach."""
         if destroy:
             conn_id = self.conn.conn_id
-            self.conn.submit([Op.SESSION_TIMEOUT, conn_id, None, self.channel, 0])
-            self.conn.submit([Op.SESSION_DETACH, conn_id, None, self.channel])
+            self.conn.submit(SessionTimeout(conn_id, None, self.channel, 0))
+            self.conn.submit(SessionDetach(conn_id, None, self.channel))
         exc = c.ExecutionException(error_code=code if code in ERROR_CODES else 541, command_id=command_id,
                                    class_code=command.CLASS_CODE, command_code=command.CODE,
                                    description=text[:65535])

@@ -13,13 +13,39 @@ from __future__ import annotations
 import base64
 import os
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from raftmq.protocol.amqp091 import methods as m
 from raftmq.protocol.amqp091.errors import AMQPError
 from raftmq.protocol.amqp091.frames import WholePublish, encode_content, encode_delivery, encode_method_frame
 from raftmq.protocol.amqp091.properties import decode_content_header, peek_properties
-from raftmq.store.commands import REJECTED, UNROUTABLE, Op
+from raftmq.store.commands import (
+    OK,
+    REJECTED,
+    UNROUTABLE,
+    Ack,
+    Cancel,
+    ChannelClose,
+    ChannelOpen,
+    Command,
+    Consume,
+    ExchangeBind,
+    ExchangeDeclare,
+    ExchangeDelete,
+    ExchangeUnbind,
+    Flow,
+    Get,
+    Nack,
+    Publish,
+    Qos,
+    QueueBind,
+    QueueDeclare,
+    QueueDelete,
+    QueuePurge,
+    QueueUnbind,
+    Recover,
+    TxCommit,
+)
 from raftmq.store.errors import HARD_ERRORS
 from raftmq.store.values import to_plain
 
@@ -89,8 +115,9 @@ class Channel:
     def accepts_replies(self) -> bool:
         return self.state in (OPEN, OPENING, CLOSING_BY_CLIENT)
 
-    def _command(self, op: Op, *args) -> list:
-        return [op, self.conn.conn_id, None, self.number, *args]
+    def _command(self, kind: type, *args) -> Any:
+        """A ``kind`` command (store/commands.py) from this channel, its token left for the request."""
+        return kind(self.conn.conn_id, None, self.number, *args)
 
     def _slot(self) -> list:
         slot = [False, None, None]  # filled?, frames, the publish confirm (seq, ack?) to send after them
@@ -116,7 +143,7 @@ class Channel:
     def _reply_local(self, method) -> None:
         self._fill(self._slot(), encode_method_frame(self.number, method))
 
-    def _request(self, command: list, method, on_ok, no_wait: bool = False) -> None:
+    def _request(self, command: Command, method, on_ok, no_wait: bool = False) -> None:
         """Authorize and submit ``command``; ``on_ok(value)`` returns the reply method (or None) to
         send in order."""
         self._authorize(command)
@@ -146,7 +173,7 @@ class Channel:
             reply_code=code, reply_text=text[:255], class_id=class_id, method_id=method_id)))
         # The core closes its side of the channel itself when the error came from apply; when the
         # error is ours, tell it (idempotent either way).
-        self.conn.broker.submit(self._command(Op.CHANNEL_CLOSE))
+        self.conn.broker.submit(self._command(ChannelClose))
 
     def fail_from_broker(self, code: int, text: str, method_cls) -> None:
         class_id = method_cls.CLASS_ID if method_cls is not None else 0
@@ -238,7 +265,7 @@ class Channel:
             raise ConnectionException(504, f"CHANNEL_ERROR - second 'channel.open' on channel {self.number}",
                                       method.CLASS_ID, method.METHOD_ID)
         self.state = OPEN
-        self._request(self._command(Op.CHANNEL_OPEN), method, lambda _: m.ChannelOpenOk())
+        self._request(self._command(ChannelOpen), method, lambda _: m.ChannelOpenOk())
 
     def _channel_close(self, method: m.ChannelClose) -> None:
         self.state = CLOSING_BY_CLIENT
@@ -258,7 +285,7 @@ class Channel:
             self.conn.write(encode_method_frame(self.number, m.ChannelCloseOk()))
             self.state = CLOSED
 
-        self.conn.request(self, self._command(Op.CHANNEL_CLOSE), type(method), closed)
+        self.conn.request(self, self._command(ChannelClose), type(method), closed)
 
     def _channel_close_ok(self, method) -> None:
         return None  # only meaningful while we are closing (handled in on_method)
@@ -269,14 +296,14 @@ class Channel:
             self._send_held()
             return m.ChannelFlowOk(active=active)
 
-        self._request(self._command(Op.FLOW, bool(method.active)), method, flowed)
+        self._request(self._command(Flow, bool(method.active)), method, flowed)
 
     def _channel_flow_ok(self, method) -> None:
         return None  # the server never sends channel.flow, so an answer is simply dropped
 
     # ------------------------------------------------------------------ exchange class
 
-    def _authorize(self, command: list) -> None:
+    def _authorize(self, command: Command) -> None:
         """The core's permission rule for ``command`` (node/core/access.py), as a 403 channel error."""
         try:
             self.conn.access.authorize(command)
@@ -285,7 +312,7 @@ class Channel:
 
     def _exchange_declare(self, method: m.ExchangeDeclare) -> None:
         args = to_plain(method.arguments or {})
-        command = self._command(Op.EXCHANGE_DECLARE, self.conn.vhost, method.exchange, method.type,
+        command = self._command(ExchangeDeclare, self.conn.vhost, method.exchange, method.type,
                                 bool(method.passive), bool(method.durable), bool(method.auto_delete),
                                 bool(method.internal), args)
         self._authorize(command)  # before the arguments are looked at, as RabbitMQ does
@@ -295,18 +322,18 @@ class Channel:
         self._request(command, method, lambda _: m.ExchangeDeclareOk(), method.no_wait)
 
     def _exchange_delete(self, method: m.ExchangeDelete) -> None:
-        command = self._command(Op.EXCHANGE_DELETE, self.conn.vhost, method.exchange, bool(method.if_unused))
+        command = self._command(ExchangeDelete, self.conn.vhost, method.exchange, bool(method.if_unused))
         self._request(command, method, lambda _: m.ExchangeDeleteOk(), method.no_wait)
 
     def _exchange_bind(self, method: m.ExchangeBind) -> None:
         vhost = self.conn.vhost
-        command = self._command(Op.EXCHANGE_BIND, vhost, method.destination, method.source,
+        command = self._command(ExchangeBind, vhost, method.destination, method.source,
                                 method.routing_key, to_plain(method.arguments or {}))
         self._request(command, method, lambda _: m.ExchangeBindOk(), method.no_wait)
 
     def _exchange_unbind(self, method: m.ExchangeUnbind) -> None:
         vhost = self.conn.vhost
-        command = self._command(Op.EXCHANGE_UNBIND, vhost, method.destination, method.source,
+        command = self._command(ExchangeUnbind, vhost, method.destination, method.source,
                                 method.routing_key, to_plain(method.arguments or {}))
         self._request(command, method, lambda _: m.ExchangeUnbindOk(), method.no_wait)
 
@@ -329,7 +356,7 @@ class Channel:
             else:
                 name = _server_queue_name()
                 server_named = True
-        command = self._command(Op.QUEUE_DECLARE, self.conn.vhost, name, bool(method.passive),
+        command = self._command(QueueDeclare, self.conn.vhost, name, bool(method.passive),
                                 bool(method.durable), bool(method.exclusive), bool(method.auto_delete),
                                 to_plain(method.arguments or {}), server_named)
 
@@ -344,25 +371,25 @@ class Channel:
         queue = self._queue_name(method.queue, method)
         routing_key = method.routing_key if (method.queue or method.routing_key) else queue
         vhost = self.conn.vhost
-        command = self._command(Op.QUEUE_BIND, vhost, queue, method.exchange, routing_key,
+        command = self._command(QueueBind, vhost, queue, method.exchange, routing_key,
                                 to_plain(method.arguments or {}))
         self._request(command, method, lambda _: m.QueueBindOk(), method.no_wait)
 
     def _queue_unbind(self, method: m.QueueUnbind) -> None:
         queue = self._queue_name(method.queue, method)
         vhost = self.conn.vhost
-        command = self._command(Op.QUEUE_UNBIND, vhost, queue, method.exchange, method.routing_key,
+        command = self._command(QueueUnbind, vhost, queue, method.exchange, method.routing_key,
                                 to_plain(method.arguments or {}))
         self._request(command, method, lambda _: m.QueueUnbindOk())
 
     def _queue_purge(self, method: m.QueuePurge) -> None:
         queue = self._queue_name(method.queue, method)
-        command = self._command(Op.QUEUE_PURGE, self.conn.vhost, queue)
+        command = self._command(QueuePurge, self.conn.vhost, queue)
         self._request(command, method, lambda count: m.QueuePurgeOk(message_count=count), method.no_wait)
 
     def _queue_delete(self, method: m.QueueDelete) -> None:
         queue = self._queue_name(method.queue, method)
-        command = self._command(Op.QUEUE_DELETE, self.conn.vhost, queue, bool(method.if_unused),
+        command = self._command(QueueDelete, self.conn.vhost, queue, bool(method.if_unused),
                                 bool(method.if_empty))
         self._request(command, method, lambda count: m.QueueDeleteOk(message_count=count), method.no_wait)
 
@@ -377,7 +404,7 @@ class Channel:
         else:
             self._window.next_consumer_limit = method.prefetch_count
         window = assigned_window(method.prefetch_count, self.conn.config.prefetch_readahead)
-        command = self._command(Op.QOS, window, bool(method.global_))
+        command = self._command(Qos, window, bool(method.global_))
         self._request(command, method, lambda _: m.BasicQosOk())
 
     def _basic_consume(self, method: m.BasicConsume) -> None:
@@ -386,7 +413,7 @@ class Channel:
             raise ConnectionException(530, f"NOT_ALLOWED - attempt to reuse consumer tag "
                                            f"'{method.consumer_tag}'", method.CLASS_ID, method.METHOD_ID)
         no_ack = bool(method.no_ack)
-        command = self._command(Op.CONSUME, self.conn.vhost, queue, method.consumer_tag, no_ack,
+        command = self._command(Consume, self.conn.vhost, queue, method.consumer_tag, no_ack,
                                 bool(method.exclusive), to_plain(method.arguments or {}))
         limit = self._window.next_consumer_limit
 
@@ -398,7 +425,7 @@ class Channel:
         self._request(command, method, consuming, method.no_wait)
 
     def _basic_cancel(self, method: m.BasicCancel) -> None:
-        command = self._command(Op.CANCEL, method.consumer_tag)
+        command = self._command(Cancel, method.consumer_tag)
 
         def cancelled(tag):
             self._consumers.pop(tag, None)
@@ -471,8 +498,11 @@ class Channel:
             return
         if mandatory and method is None:
             method = m.BasicPublish(exchange=exchange, routing_key=routing_key, mandatory=True)
-        command = [Op.PUBLISH, conn.conn_id, None, self.number, vhost, exchange, routing_key,
-                   mandatory, props, body, delivery_mode == 2, priority, expiration_ms]
+        # A confirm or a return needs the reply: the token goes into the command as it is built
+        # (commands are immutable), a transaction's operations answer through its commit.
+        token = conn.issue_token() if (self.confirm_mode or mandatory) and not self.tx_mode else None
+        command = Publish(conn.conn_id, token, self.number, vhost, exchange, routing_key,
+                          mandatory, props, body, delivery_mode == 2, priority, expiration_ms)
         if self.tx_mode:
             self._tx_ops.append(command)
             if mandatory:
@@ -502,11 +532,11 @@ class Channel:
 
     def settle_publish(self, seq: int, result: tuple) -> None:
         """The outcome of a confirm-mode publish that asked for no return (Connection.request_publish)."""
-        if result[0] != 0:
-            self.fail_from_broker(result[1], result[2], m.BasicPublish)
+        if result.status != OK:
+            self.fail_from_broker(result.code, result.text, m.BasicPublish)
             return
         self._unconfirmed -= 1
-        self._confirms.append((seq, result[1] != REJECTED))
+        self._confirms.append((seq, result.value != REJECTED))
         self.conn.confirm_dirty[self.number] = self
 
     def _published(self, outcome: int, seq: int, mandatory_method, props: bytes, body: bytes,
@@ -552,7 +582,7 @@ class Channel:
     def _basic_get(self, method: m.BasicGet) -> None:
         queue = self._queue_name(method.queue, method)
         no_ack = bool(method.no_ack)
-        command = self._command(Op.GET, self.conn.vhost, queue, no_ack)
+        command = self._command(Get, self.conn.vhost, queue, no_ack)
         self._authorize(command)
         slot = self._slot()
 
@@ -614,7 +644,7 @@ class Channel:
         """Assignments never sent (their consumer went while they were parked): back to their
         queues as not delivered. Unknown ones (auto-ack, already gone) are ignored by apply."""
         refs = [[qid, seq] for qid, seq, _redelivered, _message in deliveries]
-        self.conn.broker.submit(self._command(Op.NACK, refs, True, True))
+        self.conn.broker.submit(self._command(Nack, refs, True, True))
 
     def _send_held(self) -> None:
         if self._paused or self.state != OPEN:
@@ -671,21 +701,21 @@ class Channel:
         if refs:
             # With read-ahead still held here, the client has work: this ack only returns credit
             # for later assignments, so it may wait a moment to share a batch (raft/cluster.py).
-            self._settle(self._command(Op.ACK, refs), deferrable=self._window.ample())
+            self._settle(self._command(Ack, refs), deferrable=self._window.ample())
         self._send_held()
 
     def _basic_nack(self, method: m.BasicNack) -> None:
         refs = self._take_tags(method.delivery_tag, bool(method.multiple))
         if refs:
-            self._settle(self._command(Op.NACK, refs, bool(method.requeue)))
+            self._settle(self._command(Nack, refs, bool(method.requeue)))
         self._send_held()
 
     def _basic_reject(self, method: m.BasicReject) -> None:
         refs = self._take_tags(method.delivery_tag, False)
-        self._settle(self._command(Op.NACK, refs, bool(method.requeue)))
+        self._settle(self._command(Nack, refs, bool(method.requeue)))
         self._send_held()
 
-    def _settle(self, command: list, deferrable: bool = False) -> None:
+    def _settle(self, command: Ack | Nack, deferrable: bool = False) -> None:
         if self.tx_mode:
             self._tx_ops.append(command)
         else:
@@ -694,7 +724,7 @@ class Channel:
     def _basic_recover(self, method) -> None:
         self._unacked.clear()
         self._window.forget()  # the state machine requeues held deliveries too: they are unacked there
-        command = self._command(Op.RECOVER, bool(method.requeue))
+        command = self._command(Recover, bool(method.requeue))
         if isinstance(method, m.BasicRecover):
             self._request(command, method, lambda _: m.BasicRecoverOk())
         else:
@@ -716,7 +746,7 @@ class Channel:
         self._window.settled(list(self._tx_acked))
         self._tx_acked.clear()
         self._send_held()
-        command = self._command(Op.TX_COMMIT, operations)
+        command = self._command(TxCommit, operations)
 
         def committed(outcomes):
             for outcome, returned in zip(outcomes, returns, strict=False):

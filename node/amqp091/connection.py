@@ -30,7 +30,7 @@ from raftmq.protocol.amqp091.frames import (
     frames_at,
 )
 from raftmq.protocol.amqp091.methods import decode_method
-from raftmq.store.commands import Op
+from raftmq.store.commands import OK, Command, Flow, Publish, Result
 
 from ..auth import MECHANISMS, AuthError, Principal
 from ..core.access import Access, AccessRefused
@@ -213,7 +213,7 @@ class Amqp091Connection(asyncio.Protocol):
     def _submit_flow(self, number: int, active: bool) -> None:
         """channel.flow through the log: the only way a node-local pause can change assignment
         identically on every replica. Token-less: an error (channel gone) is ignored."""
-        self.broker.submit([Op.FLOW, self.conn_id, None, number, active])
+        self.broker.submit(Flow(self.conn_id, None, number, active))
 
     def held_bytes(self) -> int:
         """What this connection holds for the memory alarm: its write buffer, parked auto-ack
@@ -254,31 +254,32 @@ class Amqp091Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ requests to the broker
 
-    def request(self, channel: Channel, command: list, method_cls, on_ok, deferrable: bool = False,
+    def issue_token(self) -> int:
+        """A new request id, for a command built with its token (the publish path)."""
+        self._next_token += 1
+        return self._next_token
+
+    def request(self, channel: Channel, command: Command, method_cls, on_ok, deferrable: bool = False,
                 size: int = 0) -> None:
         """Submit ``command`` with a token; ``on_ok(value)`` runs when its OK result arrives.
         ``size``: the bytes it carries, if known."""
-        self._next_token += 1
-        token = self._next_token
-        command[2] = token
-        self.pending[token] = (channel, on_ok, method_cls)
+        if command.token is None:
+            command = command._replace(token=self.issue_token())
+        self.pending[command.token] = (channel, on_ok, method_cls)
         self.broker.submit(command, deferrable, size)
 
-    def request_publish(self, channel: Channel, command: list, seq: int, deferrable: bool, size: int) -> None:
-        """Submit a confirm-mode publish that asks for no return: its outcome goes to
-        ``channel.settle_publish(seq, result)``, with no closure made per message."""
-        self._next_token += 1
-        token = self._next_token
-        command[2] = token
-        self.pending[token] = (channel, None, seq)
+    def request_publish(self, channel: Channel, command: Publish, seq: int, deferrable: bool, size: int) -> None:
+        """Submit a confirm-mode publish (built with ``issue_token()``) that asks for no return: its
+        outcome goes to ``channel.settle_publish(seq, result)``, with no closure made per message."""
+        self.pending[command.token] = (channel, None, seq)
         self.broker.submit(command, deferrable, size)
 
-    def on_reply(self, token: int | None, result: tuple, channel_no: int | None) -> None:
+    def on_reply(self, token: int | None, result: Result, channel_no: int | None) -> None:
         if token is None:
             # An error for a command sent without a reply (a publish without confirms).
             channel = self.channels.get(channel_no)
             if channel is not None and channel.is_open:
-                channel.fail_from_broker(result[1], result[2], None)
+                channel.fail_from_broker(result.code, result.text, None)
             return
         entry = self.pending.pop(token, None)
         if entry is None:
@@ -289,10 +290,10 @@ class Amqp091Connection(asyncio.Protocol):
         try:
             if on_ok is None:
                 channel.settle_publish(method_cls, result)
-            elif result[0] == 0:
-                on_ok(result[1])
+            elif result.status == OK:
+                on_ok(result.value)
             else:
-                channel.fail_from_broker(result[1], result[2], method_cls)
+                channel.fail_from_broker(result.code, result.text, method_cls)
         except ConnectionException as exc:
             self.close_connection(exc.code, exc.text, exc.class_id, exc.method_id)
 

@@ -33,8 +33,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from raftmq.store.commands import Op
+from raftmq.store.commands import (
+    Command,
+    Consume,
+    ExchangeBind,
+    ExchangeBound,
+    ExchangeDeclare,
+    ExchangeDelete,
+    ExchangeQuery,
+    ExchangeUnbind,
+    Get,
+    MessageSubscribe,
+    Op,
+    Publish,
+    QueueBind,
+    QueueDeclare,
+    QueueDelete,
+    QueuePurge,
+    QueueQuery,
+    QueueUnbind,
+    TxCommit,
+)
 
 from ..auth import Principal
 
@@ -62,71 +83,73 @@ class AccessRefused(Exception):
         self.text = text
 
 
-Rule = Callable[[list], tuple[Requirement, ...]]
+Rule = Callable[[Any], tuple[Requirement, ...]]
 NOTHING: tuple[Requirement, ...] = ()
 
 
-def _declare_exchange(cmd: list) -> tuple[Requirement, ...]:
-    # [op, conn, token, channel, vhost, name, type, passive, durable, auto_delete, internal, args]
-    if cmd[7]:
+def _declare_exchange(cmd: ExchangeDeclare) -> tuple[Requirement, ...]:
+    if cmd.passive:
         return NOTHING
-    name, args = cmd[5], cmd[11] or {}
-    alternate = args.get("alternate-exchange")
+    alternate = (cmd.arguments or {}).get("alternate-exchange")
     if isinstance(alternate, str):
-        return (Requirement(CONFIGURE, "exchange", name), Requirement(READ, "exchange", name),
+        return (Requirement(CONFIGURE, "exchange", cmd.name), Requirement(READ, "exchange", cmd.name),
                 Requirement(WRITE, "exchange", alternate))
-    return (Requirement(CONFIGURE, "exchange", name),)
+    return (Requirement(CONFIGURE, "exchange", cmd.name),)
 
 
-def _declare_queue(cmd: list) -> tuple[Requirement, ...]:
-    # [op, conn, token, channel, vhost, name, passive, durable, exclusive, auto_delete, args, ...]
-    if cmd[6]:
+def _declare_queue(cmd: QueueDeclare) -> tuple[Requirement, ...]:
+    if cmd.passive:
         return NOTHING
-    name, args = cmd[5], cmd[10] or {}
-    dead_letter = args.get("x-dead-letter-exchange")
+    dead_letter = (cmd.arguments or {}).get("x-dead-letter-exchange")
     if isinstance(dead_letter, str):
-        return (Requirement(CONFIGURE, "queue", name), Requirement(READ, "queue", name),
+        return (Requirement(CONFIGURE, "queue", cmd.name), Requirement(READ, "queue", cmd.name),
                 Requirement(WRITE, "exchange", dead_letter))
-    return (Requirement(CONFIGURE, "queue", name),)
+    return (Requirement(CONFIGURE, "queue", cmd.name),)
 
 
-def _configure_exchange(cmd: list) -> tuple[Requirement, ...]:
-    return (Requirement(CONFIGURE, "exchange", cmd[5]),)
+def _configure_exchange(cmd: ExchangeDelete) -> tuple[Requirement, ...]:
+    return (Requirement(CONFIGURE, "exchange", cmd.name),)
 
 
-def _configure_queue(cmd: list) -> tuple[Requirement, ...]:
-    return (Requirement(CONFIGURE, "queue", cmd[5]),)
+def _configure_queue(cmd: QueueDelete) -> tuple[Requirement, ...]:
+    return (Requirement(CONFIGURE, "queue", cmd.name),)
 
 
-def _read_queue(cmd: list) -> tuple[Requirement, ...]:
-    return (Requirement(READ, "queue", cmd[5]),)
+def _read_named_queue(cmd: QueuePurge | QueueQuery) -> tuple[Requirement, ...]:
+    return (Requirement(READ, "queue", cmd.name),)
 
 
-def _read_exchange(cmd: list) -> tuple[Requirement, ...]:
-    return (Requirement(READ, "exchange", cmd[5]),)
+def _consume_queue(cmd: Consume | MessageSubscribe | Get) -> tuple[Requirement, ...]:
+    return (Requirement(READ, "queue", cmd.queue),)
 
 
-def _bind_queue(cmd: list) -> tuple[Requirement, ...]:
-    # [op, conn, token, channel, vhost, queue, exchange, routing_key, args]
-    return (Requirement(WRITE, "queue", cmd[5]), Requirement(READ, "exchange", cmd[6]))
+def _query_exchange(cmd: ExchangeQuery) -> tuple[Requirement, ...]:
+    return (Requirement(READ, "exchange", cmd.name),)
 
 
-def _bind_exchange(cmd: list) -> tuple[Requirement, ...]:
-    # [op, conn, token, channel, vhost, destination, source, routing_key, args]
-    return (Requirement(WRITE, "exchange", cmd[5]), Requirement(READ, "exchange", cmd[6]))
+def _exchange_bound(cmd: ExchangeBound) -> tuple[Requirement, ...]:
+    return (Requirement(READ, "exchange", cmd.exchange),)
 
 
-def _publish(cmd: list) -> tuple[Requirement, ...]:
-    return (Requirement(WRITE, "exchange", cmd[5]),)
+def _bind_queue(cmd: QueueBind | QueueUnbind) -> tuple[Requirement, ...]:
+    return (Requirement(WRITE, "queue", cmd.queue), Requirement(READ, "exchange", cmd.exchange))
 
 
-def _none(cmd: list) -> tuple[Requirement, ...]:
+def _bind_exchange(cmd: ExchangeBind | ExchangeUnbind) -> tuple[Requirement, ...]:
+    return (Requirement(WRITE, "exchange", cmd.destination), Requirement(READ, "exchange", cmd.source))
+
+
+def _publish(cmd: Publish) -> tuple[Requirement, ...]:
+    return (Requirement(WRITE, "exchange", cmd.exchange),)
+
+
+def _none(cmd: Any) -> tuple[Requirement, ...]:
     return NOTHING
 
 
-def _transaction(cmd: list) -> tuple[Requirement, ...]:
-    # [op, conn, token, channel, operations]: what the transaction would do, all of it.
-    return tuple(req for inner in cmd[4] for req in requirements(inner))
+def _transaction(cmd: TxCommit) -> tuple[Requirement, ...]:
+    """What the transaction would do, all of it."""
+    return tuple(req for inner in cmd.operations for req in requirements(inner))
 
 
 _RULES: dict[int, Rule] = {
@@ -136,16 +159,16 @@ _RULES: dict[int, Rule] = {
     Op.EXCHANGE_UNBIND: _bind_exchange,
     Op.QUEUE_DECLARE: _declare_queue,
     Op.QUEUE_DELETE: _configure_queue,
-    Op.QUEUE_PURGE: _read_queue,
+    Op.QUEUE_PURGE: _read_named_queue,
     Op.QUEUE_BIND: _bind_queue,
     Op.QUEUE_UNBIND: _bind_queue,
     Op.PUBLISH: _publish,
-    Op.CONSUME: _read_queue,
-    Op.MESSAGE_SUBSCRIBE: _read_queue,
-    Op.GET: _read_queue,
-    Op.QUEUE_QUERY: _read_queue,
-    Op.EXCHANGE_QUERY: _read_exchange,
-    Op.EXCHANGE_BOUND: _read_exchange,
+    Op.CONSUME: _consume_queue,
+    Op.MESSAGE_SUBSCRIBE: _consume_queue,
+    Op.GET: _consume_queue,
+    Op.QUEUE_QUERY: _read_named_queue,
+    Op.EXCHANGE_QUERY: _query_exchange,
+    Op.EXCHANGE_BOUND: _exchange_bound,
     Op.TX_COMMIT: _transaction,
     # A connection's own channels, consumers and deliveries: nothing beyond the vhost.
     Op.CHANNEL_OPEN: _none,
@@ -176,11 +199,11 @@ _RULES: dict[int, Rule] = {
 CLIENT_OPS = frozenset(_RULES)
 
 
-def requirements(command: list) -> tuple[Requirement, ...]:
+def requirements(command: Command) -> tuple[Requirement, ...]:
     """What ``command`` needs; raises AccessRefused for an operation clients may not submit."""
-    rule = _RULES.get(command[0])
+    rule = _RULES.get(command.op)
     if rule is None:
-        raise AccessRefused(f"operation {_op_name(command[0])} is not available to clients")
+        raise AccessRefused(f"operation {_op_name(command.op)} is not available to clients")
     return rule(command)
 
 
@@ -211,7 +234,7 @@ class Access:
             raise AccessRefused(f"access to vhost '{vhost}' refused for user '{principal.name}'")
         return cls(principal, vhost)
 
-    def authorize(self, command: list) -> None:
+    def authorize(self, command: Command) -> None:
         for requirement in requirements(command):
             self.require(requirement.permission, requirement.kind, requirement.name)
 

@@ -15,7 +15,19 @@ from raftmq.node.core.access import (
     Requirement,
     requirements,
 )
-from raftmq.store.commands import Op
+from raftmq.store.commands import (
+    COMMAND_TYPES,
+    Ack,
+    ExchangeDeclare,
+    ExchangeUnbind,
+    Get,
+    Op,
+    Publish,
+    QueueBind,
+    QueueDeclare,
+    TxCommit,
+    make,
+)
 
 HEAD = [None, None, 1]  # conn, token, channel
 
@@ -25,36 +37,36 @@ def principal(configure: str = ".*", write: str = ".*", read: str = ".*") -> Pri
 
 
 def test_declares_need_configure_unless_passive():
-    declare_q = [Op.QUEUE_DECLARE, *HEAD, "/", "q", False, True, False, False, {}]
+    declare_q = QueueDeclare(*HEAD, "/", "q", False, True, False, False, {})
     assert requirements(declare_q) == (Requirement(CONFIGURE, "queue", "q"),)
-    passive_q = [Op.QUEUE_DECLARE, *HEAD, "/", "q", True, False, False, False, {}]
+    passive_q = QueueDeclare(*HEAD, "/", "q", True, False, False, False, {})
     assert requirements(passive_q) == ()
-    declare_x = [Op.EXCHANGE_DECLARE, *HEAD, "/", "x", "direct", False, True, False, False, {}]
+    declare_x = ExchangeDeclare(*HEAD, "/", "x", "direct", False, True, False, False, {})
     assert requirements(declare_x) == (Requirement(CONFIGURE, "exchange", "x"),)
-    passive_x = [Op.EXCHANGE_DECLARE, *HEAD, "/", "x", "direct", True, False, False, False, {}]
+    passive_x = ExchangeDeclare(*HEAD, "/", "x", "direct", True, False, False, False, {})
     assert requirements(passive_x) == ()
 
 
 def test_dead_letter_and_alternate_exchanges_need_read_here_and_write_there():
-    q = [Op.QUEUE_DECLARE, *HEAD, "/", "q", False, True, False, False, {"x-dead-letter-exchange": "dlx"}]
+    q = QueueDeclare(*HEAD, "/", "q", False, True, False, False, {"x-dead-letter-exchange": "dlx"})
     assert set(requirements(q)) == {Requirement(CONFIGURE, "queue", "q"), Requirement(READ, "queue", "q"),
                                     Requirement(WRITE, "exchange", "dlx")}
-    x = [Op.EXCHANGE_DECLARE, *HEAD, "/", "x", "fanout", False, True, False, False, {"alternate-exchange": "ae"}]
+    x = ExchangeDeclare(*HEAD, "/", "x", "fanout", False, True, False, False, {"alternate-exchange": "ae"})
     assert set(requirements(x)) == {Requirement(CONFIGURE, "exchange", "x"), Requirement(READ, "exchange", "x"),
                                     Requirement(WRITE, "exchange", "ae")}
 
 
 def test_bindings_write_the_destination_and_read_the_source():
-    assert requirements([Op.QUEUE_BIND, *HEAD, "/", "q", "x", "k", {}]) == (
+    assert requirements(QueueBind(*HEAD, "/", "q", "x", "k", {})) == (
         Requirement(WRITE, "queue", "q"), Requirement(READ, "exchange", "x"))
-    assert requirements([Op.EXCHANGE_UNBIND, *HEAD, "/", "dst", "src", "k", {}]) == (
+    assert requirements(ExchangeUnbind(*HEAD, "/", "dst", "src", "k", {})) == (
         Requirement(WRITE, "exchange", "dst"), Requirement(READ, "exchange", "src"))
 
 
 def test_a_transaction_needs_what_its_operations_need():
-    publish = [Op.PUBLISH, *HEAD, "/", "x", "k", False, b"", b"body", False, None, None]
-    ack = [Op.ACK, *HEAD, [[1, 1]]]
-    assert requirements([Op.TX_COMMIT, *HEAD, [publish, ack, publish]]) == (
+    publish = Publish(*HEAD, "/", "x", "k", False, b"", b"body", False, None, None)
+    ack = Ack(*HEAD, [[1, 1]])
+    assert requirements(TxCommit(*HEAD, [publish, ack, publish])) == (
         Requirement(WRITE, "exchange", "x"), Requirement(WRITE, "exchange", "x"))
 
 
@@ -63,7 +75,8 @@ def test_a_transaction_needs_what_its_operations_need():
 def test_node_and_admin_operations_are_never_a_clients(op):
     assert op not in CLIENT_OPS
     with pytest.raises(AccessRefused):
-        Access(principal(), "/").authorize([op, *HEAD])
+        fields = COMMAND_TYPES[op]._fields
+        Access(principal(), "/").authorize(make(op, *HEAD[:2], *[None] * (len(fields) - 3)))
 
 
 def test_every_operation_has_a_rule_or_is_refused():
@@ -77,22 +90,22 @@ def test_patterns_are_searched_the_empty_one_grants_nothing_and_the_default_exch
     """RabbitMQ's reading (rabbit_auth_backend_internal: re:run, "" as "^$"); checked against a real
     RabbitMQ in tests/integration/test_permissions.py."""
     access = Access(principal(configure="perm", write="^amq\\.default$", read=""), "/")
-    access.authorize([Op.QUEUE_DECLARE, *HEAD, "/", "xpermx", False, True, False, False, {}])
-    access.authorize([Op.PUBLISH, *HEAD, "/", "", "q", False, b"", b"", False, None, None])
+    access.authorize(QueueDeclare(*HEAD, "/", "xpermx", False, True, False, False, {}))
+    access.authorize(Publish(*HEAD, "/", "", "q", False, b"", b"", False, None, None))
     with pytest.raises(AccessRefused, match="exchange 'amq.direct'"):
-        access.authorize([Op.PUBLISH, *HEAD, "/", "amq.direct", "q", False, b"", b"", False, None, None])
+        access.authorize(Publish(*HEAD, "/", "amq.direct", "q", False, b"", b"", False, None, None))
     with pytest.raises(AccessRefused, match="queue 'q'"):
-        access.authorize([Op.GET, *HEAD, "/", "q", False])
+        access.authorize(Get(*HEAD, "/", "q", False))
     with pytest.raises(AccessRefused, match="exchange 'amq.default'"):
-        Access(principal(write=""), "/").authorize([Op.PUBLISH, *HEAD, "/", "", "q", False, b"", b"", False,
-                                                    None, None])
+        Access(principal(write=""), "/").authorize(Publish(*HEAD, "/", "", "q", False, b"", b"", False,
+                                                    None, None))
 
 
 def test_access_refuses_with_rabbitmq_wording_and_opens_only_granted_vhosts():
     access = Access.open(principal(read="^mine-"), "/")
-    access.authorize([Op.GET, *HEAD, "/", "mine-1", False])
+    access.authorize(Get(*HEAD, "/", "mine-1", False))
     with pytest.raises(AccessRefused) as info:
-        access.authorize([Op.GET, *HEAD, "/", "yours", False])
+        access.authorize(Get(*HEAD, "/", "yours", False))
     assert info.value.text == "access to queue 'yours' in vhost '/' refused for user 'u'"
     assert info.value.code == 403
     with pytest.raises(AccessRefused):

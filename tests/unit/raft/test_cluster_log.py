@@ -10,7 +10,7 @@ import asyncio
 
 from raftmq.raft.cluster import ClusterLog
 from raftmq.raft.replica import ENTRY
-from raftmq.store.commands import Op, decode_batch, encode_batch
+from raftmq.store.commands import Ack, Op, Publish, decode_batch, encode_batch
 from raftmq.store.machine import StateMachine
 
 
@@ -31,7 +31,7 @@ def make_log(tmp_path, loop: asyncio.AbstractEventLoop, **options) -> tuple[Clus
 
 
 def publish(body: bytes) -> list:
-    return [Op.PUBLISH, "n1.boot.1", None, 1, "/", "", "q", False, b"\x00\x00", body, False, 0, None]
+    return Publish("n1.boot.1", None, 1, "/", "", "q", False, b"\x00\x00", body, False, 0, None)
 
 
 def commit(log: ClusterLog, recorder: RecordedProposals, index: int, seq: int) -> None:
@@ -69,7 +69,7 @@ def test_small_batches_wait_for_the_one_in_flight_and_large_ones_are_pipelined(t
         # The first commit frees a slot: the waiting command goes at once.
         commit(log, recorder, 1, 1)
         settle(loop)
-        assert len(recorder.batches) == 4 and recorder.batches[-1][1][0][9] == b"e" * 4096
+        assert len(recorder.batches) == 4 and recorder.batches[-1][1][0].body == b"e" * 4096
         # With nothing pending, a later small command goes alone after the others commit.
         for index, seq in ((2, 2), (3, 3), (4, 4)):
             commit(log, recorder, index, seq)
@@ -99,7 +99,7 @@ def test_a_small_batch_goes_as_soon_as_the_one_in_flight_is_applied(tmp_path):
 
 
 def ack(refs: list) -> list:
-    return [Op.ACK, "n1.boot.1", None, 1, refs]
+    return Ack("n1.boot.1", None, 1, refs)
 
 
 def test_deferrable_commands_wait_for_company_and_any_other_command_ends_the_wait(tmp_path):
@@ -113,8 +113,8 @@ def test_deferrable_commands_wait_for_company_and_any_other_command_ends_the_wai
         log.submit(publish(b"p"))
         settle(loop)
         # The publish goes at once and takes the acks along, in submission order.
-        assert [[c[0] for c in batch] for _, batch in recorder.batches] == [[Op.ACK, Op.ACK, Op.PUBLISH]]
-        assert recorder.batches[0][1][1][4] == [[1, 2]]
+        assert [[c.op for c in batch] for _, batch in recorder.batches] == [[Op.ACK, Op.ACK, Op.PUBLISH]]
+        assert recorder.batches[0][1][1].refs == [[1, 2]]
     finally:
         loop.close()
 

@@ -11,7 +11,22 @@ from __future__ import annotations
 
 import sys
 
-from raftmq.store.commands import OK, OUT_REPLY, Op
+from raftmq.store.commands import (
+    OK,
+    OUT_REPLY,
+    Ack,
+    ChannelOpen,
+    Consume,
+    ExchangeDeclare,
+    PermissionSet,
+    Publish,
+    Qos,
+    QueueBind,
+    QueueDeclare,
+    SessionAttach,
+    UserPut,
+    VhostAdd,
+)
 from raftmq.store.machine import StateMachine
 from raftmq.store.snapshot import write_snapshot
 
@@ -20,22 +35,22 @@ C091, C010 = "n1.1a2b.1", "n1.1a2b.2"
 
 
 def commands() -> list[list]:
-    publish = [[Op.PUBLISH, C091, 10 + i, 1, "/", "fx.topic", f"orders.{i % 3}", False, b"\x00\x00",
-                f"body-{i}".encode() * (i + 1), i % 2 == 0, i % 4, 60_000 if i == 5 else None] for i in range(12)]
+    publish = [Publish(C091, 10 + i, 1, "/", "fx.topic", f"orders.{i % 3}", False, b"\x00\x00",
+                f"body-{i}".encode() * (i + 1), i % 2 == 0, i % 4, 60_000 if i == 5 else None) for i in range(12)]
     return [
-        [Op.VHOST_ADD, None, None, "/"],
-        [Op.USER_PUT, None, 1, None, "fixture-user", "pbkdf2-sha256$1$c2FsdA==$aGFzaA==", ["management"], False],
-        [Op.PERMISSION_SET, None, 2, None, "fixture-user", "/", "^fx-", "^fx-", "^fx-"],
-        [Op.CHANNEL_OPEN, C091, 3, 1],
-        [Op.EXCHANGE_DECLARE, C091, 4, 1, "/", "fx.topic", "topic", False, True, False, False, {}],
-        [Op.QUEUE_DECLARE, C091, 5, 1, "/", "fx-orders", False, True, False, False, {"x-max-priority": 5}],
-        [Op.QUEUE_DECLARE, C091, 6, 1, "/", "fx-audit", False, False, False, False, {"x-message-ttl": 120_000}],
-        [Op.QUEUE_BIND, C091, 7, 1, "/", "fx-orders", "fx.topic", "orders.*", {}],
-        [Op.QUEUE_BIND, C091, 8, 1, "/", "fx-audit", "fx.topic", "#", {}],
+        VhostAdd(None, None, "/"),
+        UserPut(None, 1, None, "fixture-user", "pbkdf2-sha256$1$c2FsdA==$aGFzaA==", ["management"], False),
+        PermissionSet(None, 2, None, "fixture-user", "/", "^fx-", "^fx-", "^fx-"),
+        ChannelOpen(C091, 3, 1),
+        ExchangeDeclare(C091, 4, 1, "/", "fx.topic", "topic", False, True, False, False, {}),
+        QueueDeclare(C091, 5, 1, "/", "fx-orders", False, True, False, False, {"x-max-priority": 5}),
+        QueueDeclare(C091, 6, 1, "/", "fx-audit", False, False, False, False, {"x-message-ttl": 120_000}),
+        QueueBind(C091, 7, 1, "/", "fx-orders", "fx.topic", "orders.*", {}),
+        QueueBind(C091, 8, 1, "/", "fx-audit", "fx.topic", "#", {}),
         *publish,
-        [Op.QOS, C091, 30, 1, 3, False],
-        [Op.CONSUME, C091, 31, 1, "/", "fx-orders", "fx-consumer", False, False, {}],
-        [Op.SESSION_ATTACH, C010, 40, 1, "/", "guest", b"fixture-session", False],
+        Qos(C091, 30, 1, 3, False),
+        Consume(C091, 31, 1, "/", "fx-orders", "fx-consumer", False, False, {}),
+        SessionAttach(C010, 40, 1, "/", "guest", b"fixture-session", False),
     ]
 
 
@@ -47,7 +62,7 @@ def build() -> StateMachine:
             if out[1] == OUT_REPLY:
                 assert out[3][0] == OK, (command, out)
     first_unacked = sorted(machine.channels[C091][1].unacked)[0]  # (qid, seq) of the first delivery
-    machine.apply_batch(NOW + 1000, [[Op.ACK, C091, None, 1, [list(first_unacked)]]])
+    machine.apply_batch(NOW + 1000, [Ack(C091, None, 1, [list(first_unacked)])])
     return machine
 
 

@@ -14,7 +14,27 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
-from raftmq.store.commands import OUT_DELIVER, Op
+from raftmq.store.commands import (
+    OUT_DELIVER,
+    Ack,
+    ChannelClose,
+    ChannelOpen,
+    ConnectionClose,
+    Consume,
+    ExchangeDeclare,
+    Get,
+    Nack,
+    Op,
+    Publish,
+    Qos,
+    QueueBind,
+    QueueDeclare,
+    QueueDelete,
+    QueuePurge,
+    Recover,
+    Tick,
+    VhostAdd,
+)
 from raftmq.store.machine import StateMachine
 from raftmq.store.snapshot import digest, export_model, import_model
 
@@ -47,20 +67,20 @@ PROPS = (b"\x00\x00", b"\x00\x00", *(encode_properties(BasicProperties(headers={
                                         for v in ("a", "b", "c", "d", 1)))
 publish = st.builds(
     lambda c, n, t, x, k, props, body, persistent, priority, ttl:
-    [Op.PUBLISH, c, t, n, "/", x, k, False, props, body, persistent, priority, ttl],
+    Publish(c, t, n, "/", x, k, False, props, body, persistent, priority, ttl),
     conn, channel, token, exchange, key, st.sampled_from(PROPS), st.binary(max_size=8), st.booleans(),
     st.integers(0, 4), st.sampled_from((None, 0, 3, 50)))
-consume = st.builds(lambda c, n, t, q, no_ack: [Op.CONSUME, c, t, n, "/", q, "", no_ack, False, {}],
+consume = st.builds(lambda c, n, t, q, no_ack: Consume(c, t, n, "/", q, "", no_ack, False, {}),
                     conn, channel, token, queue, st.booleans())
 refs = st.lists(st.lists(st.integers(1, 4), min_size=2, max_size=2), max_size=3)  # (qid, seq) pairs
 
 # What ends consumers (closing channels and connections, deleting and purging queues), drawn as
 # often as any one other command together, so that streams keep consumers long enough to deliver.
 ending = st.one_of(
-    st.builds(lambda c, n, t: [Op.CHANNEL_CLOSE, c, t, n], conn, channel, token),
-    st.builds(lambda c: [Op.CONNECTION_CLOSE, c, None], conn),
-    st.builds(lambda c, n, t, q: [Op.QUEUE_DELETE, c, t, n, "/", q, False, False], conn, channel, token, queue),
-    st.builds(lambda c, n, t, q: [Op.QUEUE_PURGE, c, t, n, "/", q], conn, channel, token, queue),
+    st.builds(lambda c, n, t: ChannelClose(c, t, n), conn, channel, token),
+    st.builds(lambda c: ConnectionClose(c, None), conn),
+    st.builds(lambda c, n, t, q: QueueDelete(c, t, n, "/", q, False, False), conn, channel, token, queue),
+    st.builds(lambda c, n, t, q: QueuePurge(c, t, n, "/", q), conn, channel, token, queue),
 )
 
 
@@ -74,21 +94,21 @@ def weighted(*choices: tuple[int, st.SearchStrategy]) -> st.SearchStrategy:
 # Publishing and consuming drawn more often than the rest, so that streams deliver and settle.
 others = st.one_of(
     # (Re)declares mostly equivalent to the setup's; now and then not (406, channel closed).
-    st.builds(lambda c, n, t, q, d, a: [Op.QUEUE_DECLARE, c, t, n, "/", q, False, d, False, False, a],
+    st.builds(lambda c, n, t, q, d, a: QueueDeclare(c, t, n, "/", q, False, d, False, False, a),
               conn, channel, token, queue, st.sampled_from((True, True, True, False)), _queue_args()),
-    st.builds(lambda c, n, t, xt, d: [Op.EXCHANGE_DECLARE, c, t, n, "/", xt[0], xt[1], False, d, False, False, {}],
+    st.builds(lambda c, n, t, xt, d: ExchangeDeclare(c, t, n, "/", xt[0], xt[1], False, d, False, False, {}),
               conn, channel, token, st.sampled_from((("x.direct", "direct"), ("x.topic", "topic"),
                                                      ("x.fanout", "fanout"), ("x.direct", "topic"))),
               st.sampled_from((True, True, True, False))),
-    st.builds(lambda c, n, t, q, x, k: [Op.QUEUE_BIND, c, t, n, "/", q, x, k, {}],
+    st.builds(lambda c, n, t, q, x, k: QueueBind(c, t, n, "/", q, x, k, {}),
               conn, channel, token, queue, st.sampled_from(EXCHANGES[1:]), key),
-    st.builds(lambda c, n, t, p: [Op.QOS, c, t, n, p, False], conn, channel, token, st.integers(0, 3)),
-    st.builds(lambda c, n, t, q, no_ack: [Op.GET, c, t, n, "/", q, no_ack], conn, channel, token, queue,
+    st.builds(lambda c, n, t, p: Qos(c, t, n, p, False), conn, channel, token, st.integers(0, 3)),
+    st.builds(lambda c, n, t, q, no_ack: Get(c, t, n, "/", q, no_ack), conn, channel, token, queue,
               st.booleans()),
-    st.builds(lambda c, n, r: [Op.ACK, c, None, n, r], conn, channel, refs),
-    st.builds(lambda c, n, r, requeue: [Op.NACK, c, None, n, r, requeue], conn, channel, refs, st.booleans()),
-    st.builds(lambda c, n, t: [Op.RECOVER, c, t, n, True], conn, channel, token),
-    st.builds(lambda: [Op.TICK, None, None]),
+    st.builds(lambda c, n, r: Ack(c, None, n, r), conn, channel, refs),
+    st.builds(lambda c, n, r, requeue: Nack(c, None, n, r, requeue), conn, channel, refs, st.booleans()),
+    st.builds(lambda c, n, t: Recover(c, t, n, True), conn, channel, token),
+    st.builds(lambda: Tick(None, None)),
 )
 commands = weighted((5, publish), (2, consume), (2, others), (1, ending))
 
@@ -101,7 +121,7 @@ def _canonical(outputs: list) -> list:
     """Outputs with messages shown by value (Message compares by identity)."""
     def value(item):
         if isinstance(item, (list, tuple)):
-            return type(item)(value(i) for i in item)
+            return tuple(value(i) for i in item)
         if hasattr(item, "__slots__") and hasattr(item, "body"):
             return ("message", item.id, item.exchange, item.routing_key, item.properties, item.body,
                     item.persistent, item.priority, item.published_at)
@@ -110,59 +130,59 @@ def _canonical(outputs: list) -> list:
 
 
 SETUP = [
-    [Op.VHOST_ADD, None, None, "/"],
-    [Op.CHANNEL_OPEN, "setup", 1, 1],
-    *([Op.QUEUE_DECLARE, "setup", 2, 1, "/", q, False, True, False, False, DQ_ARGS if q == "dq" else {}]
+    VhostAdd(None, None, "/"),
+    ChannelOpen("setup", 1, 1),
+    *(QueueDeclare("setup", 2, 1, "/", q, False, True, False, False, DQ_ARGS if q == "dq" else {})
       for q in QUEUES),
-    *([Op.EXCHANGE_DECLARE, "setup", 3, 1, "/", x, t, False, True, False, False, {}]
+    *(ExchangeDeclare("setup", 3, 1, "/", x, t, False, True, False, False, {})
       for x, t in (("x.direct", "direct"), ("x.topic", "topic"), ("x.fanout", "fanout"))),
-    [Op.QUEUE_BIND, "setup", 4, 1, "/", "q1", "x.direct", "a", {}],
-    [Op.QUEUE_BIND, "setup", 5, 1, "/", "q2", "x.topic", "a.*", {}],
-    [Op.QUEUE_BIND, "setup", 6, 1, "/", "q1", "x.fanout", "", {}],
-    [Op.QUEUE_BIND, "setup", 7, 1, "/", "q2", "x.fanout", "", {}],
-    [Op.QUEUE_BIND, "setup", 8, 1, "/", "dq", "x.fanout", "", {}],
-    [Op.CONNECTION_CLOSE, "setup", None],
+    QueueBind("setup", 4, 1, "/", "q1", "x.direct", "a", {}),
+    QueueBind("setup", 5, 1, "/", "q2", "x.topic", "a.*", {}),
+    QueueBind("setup", 6, 1, "/", "q1", "x.fanout", "", {}),
+    QueueBind("setup", 7, 1, "/", "q2", "x.fanout", "", {}),
+    QueueBind("setup", 8, 1, "/", "dq", "x.fanout", "", {}),
+    ConnectionClose("setup", None),
 ]
 
 
 def _fresh() -> StateMachine:
     machine = StateMachine(None)
-    machine.apply_batch(NOW, [list(c) for c in SETUP])
+    machine.apply_batch(NOW, SETUP)
     return machine
 
 
-def _prepared(machine: StateMachine, batch: list[list]) -> list[list]:
+def _prepared(machine: StateMachine, batch: list) -> list:
     """The batch made mostly meaningful against ``machine``'s state (the machines are equal, so
     each gets the same): a channel.open first for every channel it uses that is closed, and the
     (i, j) drawn for an ack or nack read as the i-th and j-th of the channel's unacknowledged
     deliveries (random pairs would almost all be unknown tags: 406, channel closed)."""
     opened = []
-    batch = [list(c) for c in batch]
-    for command in batch:
-        if command[0] in (Op.ACK, Op.NACK):
-            ch = machine.channels.get(command[1], {}).get(command[3])
+    batch = list(batch)
+    for k, command in enumerate(batch):
+        if command.op in (Op.ACK, Op.NACK):
+            ch = machine.channels.get(command.conn, {}).get(command.channel)
             unacked = sorted(ch.unacked) if ch is not None else []
             if unacked:
-                command[4] = sorted({tuple(unacked[i % len(unacked)]) for pair in command[4] for i in pair})
-                command[4] = [list(ref) for ref in command[4]]
+                refs = sorted({tuple(unacked[i % len(unacked)]) for pair in command.refs for i in pair})
+                batch[k] = command._replace(refs=[list(ref) for ref in refs])
     for command in batch:
-        conn_id, number = command[1], command[3] if len(command) > 3 else None
-        if conn_id is None or not isinstance(number, int) or command[0] == Op.CHANNEL_OPEN:
+        conn_id, number = command.conn, getattr(command, "channel", None)
+        if conn_id is None or not isinstance(number, int) or command.op == Op.CHANNEL_OPEN:
             continue
         if number not in machine.channels.get(conn_id, {}) and (conn_id, number) not in opened:
             opened.append((conn_id, number))
-    return [[Op.CHANNEL_OPEN, c, None, n] for c, n in opened] + [list(c) for c in batch]
+    return [ChannelOpen(c, None, n) for c, n in opened] + batch
 
 
 # Found by this test: a message expired in "dq" during a dispatch, dead-lettered into "dlq" (which
 # has a consumer), left "dlq" dirty for the next command, which a machine joined from a snapshot
 # in between never dispatched (StateMachine._apply_one now dispatches until nothing is dirty).
 _EXPIRED_INTO_A_CONSUMED_DLQ = [
-    (0, [[Op.PUBLISH, "n1.a.1", 1, 1, "/", "x.fanout", "a", False, b"\x00\x00", b"", False, 0, 0]]),
-    (1, [[Op.CONSUME, "n1.a.1", 1, 1, "/", "q1", "", False, False, {}],
-         [Op.CONSUME, "n1.a.1", 1, 1, "/", "dlq", "", False, False, {}],
-         [Op.PUBLISH, "n1.a.1", 1, 1, "/", "x.fanout", "a", False, b"\x00\x00", b"", False, 0, None]]),
-    (0, [[Op.CONNECTION_CLOSE, "n1.a.2", None]]),
+    (0, [Publish("n1.a.1", 1, 1, "/", "x.fanout", "a", False, b"\x00\x00", b"", False, 0, 0)]),
+    (1, [Consume("n1.a.1", 1, 1, "/", "q1", "", False, False, {}),
+         Consume("n1.a.1", 1, 1, "/", "dlq", "", False, False, {}),
+         Publish("n1.a.1", 1, 1, "/", "x.fanout", "a", False, b"\x00\x00", b"", False, 0, None)]),
+    (0, [ConnectionClose("n1.a.2", None)]),
 ]
 
 
@@ -177,13 +197,13 @@ def test_two_machines_without_lmdb_agree_on_every_effect_and_digest(stream):
     for i, (delay, batch) in enumerate(stream):
         now += delay
         batch = _prepared(first, batch)
-        out_first = first.apply_batch(now, [list(c) for c in batch], index=i + 2)
-        out_second = second.apply_batch(now, [list(c) for c in batch], index=i + 2)
+        out_first = first.apply_batch(now, batch, index=i + 2)
+        out_second = second.apply_batch(now, batch, index=i + 2)
         assert _canonical(out_first) == _canonical(out_second)
         assert digest(first) == digest(second)
         deliveries += sum(1 for out in out_first if out[1] == OUT_DELIVER)
         if joined is not None:
-            out_joined = joined.apply_batch(now, [list(c) for c in batch], index=i + 2)
+            out_joined = joined.apply_batch(now, batch, index=i + 2)
             assert _canonical(out_joined) == _canonical(out_first)
             assert digest(joined) == digest(first)
         elif i == len(stream) // 2:

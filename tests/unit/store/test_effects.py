@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raftmq.store.commands import OUT_REPLY, Op
+from raftmq.store.commands import OUT_REPLY, ChannelOpen, Publish, QueueDeclare, QueueDelete, VhostAdd
 from raftmq.store.durable import DurableStore
 from raftmq.store.effects import DELETE_PREFIX, PUT
 from raftmq.store.machine import StateMachine
@@ -12,10 +12,10 @@ C = "conn-1"
 
 
 def _declare_and_publish() -> list[list]:
-    return [[Op.VHOST_ADD, None, None, "/"],
-            [Op.CHANNEL_OPEN, C, 1, 1],
-            [Op.QUEUE_DECLARE, C, 2, 1, "/", "durable-q", False, True, False, False, {}],
-            [Op.PUBLISH, C, 3, 1, "/", "", "durable-q", False, b"\x00\x00", b"kept", True, 0, None]]
+    return [VhostAdd(None, None, "/"),
+            ChannelOpen(C, 1, 1),
+            QueueDeclare(C, 2, 1, "/", "durable-q", False, True, False, False, {}),
+            Publish(C, 3, 1, "/", "", "durable-q", False, b"\x00\x00", b"kept", True, 0, None)]
 
 
 def test_apply_records_persistence_and_writes_nothing_until_carried_out(tmp_path):
@@ -38,7 +38,7 @@ def test_deleting_a_queue_drops_its_entries_in_the_same_commit(tmp_path):
     machine = StateMachine(store)
     machine.carry_out(machine.apply(NOW, _declare_and_publish()))
     qid = machine.vhosts["/"].queues["durable-q"].qid
-    effects = machine.apply(NOW, [[Op.QUEUE_DELETE, C, 4, 1, "/", "durable-q", False, False]])
+    effects = machine.apply(NOW, [QueueDelete(C, 4, 1, "/", "durable-q", False, False)])
     assert any(op[0] == DELETE_PREFIX and op[1] == "entries" for op in effects.persistence)
     machine.carry_out(effects)
     loaded = store.load()

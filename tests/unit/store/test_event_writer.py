@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from raftmq.store import events as EV
-from raftmq.store.commands import Op
+from raftmq.store.commands import ChannelOpen, Publish, QueueDeclare, VhostAdd
 from raftmq.store.event_writer import COMPACT_CHUNK, EventStore, RetentionPolicy
 from raftmq.store.machine import StateMachine
 
@@ -19,7 +19,7 @@ class Driver:
         self.store = store
         self.now = 1_000_000
         self.index = 0
-        self.apply([Op.VHOST_ADD, None, None, "/"], [Op.CHANNEL_OPEN, "c1", None, 1])
+        self.apply(VhostAdd(None, None, "/"), ChannelOpen("c1", None, 1))
 
     def apply(self, *commands, advance_us: int = 1000) -> list:
         self.now += advance_us
@@ -27,10 +27,10 @@ class Driver:
         return self.machine.apply_batch(self.now, list(commands), self.index)
 
     def declare(self, name: str, **args) -> None:
-        self.apply([Op.QUEUE_DECLARE, "c1", None, 1, "/", name, False, False, False, False, args])
+        self.apply(QueueDeclare("c1", None, 1, "/", name, False, False, False, False, args))
 
     def publish(self, queue: str, body: bytes, advance_us: int = 1000) -> None:
-        self.apply([Op.PUBLISH, "c1", None, 1, "/", "", queue, False, b"\x00\x00", body, False, 0, None],
+        self.apply(Publish("c1", None, 1, "/", "", queue, False, b"\x00\x00", body, False, 0, None),
                    advance_us=advance_us)
 
 

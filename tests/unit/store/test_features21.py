@@ -19,7 +19,19 @@ import pytest
 
 from raftmq.protocol.amqp091.properties import BasicProperties, decode_properties, encode_properties
 from raftmq.store import events as EV
-from raftmq.store.commands import ERR, OK, OUT_DELIVER, REJECTED, ROUTED, Op
+from raftmq.store.commands import (
+    ERR,
+    OK,
+    OUT_DELIVER,
+    REJECTED,
+    ROUTED,
+    Ack,
+    ConnectionClose,
+    Nack,
+    NodeReset,
+    Op,
+    VhostAdd,
+)
 from raftmq.store.dedup import DEFAULT_CACHE_SIZE, DedupCache, dedup_key
 from raftmq.store.durable import DurableStore, PersistenceRecorder
 from raftmq.store.machine import StateMachine
@@ -62,7 +74,7 @@ class Driver(MachineDriver):
 
 def _driver(machine: StateMachine) -> Driver:
     d = Driver(machine)
-    d.apply([Op.VHOST_ADD, None, None, "/"])
+    d.apply(VhostAdd(None, None, "/"))
     d.ok(Op.CHANNEL_OPEN)
     return d
 
@@ -131,7 +143,7 @@ def _consume(d: Driver, name: str, tag: str = "c") -> list[tuple]:
 
 def _nack(d: Driver, delivery: tuple, requeue: bool = True) -> list[tuple]:
     qid, seq = delivery[0], delivery[1]
-    return deliveries(d.apply([Op.NACK, C, None, 1, [[qid, seq]], requeue]))
+    return deliveries(d.apply(Nack(C, None, 1, [[qid, seq]], requeue)))
 
 
 def test_requeues_count_until_the_limit_then_the_message_is_dead_lettered(d):
@@ -196,7 +208,7 @@ def test_channel_close_connection_close_and_recover_each_count_as_a_return(d):
     value = d.get("q", no_ack=False)
     counts.append(headers_of(value[3]).get("x-delivery-count"))
     assert counts == [None, 1, 2]
-    d.apply([Op.CONNECTION_CLOSE, C, None])  # return 3 > 2: gone
+    d.apply(ConnectionClose(C, None))  # return 3 > 2: gone
     d.ok(Op.CHANNEL_OPEN)
     assert d.get("q") is None
     assert d.kinds(EV.DROPPED) == [("q", "delivery_limit")]
@@ -208,7 +220,7 @@ def test_a_read_ahead_taken_back_unsent_does_not_count(d):
     d.publish("q", b"m")
     (delivery,) = _consume(d, "q")
     d.ok(Op.CANCEL, "c")
-    d.apply([Op.NACK, C, None, 1, [[delivery[0], delivery[1]]], True, True])
+    d.apply(Nack(C, None, 1, [[delivery[0], delivery[1]]], True, True))
     value = d.get("q")
     assert value is not None and value[2] is False and "x-delivery-count" not in headers_of(value[3])
 
@@ -297,13 +309,13 @@ def test_the_plugin_rule_an_entry_leaves_with_its_message(d):
     d.ok(Op.RECOVER, True)
     d.publish("q", b"a3", headers={H: "k"})
     value = d.get("q", no_ack=False)
-    d.apply([Op.ACK, C, None, 1, [[value[0], value[1]]]])
+    d.apply(Ack(C, None, 1, [[value[0], value[1]]]))
     assert d.get("q") is None
     d.publish("q", b"b", headers={H: "k"})  # acked: enqueued again
     assert d.bodies("q") == [b"b"]  # auto-ack get
     d.publish("q", b"c", headers={H: "k"})
     value = d.get("q", no_ack=False)
-    d.apply([Op.NACK, C, None, 1, [[value[0], value[1]]], False])  # rejected
+    d.apply(Nack(C, None, 1, [[value[0], value[1]]], False))  # rejected
     d.publish("q", b"d", headers={H: "k"})
     assert d.ok(Op.QUEUE_PURGE, "/", "q")[0] == 1
     d.publish("q", b"e", headers={H: "k"})
@@ -445,9 +457,9 @@ def test_an_amqp010_resume_replays_a_redelivery_with_the_count_it_was_sent_with(
     a.command(Op.MESSAGE_SETTLE, [[0, 0]], SETTLE_RELEASE_REDELIVERED)
     sent = [(o[4][0], headers_of(o[4][4]).get("x-delivery-count")) for o in a.transfers()]
     assert sent == [(0, None), (1, 1)]
-    m.apply_batch(NOW, [[Op.NODE_RESET, None, None, "n1", None]])
+    m.apply_batch(NOW, [NodeReset(None, None, "n1", None)])
     _b, result = attach(m, "n2.y.1")
-    replay = result[1][3]
+    replay = result.value.replay
     assert [(t[0], headers_of(t[4]).get("x-delivery-count")) for t in replay] == [(1, 1)]
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import msgpack
 import pytest
 
 from raftmq.store import events as EV
@@ -15,7 +14,19 @@ from raftmq.store.commands import (
     REJECTED,
     ROUTED,
     UNROUTABLE,
+    Ack,
+    ChannelOpen,
+    ConnectionClose,
+    Consume,
+    Nack,
     Op,
+    Publish,
+    QueueDeclare,
+    Tick,
+    VhostAdd,
+    decode_batch,
+    encode_batch,
+    make,
 )
 from raftmq.store.durable import DurableStore
 from raftmq.store.machine import StateMachine
@@ -33,13 +44,13 @@ class Driver:
         self.token = 0
         self.log: list[list] = []
 
-    def apply(self, *commands: list) -> list:
+    def apply(self, *commands) -> list:
         self.log.append((self.now, list(commands)))
         return self.machine.apply_batch(self.now, list(commands))
 
     def call(self, op: Op, *args, conn: str = C, ch: int = 1):
         self.token += 1
-        outputs = self.apply([op, conn, self.token, ch, *args])
+        outputs = self.apply(make(op, conn, self.token, ch, *args))
         replies = [o for o in outputs if o[1] == OUT_REPLY and o[2] == self.token]
         assert len(replies) == 1, outputs
         return replies[0][3], outputs
@@ -59,7 +70,7 @@ class Driver:
 def driver(tmp_path):
     machine = StateMachine(DurableStore(str(tmp_path / "lmdb")))
     d = Driver(machine)
-    d.apply([Op.VHOST_ADD, None, None, "/"])
+    d.apply(VhostAdd(None, None, "/"))
     d.ok(Op.CHANNEL_OPEN)
     return d
 
@@ -99,7 +110,7 @@ def test_consumer_round_robin_and_prefetch(driver):
     assert len(queue.ready) == 2
     # Acking one of c1's messages frees one credit: the next message goes to c1.
     first_qid, first_seq = queue.qid, 1
-    outputs = driver.apply([Op.ACK, C, None, 1, [[first_qid, first_seq]]])
+    outputs = driver.apply(Ack(C, None, 1, [[first_qid, first_seq]]))
     assert [(o[3], o[4][3].body) for o in deliveries(outputs)] == [("c1", b"4")]
 
 
@@ -121,7 +132,7 @@ def test_a_single_consumer_takes_a_backlog_up_to_its_prefetch_in_queue_order(dri
     # A channel-wide prefetch of 2 (basic.qos global=true) binds once it is below the consumer's.
     _, outputs = driver.ok(Op.QOS, 2, True)
     assert deliveries(outputs) == []
-    outputs = driver.apply([Op.ACK, C, None, 1, [[queue.qid, seq] for seq in (4, 5, 6, 7)]])
+    outputs = driver.apply(Ack(C, None, 1, [[queue.qid, seq] for seq in (4, 5, 6, 7)]))
     assert [o[4][3].body for o in deliveries(outputs)] == [b"7", b"8"]
     assert len(queue.ready) == 1 and queue.unacked_count == 2
 
@@ -134,7 +145,7 @@ def test_nack_requeue_keeps_position_and_sets_redelivered(driver):
     (first,) = deliveries(outputs)
     qid, seq, redelivered, message = first[4]
     assert message.body == b"0" and not redelivered
-    outputs = driver.apply([Op.NACK, C, None, 1, [[qid, seq]], True])
+    outputs = driver.apply(Nack(C, None, 1, [[qid, seq]], True))
     (again,) = deliveries(outputs)
     assert again[4][3].body == b"0" and again[4][2] is True
 
@@ -145,7 +156,7 @@ def test_reject_without_requeue_dead_letters(driver):
     driver.publish("", "q", b"bad")
     value, _ = driver.ok(Op.GET, "/", "q", False)
     qid, seq = value[0], value[1]
-    driver.apply([Op.NACK, C, None, 1, [[qid, seq]], False])
+    driver.apply(Nack(C, None, 1, [[qid, seq]], False))
     dead, _ = driver.ok(Op.GET, "/", "dlq", True)
     assert dead[3].body == b"bad"
 
@@ -175,7 +186,7 @@ def test_exclusive_queue_locked_and_deleted_with_connection(driver):
     driver.ok(Op.CHANNEL_OPEN, conn="conn-2")
     result, _ = driver.call(Op.QUEUE_DECLARE, "/", "ex", True, False, False, False, {}, conn="conn-2")
     assert result[1] == 405
-    driver.apply([Op.CONNECTION_CLOSE, C, None])
+    driver.apply(ConnectionClose(C, None))
     assert "ex" not in driver.machine.vhosts["/"].queues
 
 
@@ -212,7 +223,7 @@ def test_ttl_expiry_on_tick(driver):
     driver.now += 50_000
     driver.publish("", "t", b"young")
     driver.now += 60_000  # first is 110 ms old, second 60 ms
-    driver.apply([Op.TICK, None, None])
+    driver.apply(Tick(None, None))
     got = driver.ok(Op.GET, "/", "t", True)[0]
     assert got[3].body == b"young"
 
@@ -221,7 +232,7 @@ def test_persistent_messages_survive_reload_transient_do_not(tmp_path):
     path = str(tmp_path / "lmdb")
     store = DurableStore(path)
     d = Driver(StateMachine(store))
-    d.apply([Op.VHOST_ADD, None, None, "/"])
+    d.apply(VhostAdd(None, None, "/"))
     d.ok(Op.CHANNEL_OPEN)
     declare(d, "durable", durable=True)
     declare(d, "transient")
@@ -247,7 +258,7 @@ def test_persistent_messages_survive_reload_transient_do_not(tmp_path):
 
 
 def _scenario(d: Driver) -> None:
-    d.apply([Op.VHOST_ADD, None, None, "/"])
+    d.apply(VhostAdd(None, None, "/"))
     d.ok(Op.CHANNEL_OPEN)
     declare(d, "a", durable=True)
     declare(d, "b", durable=True, args={"x-max-length": 3})
@@ -268,7 +279,7 @@ def test_same_commands_give_same_state_and_outputs(tmp_path):
     outputs = []
     for now, batch in first.log:
         # Replay through msgpack, as the Raft log will carry it.
-        decoded = msgpack.unpackb(msgpack.packb(batch, use_bin_type=True), raw=False)
+        decoded = decode_batch(encode_batch(batch))
         outputs.append(second.machine.apply_batch(now, decoded))
     assert first.machine.store.digest() == second.machine.store.digest()
     delivered = [o[4][3].body for batch in outputs for o in batch if o[1] == OUT_DELIVER]
@@ -282,13 +293,13 @@ def deleting_machine(with_history: bool, max_priority: int = 0) -> tuple[Driver,
     if with_history:
         machine.event_sink = lambda _index, events: recorded.extend(events)
     d = Driver(machine)
-    d.apply([Op.VHOST_ADD, None, None, "/"])
+    d.apply(VhostAdd(None, None, "/"))
     d.ok(Op.CHANNEL_OPEN)
     declare(d, "q", args={"x-max-priority": max_priority} if max_priority else None)
     for i in range(6):
         d.ok(Op.PUBLISH, "/", "", "q", False, b"\x00\x00", b"x" * (i + 1), False, i % 3, None)
     value, _ = d.ok(Op.GET, "/", "q", False)
-    d.apply([Op.NACK, C, None, 1, [[value[0], value[1]]], True])  # requeued: back at its position
+    d.apply(Nack(C, None, 1, [[value[0], value[1]]], True))  # requeued: back at its position
     return d, recorded
 
 
@@ -328,13 +339,13 @@ def test_a_batch_applied_without_replies_changes_the_state_alike_and_keeps_deliv
     machines = []
     for replies in (True, False):
         machine = StateMachine(None)
-        machine.apply_batch(NOW, [[Op.VHOST_ADD, None, None, "/"], [Op.CHANNEL_OPEN, "local", 1, 1],
-                                  [Op.CHANNEL_OPEN, "remote", 2, 1]])
-        machine.apply_batch(NOW, [[Op.QUEUE_DECLARE, "local", 3, 1, "/", "q", False, False, False, False, {}],
-                                  [Op.CONSUME, "local", 4, 1, "/", "q", "c", True, False, {}]])
+        machine.apply_batch(NOW, [VhostAdd(None, None, "/"), ChannelOpen("local", 1, 1),
+                                  ChannelOpen("remote", 2, 1)])
+        machine.apply_batch(NOW, [QueueDeclare("local", 3, 1, "/", "q", False, False, False, False, {}),
+                                  Consume("local", 4, 1, "/", "q", "c", True, False, {})])
         outputs = machine.apply_batch(NOW, [
-            [Op.PUBLISH, "remote", 5, 1, "/", "", "q", False, b"\x00\x00", b"m", False, 0, None],
-            [Op.PUBLISH, "remote", 6, 1, "/", "nowhere", "q", False, b"\x00\x00", b"n", False, 0, None],
+            Publish("remote", 5, 1, "/", "", "q", False, b"\x00\x00", b"m", False, 0, None),
+            Publish("remote", 6, 1, "/", "nowhere", "q", False, b"\x00\x00", b"n", False, 0, None),
         ], replies=replies)
         kinds = [(o[0], o[1]) for o in outputs]
         if replies:

@@ -3,7 +3,21 @@
 from __future__ import annotations
 
 from raftmq.store import ranges as rs
-from raftmq.store.commands import ERR, OUT_REPLY, OUT_SESSION_DETACHED, OUT_TRANSFER, Op
+from raftmq.store.commands import (
+    ERR,
+    OUT_REPLY,
+    OUT_SESSION_DETACHED,
+    OUT_TRANSFER,
+    ConnectionClose,
+    Duplicate,
+    NodeReset,
+    Op,
+    SessionAttached,
+    SessionBusy,
+    Tick,
+    VhostAdd,
+    make,
+)
 from raftmq.store.machine import StateMachine
 from raftmq.store.sessions import SETTLE_ACCEPT, SETTLE_RELEASE_REDELIVERED, UNLIMITED
 
@@ -20,7 +34,7 @@ class Client:
 
     def call(self, op, *args, now=NOW):
         self.token += 1
-        out = self.m.apply_batch(now, [[op, self.conn, self.token, self.ch, *args]])
+        out = self.m.apply_batch(now, [make(op, self.conn, self.token, self.ch, *args)])
         self.outputs += out
         return next(o[3] for o in out if o[1] == OUT_REPLY and o[2] == self.token)
 
@@ -28,7 +42,7 @@ class Client:
         """A model command through the session layer (ids are assigned like a front end does)."""
         if command_id is None:
             command_id, self.next_id = self.next_id, self.next_id + 1
-        return self.call(Op.SESSION_COMMAND, command_id, [op, self.conn, None, self.ch, *args])
+        return self.call(Op.SESSION_COMMAND, command_id, make(op, self.conn, None, self.ch, *args))
 
     def transfers(self):
         return [o for o in self.outputs if o[1] == OUT_TRANSFER]
@@ -36,7 +50,7 @@ class Client:
 
 def machine_with_queue() -> StateMachine:
     m = StateMachine(None)
-    m.apply_batch(NOW, [[Op.VHOST_ADD, None, None, "/"]])
+    m.apply_batch(NOW, [VhostAdd(None, None, "/")])
     return m
 
 
@@ -48,11 +62,11 @@ def attach(m, conn, force=False):
 def test_a_new_session_then_busy_then_forced_resume():
     m = machine_with_queue()
     a, result = attach(m, "n1.x.1")
-    assert result[1][:2] == ("attached", False)
+    assert result.value.__class__ is SessionAttached and not result.value.resumed
     _, busy = attach(m, "n2.y.1")
-    assert busy[1] == ("busy",)  # 3.5.1: an attachment is exclusive
+    assert busy.value == SessionBusy()  # 3.5.1: an attachment is exclusive
     b, forced = attach(m, "n2.y.1", force=True)
-    assert forced[1][:2] == ("attached", True)
+    assert forced.value.__class__ is SessionAttached and forced.value.resumed
     assert any(o[1] == OUT_SESSION_DETACHED and o[0] == "n1.x.1" for o in b.outputs)
 
 
@@ -62,13 +76,13 @@ def test_replayed_commands_are_applied_once():
     a, _ = attach(m, "n1.x.1")
     a.call(Op.SESSION_TIMEOUT, 60)
     a.command(Op.QUEUE_DECLARE, "/", "q", False, True, False, False, {})
-    publish = [Op.PUBLISH, "/", "", "q", False, b"\x00\x00", b"once", True, 0, None]
+    publish = (Op.PUBLISH, "/", "", "q", False, b"\x00\x00", b"once", True, 0, None)
     a.command(*publish)  # id 1
     # The node dies; the client resumes on another node and replays command 1 (it never saw it completed).
-    m.apply_batch(NOW, [[Op.NODE_RESET, None, None, "n1", None]])
+    m.apply_batch(NOW, [NodeReset(None, None, "n1", None)])
     b, result = attach(m, "n2.y.1", force=True)
-    assert result[1][2] == [[0, 1]]  # completed ids the server holds: the client need replay nothing
-    assert b.command(*publish, command_id=1)[1] == ("duplicate",)
+    assert result.value.completed == [[0, 1]]  # completed ids the server holds: the client need replay nothing
+    assert b.command(*publish, command_id=1).value == Duplicate()
     assert len(m.vhosts["/"].queues["q"].ready) == 1
 
 
@@ -87,10 +101,10 @@ def test_deliveries_are_numbered_replayed_on_resume_and_settled_by_id():
     assert [(o[4][0], o[4][4].body) for o in sent] == [(0, b"m0"), (1, b"m1")]  # credit 2
     a.command(Op.MESSAGE_SETTLE, [[0, 0]], SETTLE_ACCEPT)
     # The node dies before transfer 1 is accepted; the session is resumed elsewhere.
-    m.apply_batch(NOW, [[Op.NODE_RESET, None, None, "n1", None]])
+    m.apply_batch(NOW, [NodeReset(None, None, "n1", None)])
     assert "dest" in m.sessions[next(iter(m.sessions))].channel.consumers  # subscriptions survive
     b, result = attach(m, "n2.y.1")
-    replay = result[1][3]
+    replay = result.value.replay
     assert [(t[0], t[1], t[4].body) for t in replay] == [(1, "dest", b"m1")]
     b.command(Op.MESSAGE_SETTLE, [[1, 1]], SETTLE_RELEASE_REDELIVERED, command_id=100)
     b.command(Op.MESSAGE_FLOW, "dest", 0, 5, command_id=101)
@@ -108,11 +122,11 @@ def test_detached_session_expires_after_its_timeout_and_requeues():
     a.command(Op.MESSAGE_FLOW, "d", 0, UNLIMITED)
     a.command(Op.MESSAGE_FLOW, "d", 1, UNLIMITED)
     assert len(a.transfers()) == 1
-    m.apply_batch(NOW, [[Op.CONNECTION_CLOSE, "n1.x.1", None]])
+    m.apply_batch(NOW, [ConnectionClose("n1.x.1", None)])
     assert m.sessions and m.next_expiry_due()
-    m.apply_batch(NOW + 4_000_000, [[Op.TICK, None, None]])
+    m.apply_batch(NOW + 4_000_000, [Tick(None, None)])
     assert m.sessions  # not yet
-    m.apply_batch(NOW + 5_000_000, [[Op.TICK, None, None]])
+    m.apply_batch(NOW + 5_000_000, [Tick(None, None)])
     assert not m.sessions
     queue = m.vhosts["/"].queues["q"]
     assert len(queue.ready) == 1 and queue.ready.peek().delivery_count == 1
@@ -160,7 +174,7 @@ def test_exclusive_queues_belong_to_the_session_and_survive_its_failover():
     other = Client(m, "n3.z.1")
     other.call(Op.CHANNEL_OPEN)
     assert other.call(Op.QUEUE_DECLARE, "/", "mine", True, False, False, False, {})[:2] == (ERR, 405)
-    m.apply_batch(NOW, [[Op.NODE_RESET, None, None, "n1", None]])
+    m.apply_batch(NOW, [NodeReset(None, None, "n1", None)])
     b, _ = attach(m, "n2.y.1", force=True)
     assert b.command(Op.QUEUE_DECLARE, "/", "mine", True, False, False, False, {}, command_id=10)[0] == 0
     b.call(Op.SESSION_TIMEOUT, 0)
@@ -173,7 +187,7 @@ def test_next_deadline_is_the_earliest_expiry():
     assert m.next_deadline() is None
     a, _ = attach(m, "n1.x.1")
     a.call(Op.SESSION_TIMEOUT, 30)
-    m.apply_batch(NOW, [[Op.CONNECTION_CLOSE, "n1.x.1", None]])
+    m.apply_batch(NOW, [ConnectionClose("n1.x.1", None)])
     assert m.next_deadline() == NOW + 30_000_000
     c = Client(m, "n2.y.1")
     c.call(Op.CHANNEL_OPEN)

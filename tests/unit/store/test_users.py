@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raftmq.store.commands import ERR, Op
+from raftmq.store.commands import ERR, Op, VhostAdd
 from raftmq.store.durable import DurableStore
 from raftmq.store.machine import StateMachine
 from raftmq.store.snapshot import digest, export_model, import_model
@@ -13,7 +13,7 @@ HASH = "pbkdf2-sha256$1$c2FsdA==$aGFzaA=="
 
 def machine_with_vhost(path) -> Driver:
     d = Driver(StateMachine(DurableStore(str(path))))
-    d.apply([Op.VHOST_ADD, None, None, "/"])
+    d.apply(VhostAdd(None, None, "/"))
     d.ok(Op.CHANNEL_OPEN)
     return d
 

@@ -12,7 +12,17 @@ import msgpack
 import pytest
 
 from raftmq.raft.replica import ENTRY
-from raftmq.store.commands import Op, decode_batch, encode_batch
+from raftmq.store.commands import (
+    Ack,
+    Nack,
+    Op,
+    Publish,
+    QueueDeclare,
+    SessionCommand,
+    TxCommit,
+    decode_batch,
+    encode_batch,
+)
 from raftmq.store.durable import DurableStore
 from raftmq.store.machine import StateMachine
 from raftmq.store.snapshot import digest, import_model, read_snapshot, write_snapshot
@@ -27,8 +37,8 @@ from tests.unit.raft.test_cluster_log import make_log
 from tests.unit.store import snapshot_fixture
 
 FIXTURE = Path(__file__).parent / "fixtures" / "snapshot-format-1.lmdb"
-BATCH = [[Op.PUBLISH, "c", None, 1, "/", "", "q", False, b"\x00\x00", b"body", False, 0, None],
-         [Op.ACK, "c", None, 1, [[1, 2]]]]
+BATCH = [Publish("c", None, 1, "/", "", "q", False, b"\x00\x00", b"body", False, 0, None),
+         Ack("c", None, 1, [[1, 2]])]
 
 
 def test_a_batch_carries_its_format_and_reads_back():
@@ -38,10 +48,40 @@ def test_a_batch_carries_its_format_and_reads_back():
     assert decode_batch(memoryview(blob)) == BATCH
 
 
+def _format_1(commands: list) -> list:
+    """Commands as format 1 wrote them: ``[op, conn, token, *fields]``."""
+    return [[command.op, *command[:-1]] for command in commands]
+
+
 def test_a_batch_written_before_formats_were_numbered_is_read_as_version_1():
-    assert decode_batch(msgpack.packb(BATCH, use_bin_type=True)) == BATCH
+    assert decode_batch(msgpack.packb(_format_1(BATCH), use_bin_type=True)) == BATCH
     big = [BATCH[0]] * 20  # msgpack's array16 header (0xdc), not a fixarray
-    assert decode_batch(msgpack.packb(big, use_bin_type=True)) == big
+    assert decode_batch(msgpack.packb(_format_1(big), use_bin_type=True)) == big
+
+
+def test_a_format_1_batch_reads_back_typed_with_its_optional_fields_defaulted():
+    """Format 1 left optional trailing fields out (a queue.declare without server_named, a nack
+    without unsent) and nested commands inside a 0-10 session command and a transaction."""
+    declare = [Op.QUEUE_DECLARE, "c", 7, 1, "/", "q", False, True, False, False, {}]
+    nack = [Op.NACK, "c", None, 1, [[1, 2]], True]
+    wrapped = [Op.SESSION_COMMAND, "c", None, 1, 5, [Op.ACK, None, None, None, [[3, 3]]]]
+    tx = [Op.TX_COMMIT, "c", 8, 1, [nack]]
+    blob = bytes((1,)) + msgpack.packb([declare, nack, wrapped, tx], use_bin_type=True)
+    assert decode_batch(blob) == [
+        QueueDeclare("c", 7, 1, "/", "q", False, True, False, False, {}, server_named=False),
+        Nack("c", None, 1, [[1, 2]], True, unsent=False),
+        SessionCommand("c", None, 1, 5, Ack(None, None, None, [[3, 3]])),
+        TxCommit("c", 8, 1, [Nack("c", None, 1, [[1, 2]], True)]),
+    ]
+    assert [c.__class__ for c in decode_batch(blob)] == [QueueDeclare, Nack, SessionCommand, TxCommit]
+
+
+def test_format_2_nests_typed_commands_too():
+    batch = [SessionCommand("c", None, 1, 5, Ack(None, None, None, [[3, 3]])),
+             TxCommit("c", 8, 1, [BATCH[0], Nack("c", None, 1, [[1, 2]], True)])]
+    decoded = decode_batch(encode_batch(batch))
+    assert decoded == batch
+    assert decoded[0].inner.__class__ is Ack and decoded[1].operations[1].__class__ is Nack
 
 
 def test_a_batch_from_a_newer_raftmq_is_refused():
