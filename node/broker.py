@@ -39,6 +39,7 @@ from raftmq.store.machine import StateMachine
 
 from .admission import Admission
 from .auth import Authenticator
+from .core import formats  # noqa: F401  (every protocol's property codec, before the machine applies anything)
 from .status import status_loop
 
 log = logging.getLogger(__name__)

@@ -384,8 +384,9 @@ class Cancel(NamedTuple):
 
 
 class Publish(NamedTuple):
-    """Value: ROUTED, UNROUTABLE or REJECTED.  ``properties`` are the message's properties in the
-    core's canonical encoding (store/message.py); ``expiration`` in ms or None."""
+    """Value: ROUTED, UNROUTABLE or REJECTED.  ``properties`` are the message's properties as the
+    publisher's protocol encodes them, ``properties_format`` says which (store/message.py);
+    ``priority`` and ``expiration`` (ms, or None) are read from them by the front end."""
 
     conn: str | None
     token: int | None
@@ -399,6 +400,7 @@ class Publish(NamedTuple):
     persistent: bool
     priority: int | None
     expiration: int | None
+    properties_format: int = 0  # store.message.AMQP091
     op: Op = Op.PUBLISH
 
 

@@ -31,7 +31,7 @@ DEFAULT_CACHE_SIZE = 100_000  # entries per queue when x-cache-size is not given
 MAX_CACHE_SIZE = 10_000_000  # a larger x-cache-size is refused (406): every replica holds the cache
 
 
-def dedup_key(properties: bytes) -> object | None:
+def dedup_key(properties: bytes, format: int = 0) -> object | None:
     """The cache key of a message's ``x-deduplication-header``, or None (not deduplicated).
 
     A string and the same bytes are one key (the plugin compares Erlang binaries); other scalars keep
@@ -42,7 +42,7 @@ def dedup_key(properties: bytes) -> object | None:
         return None  # the common case, without decoding anything
     from .headers import wire_headers  # (model.py imports this module; headers.py imports model.py)
 
-    headers = wire_headers(properties)
+    headers = wire_headers(properties, format)
     if HEADER not in headers:
         return None
     value = headers[HEADER]

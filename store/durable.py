@@ -13,7 +13,8 @@ Key layouts (all big-endian so LMDB's byte order is the natural order):
   exchanges   msgpack [vhost, name] -> msgpack [type, auto_delete, internal, arguments]
   queues      msgpack [vhost, name] -> msgpack [qid, auto_delete, arguments]
   bindings    msgpack [vhost, source, dest_is_queue, destination, routing_key, arguments] -> b""
-  messages    u64 message id -> msgpack [exchange, routing_key, properties, body, priority, published_at]
+  messages    u64 message id -> msgpack [exchange, routing_key, properties, body, priority, published_at,
+              properties_format (store/message.py; left out for 0-9-1, as in store format 1)]
   entries     u64 qid + u64 seq -> msgpack [message id, expires_at, priority, delivery_count]
 
 Why LMDB's own ``sync=False`` plus an explicit ``sync()``: commits then cost no fsync, and the node
@@ -86,14 +87,16 @@ class DurableStore:
         self._check_format()
 
     def _check_format(self) -> None:
-        """Stamp a new store with STORE_FORMAT; refuse one written by a newer raftmq (FormatTooNew).
-        A store without a stamp predates numbered formats: version 1."""
+        """Stamp the store with STORE_FORMAT; refuse one written by a newer raftmq (FormatTooNew).
+        A store without a stamp predates numbered formats: version 1.  An older store is re-stamped:
+        this raftmq reads its records and writes records of its own format from now on, which an
+        older raftmq must then refuse rather than misread."""
         with self.env.begin(write=True) as txn:
             raw = txn.get(b"format", db=self.db["meta"])
-            if raw is None:
-                txn.put(b"format", _pack(STORE_FORMAT), db=self.db["meta"])
-            else:
+            if raw is not None:
                 check(f"the LMDB store in {self.path}", _unpack(raw), STORE_FORMAT)
+            if raw is None or _unpack(raw) < STORE_FORMAT:
+                txn.put(b"format", _pack(STORE_FORMAT), db=self.db["meta"])
 
     def close(self) -> None:
         self.env.close()

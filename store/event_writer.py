@@ -27,6 +27,7 @@ import msgpack
 
 from . import events as EV
 from .events import U64, name_key
+from .message import AMQP091, convert
 
 log = logging.getLogger(__name__)
 
@@ -243,8 +244,16 @@ class EventStore:
     @staticmethod
     def _put_message(put, db, event: list, message, level: int, publisher: str) -> None:
         """The message record: written at publish, rewritten when a queue it was routed to keeps more."""
+        # The history's properties are 0-9-1 bytes whatever the publisher spoke (spark/ reads one
+        # format); converted here, off the apply path, and only for messages of another protocol.
+        properties = message.properties
+        if message.format != AMQP091:
+            try:
+                properties = convert(properties, message.format, AMQP091)
+            except (ValueError, LookupError):
+                properties = b"\x00\x00"  # unreadable properties: recorded as none
         record = [message.id, message.published_at, event[3], message.exchange, message.routing_key,
-                  len(message.body), publisher, message.properties, message.body if level >= 2 else None,
+                  len(message.body), publisher, properties, message.body if level >= 2 else None,
                   event[0]]
         put(U64.pack(message.id), msgpack.packb(record, use_bin_type=True), db=db)
 

@@ -1,42 +1,42 @@
-"""A message's headers as the core reads them (headers exchanges) and rewrites them (dead-lettering:
-RabbitMQ's x-death records and x-first-death-* headers; a redelivery's x-delivery-count).
+"""A message's headers as the core reads them (headers exchanges, deduplication) and rewrites them
+(dead-lettering: RabbitMQ's x-death records and x-first-death-* headers; a redelivery's
+x-delivery-count).
 
-Pure functions of a message's properties -- still AMQP 0-9-1 property bytes, the model's canonical
-form, decoded with protocol/amqp091's codec: the one place the core reads a wire format (until the
-protocol-neutral message of issue 16) -- so every node computes the same values and bytes.
+Pure functions of a message's properties in whatever format it was published with, read through
+that protocol's codec (store/message.py), so every node computes the same values and bytes and
+store/ knows no wire format.  A rewritten message keeps its format: a 0-9-1 message dead-lettered
+is still 0-9-1 bytes, with the same encoding RabbitMQ gives x-death.
 """
 
 from __future__ import annotations
 
+import datetime
+
+from . import message as fmt
 from .model import Message, Queue
+from .values import to_plain
 
 
-def wire_headers(props: bytes) -> dict:
-    """The headers table as decoded, wire types kept (decimals, timestamps...); {} if the
+def wire_headers(props: bytes, format: int = fmt.AMQP091) -> dict:
+    """The headers table as its codec decoded it (decimals, timestamps... kept); {} if the
     properties have none or do not decode."""
-    from raftmq.protocol.amqp091.properties import decode_properties
-
-    try:
-        headers = decode_properties(props).headers
-    except Exception:
-        return {}
-    return headers or {}
+    return fmt.headers_of(props, format)
 
 
-def message_headers(props: bytes) -> dict:
+def message_headers(props: bytes, format: int = fmt.AMQP091) -> dict:
     """The headers as plain values (store/values.py), for matching against bindings' arguments."""
-    from .values import to_plain
-
-    headers = wire_headers(props)
+    headers = fmt.headers_of(props, format)
     return to_plain(headers) if headers else {}
 
 
 def add_x_death(message: Message, queue: Queue, reason: str, now: int) -> bytes:
-    """The message's properties with RabbitMQ's x-death bookkeeping updated for this dead-lettering."""
-    from raftmq.protocol.amqp091.fieldtable import Timestamp
-    from raftmq.protocol.amqp091.properties import decode_properties, encode_properties
-
-    props = decode_properties(message.properties)
+    """The message's properties with RabbitMQ's x-death bookkeeping updated for this dead-lettering,
+    in the message's own format (a message whose properties do not decode keeps them)."""
+    codec = fmt.codec(message.format)
+    try:
+        props = codec.decode(message.properties)
+    except ValueError:
+        return message.properties
     headers = dict(props.headers or {})
     deaths = list(headers.get("x-death") or [])
     routing_keys = [message.routing_key]
@@ -50,7 +50,7 @@ def add_x_death(message: Message, queue: Queue, reason: str, now: int) -> bytes:
             "count": 0,
             "reason": reason,
             "queue": queue.name,
-            "time": Timestamp(now // 1_000_000),
+            "time": datetime.datetime.fromtimestamp(now // 1_000_000, datetime.UTC),
             "exchange": message.exchange,
             "routing-keys": routing_keys,
         }
@@ -67,7 +67,7 @@ def add_x_death(message: Message, queue: Queue, reason: str, now: int) -> bytes:
     props.headers = headers
     if reason == "expired":
         props.expiration = None
-    return encode_properties(props)
+    return codec.encode(props)
 
 
 def with_delivery_count(message: Message, count: int) -> Message:
@@ -78,15 +78,11 @@ def with_delivery_count(message: Message, count: int) -> Message:
     A copy for one delivery, not the queued message: the same message may sit in other queues, and
     the count belongs to this queue's entry.  Outputs only: nothing of it is replicated state.
     """
-    from raftmq.protocol.amqp091.properties import decode_properties, encode_properties
-
     try:
-        props = decode_properties(message.properties)
-        headers = dict(props.headers or {})
+        headers = dict(fmt.headers_of(message.properties, message.format))
         headers["x-delivery-count"] = count
-        props.headers = headers
-        properties = encode_properties(props)
-    except Exception:
+        properties = fmt.with_headers(message.properties, message.format, headers)
+    except (ValueError, LookupError):
         return message  # a headers table the codec cannot rewrite: delivered as it was published
     return Message(message.id, message.exchange, message.routing_key, properties, message.body,
-                   message.persistent, message.priority, message.published_at)
+                   message.persistent, message.priority, message.published_at, format=message.format)

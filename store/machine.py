@@ -70,6 +70,7 @@ from .durable import DurableStore, PersistenceRecorder, binding_key
 from .effects import Effects
 from .errors import HARD_ERRORS, CommandError
 from .headers import add_x_death, message_headers, with_delivery_count
+from .message import AMQP091, Properties, codec
 from .model import ChannelState, Consumer, Entry, Exchange, Message, Queue, ReadyList, Session, VHost
 from .queue_args import EQUIVALENCE_ARGS, QueueSettings, parse_queue_arguments, parse_stored_queue_arguments
 from .routing import Binding
@@ -692,8 +693,6 @@ class StateMachine(SessionMixin, UserMixin):
     def _failover_update(self, queues: list[Queue] | None = None) -> None:
         """Write a failover update (empty body, header amq.failover = member URLs) into queues bound
         to amq.failover: the given ones, or all of them when the member set changed."""
-        from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
-
         if queues is None:
             queues = []
             for vhost in self.vhosts.values():
@@ -705,7 +704,7 @@ class StateMachine(SessionMixin, UserMixin):
         if not queues:
             return
         urls = [f"amqp:tcp:{amqp}" for _raft, amqp in self.members.values()]
-        props = encode_properties(BasicProperties(headers={"amq.failover": urls}))
+        props = codec(AMQP091).encode(Properties(headers={"amq.failover": urls}))
         for queue in queues:
             message = Message(self.next_msg_id, "amq.failover", "", props, b"", False, 0, self._now)
             self.next_msg_id += 1
@@ -854,9 +853,9 @@ class StateMachine(SessionMixin, UserMixin):
             else:
                 props = shared
         message = Message(self.next_msg_id, exchange.name, intern(routing_key), props, body, bool(persistent),
-                          priority or 0, self._now)
+                          priority or 0, self._now, 0, cmd.properties_format)
         self.next_msg_id += 1
-        queues = self._route(vhost, exchange, routing_key, props)
+        queues = self._route(vhost, exchange, routing_key, message)
         if self.event_sink is None:
             self.event_seq += 1  # numbered alike on every node, recorded where history is kept
         else:
@@ -873,7 +872,7 @@ class StateMachine(SessionMixin, UserMixin):
                 outcome = REJECTED
         return outcome
 
-    def _route(self, vhost: VHost, exchange: Exchange, routing_key: str, props: bytes) -> list[Queue]:
+    def _route(self, vhost: VHost, exchange: Exchange, routing_key: str, message: Message) -> list[Queue]:
         if exchange.name == "":
             queue = vhost.queues.get(routing_key)
             return [queue] if queue is not None else []
@@ -881,7 +880,7 @@ class StateMachine(SessionMixin, UserMixin):
 
         def headers() -> dict:
             if not headers_cache:
-                headers_cache.append(message_headers(props))
+                headers_cache.append(message_headers(message.properties, message.format))
             return headers_cache[0]
 
         found: dict[int, Queue] = {}
@@ -915,7 +914,7 @@ class StateMachine(SessionMixin, UserMixin):
         added: the plugin's queue-level rule (store/dedup.py)."""
         dedup_as = None
         if queue.dedup is not None:
-            dedup_as = dedup_key(message.properties)
+            dedup_as = dedup_key(message.properties, message.format)
             if dedup_as is not None and queue.dedup.seen(dedup_as, self._now):
                 self._event(EV.DROPPED, queue, message, "duplicate")
                 # .get: the stats of a snapshot written before issue 21 lack the key
@@ -952,8 +951,11 @@ class StateMachine(SessionMixin, UserMixin):
         self.message_bytes += size
         if durable and self._persist is not None:
             if message.refs == 0:
-                self._persist.put_message(message.id, [message.exchange, message.routing_key, message.properties,
-                                                 message.body, message.priority, message.published_at])
+                record = [message.exchange, message.routing_key, message.properties, message.body,
+                          message.priority, message.published_at]
+                if message.format != AMQP091:
+                    record.append(message.format)  # store format 2; a 0-9-1 record is as in format 1
+                self._persist.put_message(message.id, record)
             message.refs += 1
             self._persist.put_entry(queue.qid, entry.seq, [message.id, expires_at, priority, 0])
         if expires_at is not None:
@@ -1306,11 +1308,11 @@ class StateMachine(SessionMixin, UserMixin):
             routing_key = message.routing_key
         props = add_x_death(message, queue, reason, self._now)
         dead = Message(self.next_msg_id, dlx_name, routing_key, props, message.body, message.persistent,
-                       message.priority, self._now)
+                       message.priority, self._now, 0, message.format)
         self.next_msg_id += 1
         # The copy is a new message: its history links back to the original through the detail.
         self._event(EV.PUBLISHED, None, dead, f"dead-letter:{message.id}:{queue.name}", queue.vhost)
-        for target in self._route(vhost, dlx, routing_key, props):
+        for target in self._route(vhost, dlx, routing_key, dead):
             if target is queue and reason != "rejected":
                 continue  # RabbitMQ drops a dead-letter cycle back to the same queue (not on reject)
             self._enqueue(target, dead, None)
@@ -1346,8 +1348,9 @@ class StateMachine(SessionMixin, UserMixin):
             for exchange in vhost.exchanges.values():
                 exchange.rebuild()
         messages: dict[int, Message] = {}
-        for msg_id, (exchange, rk, props, body, priority, published_at) in state.messages.items():
-            messages[msg_id] = Message(msg_id, exchange, rk, props, body, True, priority, published_at)
+        for msg_id, (exchange, rk, props, body, priority, published_at, *fmt) in state.messages.items():
+            messages[msg_id] = Message(msg_id, exchange, rk, props, body, True, priority, published_at, 0,
+                                       fmt[0] if fmt else AMQP091)
         for qid, seq, (msg_id, expires_at, priority, delivery_count) in state.entries:
             queue = self.queues_by_id.get(qid)
             message = messages.get(msg_id)
@@ -1365,6 +1368,6 @@ class StateMachine(SessionMixin, UserMixin):
                 # The single-node store keeps no cache: it is rebuilt from the messages still
                 # queued (what the plugin's rule remembers; x-cache-ttl entries of messages
                 # consumed before the restart are not kept).
-                key = dedup_key(message.properties)
+                key = dedup_key(message.properties, message.format)
                 if key is not None:
                     queue.dedup.add(key, msg_id, message.published_at, expires_at)

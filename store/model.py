@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .dedup import DedupCache
+from .message import AMQP091
 from .routing import MATCHERS, Binding
 
 
@@ -24,12 +25,20 @@ class Message:
     id: int
     exchange: str
     routing_key: str
-    properties: bytes  # AMQP 0-9-1 property flags + list: raftmq's canonical property format
+    properties: bytes  # as the publisher sent them, in ``format`` (store/message.py)
     body: bytes
     persistent: bool
     priority: int
     published_at: int  # microseconds, stamped by the proposer
     refs: int = 0  # durable queue entries referring to it (LMDB record lifetime)
+    format: int = AMQP091  # the protocol whose property encoding ``properties`` are in
+
+    def __setstate__(self, state: tuple) -> None:
+        """Unpickle (snapshots); one of snapshot format 1 has no ``format``: it was 0-9-1."""
+        _no_dict, slots = state
+        self.format = AMQP091
+        for name, value in slots.items():
+            setattr(self, name, value)
 
 
 @dataclass(slots=True, eq=False)

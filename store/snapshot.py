@@ -115,7 +115,8 @@ def digest(machine: StateMachine) -> str:
             for level in range(len(ready._levels) - 1, -1, -1):
                 for entry in ready._levels[level]:
                     put("ready", entry.seq, entry.message.id, entry.expires_at, entry.priority, entry.delivery_count,
-                        hashlib.sha256(entry.message.body).hexdigest(), entry.message.properties)
+                        hashlib.sha256(entry.message.body).hexdigest(), entry.message.properties,
+                        entry.message.format)
                 for seq, entry in sorted(ready._returned[level], key=lambda item: item[0]):
                     put("returned", seq, entry.message.id, entry.delivery_count)
             if q.delivery_limit is not None or q.delivery_header:

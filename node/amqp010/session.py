@@ -47,6 +47,7 @@ from raftmq.store.commands import (
     SessionTxSelect,
     TxCommit,
 )
+from raftmq.store.message import AMQP010
 from raftmq.store.sessions import (
     SETTLE_ACCEPT,
     SETTLE_REJECT,
@@ -242,7 +243,7 @@ class ServerSession:
         if isinstance(cmd, c.MessageTransfer):
             routing_key, props, persistent, priority, ttl = to_core(cmd.headers)
             return Publish(*head, vhost, cmd.destination or "", routing_key, False, props,
-                    bytes(cmd.body or b""), persistent, priority, ttl)
+                           bytes(cmd.body or b""), persistent, priority, ttl, AMQP010)
         if isinstance(cmd, c.MessageSubscribe):
             destination = cmd.destination or ""
             self.accept_modes[destination] = cmd.accept_mode
@@ -366,8 +367,7 @@ class ServerSession:
     def _send_transfer(self, transfer_id: int, destination: str, redelivered: bool, message) -> None:
         if not self.attached:
             return
-        headers = from_core(message.properties, message.exchange, message.routing_key, redelivered,
-                            len(message.body))
+        headers = from_core(message, redelivered)
         accept_mode = self.accept_modes.get(destination, ACCEPT_EXPLICIT)
         acquire_mode = self.acquire_modes.get(destination, PRE_ACQUIRED)
         transfer = c.MessageTransfer(destination=destination, accept_mode=accept_mode,

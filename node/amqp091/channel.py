@@ -47,6 +47,8 @@ from raftmq.store.commands import (
     TxCommit,
 )
 from raftmq.store.errors import HARD_ERRORS
+from raftmq.store.message import AMQP091, convert
+from raftmq.store.model import Message
 from raftmq.store.values import to_plain
 
 from ..core.access import WRITE, AccessRefused
@@ -596,7 +598,7 @@ class Channel:
                 self.number,
                 m.BasicGetOk(delivery_tag=tag, redelivered=redelivered, exchange=message.exchange,
                              routing_key=message.routing_key, message_count=remaining),
-                message.properties, message.body, self.conn.frame_max))
+                properties_091(message), message.body, self.conn.frame_max))
 
         self.conn.request(self, command, type(method), got)
 
@@ -666,7 +668,7 @@ class Channel:
             self._unacked[tag] = (qid, seq)
             self._window.sent(tag, consumer_tag)
         self.conn.write(encode_delivery(self.number, consumer_tag, tag, redelivered, message.exchange,
-                                        message.routing_key, message.properties, message.body,
+                                        message.routing_key, properties_091(message), message.body,
                                         self.conn.frame_max))
 
     def server_cancel(self, consumer_tag: str) -> None:
@@ -805,3 +807,17 @@ _HANDLERS = {
     m.TxRollback: Channel._tx_rollback,
     m.ConfirmSelect: Channel._confirm_select,
 }
+
+
+def properties_091(message: Message) -> bytes:
+    """The message's properties as 0-9-1 bytes: as published when a 0-9-1 client published it (no
+    decoding on this path), converted through the neutral form otherwise (store/message.py)."""
+    if message.format == AMQP091:
+        return message.properties
+    try:
+        return convert(message.properties, message.format, AMQP091)
+    except (ValueError, LookupError):
+        return EMPTY_PROPERTIES  # unreadable: delivered with none rather than not at all
+
+
+EMPTY_PROPERTIES = b"\x00\x00"

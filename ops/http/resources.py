@@ -12,8 +12,10 @@ import base64
 
 from aiohttp import web
 
-from raftmq.protocol.amqp091.properties import BasicProperties, decode_properties, encode_properties
+from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
 from raftmq.store.commands import ROUTED
+from raftmq.store.message import decode
+from raftmq.store.model import Message
 
 from .common import (
     access_in,
@@ -133,7 +135,7 @@ async def get_messages(request: web.Request) -> web.Response:
             "exchange": message.exchange,
             "routing_key": message.routing_key,
             "message_count": item.remaining,
-            "properties": _properties_view(message.properties),
+            "properties": _properties_view(message),
             "payload": payload,
             "payload_encoding": payload_encoding,
         })
@@ -149,12 +151,17 @@ def _encode_payload(payload: bytes, encoding: str) -> tuple[str, str]:
     return base64.b64encode(payload).decode(), "base64"
 
 
-def _properties_view(raw: bytes) -> dict:
-    props = decode_properties(raw)
+def _properties_view(message: Message) -> dict:
+    """The message's properties as the management API shows them (RabbitMQ's field names),
+    whatever protocol published it (store/message.py)."""
+    try:
+        props = decode(message.properties, message.format)
+    except (ValueError, LookupError):
+        return {}
     out = {}
     for field in props.__slots__:
         value = getattr(props, field)
-        if value is not None:
+        if value is not None and value != {}:
             out[field] = value
     return out
 

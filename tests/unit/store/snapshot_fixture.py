@@ -1,7 +1,8 @@
-"""The command stream behind tests/unit/store/fixtures/snapshot-format-1.lmdb.
+"""The command streams behind tests/unit/store/fixtures/snapshot-format-N.lmdb.
 
-``python -m tests.unit.store.snapshot_fixture PATH`` writes a snapshot of the machine it builds; the
-committed fixture was written so by the code of snapshot format 1.  test_versions.py loads it with
+``python -m tests.unit.store.snapshot_fixture PATH [FORMAT]`` writes a snapshot of the machine it
+builds for FORMAT (default: the current one); each committed fixture was written so by the code of
+its snapshot format.  Format 2 adds a message stored in 0-10 property format (Message.format).  test_versions.py loads it with
 today's code and compares it with the same stream applied today: a change to the model that older
 snapshots can no longer be read into fails there, and must come with a new SNAPSHOT_FORMAT and a
 way to read the old one (store/versions.py).
@@ -28,13 +29,14 @@ from raftmq.store.commands import (
     VhostAdd,
 )
 from raftmq.store.machine import StateMachine
+from raftmq.store.message import AMQP010
 from raftmq.store.snapshot import write_snapshot
 
 NOW = 1_700_000_000_000_000
 C091, C010 = "n1.1a2b.1", "n1.1a2b.2"
 
 
-def commands() -> list[list]:
+def commands(format: int = 2) -> list:
     publish = [Publish(C091, 10 + i, 1, "/", "fx.topic", f"orders.{i % 3}", False, b"\x00\x00",
                 f"body-{i}".encode() * (i + 1), i % 2 == 0, i % 4, 60_000 if i == 5 else None) for i in range(12)]
     return [
@@ -51,12 +53,21 @@ def commands() -> list[list]:
         Qos(C091, 30, 1, 3, False),
         Consume(C091, 31, 1, "/", "fx-orders", "fx-consumer", False, False, {}),
         SessionAttach(C010, 40, 1, "/", "guest", b"fixture-session", False),
+        *([Publish(C091, 41, 1, "/", "fx.topic", "orders.010", False, AMQP010_HEADER, b"body-010", True, 2, None,
+                   AMQP010)] if format >= 2 else []),
     ]
 
 
-def build() -> StateMachine:
+# A 0-10 transfer's stored header: delivery-properties (priority 2, persistent) and
+# message-properties (content-type, application-headers {"k": "v"}), as protocol/amqp010/neutral.py
+# stores them; spelled out so that the fixture does not depend on the codec it is meant to check.
+AMQP010_HEADER = bytes.fromhex("000000060401180002020000001d040310010a746578742f706c61696e"
+                               "0000000a00000001016b95000176")
+
+
+def build(format: int = 2) -> StateMachine:
     machine = StateMachine(None)
-    for command in commands():
+    for command in commands(format):
         outputs = machine.apply_batch(NOW, [command])
         for out in outputs:
             if out[1] == OUT_REPLY:
@@ -67,4 +78,4 @@ def build() -> StateMachine:
 
 
 if __name__ == "__main__":
-    write_snapshot(sys.argv[1], build(), b"fixture-meta")
+    write_snapshot(sys.argv[1], build(int(sys.argv[2]) if len(sys.argv) > 2 else 2), b"fixture-meta")

@@ -24,7 +24,9 @@ from raftmq.store.commands import (
     encode_batch,
 )
 from raftmq.store.durable import DurableStore
+from raftmq.store.headers import wire_headers
 from raftmq.store.machine import StateMachine
+from raftmq.store.message import AMQP010, AMQP091
 from raftmq.store.snapshot import digest, import_model, read_snapshot, write_snapshot
 from raftmq.store.versions import (
     COMMAND_FORMAT,
@@ -37,6 +39,7 @@ from tests.unit.raft.test_cluster_log import make_log
 from tests.unit.store import snapshot_fixture
 
 FIXTURE = Path(__file__).parent / "fixtures" / "snapshot-format-1.lmdb"
+FIXTURE_2 = Path(__file__).parent / "fixtures" / "snapshot-format-2.lmdb"
 BATCH = [Publish("c", None, 1, "/", "", "q", False, b"\x00\x00", b"body", False, 0, None),
          Ack("c", None, 1, [[1, 2]])]
 
@@ -107,18 +110,32 @@ def test_a_cluster_node_stops_at_an_entry_from_a_newer_raftmq(tmp_path):
 
 def test_the_format_1_snapshot_fixture_loads_into_todays_model():
     """The committed fixture (written by snapshot_fixture.py under format 1) reads into the same state
-    as its command stream applied by today's code."""
+    as its command stream applied by today's code; its messages, from before Message.format, are
+    0-9-1."""
     meta, model = read_snapshot(str(FIXTURE))
     assert meta == b"fixture-meta"
     machine = StateMachine(None)
     import_model(machine, model)
-    expected = snapshot_fixture.build()
+    expected = snapshot_fixture.build(format=1)
     assert digest(machine) == digest(expected)
+    assert {e.message.format for level in machine.vhosts["/"].queues["fx-audit"].ready._levels for e in level} == {AMQP091}
     queues = machine.vhosts["/"].queues
     assert (len(queues["fx-orders"].ready), queues["fx-orders"].unacked_count) == (8, 3)
     assert len(queues["fx-audit"].ready) == 12
     assert machine.users["fixture-user"].permissions == {"/": ("^fx-", "^fx-", "^fx-")}
     assert len(machine.sessions) == 1
+
+
+def test_the_current_format_snapshot_fixture_loads_with_its_0_10_message():
+    """snapshot-format-2.lmdb, written by this format's code: a 0-10 message keeps its format, and
+    the core reads its headers through the 0-10 codec."""
+    meta, model = read_snapshot(str(FIXTURE_2))
+    machine = StateMachine(None)
+    import_model(machine, model)
+    assert digest(machine) == digest(snapshot_fixture.build(format=2))
+    (message,) = [e.message for level in machine.vhosts["/"].queues["fx-audit"].ready._levels for e in level
+                  if e.message.format == AMQP010]
+    assert message.body == b"body-010" and wire_headers(message.properties, message.format) == {"k": "v"}
 
 
 def test_a_snapshot_records_its_format_and_a_newer_one_is_refused(tmp_path):

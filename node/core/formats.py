@@ -1,0 +1,14 @@
+"""Registers every protocol's message property codec with the core (store/message.py).
+
+Imported by node/core/__init__.py, so any node, tool or test that uses the broker core has every
+codec: a replica that lacked one would read another's messages differently.
+"""
+
+from __future__ import annotations
+
+from raftmq.protocol.amqp010.neutral import FORMAT as AMQP010_FORMAT
+from raftmq.protocol.amqp091.neutral import FORMAT as AMQP091_FORMAT
+from raftmq.store.message import register
+
+for _format in (AMQP091_FORMAT, AMQP010_FORMAT):
+    register(_format)

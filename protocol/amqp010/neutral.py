@@ -1,0 +1,114 @@
+"""AMQP 0-10 message headers as the core's neutral message properties (store/message.py).
+
+A message published with 0-10 is stored in format ``AMQP010``: its delivery-properties (only the
+fields that belong to the message: delivery mode, priority, TTL, timestamp; routing key, exchange and
+redelivered are the delivery's) and its whole message-properties, as struct32 entries.  A 0-10
+consumer gets those structs back as they came (``structs``); another protocol's consumer gets them
+through ``Properties``, following the usual bridge conventions (as Qpid's):
+
+* delivery-properties: delivery-mode, priority, ttl (``expiration`` in ms), timestamp;
+* message-properties: content-type/encoding, application-headers (``headers``), message-id (a UUID:
+  a 0-9-1 message-id that is not one travels as the header ``x-message-id``), correlation-id,
+  reply-to (``exchange/routing-key``), user-id, app-id.
+
+docs/message-mapping.md has the whole table.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from raftmq.protocol.amqp010 import codec as c
+from raftmq.protocol.amqp010.errors import Amqp010Error
+from raftmq.store.message import AMQP010, Properties
+from raftmq.store.values import to_plain
+
+
+def message_structs(headers: list | None) -> tuple[Any, Any]:
+    """The delivery- and message-properties of a transfer's header (None where absent)."""
+    dp = mp = None
+    for h in headers or ():
+        if isinstance(h, c.DeliveryProperties):
+            dp = h
+        elif isinstance(h, c.MessageProperties):
+            mp = h
+    return dp, mp
+
+
+def stored(dp: Any, mp: Any) -> bytes:
+    """The bytes stored for a transfer's header: the message's own delivery-properties fields and
+    its message-properties."""
+    own = c.DeliveryProperties()
+    if dp is not None:
+        own.delivery_mode, own.priority, own.ttl, own.timestamp = dp.delivery_mode, dp.priority, dp.ttl, dp.timestamp
+    return c.encode_struct32(own) + c.encode_struct32(mp if mp is not None else c.MessageProperties())
+
+
+def structs(raw: bytes) -> tuple[Any, Any]:
+    """(delivery-properties, message-properties) of stored bytes; ValueError if they do not decode."""
+    dp = mp = None
+    pos = 0
+    try:
+        while pos < len(raw):
+            value, pos = c.decode_struct32(raw, pos)
+            if isinstance(value, c.DeliveryProperties):
+                dp = value
+            elif isinstance(value, c.MessageProperties):
+                mp = value
+    except (Amqp010Error, ValueError, IndexError) as exc:
+        raise ValueError(f"0-10 message headers do not decode: {exc}") from exc
+    return dp or c.DeliveryProperties(), mp or c.MessageProperties()
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else bytes(value).decode("utf-8", "replace")
+
+
+class Amqp010Format:
+    number = AMQP010
+    name = "AMQP 0-10 delivery- and message-properties"
+
+    def decode(self, raw: bytes) -> Properties:
+        dp, mp = structs(raw)
+        props = Properties(delivery_mode=dp.delivery_mode, priority=dp.priority, timestamp=dp.timestamp,
+                           expiration=None if dp.ttl is None else str(dp.ttl))
+        props.content_type, props.content_encoding = mp.content_type, mp.content_encoding
+        props.headers = dict(mp.application_headers) if mp.application_headers else None
+        if mp.message_id is not None:
+            props.message_id = str(mp.message_id)
+        props.correlation_id = _text(mp.correlation_id)
+        if mp.reply_to is not None:
+            props.reply_to = f"{mp.reply_to.exchange or ''}/{mp.reply_to.routing_key or ''}"
+        props.user_id, props.app_id = _text(mp.user_id), _text(mp.app_id)
+        return props
+
+    def encode(self, properties: Properties) -> bytes:
+        dp = c.DeliveryProperties(delivery_mode=properties.delivery_mode, priority=properties.priority,
+                                  timestamp=properties.timestamp)
+        if properties.expiration is not None and properties.expiration.isdigit():
+            dp.ttl = int(properties.expiration)
+        headers = {k: to_plain(v) for k, v in (properties.headers or {}).items()}
+        for key, value in properties.annotations.items():
+            headers.setdefault(key if key.startswith("x-") else f"x-amqp-{key}", to_plain(value))
+        mp = c.MessageProperties(content_type=properties.content_type,
+                                 content_encoding=properties.content_encoding)
+        if properties.message_id:
+            try:
+                mp.message_id = uuid.UUID(properties.message_id)
+            except ValueError:
+                headers["x-message-id"] = properties.message_id
+        if properties.correlation_id is not None:
+            mp.correlation_id = properties.correlation_id.encode()
+        if properties.reply_to:
+            exchange, _, key = properties.reply_to.partition("/")
+            mp.reply_to = c.ReplyTo(exchange=exchange if key else "", routing_key=key if key else exchange)
+        if properties.user_id is not None:
+            mp.user_id = properties.user_id.encode()
+        if properties.app_id is not None:
+            mp.app_id = properties.app_id.encode()
+        mp.application_headers = headers or None
+        return c.encode_struct32(dp) + c.encode_struct32(mp)
+
+
+FORMAT = Amqp010Format()
