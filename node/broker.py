@@ -94,6 +94,7 @@ class Broker:
             self.log = LocalLog(self.machine, self._on_outputs)
             self.log.on_fatal = self._on_disk_failure
             self._configured_members = {}
+        self.machine.delayed_limit = config.max_delayed_messages
         self.flow_throttled = False
         self.flow_paused: set = set()  # endpoints not read until the backlog is low again
         self.log.on_throttle = self._on_throttle
