@@ -38,6 +38,8 @@ from .status import status_loop
 log = logging.getLogger(__name__)
 
 TICK_INTERVAL = 0.05  # seconds between expiry ticks while any queue has expiring messages
+TICK_AFTER_SUBMIT = 0.01  # seconds before looking again after a TICK was submitted
+TICK_MIN_PAUSE = 0.002  # seconds: the shortest wait for a deadline that is about to pass
 ALARM_CHECK_INTERVAL = 1.0
 
 
@@ -266,13 +268,24 @@ class Broker:
 
     async def _tick_loop(self) -> None:
         clustered = self.config.clustered
+        pause = TICK_INTERVAL
         while True:
-            await asyncio.sleep(TICK_INTERVAL)
+            await asyncio.sleep(pause)
+            pause = TICK_INTERVAL
             if not self.machine.next_expiry_due() or (clustered and not self.log.is_leader):
                 continue
             deadline = self.machine.next_deadline()
-            if deadline is not None and time.time_ns() // 1000 >= deadline:
+            if deadline is None:
+                continue
+            wait = deadline - time.time_ns() // 1000
+            if wait <= 0:
                 self.submit([Op.TICK, None, None])
+                pause = TICK_AFTER_SUBMIT  # the next deadline may be close (delayed messages)
+            else:
+                # Wake at the deadline rather than up to TICK_INTERVAL after it: a delayed message
+                # (store/delayed.py) is released promptly.  Not below TICK_MIN_PAUSE: a TICK just
+                # submitted is still on its way through the log.
+                pause = min(TICK_INTERVAL, max(TICK_MIN_PAUSE, wait / 1e6))
 
     async def _cluster_watch_loop(self) -> None:
         """Leader: declare unreachable members down. Everyone: drop clients while leaderless."""
