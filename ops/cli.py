@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     audit = sub.add_parser("audit", help="audit a message history snapshot with Spark (pip install raftmq[spark])")
     audit.add_argument("job", choices=["summary", "unconsumed", "redelivered", "dead-letters", "latency",
-                                       "throughput"])
+                                       "throughput", "delays", "deduplicated"])
     source = audit.add_mutually_exclusive_group(required=True)
     source.add_argument("--snapshot", help="a snapshot directory (raftmq snapshot)")
     source.add_argument("--data-dir", help="a node's data directory: snapshot its history first")
