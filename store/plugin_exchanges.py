@@ -16,7 +16,8 @@ from .model import Exchange, Message, VHost
 
 class PluginExchangeMixin:
     """Needs of the machine: ``delayed`` (DelayedMessages), ``delayed_limit``, ``exchange_caches``,
-    ``stats``, ``_now``, ``_persist``, ``vhosts``, ``_event``, ``_route`` and ``_enqueue``."""
+    ``stats``, ``message_bytes``, ``_now``, ``_persist``, ``vhosts``, ``_event``, ``_route`` and
+    ``_enqueue``."""
 
     delayed: DelayedMessages
     delayed_limit: int
@@ -43,6 +44,7 @@ class PluginExchangeMixin:
             held = self.delayed.hold(self._now + delay * 1000, vhost.name, exchange.name, message.routing_key,
                                      message, expiration, delay)
             self._count("delayed")
+            self.message_bytes += len(message.body)  # held bodies count toward the memory alarm
             self._event(EV.DELAYED, None, message, str(delay), vhost.name)
             if self._persist is not None:
                 self._persist.put_delayed(held.due, held.seq, held_record(held))
@@ -68,6 +70,7 @@ class PluginExchangeMixin:
                 self._persist.delete_delayed(held.due, held.seq)
             self._count("delay_released")
             message = held.message
+            self.message_bytes -= len(message.body)  # counted again if it is enqueued
             vhost = self.vhosts.get(held.vhost)
             exchange = vhost.exchanges.get(held.exchange) if vhost is not None else None
             if exchange is None:
@@ -94,6 +97,7 @@ class PluginExchangeMixin:
              expiration, delay) = record
             message = Message(msg_id, exchange, routing_key, props, body, persistent, priority, published_at)
             self.delayed.add(Held(due, seq, vhost, exchange, routing_key, message, expiration, delay))
+            self.message_bytes += len(body)
 
 
 def held_record(held: Held) -> list:

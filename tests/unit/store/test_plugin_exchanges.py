@@ -80,12 +80,13 @@ def test_a_delayed_message_is_held_until_its_time_then_routed_with_x_delay_negat
     outcome, _ = d.publish("k", b"late", headers={"x-delay": 200}, exchange="dx")
     assert outcome == UNROUTABLE  # no queue now: mandatory returns it (the plugin's route/2 gives [])
     assert ready(d, "q") == 0 and len(d.machine.delayed) == 1
+    assert d.machine.message_bytes == 4  # held bodies count toward the memory alarm
     assert d.machine.next_deadline() == NOW + 200 * MS
     assert d.machine.next_expiry_due()
     tick(d, NOW + 199 * MS)
     assert ready(d, "q") == 0  # not before the delay
     tick(d, NOW + 200 * MS)
-    assert ready(d, "q") == 1 and len(d.machine.delayed) == 0
+    assert ready(d, "q") == 1 and len(d.machine.delayed) == 0 and d.machine.message_bytes == 4
     message = d.get("q")[3]
     assert message.body == b"late"
     assert decode_properties(message.properties).headers["x-delay"] == -200
@@ -199,6 +200,7 @@ def test_held_messages_survive_a_single_node_restart(tmp_path):
     d.machine.store.close()
     again = StateMachine(DurableStore(path))
     assert len(again.delayed) == 2 and again.next_deadline() == NOW + 50 * MS
+    assert again.message_bytes == len(b"transient") + len(b"persistent") + len(b"released")
     e = Driver(again)
     e.ok(Op.CHANNEL_OPEN)
     tick(e, NOW + 100 * MS)
