@@ -288,3 +288,31 @@ def test_kombu_dedup_exchange_resends_are_confirmed_and_routed_once(raftmq_only,
     assert ch.queue_declare(queue.name, passive=True).method.message_count == 2
     ch.queue_delete(queue.name)
     ch.exchange_delete(x)
+
+
+def test_amqp010_publisher_gets_the_same_delay_and_deduplication(raftmq_only, broker, ch):
+    """The core does both for every protocol: an 0-10 message.transfer's application headers carry
+    x-delay and x-deduplication-header as a 0-9-1 publish's headers do (the exchanges are declared
+    with pika: raftmq's 0-10 client declares exchanges without arguments)."""
+    import asyncio
+
+    from raftmq.client.amqp010 import Connection as Connection010
+
+    x, q = delayed_setup(ch)
+    dx, (dq, _other) = dedup_setup(ch, {"x-cache-size": 10})
+
+    async def scenario() -> float:
+        conn = await Connection010.connect([f"{broker.host}:{broker.port}"])
+        session = await conn.session()
+        sent = time.monotonic()
+        await session.publish(x, "k", b"later", headers={"x-delay": 300})
+        for _ in range(3):
+            await session.publish(dx, "", b"once", headers={H: "k"})
+        await conn.close()
+        return sent
+
+    sent = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert get_bodies(ch, dq) == [b"once"]
+    arrived, props, body = wait_message(ch, q)
+    assert body == b"later" and arrived - sent >= 0.3
+    assert props.headers["x-delay"] == -300
