@@ -275,17 +275,16 @@ class Broker:
             if not self.machine.next_expiry_due() or (clustered and not self.log.is_leader):
                 continue
             deadline = self.machine.next_deadline()
-            if deadline is None:
-                continue
-            wait = deadline - time.time_ns() // 1000
-            if wait <= 0:
+            now = time.time_ns() // 1000
+            if deadline is not None and now >= deadline:
                 self.submit([Op.TICK, None, None])
-                pause = TICK_AFTER_SUBMIT  # the next deadline may be close (delayed messages)
-            else:
-                # Wake at the deadline rather than up to TICK_INTERVAL after it: a delayed message
-                # (store/delayed.py) is released promptly.  Not below TICK_MIN_PAUSE: a TICK just
-                # submitted is still on its way through the log.
-                pause = min(TICK_INTERVAL, max(TICK_MIN_PAUSE, wait / 1e6))
+            due = self.machine.delayed.next_due()
+            if due is not None:
+                # Delayed messages (store/delayed.py) are released promptly: wake at the next due
+                # time rather than up to TICK_INTERVAL after it, and soon after a TICK just
+                # submitted (still on its way through the log).  TTLs keep the plain interval.
+                wait = (due - now) / 1e6
+                pause = min(TICK_INTERVAL, TICK_AFTER_SUBMIT if wait <= 0 else max(TICK_MIN_PAUSE, wait))
 
     async def _cluster_watch_loop(self) -> None:
         """Leader: declare unreachable members down. Everyone: drop clients while leaderless."""
