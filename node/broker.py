@@ -45,6 +45,8 @@ from .status import status_loop
 log = logging.getLogger(__name__)
 
 TICK_INTERVAL = 0.05  # seconds between expiry ticks while any queue has expiring messages
+TICK_AFTER_SUBMIT = 0.01  # seconds before looking again after a TICK was submitted
+TICK_MIN_PAUSE = 0.002  # seconds: the shortest wait for a deadline that is about to pass
 ALARM_CHECK_INTERVAL = 1.0
 
 
@@ -101,6 +103,7 @@ class Broker:
             self.log = LocalLog(self.machine, self._on_outputs)
             self.log.on_fatal = self._on_disk_failure
             self._configured_members = {}
+        self.machine.delayed_limit = config.max_delayed_messages
         self.flow_throttled = False
         self.flow_paused: set = set()  # endpoints not read until the backlog is low again
         self.log.on_throttle = self._on_throttle
@@ -272,13 +275,23 @@ class Broker:
 
     async def _tick_loop(self) -> None:
         clustered = self.config.clustered
+        pause = TICK_INTERVAL
         while True:
-            await asyncio.sleep(TICK_INTERVAL)
+            await asyncio.sleep(pause)
+            pause = TICK_INTERVAL
             if not self.machine.next_expiry_due() or (clustered and not self.log.is_leader):
                 continue
             deadline = self.machine.next_deadline()
-            if deadline is not None and time.time_ns() // 1000 >= deadline:
+            now = time.time_ns() // 1000
+            if deadline is not None and now >= deadline:
                 self.submit(Tick(None, None))
+            due = self.machine.delayed.next_due()
+            if due is not None:
+                # Delayed messages (store/delayed.py) are released promptly: wake at the next due
+                # time rather than up to TICK_INTERVAL after it, and soon after a TICK just
+                # submitted (still on its way through the log).  TTLs keep the plain interval.
+                wait = (due - now) / 1e6
+                pause = min(TICK_INTERVAL, TICK_AFTER_SUBMIT if wait <= 0 else max(TICK_MIN_PAUSE, wait))
 
     async def _cluster_watch_loop(self) -> None:
         """Leader: declare unreachable members down. Everyone: drop clients while leaderless."""

@@ -46,6 +46,9 @@ class Config:
     channel_max: int = 2047
     heartbeat: int = 60  # seconds offered in connection.tune; 0 disables
     max_message_size: int = 128 * 1024 * 1024
+    # Messages x-delayed-message exchanges may hold at once (store/delayed.py); beyond it a delayed
+    # publish is refused (basic.nack).  Decided while applying: every cluster member needs the same value.
+    max_delayed_messages: int = 1_000_000
     # 0-9-1 consumers with prefetch >= 32: assign up to twice the prefetch, send as the client acks
     # (node/amqp091/window.py); the client never has more than its prefetch unacked.
     prefetch_readahead: bool = True

@@ -43,6 +43,7 @@ def status_of(broker: Broker) -> dict:
         "clustered": broker.config.clustered,
         "event_seq": broker.machine.event_seq,
         "apply_internal_errors": broker.machine.internal_errors,
+        "delayed_messages": len(broker.machine.delayed),  # held by x-delayed-message exchanges
     }
     if broker.events is not None:
         # Equal to event_seq once the audit writer has caught up with everything applied.

@@ -95,7 +95,8 @@ def _chaos_run(args: argparse.Namespace) -> int:
     print(f"{'VALID' if result.valid else 'INVALID'}: {len(result.faults)} faults; confirmed {r['confirmed']} "
           f"({r['confirmed_by_kind']}), received {r['received']}, lost {len(r['lost'])}, "
           f"unexpected {len(r['unexpected'])}, duplicated 0-9-1 {len(r['duplicated']['0-9-1'])} "
-          f"0-10 {len(r['duplicated']['0-10'])}, replicas identical {r['replicas_identical']}")
+          f"0-10 {len(r['duplicated']['0-10'])} 0-9-1-dedup {len(r['duplicated']['0-9-1-dedup'])} "
+          f"(resent after a lost confirm: {r['dedup_resent']}), replicas identical {r['replicas_identical']}")
     for item in r["availability"]:
         print(f"  {item['fault']}: longest time without a confirm {item['longest_gap_s']} s; "
               f"first confirm {item['first_confirm_after_s']} s after the heal")
@@ -166,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     audit = sub.add_parser("audit", help="audit a message history snapshot with Spark (pip install raftmq[spark])")
     audit.add_argument("job", choices=["summary", "unconsumed", "redelivered", "dead-letters", "latency",
-                                       "throughput"])
+                                       "throughput", "delays", "deduplicated"])
     source = audit.add_mutually_exclusive_group(required=True)
     source.add_argument("--snapshot", help="a snapshot directory (raftmq snapshot)")
     source.add_argument("--data-dir", help="a node's data directory: snapshot its history first")

@@ -59,6 +59,8 @@ class BrokerCollector:
         yield unacked
         yield consumers
         yield _gauge("raftmq_connections", "client connections on this node", node, len(broker.endpoints))
+        yield _gauge("raftmq_delayed_messages", "messages held by x-delayed-message exchanges", node,
+                     len(machine.delayed))
         yield _gauge("raftmq_sessions", "AMQP 0-10 sessions in the cluster", node, len(machine.sessions))
         yield _gauge("raftmq_resource_alarm", "1 while a resource alarm blocks publishers", node,
                      1 if broker.alarm else 0)

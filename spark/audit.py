@@ -97,5 +97,31 @@ def throughput(spark, path: str, bucket: str = "1 second") -> DataFrame:
             .orderBy("bucket"))
 
 
+def delays(spark, path: str) -> DataFrame:
+    """Per delayed exchange (issue 21, store/delayed.py): messages held and released, the delays
+    asked for, and how late each release came after its due time (ms; the ``delay_released``
+    event's detail is that lateness in microseconds of leader-stamped time)."""
+    ev = events(spark, path).filter(F.col("kind").isin("delayed", "delay_released"))
+    held = F.col("kind") == "delayed"
+    late = F.when(~held, F.col("detail").cast("long") / 1000.0)
+    quantiles = F.percentile_approx(late, [0.5, 0.99], 10_000)
+    return (ev.groupBy("vhost", "exchange")
+            .agg(F.count(F.when(held, 1)).alias("delayed"), F.count(F.when(~held, 1)).alias("released"),
+                 F.max(F.when(held, F.col("detail").cast("long"))).alias("max_delay_ms"),
+                 quantiles.getItem(0).alias("late_p50_ms"), quantiles.getItem(1).alias("late_p99_ms"),
+                 F.max(late).alias("late_max_ms"))
+            .orderBy("vhost", "exchange"))
+
+
+def deduplicated(spark, path: str) -> DataFrame:
+    """Duplicates dropped (issue 21): by a deduplicating queue (``level`` queue: not enqueued there)
+    or by an ``x-message-deduplication`` exchange (``level`` exchange: not routed at all)."""
+    return (events(spark, path).filter(F.col("kind") == "deduplicated")
+            .groupBy("vhost", F.col("detail").alias("level"), "exchange", "queue")
+            .agg(F.count("*").alias("duplicates"), F.min("time").alias("first"), F.max("time").alias("last"))
+            .orderBy(F.desc("duplicates"), "vhost", "exchange", "queue"))
+
+
 JOBS = {"summary": summary, "unconsumed": unconsumed, "redelivered": redelivered,
-        "dead-letters": dead_letters, "latency": latency, "throughput": throughput}
+        "dead-letters": dead_letters, "latency": latency, "throughput": throughput,
+        "delays": delays, "deduplicated": deduplicated}

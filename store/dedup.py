@@ -90,16 +90,19 @@ class DedupCache:
         self._remove(key, item[1])
         return False
 
-    def add(self, key: object, message_id: int, now: int, expires_at: int | None) -> None:
+    def add(self, key: object, message_id: int, now: int, expires_at: int | None,
+            ttl: int | None = None) -> None:
         """Record ``key`` for a message just enqueued (``expires_at``: the message's own expiry, if
-        any; an entry that follows its message ends with it)."""
+        any; an entry that follows its message ends with it).  ``ttl`` (microseconds) overrides the
+        cache's for this entry: an exchange's per-message ``x-cache-ttl`` (store/exchange_dedup.py);
+        entries of mixed lifetimes are then removed when found expired, not only from the front."""
         entries = self.entries
-        if self.ttl is not None:
-            until = now + self.ttl
+        if ttl is not None or self.ttl is not None:
+            until = now + (ttl if ttl is not None else self.ttl)
             # Same TTL for every entry and a time that never goes back: the oldest expire first.
             while entries:
                 first, (first_until, first_id) = next(iter(entries.items()))
-                if first_until > now:
+                if first_until is None or first_until > now:
                     break
                 self._remove(first, first_id)
         else:

@@ -16,6 +16,9 @@ Key layouts (all big-endian so LMDB's byte order is the natural order):
   messages    u64 message id -> msgpack [exchange, routing_key, properties, body, priority, published_at,
               properties_format (store/message.py; left out for 0-9-1, as in store format 1)]
   entries     u64 qid + u64 seq -> msgpack [message id, expires_at, priority, delivery_count]
+  delayed     u64 due + u64 seq -> msgpack [vhost, exchange, routing_key, message id, properties, body,
+              persistent, priority, published_at, expiration, delay] (store/delayed.py; every held
+              message, persistent or not, as the plugin keeps them all on disk)
 
 Why LMDB's own ``sync=False`` plus an explicit ``sync()``: commits then cost no fsync, and the node
 fsyncs once for every batch that promised durability (a confirm, a durable declare) before it
@@ -39,7 +42,7 @@ from .versions import STORE_FORMAT, check
 _U64 = struct.Struct(">Q")
 _QID_SEQ = struct.Struct(">QQ")
 
-TABLES = ("meta", "vhosts", "exchanges", "queues", "bindings", "messages", "entries", "users")
+TABLES = ("meta", "vhosts", "exchanges", "queues", "bindings", "messages", "entries", "users", "delayed")
 
 
 def _pack(obj: object) -> bytes:
@@ -67,6 +70,7 @@ class LoadedState:
     bindings: list[tuple[str, str, bool, str, str, dict]] = field(default_factory=list)
     messages: dict[int, list] = field(default_factory=dict)
     entries: list[tuple[int, int, list]] = field(default_factory=list)
+    delayed: list[tuple[int, int, list]] = field(default_factory=list)
 
 
 class DurableStore:
@@ -158,6 +162,9 @@ class DurableStore:
             for k, v in txn.cursor(db=db["entries"]):
                 qid, seq = _QID_SEQ.unpack(k)
                 state.entries.append((qid, seq, _unpack(v)))
+            for k, v in txn.cursor(db=db["delayed"]):
+                due, seq = _QID_SEQ.unpack(k)
+                state.delayed.append((due, seq, _unpack(v)))
         return state
 
     def digest(self) -> str:
@@ -240,3 +247,9 @@ class PersistenceRecorder:
 
     def delete_entry(self, qid: int, seq: int) -> None:
         self._delete("entries", _QID_SEQ.pack(qid, seq))
+
+    def put_delayed(self, due: int, seq: int, record: list) -> None:
+        self._put("delayed", _QID_SEQ.pack(due, seq), _pack(record))
+
+    def delete_delayed(self, due: int, seq: int) -> None:
+        self._delete("delayed", _QID_SEQ.pack(due, seq))

@@ -46,13 +46,18 @@ PUBLISHED, DELIVERED, ACKED, REQUEUED, REJECTED, EXPIRED, DEAD_LETTERED, DROPPED
 ROUTED, UNROUTABLE = 11, 12
 # Definition events (the catalog: queues, exchanges, bindings)
 QUEUE_DECLARED, QUEUE_DELETED, EXCHANGE_DECLARED, EXCHANGE_DELETED, BOUND, UNBOUND = range(13, 19)
+# Issue 21: a message held by a delayed exchange (detail: the delay in ms), released from it (detail:
+# microseconds after its due time), and a duplicate not enqueued / not routed (detail: "queue" for a
+# deduplicating queue, "exchange" for an x-message-deduplication exchange)
+DELAYED, DELAY_RELEASED, DEDUPLICATED = 19, 20, 21
 
 KIND_NAMES = {PUBLISHED: "published", DELIVERED: "delivered", ACKED: "acked", REQUEUED: "requeued",
               REJECTED: "rejected", EXPIRED: "expired", DEAD_LETTERED: "dead_lettered", DROPPED: "dropped",
               PURGED: "purged", DELETED: "deleted", ROUTED: "routed", UNROUTABLE: "unroutable",
               QUEUE_DECLARED: "queue_declared", QUEUE_DELETED: "queue_deleted",
               EXCHANGE_DECLARED: "exchange_declared", EXCHANGE_DELETED: "exchange_deleted",
-              BOUND: "bound", UNBOUND: "unbound"}
+              BOUND: "bound", UNBOUND: "unbound", DELAYED: "delayed", DELAY_RELEASED: "delay_released",
+              DEDUPLICATED: "deduplicated"}
 DEFINITION_KINDS = frozenset(range(QUEUE_DECLARED, UNBOUND + 1))
 
 RETENTIONS = ("none", "metadata", "body")

@@ -66,12 +66,17 @@ from .commands import (
     VhostAdd,
 )
 from .dedup import DedupCache, dedup_key
+from .delayed import DEFAULT_LIMIT as DEFAULT_DELAYED_LIMIT
+from .delayed import DelayedMessages
 from .durable import DurableStore, PersistenceRecorder, binding_key
 from .effects import Effects
 from .errors import HARD_ERRORS, CommandError
+from .exchange_types import PLUGIN_TYPES
+from .exchange_types import validate as validate_plugin_exchange
 from .headers import add_x_death, message_headers, with_delivery_count
 from .message import AMQP091, Properties, codec
 from .model import ChannelState, Consumer, Entry, Exchange, Message, Queue, ReadyList, Session, VHost
+from .plugin_exchanges import PluginExchangeMixin
 from .queue_args import EQUIVALENCE_ARGS, QueueSettings, parse_queue_arguments, parse_stored_queue_arguments
 from .routing import Binding
 from .sessions import SessionMixin
@@ -123,7 +128,7 @@ class BatchWindow:
         return True
 
 
-class StateMachine(SessionMixin, UserMixin):
+class StateMachine(SessionMixin, UserMixin, PluginExchangeMixin):
     def __init__(self, store: DurableStore | None = None) -> None:
         self.store = store
         self.vhosts: dict[str, VHost] = {}
@@ -150,10 +155,14 @@ class StateMachine(SessionMixin, UserMixin):
         self.event_sink: Callable[[int | None, list], None] | None = None
         self._events: list[list] = []
         self.stats = {"published": 0, "unroutable": 0, "delivered": 0, "redelivered": 0, "acked": 0,
-                      "rejected": 0, "dead_lettered": 0, "expired": 0, "deduplicated": 0, "delivery_limited": 0}
+                      "rejected": 0, "dead_lettered": 0, "expired": 0, "deduplicated": 0, "delivery_limited": 0,
+                      "delayed": 0, "delay_released": 0, "delay_refused": 0}
         self.sessions: dict[str, Session] = {}  # AMQP 0-10 sessions by key (sessions.py)
         self.users: dict[str, UserRecord] = {}  # managed through the admin API (users.py)
         self.detached_sessions: dict[str, Session] = {}  # the ones waiting out their timeout
+        self.delayed = DelayedMessages()  # held by x-delayed-message exchanges (store/delayed.py)
+        self.delayed_limit = DEFAULT_DELAYED_LIMIT  # configuration (max_delayed_messages), not state
+        self.exchange_caches: dict[tuple[str, str], DedupCache] = {}  # x-message-deduplication exchanges
         self._now = 0
         self._out: list = []
         self._replies = True  # apply_batch(replies=...)
@@ -488,8 +497,9 @@ class StateMachine(SessionMixin, UserMixin):
                         f"received '{got_s}' but current is '{have_s}'",
                     )
             return None
-        if type_ not in EXCHANGE_TYPES:
+        if type_ not in EXCHANGE_TYPES and type_ not in PLUGIN_TYPES:
             raise CommandError(503, f"unknown exchange type '{type_}'")
+        validate_plugin_exchange(type_, args)
         vhost.exchanges[name] = Exchange(vhost_name, name, type_, durable, auto_delete, internal, args)
         self._definition_event(EV.EXCHANGE_DECLARED, vhost_name, exchange=name, detail=type_,
                                definition=(bool(durable), bool(auto_delete), bool(internal), args))
@@ -519,6 +529,7 @@ class StateMachine(SessionMixin, UserMixin):
             return
         # Gone first: removing its last binding below would otherwise auto-delete it again.
         del vhost.exchanges[exchange.name]
+        self._forget_exchange(exchange)
         for binding in list(exchange.bindings):
             self._remove_binding(vhost, exchange, binding)
         for binding in list(self.inbound.get((vhost.name, False, exchange.name), ())):
@@ -855,6 +866,10 @@ class StateMachine(SessionMixin, UserMixin):
         message = Message(self.next_msg_id, exchange.name, intern(routing_key), props, body, bool(persistent),
                           priority or 0, self._now, 0, cmd.properties_format)
         self.next_msg_id += 1
+        if exchange.type in PLUGIN_TYPES:
+            outcome = self._plugin_publish(vhost, exchange, message, conn, expiration)
+            if outcome is not None:
+                return outcome
         queues = self._route(vhost, exchange, routing_key, message)
         if self.event_sink is None:
             self.event_seq += 1  # numbered alike on every node, recorded where history is kept
@@ -916,7 +931,7 @@ class StateMachine(SessionMixin, UserMixin):
         if queue.dedup is not None:
             dedup_as = dedup_key(message.properties, message.format)
             if dedup_as is not None and queue.dedup.seen(dedup_as, self._now):
-                self._event(EV.DROPPED, queue, message, "duplicate")
+                self._event(EV.DEDUPLICATED, queue, message, "queue")
                 # .get: the stats of a snapshot written before issue 21 lack the key
                 self.stats["deduplicated"] = self.stats.get("deduplicated", 0) + 1
                 return True
@@ -1230,6 +1245,8 @@ class StateMachine(SessionMixin, UserMixin):
         """Expire message heads, idle queues and detached sessions as of the batch time."""
         if self.detached_sessions:
             self._expire_sessions()
+        if self.delayed.heap:
+            self._release_delayed()
         for queue in list(self.expiring.values()):
             self._expire_head(queue)
         for qid, queue in list(self.idle_expiring.items()):
@@ -1239,7 +1256,8 @@ class StateMachine(SessionMixin, UserMixin):
                 self._delete_queue(queue)
 
     def next_expiry_due(self) -> bool:
-        return bool(self.expiring) or bool(self.idle_expiring) or bool(self.detached_sessions)
+        return (bool(self.expiring) or bool(self.idle_expiring) or bool(self.detached_sessions)
+                or bool(self.delayed.heap))
 
     def next_deadline(self) -> int | None:
         """The earliest time (microseconds) at which a TICK would change something, or None.
@@ -1247,7 +1265,7 @@ class StateMachine(SessionMixin, UserMixin):
         The node proposes a TICK only once its clock passes this: an idle cluster with detached
         sessions or TTLs far in the future does not fill the log with ticks.
         """
-        best = None
+        best = self.delayed.next_due()  # released once the stamped time reaches it
         for queue in self.expiring.values():
             head = queue.ready.peek()
             if head is not None and head.expires_at is not None:
@@ -1371,3 +1389,4 @@ class StateMachine(SessionMixin, UserMixin):
                 key = dedup_key(message.properties, message.format)
                 if key is not None:
                     queue.dedup.add(key, msg_id, message.published_at, expires_at)
+        self._load_delayed(state.delayed)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .dedup import DedupCache
+from .exchange_types import routing_type
 from .message import AMQP091
 from .routing import MATCHERS, Binding
 
@@ -293,7 +294,7 @@ class Exchange:
         return value if isinstance(value, str) else None
 
     def rebuild(self) -> None:
-        self.matcher = MATCHERS[self.type](self.bindings)
+        self.matcher = MATCHERS[routing_type(self.type, self.arguments)](self.bindings)
 
     def find_binding(self, wanted: Binding) -> int:
         for i, b in enumerate(self.bindings):

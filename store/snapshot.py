@@ -32,6 +32,7 @@ MODEL_FIELDS = (
     "vhosts", "channels", "exclusive_queues", "queues_by_id", "inbound", "expiring", "idle_expiring",
     "queue_last_used", "next_qid", "next_msg_id", "applied_index", "message_bytes", "_now",
     "applied_batches", "members", "sessions", "detached_sessions", "stats", "event_seq", "users",
+    "delayed", "exchange_caches",  # issue 21 (store/delayed.py, store/exchange_dedup.py)
 )
 
 
@@ -126,6 +127,13 @@ def digest(machine: StateMachine) -> str:
                 put("dedup", q.dedup.size, q.dedup.ttl, list(q.dedup.entries.items()))
             for c in q.consumers:
                 put("consumer", c.channel.conn, c.channel.number, c.tag, c.no_ack, c.exclusive, c.prefetch, c.unacked)
+    for held in machine.delayed.ordered():
+        m = held.message
+        put("delayed", held.due, held.seq, held.vhost, held.exchange, held.routing_key, held.expiration, held.delay,
+            m.id, m.properties, hashlib.sha256(m.body).hexdigest())
+    for key in sorted(machine.exchange_caches):
+        cache = machine.exchange_caches[key]
+        put("exchange-dedup", key, cache.size, cache.ttl, list(cache.entries.items()))
     for name in sorted(machine.users):
         u = machine.users[name]
         put("user", name, u.password_hash, u.tags, u.loopback_only, sorted(u.permissions.items()))

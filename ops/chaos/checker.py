@@ -10,9 +10,11 @@ Verdict:
 
 * **lost**: confirmed, never received. Always an error.
 * **unexpected**: received, never attempted. Always an error.
-* **duplicated**: received more than once. Allowed for 0-9-1 publishers (at-least-once: a publisher
-  that lost its connection before the confirm publishes again), an error for 0-10 session-resume
-  publishers (exactly-once is the point of sessions).
+* **duplicated**: received more than once. Allowed for plain 0-9-1 publishers (at-least-once: a
+  publisher that lost its connection before the confirm publishes again), an error for 0-10
+  session-resume publishers (exactly-once is the point of sessions) and for 0-9-1 publishers that
+  resend with ``x-deduplication-header`` into a deduplicating queue (``0-9-1-dedup``, issue 21: the
+  replicated cache drops the resend).
 * **recovered**: outcome unknown to the publisher, yet delivered (fine, reported).
 * **availability**: for each fault, the time from its end (the heal) to the next confirmed enqueue,
   and the longest stretch without any confirmed enqueue from its start to RECOVERY_WINDOW after
@@ -25,7 +27,8 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-KINDS = ("0-9-1", "0-10")
+KINDS = ("0-9-1", "0-10", "0-9-1-dedup")
+EXACTLY_ONCE = ("0-10", "0-9-1-dedup")  # kinds for which a duplicate makes the history invalid
 RECOVERY_WINDOW = 5.0  # seconds after a fault's end still counted as its effect
 
 
@@ -104,7 +107,7 @@ def check(history: list[Operation], faults: list[Fault] | None = None, limit: in
                              "longest_gap_s": _longest_gap(enqueued_ok_times, fault.start,
                                                            max(fault.end, min(fault.end + RECOVERY_WINDOW,
                                                                               horizon)))})
-    valid = not lost and not unexpected and not duplicated["0-10"]
+    valid = not lost and not unexpected and not any(duplicated[kind] for kind in EXACTLY_ONCE)
     return Report(valid=valid, confirmed=len(confirmed), attempted=len(attempted), received=sum(received.values()),
                   lost=lost[:limit], unexpected=unexpected[:limit],
                   duplicated={k: v[:limit] for k, v in duplicated.items()}, recovered=recovered,

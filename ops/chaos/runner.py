@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import nemesis as nemeses
 from .checker import Fault, Operation, check
-from .workload import Q010, Q091, Clock, Consumer091, Publisher010, Publisher091, drain
+from .workload import Q010, Q091, Q091_DEDUP, Clock, Consumer091, Publisher010, Publisher091, drain
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,9 @@ def run(backend, config: RunConfig) -> RunResult:
     history: list[Operation] = []
     faults: list[Fault] = []
     skipped: list[str] = []
+    dedup_publisher = Publisher091(backend.urls()[1:] + backend.urls()[:1], history, clock, "p091d", dedup=True)
     workers = [Publisher091(backend.urls(), history, clock), Publisher010(backend.hosts(), history, clock),
-               Consumer091(backend.urls(), history, clock)]
+               Consumer091(backend.urls(), history, clock), dedup_publisher]
     for worker in workers:
         worker.start()
     try:
@@ -95,7 +96,7 @@ def run(backend, config: RunConfig) -> RunResult:
     digests = backend.settle()
     leader = backend.leader()
     url = backend.urls()[leader if leader is not None else 0]
-    for queue in (Q091, Q010):
+    for queue in (Q091, Q010, Q091_DEDUP):
         drain(url, queue, history, clock)
     report = check(history, faults)
     # Digests come from the nodes' data directories (netns); compose checks equal applied indexes.
@@ -105,7 +106,7 @@ def run(backend, config: RunConfig) -> RunResult:
     result.update(valid=valid, backend=backend.name, duration=config.duration, seed=config.seed,
                   nemeses=config.nemeses, faults=[dataclasses.asdict(f) for f in faults], skipped=skipped,
                   client_errors=errors, replicas_identical=converged, digests=digests,
-                  confirmed_by_kind=_confirmed_by_kind(history))
+                  confirmed_by_kind=_confirmed_by_kind(history), dedup_resent=dedup_publisher.resent)
     with open(out / "history.jsonl", "w") as fh:
         for op in history:
             fh.write(json.dumps(dataclasses.asdict(op)) + "\n")

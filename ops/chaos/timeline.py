@@ -15,7 +15,7 @@ def plot_timeline(history: list[Operation], faults: list[Fault], path: str | Pat
     import matplotlib.pyplot as plt
 
     fig, (latency_ax, rate_ax) = plt.subplots(2, 1, figsize=(12, 6), sharex=True)
-    for kind, colour in (("0-9-1", "tab:blue"), ("0-10", "tab:orange")):
+    for kind, colour in (("0-9-1", "tab:blue"), ("0-10", "tab:orange"), ("0-9-1-dedup", "tab:green")):
         points = [(op.time, op.latency * 1000) for op in history
                   if op.kind == "enqueue" and op.status == "ok" and op.client_kind == kind]
         if points:

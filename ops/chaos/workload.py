@@ -3,6 +3,11 @@
 * ``Publisher091``: numbered persistent messages with publisher confirms (pika), failing over
   between nodes by itself on any error.  At-least-once: a message whose confirm was lost with the
   connection is recorded ``info`` and may show up twice.
+* ``Publisher091(dedup=True)``: the same into a queue with ``x-message-deduplication``; every
+  message carries ``x-deduplication-header`` = its number, and a message whose confirm was lost
+  with the connection is published again (same number, same header) on the next node until it is
+  confirmed.  Exactly-once: the replicated deduplication cache (store/dedup.py) drops the resend.
+  Its queue is only drained at the end, like the 0-10 one.
 * ``Publisher010``: the AMQP 0-10 client with session resume (it replays across failovers by
   itself).  Exactly-once: no message of it may be received twice.
 * ``Consumer091``: consumes the 0-9-1 queue during the run with manual acks, failing over like
@@ -23,7 +28,11 @@ import time
 
 from .checker import Operation
 
-Q091, Q010 = "chaos-091", "chaos-010"
+Q091, Q010, Q091_DEDUP = "chaos-091", "chaos-010", "chaos-091-dedup"
+# The deduplicating queue: entries outlive their messages for 10 minutes (x-cache-ttl), longer than
+# any resend, within a cache that holds every message of a long run.
+DEDUP_ARGUMENTS = {"x-message-deduplication": True, "x-cache-ttl": 600_000, "x-cache-size": 2_000_000}
+DEDUP_FIRST = 2_000_000_000  # its message numbers (0-9-1 from 1, 0-10 from 1e9)
 
 
 class Clock:
@@ -35,16 +44,23 @@ class Clock:
 
 
 class Publisher091(threading.Thread):
-    def __init__(self, urls: list[str], history: list[Operation], clock: Clock, name: str = "p091") -> None:
+    def __init__(self, urls: list[str], history: list[Operation], clock: Clock, name: str = "p091",
+                 dedup: bool = False) -> None:
         super().__init__(daemon=True, name=name)
         self.urls, self.history, self.clock = urls, history, clock
         self.stop = threading.Event()
         self.client = name
+        self.dedup = dedup
+        self.queue = Q091_DEDUP if dedup else Q091
+        self.kind = "0-9-1-dedup" if dedup else "0-9-1"
+        self.resent = 0  # dedup: publishes repeated after a lost confirm
 
     def run(self) -> None:
         import pika
 
-        seq, i = 0, 0
+        seq, i = DEDUP_FIRST if self.dedup else 0, 0
+        unconfirmed: int | None = None  # dedup: the number whose confirm was lost, to publish again
+        kind = self.kind
         while not self.stop.is_set():
             url = self.urls[i % len(self.urls)]
             i += 1
@@ -53,23 +69,29 @@ class Publisher091(threading.Thread):
                     url + "?connection_attempts=1&socket_timeout=2&blocked_connection_timeout=5"))
                 ch = conn.channel()
                 ch.confirm_delivery()
-                ch.queue_declare(Q091, durable=True)
+                ch.queue_declare(self.queue, durable=True, arguments=DEDUP_ARGUMENTS if self.dedup else None)
                 while not self.stop.is_set():
-                    seq += 1
+                    if unconfirmed is not None:
+                        value, unconfirmed = unconfirmed, None
+                        self.resent += 1
+                    else:
+                        seq += 1
+                        value = seq
+                    headers = {"x-deduplication-header": str(value)} if self.dedup else None
                     started = self.clock()
                     try:
-                        ch.basic_publish("", Q091, str(seq).encode(), pika.BasicProperties(delivery_mode=2))
-                    except pika.exceptions.UnroutableError:
-                        self.history.append(Operation("enqueue", seq, "fail", self.client, "0-9-1", self.clock()))
-                        continue
-                    except pika.exceptions.NackError:
-                        self.history.append(Operation("enqueue", seq, "fail", self.client, "0-9-1", self.clock()))
+                        ch.basic_publish("", self.queue, str(value).encode(),
+                                         pika.BasicProperties(delivery_mode=2, headers=headers))
+                    except (pika.exceptions.UnroutableError, pika.exceptions.NackError):
+                        self.history.append(Operation("enqueue", value, "fail", self.client, kind, self.clock()))
                         continue
                     except Exception:
-                        self.history.append(Operation("enqueue", seq, "info", self.client, "0-9-1", self.clock()))
+                        self.history.append(Operation("enqueue", value, "info", self.client, kind, self.clock()))
+                        if self.dedup:
+                            unconfirmed = value
                         raise
                     done = self.clock()
-                    self.history.append(Operation("enqueue", seq, "ok", self.client, "0-9-1", done, done - started))
+                    self.history.append(Operation("enqueue", value, "ok", self.client, kind, done, done - started))
                 conn.close()
             except Exception:  # noqa: BLE001 - any failure: try the next node
                 time.sleep(0.1)

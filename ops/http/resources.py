@@ -169,7 +169,8 @@ def _properties_view(message: Message) -> dict:
 # ------------------------------------------------------------------ exchanges
 
 async def list_exchanges(request: web.Request) -> web.Response:
-    rows = [exchange_view(e) for v in _visible_vhosts(request, _vhost_arg(request))
+    machine = context(request).broker.machine
+    rows = [exchange_view(e, machine) for v in _visible_vhosts(request, _vhost_arg(request))
             for e in sorted(v.exchanges.values(), key=lambda e: e.name)]
     return columns(request, rows)
 
@@ -190,7 +191,7 @@ def _exchange_name(request: web.Request) -> str:
 
 async def get_exchange(request: web.Request) -> web.Response:
     _vhost, exchange = _exchange(request)
-    view = exchange_view(exchange)
+    view = exchange_view(exchange, context(request).broker.machine)
     view["incoming"], view["outgoing"] = [], []
     return reply(view)
 

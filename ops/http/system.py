@@ -36,7 +36,8 @@ from .common import (
 from .views import MANAGEMENT_VERSION, PRODUCT, node_name
 
 STARTED = time.time()
-EXCHANGE_TYPES = [{"name": t, "description": "", "enabled": True} for t in ("direct", "fanout", "topic", "headers")]
+EXCHANGE_TYPES = [{"name": t, "description": "", "enabled": True} for t in ("direct", "fanout", "topic", "headers",
+                                                                     "x-delayed-message", "x-message-deduplication")]
 
 
 def _version() -> str:
@@ -80,7 +81,9 @@ async def overview(request: web.Request) -> web.Response:
         "statistics_db_event_queue": 0,
         "message_stats": ctx.rates.message_stats(),
         "queue_totals": {"messages": ready + unacked, "messages_ready": ready,
-                         "messages_unacknowledged": unacked},
+                         "messages_unacknowledged": unacked,
+                         # raftmq: held by x-delayed-message exchanges (store/delayed.py)
+                         "messages_delayed": len(broker.machine.delayed)},
         "object_totals": {
             "connections": len(connections),
             "channels": sum(len(_channel_states(broker, conn_id)) for conn_id, _ in connections),

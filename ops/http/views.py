@@ -68,8 +68,8 @@ def queue_view(broker: Broker, queue: Queue, rates: Rates) -> dict:
     return view
 
 
-def exchange_view(exchange: Exchange) -> dict:
-    return {
+def exchange_view(exchange: Exchange, machine=None) -> dict:
+    view = {
         "name": exchange.name,
         "vhost": exchange.vhost,
         "type": exchange.type,
@@ -80,6 +80,16 @@ def exchange_view(exchange: Exchange) -> dict:
         "user_who_performed_action": "rmq-internal" if is_default_exchange(exchange.name) else "",
         "policy": None,
     }
+    if machine is not None:
+        # The plugins' own info items: rabbitmq-delayed-message-exchange's messages_delayed, the
+        # deduplication plugin's cache_info (issue 21).
+        if exchange.type == "x-delayed-message":
+            view["messages_delayed"] = machine.delayed.held_by(exchange.vhost, exchange.name)
+        elif exchange.type == "x-message-deduplication":
+            cache = machine.exchange_caches.get((exchange.vhost, exchange.name))
+            view["cache_info"] = {"entries": len(cache.entries) if cache else 0,
+                                  "size": cache.size if cache else None}
+    return view
 
 
 def is_default_exchange(name: str) -> bool:

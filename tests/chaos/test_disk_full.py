@@ -38,5 +38,6 @@ def test_disk_full_blocks_publishers_and_loses_nothing(tmp_path):
     assert report["confirmed_by_kind"]["0-9-1"] > 100 and report["confirmed_by_kind"]["0-10"] > 100
     assert not report["lost"] and not report["unexpected"], report
     assert not report["duplicated"]["0-10"], report["duplicated"]
+    assert not report["duplicated"]["0-9-1-dedup"], report["duplicated"]  # resends deduplicated (issue 21)
     assert report["replicas_identical"] and not report["client_errors"]
     assert result.valid

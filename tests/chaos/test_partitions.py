@@ -42,6 +42,7 @@ def check_valid(result: runner.RunResult, tmp_path) -> None:
     assert report["confirmed_by_kind"]["0-9-1"] > 500 and report["confirmed_by_kind"]["0-10"] > 500
     assert not report["lost"] and not report["unexpected"], report
     assert not report["duplicated"]["0-10"], report["duplicated"]
+    assert not report["duplicated"]["0-9-1-dedup"], report["duplicated"]  # resends deduplicated (issue 21)
     assert report["replicas_identical"] and not report["client_errors"]
     assert result.valid
     assert (tmp_path / "run" / "timeline.png").read_bytes()[:4] == b"\x89PNG"

@@ -52,3 +52,12 @@ def test_availability_after_each_heal():
     assert report.availability == [{"fault": "partition", "healed_at": 4.0, "first_confirm_after_s": 1.5,
                                      "longest_gap_s": 3.5}]
     assert "VALID" in report.summary()
+
+
+def test_duplicates_are_invalid_for_the_deduplicating_0_9_1_publisher():
+    """Issue 21: a 0-9-1 publisher that resends with x-deduplication-header into a deduplicating
+    queue must see each message once; an unconfirmed first attempt resent and confirmed is fine."""
+    resent_once = check([enq(1, "info", kind="0-9-1-dedup"), enq(1, kind="0-9-1-dedup"), deq(1)])
+    assert resent_once.valid and resent_once.duplicated["0-9-1-dedup"] == []
+    twice = check([enq(1, "info", kind="0-9-1-dedup"), enq(1, kind="0-9-1-dedup"), deq(1), deq(1)])
+    assert not twice.valid and twice.duplicated["0-9-1-dedup"] == [1]

@@ -43,7 +43,12 @@ QUEUES = ("q1", "q2", "dlq", "dq")
 # "dq" deduplicates (a small cache, so that it evicts) and dead-letters past one return (issue 21).
 DQ_ARGS = {"x-message-deduplication": True, "x-cache-size": 3, "x-delivery-limit": 1,
            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"}
-EXCHANGES = ("", "x.direct", "x.topic", "x.fanout", "amq.topic")
+EXCHANGES = ("", "x.direct", "x.topic", "x.fanout", "amq.topic", "x.delayed", "x.dedup")
+# Issue 21's plugin exchanges: a delayed one (topic routing; at most DELAYED_LIMIT held, so that
+# refusals happen too) and a deduplicating one (a small cache with a short TTL).
+PLUGIN_EXCHANGES = (("x.delayed", "x-delayed-message", {"x-delayed-type": "topic"}),
+                    ("x.dedup", "x-message-deduplication", {"x-cache-size": 2, "x-cache-ttl": 5}))
+DELAYED_LIMIT = 4
 NOW = 1_700_000_000_000_000
 
 conn = st.sampled_from(CONNS)
@@ -64,7 +69,10 @@ def _queue_args():
 
 # Properties: none, or an x-deduplication-header drawn from a few values (so that they repeat).
 PROPS = (b"\x00\x00", b"\x00\x00", *(encode_properties(BasicProperties(headers={"x-deduplication-header": v}))
-                                        for v in ("a", "b", "c", "d", 1)))
+                                        for v in ("a", "b", "c", "d", 1)),
+         *(encode_properties(BasicProperties(headers=h)) for h in (
+             {"x-delay": 3}, {"x-delay": 40}, {"x-delay": 15, "x-deduplication-header": "a"},
+             {"x-deduplication-header": "b", "x-cache-ttl": 30})))
 publish = st.builds(
     lambda c, n, t, x, k, props, body, persistent, priority, ttl:
     Publish(c, t, n, "/", x, k, False, props, body, persistent, priority, ttl),
@@ -110,7 +118,8 @@ others = st.one_of(
     st.builds(lambda c, n, t: Recover(c, t, n, True), conn, channel, token),
     st.builds(lambda: Tick(None, None)),
 )
-commands = weighted((5, publish), (2, consume), (2, others), (1, ending))
+# TICKs besides: they release delayed messages (issue 21) and expire TTLs.
+commands = weighted((5, publish), (2, consume), (2, others), (1, ending), (1, st.just(Tick(None, None))))
 
 # (microseconds since the previous batch, the batch's commands): the leader stamps the time.
 batches = st.lists(st.tuples(st.integers(0, 20_000), st.lists(commands, min_size=1, max_size=6)),
@@ -141,12 +150,18 @@ SETUP = [
     QueueBind("setup", 6, 1, "/", "q1", "x.fanout", "", {}),
     QueueBind("setup", 7, 1, "/", "q2", "x.fanout", "", {}),
     QueueBind("setup", 8, 1, "/", "dq", "x.fanout", "", {}),
+    *(ExchangeDeclare("setup", 9, 1, "/", x, t, False, True, False, False, a) for x, t, a in PLUGIN_EXCHANGES),
+    QueueBind("setup", 10, 1, "/", "q1", "x.delayed", "#", {}),
+    QueueBind("setup", 11, 1, "/", "dq", "x.delayed", "a", {}),
+    QueueBind("setup", 12, 1, "/", "q2", "x.dedup", "", {}),
+    QueueBind("setup", 13, 1, "/", "dlq", "x.dedup", "", {}),
     ConnectionClose("setup", None),
 ]
 
 
 def _fresh() -> StateMachine:
     machine = StateMachine(None)
+    machine.delayed_limit = DELAYED_LIMIT
     machine.apply_batch(NOW, SETUP)
     return machine
 
@@ -208,6 +223,8 @@ def test_two_machines_without_lmdb_agree_on_every_effect_and_digest(stream):
             assert digest(joined) == digest(first)
         elif i == len(stream) // 2:
             joined = StateMachine(None)
+            joined.delayed_limit = DELAYED_LIMIT  # configuration, not in the snapshot
             import_model(joined, export_model(first))
             assert digest(joined) == digest(first)
     event(f"deliveries: {'none' if not deliveries else '1-9' if deliveries < 10 else '10 or more'}")
+    event(f"delayed messages released: {'none' if not first.stats['delay_released'] else 'some'}")

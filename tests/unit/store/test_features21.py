@@ -285,7 +285,7 @@ def test_a_duplicate_is_confirmed_and_not_enqueued_and_a_message_without_the_hea
     d.publish("q", b"plain")
     d.publish("q", b"other header", headers={"x-other": "order-1"})
     assert d.bodies("q") == [b"1", b"2", b"plain", b"plain", b"other header"]
-    assert d.kinds(EV.DROPPED) == [("q", "duplicate")]
+    assert d.kinds(EV.DEDUPLICATED) == [("q", "queue")]
     assert d.machine.stats["deduplicated"] == 1  # raftmq_messages_deduplicated_total (ops/metrics.py)
 
 
@@ -320,7 +320,7 @@ def test_the_plugin_rule_an_entry_leaves_with_its_message(d):
     assert d.ok(Op.QUEUE_PURGE, "/", "q")[0] == 1
     d.publish("q", b"e", headers={H: "k"})
     assert d.bodies("q") == [b"e"]
-    assert d.kinds(EV.DROPPED) == [("q", "duplicate"), ("q", "duplicate")]
+    assert d.kinds(EV.DEDUPLICATED) == [("q", "queue"), ("q", "queue")]
 
 
 def test_a_full_cache_evicts_its_oldest_entry(d):
