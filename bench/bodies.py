@@ -160,9 +160,8 @@ def main() -> None:
     for r in range(args.rounds):
         work = tempfile.mkdtemp(prefix="raftmq-bodies-", dir=args.dir)
         try:
-            for name, run in (("store", lambda: bench_store(work, groups, args.cache)),
-                              ("journal", lambda: bench_journal(work, groups))):
-                row = run()
+            for name in ("store", "journal"):
+                row = bench_store(work, groups, args.cache) if name == "store" else bench_journal(work, groups)
                 print(f"round {r + 1} {name:8s} " + "  ".join(
                     f"{k} {v:.3f}" if v < 10 else f"{k} {v:.0f}" for k, v in row.items()), flush=True)
         finally:
