@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rabbit_cluster import RabbitCluster  # noqa: E402
 
 from raftmq.ops.local.cluster import Cluster  # noqa: E402
+from raftmq.ops.local.node import NodeStartError  # noqa: E402
 
 QUEUE = "backlog"
 MB = 1 << 20
@@ -183,6 +184,7 @@ class RaftmqTarget:
         leader = self.cluster.leader()
         self.client_node = next(n for n in self.cluster.nodes if n is not leader)
         self.url = self.client_node.url
+        self.roles = f"nodes n1/n2/n3, leader {leader.node_id}, client on {self.client_node.node_id}"
 
     def rss(self) -> list[float]:
         return [rss_mb([n.pid]) if n.is_alive() else 0.0 for n in self.cluster.nodes]
@@ -196,11 +198,23 @@ class RaftmqTarget:
         node = next(n for n in self.cluster.nodes if n is not self.client_node and n is not leader)
         node.kill9()
         started = time.monotonic()
-        node.start()
+        refused = 0
+        while True:
+            try:
+                node.start()
+                break
+            except NodeStartError as exc:
+                # A snapshot child forked by the killed node outlives it and keeps its listening
+                # socket until it has written the snapshot (seen here): try again.
+                if "address already in use" not in str(exc) or time.monotonic() - started > 120:
+                    raise
+                refused += 1
+                time.sleep(0.5)
         ready = time.monotonic() - started
         self.cluster.wait_caught_up(node, timeout=300)
         caught = time.monotonic() - started
-        return f"{node.node_id} killed -9: AMQP ready after {ready:.1f} s, caught up after {caught:.1f} s"
+        note = f" ({refused} starts refused: port still held by the killed node's snapshot child)" if refused else ""
+        return f"{node.node_id} killed -9: AMQP ready after {ready:.1f} s, caught up after {caught:.1f} s{note}"
 
     def stop(self) -> None:
         self.cluster.stop()
@@ -217,6 +231,7 @@ class RabbitTarget:
         conn.channel().queue_declare(QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
         conn.close()
         self.url = self.rc.url(1)
+        self.roles = "nodes r1/r2/r3, queue leader r1, client on r2"
 
     def rss(self) -> list[float]:
         return [rss_mb(self.rc.pids(i)) for i in range(3)]
@@ -237,7 +252,7 @@ def run(target, args) -> None:
     per_step = max(1, args.step_mb * MB // args.size)
     total = args.backlog_mb * MB // args.size
     print(f"\n== {name}: {total} x {args.size} B = {total * args.size / MB:.0f} MB, steps of "
-          f"{per_step} messages; RSS MB per node at start {fmt(target.rss())}", flush=True)
+          f"{per_step} messages; {target.roles}; RSS MB per node at start {fmt(target.rss())}", flush=True)
     published, step = 0, 0
     phase_start = time.monotonic()
     while published < total:
@@ -279,11 +294,12 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=1000, help="unconfirmed publishes in flight")
     parser.add_argument("--phase-limit", type=float, default=180.0, help="seconds per publish or consume phase")
     parser.add_argument("--only", choices=("raftmq", "rabbitmq"), help="one broker only")
+    parser.add_argument("--rabbitmq-first", action="store_true", help="run RabbitMQ before raftmq")
     parser.add_argument("--raftmq-config", default="disk_free_limit = 1\nmemory_high_watermark = 8589934592\n",
                         help="extra TOML for the raftmq nodes (default: alarms out of the way)")
     args = parser.parse_args()
     args.step_mb = args.step_mb or max(1, args.backlog_mb // 3)
-    for which in ("raftmq", "rabbitmq"):
+    for which in ("rabbitmq", "raftmq") if args.rabbitmq_first else ("raftmq", "rabbitmq"):
         if args.only and args.only != which:
             continue
         target = RaftmqTarget(args.raftmq_config) if which == "raftmq" else RabbitTarget()
