@@ -8,6 +8,9 @@ back from the Raft journal's segments, in process, on this machine's disk.
     then random gets of single ids without read-ahead; cache hit rate of each;
   * delete: acks, applied at the checkpoint after next.
 
+``keeping up``: consumers ack each message 1,000 messages after it is published, with the default
+write-behind bound: the bodies never reach LMDB.
+
 ``journal`` (raft/journal.py): the same batches appended as Raft entries (a batch header and the
 msgpack batch, as raft/replica.py proposes them) and fdatasync'ed -- a cost the cluster pays
 anyway -- then each body read back: pread of the entry's record, CRC, msgpack decode of the whole
@@ -102,6 +105,36 @@ def bench_store(work: str, groups, cache_bytes: int) -> dict[str, float]:
             "delete us": us(delete, n)}
 
 
+def bench_keeping_up(work: str, groups, cache_bytes: int, lag: int = 1000) -> dict[str, float]:
+    """Consumers keeping up: each message is acked ``lag`` messages after it was published, with
+    the default write-behind bound (16 MiB): how many bodies reach LMDB, and the cost per message
+    of put + get + delete."""
+    store = BodyStore(os.path.join(work, "keeping-up"), map_size=1 << 34)
+    bodies = Bodies(store, cache_bytes=cache_bytes)
+    ids = [msg_id for g in groups for msg_id, _ in g]
+    n = len(ids)
+    acked = 0
+    t = time.perf_counter()
+    for group in groups:
+        bodies.carry_out(BodyEffects(puts=group))
+        last = group[-1][0]
+        done = []
+        while acked < n and ids[acked] <= last - lag:
+            assert bodies.get(ids[acked]) is not None
+            done.append(ids[acked])
+            acked += 1
+        bodies.carry_out(BodyEffects(deletes=done))
+    rest = ids[acked:]
+    for msg_id in rest:
+        assert bodies.get(msg_id) is not None
+    bodies.carry_out(BodyEffects(deletes=rest))
+    bodies.checkpoint()
+    seconds = time.perf_counter() - t
+    written = bodies.stats.written
+    store.close()
+    return {"put+get+ack us": us(seconds, n), "bodies written to LMDB": written}
+
+
 def bench_journal(work: str, groups) -> dict[str, float]:
     journal = AppendJournal(os.path.join(work, "journal"))
     n = sum(len(g) for g in groups)
@@ -160,9 +193,14 @@ def main() -> None:
     for r in range(args.rounds):
         work = tempfile.mkdtemp(prefix="raftmq-bodies-", dir=args.dir)
         try:
-            for name in ("store", "journal"):
-                row = bench_store(work, groups, args.cache) if name == "store" else bench_journal(work, groups)
-                print(f"round {r + 1} {name:8s} " + "  ".join(
+            for name in ("store", "keeping up", "journal"):
+                if name == "store":
+                    row = bench_store(work, groups, args.cache)
+                elif name == "journal":
+                    row = bench_journal(work, groups)
+                else:
+                    row = bench_keeping_up(work, groups, args.cache)
+                print(f"round {r + 1} {name:10s} " + "  ".join(
                     f"{k} {v:.3f}" if v < 10 else f"{k} {v:.0f}" for k, v in row.items()), flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
