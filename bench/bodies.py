@@ -135,6 +135,54 @@ def bench_keeping_up(work: str, groups, cache_bytes: int, lag: int = 1000) -> di
     return {"put+get+ack us": us(seconds, n), "bodies written to LMDB": written}
 
 
+def bench_churn(work: str, live_mb: int, rounds: int, per_round: int) -> None:
+    """LMDB under churn: a store holding ~``live_mb`` of bodies of mixed sizes (1-64 KiB, so
+    overflow values need 1-17 contiguous pages), each round publishing ``per_round`` bodies and
+    deleting as many (mostly the oldest, some at random: requeues, expiry); put time per round
+    shows whether the free-page search degrades as the free list fragments."""
+    rng = random.Random(11)
+    store = BodyStore(os.path.join(work, "churn"), map_size=1 << 36)
+    live: list[int] = []
+    next_id, live_bytes = 1, 0
+    sizes: dict[int, int] = {}
+
+    def body(size: int) -> bytes:
+        return rng.randbytes(16) * (size // 16)
+
+    batch: list[tuple[int, bytes]] = []
+    while live_bytes < live_mb << 20:
+        size = rng.choice((1024, 4096, 4096, 4096, 16384, 65536))
+        batch.append((next_id, body(size)))
+        live.append(next_id)
+        sizes[next_id] = size
+        live_bytes += size
+        next_id += 1
+        if len(batch) == 50:
+            store.put_many(batch)
+            batch = []
+    store.put_many(batch)
+    print(f"  churn: {len(live)} bodies, {live_bytes >> 20} MB live, file {store.disk_bytes() >> 20} MB", flush=True)
+    for r in range(rounds):
+        put_s = del_s = 0.0
+        for _ in range(per_round // 50):
+            group = []
+            for _ in range(50):
+                size = rng.choice((1024, 4096, 4096, 4096, 16384, 65536))
+                group.append((next_id, body(size)))
+                live.append(next_id)
+                next_id += 1
+            t = time.perf_counter()
+            store.put_many(group)
+            put_s += time.perf_counter() - t
+            dead = [live.pop(0) if rng.random() < 0.9 else live.pop(rng.randrange(len(live))) for _ in range(50)]
+            t = time.perf_counter()
+            store.delete_many(dead)
+            del_s += time.perf_counter() - t
+        print(f"  churn round {r + 1}: put {us(put_s, per_round):.1f} us, delete {us(del_s, per_round):.1f} us, "
+              f"file {store.disk_bytes() >> 20} MB", flush=True)
+    store.close()
+
+
 def bench_journal(work: str, groups) -> dict[str, float]:
     journal = AppendJournal(os.path.join(work, "journal"))
     n = sum(len(g) for g in groups)
@@ -186,8 +234,17 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50, help="publishes per Raft entry")
     parser.add_argument("--cache", type=int, default=8 << 20, help="body cache bytes")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--churn-mb", type=int, default=0,
+                        help="instead: LMDB churn with this many MB live (mixed 1-64 KiB bodies)")
     parser.add_argument("--dir", default=None, help="work directory (default: a temporary one under /tmp)")
     args = parser.parse_args()
+    if args.churn_mb:
+        work = tempfile.mkdtemp(prefix="raftmq-bodies-", dir=args.dir)
+        try:
+            bench_churn(work, args.churn_mb, args.rounds, args.count)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     groups = batches(args.count, args.size, args.batch)
     print(f"{args.count} bodies of {args.size} B, {args.batch} per batch, cache {args.cache} B", flush=True)
     for r in range(args.rounds):
