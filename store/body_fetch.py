@@ -120,6 +120,7 @@ class CatchUp:
     bytes: int = 0
     requests: int = 0
     still_missing: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # members that did not answer (then the next is asked)
 
 
 def catch_up(bodies: Bodies, live: dict[int, int], members: Iterable[Ask],
@@ -131,12 +132,20 @@ def catch_up(bodies: Bodies, live: dict[int, int], members: Iterable[Ask],
     for ask in members:
         if not needed:
             break
+        member_failed = False
         for ids in plan(needed, answer_bytes):
+            if member_failed:
+                break
             remaining = ids
             while remaining:  # an answer may stop early at answer_bytes: ask again for the rest
                 report.requests += 1
                 asked = set(remaining)
-                answer = decode_answer(ask(encode_request(remaining)))
+                try:
+                    answer = decode_answer(ask(encode_request(remaining)))
+                except FetchError as exc:  # the member is down or answered nonsense: the next one
+                    report.errors.append(str(exc))
+                    member_failed = True
+                    break
                 for msg_id, body in answer:
                     if msg_id not in asked:
                         raise FetchError(f"answer carries message {msg_id}, not asked for or twice")

@@ -257,6 +257,25 @@ def test_follower_catches_up_from_two_members(tmp_path):
             s.close()
 
 
+def test_a_member_that_does_not_answer_is_skipped(tmp_path):
+    stores = [BodyStore(str(tmp_path / n), map_size=1 << 24) for n in ("a", "b")]
+    try:
+        a, b = (Bodies(s, cache_bytes=1 << 20) for s in stores)
+        a.carry_out(BodyEffects(puts=[(i, b"x" * 100) for i in range(10)]))
+        calls = []
+
+        def down(request: bytes) -> bytes:
+            calls.append(request)
+            raise FetchError("member 127.0.0.1:1 did not answer")
+
+        report = catch_up(b, {i: 100 for i in range(10)}, [down, lambda r: serve(a, r)], answer_bytes=300)
+        assert report.still_missing == [] and report.fetched == 10
+        assert len(calls) == 1 and len(report.errors) == 1  # given up after its first failure
+    finally:
+        for s in stores:
+            s.close()
+
+
 def test_catch_up_refuses_a_body_of_the_wrong_size(tmp_path):
     stores = [BodyStore(str(tmp_path / n), map_size=1 << 24) for n in ("a", "b")]
     try:
