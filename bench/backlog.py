@@ -22,6 +22,7 @@ Usage::
 
     python bench/backlog.py --backlog-mb 300            # both brokers
     python bench/backlog.py --backlog-mb 300 --only raftmq
+    python bench/backlog.py --backlog-mb 5120 --step-mb 1024 --phase-limit 1800   # the issue's size
 """
 
 from __future__ import annotations
