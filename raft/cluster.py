@@ -47,6 +47,7 @@ from raftmq.store.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
 
 from .log import Compaction, OutputsCallback, RaftStatus
 from .replica import ENTRY, INSTALL, SNAPSHOT, Replica
+from .snapshot_child import fork_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -336,16 +337,8 @@ class ClusterLog:
 
     def _take_snapshot(self, path: str, meta: bytes) -> None:
         replica = self.replica
-        if self.use_fork:
-            pid = os.fork()
-            if pid == 0:  # child: a frozen copy of the model; write it and leave without cleanup
-                code = 1
-                try:
-                    write_snapshot(path, self.machine, meta)
-                    code = 0
-                finally:
-                    os._exit(code)
-            replica.snapshot_started(pid)
+        if self.use_fork:  # a frozen copy of the model, written by a child without our sockets
+            replica.snapshot_started(fork_snapshot(path, self.machine, meta))
             return
         try:
             write_snapshot(path, self.machine, meta)

@@ -1,0 +1,30 @@
+"""The next message ids a queue will deliver, without taking them: what body read-ahead asks for.
+
+``Bodies.read_ahead`` (store/bodies.py) wants the ids of the next few messages a consumer of a
+queue will be given, in that order, so that their bodies come from disk in one read before the
+deliveries need them.  This walks a ``ReadyList`` (store/model.py) in its delivery order --
+highest priority first; within a priority, requeued and fresh entries merged by sequence, as
+``ReadyList.pop`` takes them -- reading only, outside apply.  It reads ReadyList's private
+lists; when the model is reworked this belongs on ReadyList itself.
+"""
+
+from __future__ import annotations
+
+import heapq
+from itertools import islice
+
+from .model import ReadyList
+
+
+def next_ids(ready: ReadyList, n: int) -> list[int]:
+    """Message ids of the next ``n`` entries ``ready.pop()`` would return, in that order."""
+    out: list[int] = []
+    for level in range(len(ready._levels) - 1, -1, -1):
+        if len(out) >= n:
+            break
+        want = n - len(out)
+        fresh = islice(ready._levels[level], want)
+        returned = heapq.nsmallest(want, ready._returned[level], key=lambda item: item[0])
+        merged = heapq.merge(((e.seq, e) for e in fresh), returned, key=lambda item: item[0])
+        out.extend(entry.message.id for _, entry in islice(merged, want))
+    return out
