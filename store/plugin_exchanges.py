@@ -6,100 +6,107 @@ to an ``x-message-deduplication`` exchange dropped when its header value was see
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import events as EV
 from .commands import REJECTED, UNROUTABLE
-from .delayed import DelayedMessages, Held, delay_of, with_released_header
+from .delayed import Held, delay_of, with_released_header
 from .exchange_dedup import is_duplicate, new_cache
 from .exchange_types import DEDUPLICATION, DELAYED
 from .message import AMQP091
 from .model import Exchange, Message, VHost
 
+if TYPE_CHECKING:
+    from .machine import StateMachine
 
-class PluginExchangeMixin:
-    """Needs of the machine: ``delayed`` (DelayedMessages), ``delayed_limit``, ``exchange_caches``,
-    ``stats``, ``message_bytes``, ``_now``, ``_persist``, ``vhosts``, ``_event``, ``_route`` and
-    ``_enqueue``."""
 
-    delayed: DelayedMessages
-    delayed_limit: int
-    exchange_caches: dict
+class PluginExchanges:
+    """The x-delayed-message and x-message-deduplication exchange types."""
 
-    def _count(self, key: str, n: int = 1) -> None:
+    def __init__(self, machine: StateMachine) -> None:
+        self.m = machine
+
+    def count(self, key: str, n: int = 1) -> None:
         # .get: the stats of a snapshot written before issue 21 lack these keys
-        self.stats[key] = self.stats.get(key, 0) + n
+        m = self.m
+        m.stats[key] = m.stats.get(key, 0) + n
 
-    def _plugin_publish(self, vhost: VHost, exchange: Exchange, message: Message, conn: str | None,
+    def plugin_publish(self, vhost: VHost, exchange: Exchange, message: Message, conn: str | None,
                         expiration: int | None) -> int | None:
         """The outcome of a publish the plugin type takes over, or None to route it as usual."""
+        m = self.m
         if exchange.type == DELAYED:
             delay = delay_of(message.properties, message.format)
             if delay is None:
                 return None  # no (valid) x-delay: routed at once, as the plugin does
-            self._count("published")
-            self._event(EV.PUBLISHED, None, message, conn or "", vhost.name)
-            if len(self.delayed) >= self.delayed_limit:
-                self._count("delay_refused")
-                self._event(EV.DROPPED, None, message, f"delayed-limit {self.delayed_limit}", vhost.name)
+            self.count("published")
+            m.event(EV.PUBLISHED, None, message, conn or "", vhost.name)
+            if len(m.delayed) >= m.delayed_limit:
+                self.count("delay_refused")
+                m.event(EV.DROPPED, None, message, f"delayed-limit {m.delayed_limit}", vhost.name)
                 return REJECTED
             message.properties = with_released_header(message.properties, message.format, delay)
-            held = self.delayed.hold(self._now + delay * 1000, vhost.name, exchange.name, message.routing_key,
+            held = m.delayed.hold(m._now + delay * 1000, vhost.name, exchange.name, message.routing_key,
                                      message, expiration, delay)
-            self._count("delayed")
-            self.message_bytes += len(message.body)  # held bodies count toward the memory alarm
-            self._event(EV.DELAYED, None, message, str(delay), vhost.name)
-            if self._persist is not None:
-                self._persist.put_delayed(held.due, held.seq, held_record(held))
+            self.count("delayed")
+            m.message_bytes += len(message.body)  # held bodies count toward the memory alarm
+            m.event(EV.DELAYED, None, message, str(delay), vhost.name)
+            if m._persist is not None:
+                m._persist.put_delayed(held.due, held.seq, held_record(held))
             return UNROUTABLE  # no queue now: the plugin's route/2 returns [] for a delayed message
         if exchange.type == DEDUPLICATION:
             key = (vhost.name, exchange.name)
-            cache = self.exchange_caches.get(key)
+            cache = m.exchange_caches.get(key)
             if cache is None:
-                cache = self.exchange_caches[key] = new_cache(exchange)
-            if not is_duplicate(cache, message.properties, message.format, message.id, self._now):
+                cache = m.exchange_caches[key] = new_cache(exchange)
+            if not is_duplicate(cache, message.properties, message.format, message.id, m._now):
                 return None
-            self._count("published")
-            self._event(EV.PUBLISHED, None, message, conn or "", vhost.name)
-            self._count("deduplicated")
-            self._event(EV.DEDUPLICATED, None, message, "exchange", vhost.name)
+            self.count("published")
+            m.event(EV.PUBLISHED, None, message, conn or "", vhost.name)
+            self.count("deduplicated")
+            m.event(EV.DEDUPLICATED, None, message, "exchange", vhost.name)
             return UNROUTABLE
         return None
 
-    def _release_delayed(self) -> None:
+    def release_delayed(self) -> None:
         """Route the held messages whose time has come (in a TICK), in due order."""
-        for held in self.delayed.pop_due(self._now):
-            if self._persist is not None:
-                self._persist.delete_delayed(held.due, held.seq)
-            self._count("delay_released")
+        m = self.m
+        for held in m.delayed.pop_due(m._now):
+            if m._persist is not None:
+                m._persist.delete_delayed(held.due, held.seq)
+            self.count("delay_released")
             message = held.message
-            self.message_bytes -= len(message.body)  # counted again if it is enqueued
-            vhost = self.vhosts.get(held.vhost)
+            m.message_bytes -= len(message.body)  # counted again if it is enqueued
+            vhost = m.vhosts.get(held.vhost)
             exchange = vhost.exchanges.get(held.exchange) if vhost is not None else None
             if exchange is None:
-                self._event(EV.DROPPED, None, message, "delayed exchange deleted", held.vhost)
+                m.event(EV.DROPPED, None, message, "delayed exchange deleted", held.vhost)
                 continue
-            self._event(EV.DELAY_RELEASED, None, message, str(self._now - held.due), held.vhost)
-            queues = self._route(vhost, exchange, held.routing_key, message)
+            m.event(EV.DELAY_RELEASED, None, message, str(m._now - held.due), held.vhost)
+            queues = m.topology.route(vhost, exchange, held.routing_key, message)
             if not queues:
-                self._count("unroutable")
-                self._event(EV.UNROUTABLE, None, message, "dropped", held.vhost)
+                self.count("unroutable")
+                m.event(EV.UNROUTABLE, None, message, "dropped", held.vhost)
                 continue
             for queue in queues:
-                self._enqueue(queue, message, held.expiration)
+                m.delivery.enqueue(queue, message, held.expiration)
 
-    def _forget_exchange(self, exchange: Exchange) -> None:
+    def forget_exchange(self, exchange: Exchange) -> None:
         """A deleted exchange's deduplication cache goes with it (held delayed messages stay and are
         dropped at their time, as the plugin's would be, unless an exchange of that name is back)."""
-        self.exchange_caches.pop((exchange.vhost, exchange.name), None)
+        m = self.m
+        m.exchange_caches.pop((exchange.vhost, exchange.name), None)
 
-    def _load_delayed(self, records: list) -> None:
+    def load_delayed(self, records: list) -> None:
         """Rebuild the held messages from the single-node store's ``delayed`` table."""
+        m = self.m
         for due, seq, record in records:
             (vhost, exchange, routing_key, msg_id, props, body, persistent, priority, published_at,
              expiration, delay, *fmt) = record
             message = Message(msg_id, exchange, routing_key, props, body, persistent, priority, published_at,
                               0, fmt[0] if fmt else AMQP091)
-            self.delayed.add(Held(due, seq, vhost, exchange, routing_key, message, expiration, delay))
-            self.message_bytes += len(body)
+            m.delayed.add(Held(due, seq, vhost, exchange, routing_key, message, expiration, delay))
+            m.message_bytes += len(body)
 
 
 def held_record(held: Held) -> list:

@@ -22,6 +22,8 @@ The commands (SessionAttach, SessionCommand, MessageSubscribe, MessageSettle...)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import events as EV
 from . import ranges as rs
 from .commands import (
@@ -53,6 +55,9 @@ from .commands import (
 from .headers import with_delivery_count
 from .model import ChannelState, Consumer, Session
 
+if TYPE_CHECKING:
+    from .machine import StateMachine
+
 MAX_SESSION_TIMEOUT = 3600  # seconds: a detached session's state is kept at most this long
 UNLIMITED = 0xFFFFFFFF
 SETTLE_ACCEPT, SETTLE_RELEASE, SETTLE_RELEASE_REDELIVERED, SETTLE_REJECT = range(4)
@@ -67,39 +72,39 @@ def session_key(vhost: str, principal: str, name: bytes) -> str:
     return f"{vhost}\x00{principal}\x00{bytes(name).hex()}"
 
 
-class SessionMixin:
-    """The session handlers of ``StateMachine`` (kept apart: one module, one job)."""
+class SessionCommands:
+    """AMQP 0-10 sessions: attach, detach, exactly-once commands, subscriptions, credit, settlement, queries."""
 
-    sessions: dict[str, Session]
+    def __init__(self, machine: StateMachine) -> None:
+        self.m = machine
 
-    def _session_handlers(self) -> dict:
+    def session_handlers(self) -> dict:
         return {
-            Op.SESSION_ATTACH: self._session_attach,
-            Op.SESSION_DETACH: self._session_detach,
-            Op.SESSION_TIMEOUT: self._session_timeout,
-            Op.SESSION_COMMAND: self._session_command,
-            Op.SESSION_KNOWN_COMPLETED: self._session_known_completed,
-            Op.MESSAGE_SUBSCRIBE: self._message_subscribe,
-            Op.MESSAGE_FLOW: self._message_flow,
-            Op.MESSAGE_FLOW_MODE: self._message_flow_mode,
-            Op.MESSAGE_STOP: self._message_stop,
-            Op.MESSAGE_FLUSH: self._message_flush,
-            Op.MESSAGE_SETTLE: self._message_settle,
-            Op.SESSION_TX_SELECT: self._session_tx_select,
-            Op.MESSAGE_ACQUIRE: self._message_acquire,
+            Op.SESSION_ATTACH: self.session_attach,
+            Op.SESSION_DETACH: self.session_detach,
+            Op.SESSION_TIMEOUT: self.session_timeout,
+            Op.SESSION_COMMAND: self.session_command,
+            Op.SESSION_KNOWN_COMPLETED: self.session_known_completed,
+            Op.MESSAGE_SUBSCRIBE: self.message_subscribe,
+            Op.MESSAGE_FLOW: self.message_flow,
+            Op.MESSAGE_FLOW_MODE: self.message_flow_mode,
+            Op.MESSAGE_STOP: self.message_stop,
+            Op.MESSAGE_FLUSH: self.message_flush,
+            Op.MESSAGE_SETTLE: self.message_settle,
+            Op.SESSION_TX_SELECT: self.session_tx_select,
+            Op.MESSAGE_ACQUIRE: self.message_acquire,
             Op.MESSAGE_RESUME: lambda cmd: 0,  # no partial transfers are kept: resume from offset 0
-            Op.QUEUE_QUERY: self._queue_query,
-            Op.EXCHANGE_QUERY: self._exchange_query,
-            Op.EXCHANGE_BOUND: self._exchange_bound,
+            Op.QUEUE_QUERY: self.queue_query,
+            Op.EXCHANGE_QUERY: self.exchange_query,
+            Op.EXCHANGE_BOUND: self.exchange_bound,
         }
 
-    # ------------------------------------------------------------------ attachment
-
-    def _session_attach(self, cmd: SessionAttach):
+    def session_attach(self, cmd: SessionAttach):
+        m = self.m
         conn, number, vhost_name, principal, name, force = cmd.conn, cmd.channel, cmd.vhost, cmd.principal, cmd.name, cmd.force
-        self._vhost(vhost_name)
+        m.vhost(vhost_name)
         key = session_key(vhost_name, principal, name)
-        session = self.sessions.get(key)
+        session = m.sessions.get(key)
         if session is not None and session.channel.conn is not None:
             if session.channel.conn == conn and session.channel.number == number:
                 pass  # a repeated attach on the same channel: idempotent
@@ -107,21 +112,21 @@ class SessionMixin:
                 return SessionBusy()
             else:
                 old_conn, old_number = session.channel.conn, session.channel.number
-                self._unregister_channel(session.channel)
-                self._out.append((old_conn, OUT_SESSION_DETACHED, old_number, bytes(name)))
-        existing = self.channels.get(conn, {}).get(number)
+                self.unregister_channel(session.channel)
+                m._out.append((old_conn, OUT_SESSION_DETACHED, old_number, bytes(name)))
+        existing = m.channels.get(conn, {}).get(number)
         if existing is not None and existing is not (session.channel if session else None):
-            raise self._error(530, f"channel {number} is already attached to another session")
+            raise m.error(530, f"channel {number} is already attached to another session")
         resumed = session is not None
         if session is None:
             session = Session(key, vhost_name, principal, bytes(name), ChannelState(conn, number))
             session.channel.session = session
-            self.sessions[key] = session
+            m.sessions[key] = session
         ch = session.channel
         ch.conn, ch.number = conn, number
-        self.channels.setdefault(conn, {})[number] = ch
+        m.channels.setdefault(conn, {})[number] = ch
         session.detached_at = None
-        self.detached_sessions.pop(key, None)
+        m.detached_sessions.pop(key, None)
         replay = []
         for transfer_id, (qid, seq, destination) in sorted(session.transfers.items()):
             item = ch.unacked.get((qid, seq))
@@ -132,73 +137,78 @@ class SessionMixin:
                     message = with_delivery_count(message, entry.delivery_count - 1)
                 replay.append((transfer_id, destination, qid, seq, message))
         for consumer in ch.consumers.values():
-            self._dirty[consumer.queue.qid] = consumer.queue  # deliveries resume
+            m._dirty[consumer.queue.qid] = consumer.queue  # deliveries resume
         return SessionAttached(resumed, [list(r) for r in session.completed], replay, session.transactional)
 
-    def _unregister_channel(self, ch: ChannelState) -> None:
-        channels = self.channels.get(ch.conn)
+    def unregister_channel(self, ch: ChannelState) -> None:
+        m = self.m
+        channels = m.channels.get(ch.conn)
         if channels is not None and channels.get(ch.number) is ch:
             del channels[ch.number]
             if not channels:
-                del self.channels[ch.conn]
+                del m.channels[ch.conn]
         ch.conn = None
 
-    def _session_detach(self, cmd: SessionDetach) -> None:
-        ch = self._channel(cmd.conn, cmd.channel)
+    def session_detach(self, cmd: SessionDetach) -> None:
+        m = self.m
+        ch = m.channel(cmd.conn, cmd.channel)
         if ch.session is not None:
-            self._detach(ch.session)
+            self.detach(ch.session)
 
-    def _detach(self, session: Session) -> None:
+    def detach(self, session: Session) -> None:
         """The client went away (detach, connection closed, node down): keep the state for its timeout."""
-        self._unregister_channel(session.channel)
+        m = self.m
+        self.unregister_channel(session.channel)
         if session.timeout <= 0:
-            self._destroy_session(session)
+            self.destroy_session(session)
             return
-        session.detached_at = self._now
-        self.detached_sessions[session.key] = session
+        session.detached_at = m._now
+        m.detached_sessions[session.key] = session
 
-    def _destroy_session(self, session: Session) -> None:
-        if self.sessions.pop(session.key, None) is None:
+    def destroy_session(self, session: Session) -> None:
+        m = self.m
+        if m.sessions.pop(session.key, None) is None:
             return
-        self.detached_sessions.pop(session.key, None)
+        m.detached_sessions.pop(session.key, None)
         ch = session.channel
-        self._unregister_channel(ch)
+        self.unregister_channel(ch)
         for consumer in list(ch.consumers.values()):
-            self._remove_consumer(consumer)
-        self._requeue_all(ch)
+            m.delivery.remove_consumer(consumer)
+        m.delivery.requeue_all(ch)
         session.transfers.clear()
-        for queue in list(self.exclusive_queues.pop(session.key, {}).values()):
-            self._delete_queue(queue)
+        for queue in list(m.exclusive_queues.pop(session.key, {}).values()):
+            m.topology.delete_queue(queue)
 
-    def _session_timeout(self, cmd: SessionTimeout) -> int:
-        ch = self._channel(cmd.conn, cmd.channel)
+    def session_timeout(self, cmd: SessionTimeout) -> int:
+        m = self.m
+        ch = m.channel(cmd.conn, cmd.channel)
         granted = max(0, min(int(cmd.seconds), MAX_SESSION_TIMEOUT))
         if ch.session is not None:
             ch.session.timeout = granted
         return granted
 
-    def _expire_sessions(self) -> None:
-        for session in list(self.detached_sessions.values()):
-            if session.detached_at is not None and self._now - session.detached_at >= session.timeout * 1_000_000:
-                self._destroy_session(session)
+    def expire_sessions(self) -> None:
+        m = self.m
+        for session in list(m.detached_sessions.values()):
+            if session.detached_at is not None and m._now - session.detached_at >= session.timeout * 1_000_000:
+                self.destroy_session(session)
 
-    # ------------------------------------------------------------------ commands
-
-    def _session_command(self, cmd: SessionCommand):
+    def session_command(self, cmd: SessionCommand):
         """Execute ``inner`` once per (session, command id): the incoming idempotence barrier."""
+        m = self.m
         conn, number, command_id, inner = cmd.conn, cmd.channel, cmd.command_id, cmd.inner
-        ch = self._channel(conn, number)
+        ch = m.channel(conn, number)
         session = ch.session
         if session is None:
-            raise self._error(503, "session command on a channel without a session")
+            raise m.error(503, "session command on a channel without a session")
         if rs.contains(session.completed, command_id):
             return Duplicate()
         rs.add(session.completed, command_id, command_id)
-        self._caller_owner = session.key
+        m._caller_owner = session.key
         try:
-            value = self._handlers[inner.op](inner._replace(conn=conn, token=None, channel=number))
+            value = m._handlers[inner.op](inner._replace(conn=conn, token=None, channel=number))
         finally:
-            self._caller_owner = None
+            m._caller_owner = None
         if inner.op in RESULT_OPS:
             # The result travels in an execution.result command: give it an id of ours.
             result_id = session.next_transfer
@@ -206,26 +216,27 @@ class SessionMixin:
             return CommandResult(result_id, value)
         return value
 
-    def _session_tx_select(self, cmd: SessionTxSelect) -> None:
-        ch = self._channel(cmd.conn, cmd.channel)
+    def session_tx_select(self, cmd: SessionTxSelect) -> None:
+        m = self.m
+        ch = m.channel(cmd.conn, cmd.channel)
         if ch.session is None:
-            raise self._error(503, "tx.select on a channel without a session")
+            raise m.error(503, "tx.select on a channel without a session")
         ch.session.transactional = True
 
-    def _session_known_completed(self, cmd: SessionKnownCompleted) -> None:
-        ch = self._channel(cmd.conn, cmd.channel)
+    def session_known_completed(self, cmd: SessionKnownCompleted) -> None:
+        m = self.m
+        ch = m.channel(cmd.conn, cmd.channel)
         if ch.session is not None:
             for lo, hi in cmd.ranges:
                 rs.remove(ch.session.completed, lo, hi)
 
-    # ------------------------------------------------------------------ subscriptions
-
-    def _message_subscribe(self, cmd: MessageSubscribe) -> str:
+    def message_subscribe(self, cmd: MessageSubscribe) -> str:
+        m = self.m
         conn, number, vhost_name, queue_name, destination, accept_none, exclusive, args = cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.destination, cmd.accept_none, cmd.exclusive, cmd.arguments
         browse = bool(cmd.browse)
-        tag = self._consume(Consume(conn, None, number, vhost_name, queue_name, destination,
+        tag = m.delivery.consume(Consume(conn, None, number, vhost_name, queue_name, destination,
                              bool(accept_none) or browse, bool(exclusive), args))
-        consumer = self._channel(conn, number).consumers[tag]
+        consumer = m.channel(conn, number).consumers[tag]
         consumer.credit_messages = 0  # 0-10: a subscription starts without credit (message.flow)
         consumer.credit_bytes = 0
         if browse:  # acquire-mode not-acquired: see messages, leave them for others until acquired
@@ -235,8 +246,9 @@ class SessionMixin:
             consumer.browse = True
         return tag
 
-    def _browse(self, queue) -> None:
+    def browse(self, queue) -> None:
         """Send not-acquired transfers of messages each browser has not seen yet (in queue order)."""
+        m = self.m
         for consumer in queue.browsers:
             session = consumer.channel.session
             while consumer.has_credit():
@@ -244,7 +256,7 @@ class SessionMixin:
                 if entry is None:
                     break
                 consumer.cursor = entry.seq
-                self._take_credit(consumer, len(entry.message.body))
+                self.take_credit(consumer, len(entry.message.body))
                 transfer_id = session.next_transfer
                 session.next_transfer += 1
                 session.browsed[transfer_id] = (queue.qid, entry.seq, consumer.tag)
@@ -254,13 +266,14 @@ class SessionMixin:
                 message = entry.message
                 if queue.delivery_header and entry.delivery_count > 0:
                     message = with_delivery_count(message, entry.delivery_count)
-                self._out.append((ch.conn, OUT_TRANSFER, ch.number, consumer.tag,
+                m._out.append((ch.conn, OUT_TRANSFER, ch.number, consumer.tag,
                                   (transfer_id, queue.qid, entry.seq, entry.delivery_count > 0, message)))
 
-    def _message_acquire(self, cmd: MessageAcquire) -> list:
+    def message_acquire(self, cmd: MessageAcquire) -> list:
         """message.acquire (L5854): take browsed messages that are still available; the ranges acquired."""
+        m = self.m
         conn, number, id_ranges = cmd.conn, cmd.channel, cmd.ranges
-        ch = self._channel(conn, number)
+        ch = m.channel(conn, number)
         session = ch.session
         acquired = []
         for transfer_id in rs.ids(id_ranges):
@@ -268,26 +281,28 @@ class SessionMixin:
             if item is None:
                 continue
             qid, seq, destination = item
-            queue = self.queues_by_id.get(qid)
+            queue = m.queues_by_id.get(qid)
             entry = queue.ready.remove_seq(seq) if queue is not None else None
             if entry is None:
                 continue  # consumed, expired or acquired by someone else meanwhile
             queue.ready_bytes -= len(entry.message.body)
             entry.delivery_count += 1
-            self._hold(ch, ch, queue, entry)
+            m.delivery.hold(ch, ch, queue, entry)
             session.transfers[transfer_id] = (qid, seq, destination)
             acquired.append(transfer_id)
         return rs.from_ids(acquired)
 
-    def _subscription(self, cmd: MessageFlow | MessageFlowMode | MessageStop | MessageFlush) -> Consumer:
-        ch = self._channel(cmd.conn, cmd.channel)
+    def subscription(self, cmd: MessageFlow | MessageFlowMode | MessageStop | MessageFlush) -> Consumer:
+        m = self.m
+        ch = m.channel(cmd.conn, cmd.channel)
         consumer = ch.consumers.get(cmd.destination)
         if consumer is None:
-            raise self._error(404, f"no subscription '{cmd.destination}'")
+            raise m.error(404, f"no subscription '{cmd.destination}'")
         return consumer
 
-    def _message_flow(self, cmd: MessageFlow) -> None:
-        consumer = self._subscription(cmd)
+    def message_flow(self, cmd: MessageFlow) -> None:
+        m = self.m
+        consumer = self.subscription(cmd)
         unit, value = cmd.unit, cmd.value
         attr = "credit_messages" if unit == 0 else "credit_bytes"
         current = getattr(consumer, attr)
@@ -295,34 +310,36 @@ class SessionMixin:
             setattr(consumer, attr, UNLIMITED)
         else:
             setattr(consumer, attr, current + value)
-        self._dirty[consumer.queue.qid] = consumer.queue
+        m._dirty[consumer.queue.qid] = consumer.queue
 
-    def _message_flow_mode(self, cmd: MessageFlowMode) -> None:
-        consumer = self._subscription(cmd)
+    def message_flow_mode(self, cmd: MessageFlowMode) -> None:
+        consumer = self.subscription(cmd)
         consumer.window_mode = bool(cmd.window)
         consumer.credit_messages = consumer.credit_bytes = 0
 
-    def _message_stop(self, cmd: MessageStop) -> None:
-        consumer = self._subscription(cmd)
+    def message_stop(self, cmd: MessageStop) -> None:
+        consumer = self.subscription(cmd)
         consumer.credit_messages = consumer.credit_bytes = 0
 
-    def _message_flush(self, cmd: MessageFlush) -> None:
-        consumer = self._subscription(cmd)
-        self._dispatch(consumer.queue)
+    def message_flush(self, cmd: MessageFlush) -> None:
+        m = self.m
+        consumer = self.subscription(cmd)
+        m.delivery.dispatch(consumer.queue)
         consumer.credit_messages = consumer.credit_bytes = 0
 
-    def _take_credit(self, consumer: Consumer, size: int) -> None:
+    def take_credit(self, consumer: Consumer, size: int) -> None:
         if consumer.credit_messages is not None and consumer.credit_messages < UNLIMITED:
             consumer.credit_messages -= 1
         if consumer.credit_bytes is not None and consumer.credit_bytes < UNLIMITED:
             consumer.credit_bytes = max(0, consumer.credit_bytes - size)
 
-    def _message_settle(self, cmd: MessageSettle) -> None:
+    def message_settle(self, cmd: MessageSettle) -> None:
+        m = self.m
         conn, number, id_ranges, how = cmd.conn, cmd.channel, cmd.ranges, cmd.how
-        ch = self._channel(conn, number)
+        ch = m.channel(conn, number)
         session = ch.session
         if session is None:
-            raise self._error(503, "message settlement on a channel without a session")
+            raise m.error(503, "message settlement on a channel without a session")
         refs = []
         windowed = []
         for transfer_id in rs.ids(id_ranges):
@@ -334,45 +351,46 @@ class SessionMixin:
             consumer = ch.consumers.get(destination)
             if consumer is not None and consumer.window_mode:
                 windowed.append(consumer)
-        for queue, entry in self._take_unacked(ch, refs):
+        for queue, entry in m.delivery.take_unacked(ch, refs):
             if how == SETTLE_ACCEPT:
-                self.stats["acked"] += 1
-                self._event(EV.ACKED, queue, entry.message)
-                self._drop(queue, entry)
+                m.stats["acked"] += 1
+                m.event(EV.ACKED, queue, entry.message)
+                m.delivery.drop(queue, entry)
             elif how == SETTLE_REJECT:
-                self._dead_letter(queue, entry.message, "rejected")
-                self._drop(queue, entry)
+                m.expiry.dead_letter(queue, entry.message, "rejected")
+                m.delivery.drop(queue, entry)
             else:
                 if how == SETTLE_RELEASE and entry.delivery_count > 0:
                     entry.delivery_count -= 1  # release without set-redelivered
-                self._return_to_ready(queue, entry)
+                m.delivery.return_to_ready(queue, entry)
         for consumer in windowed:  # window mode: settling a transfer restores its credit
             if consumer.credit_messages is not None and consumer.credit_messages < UNLIMITED:
                 consumer.credit_messages += 1
-            self._dirty[consumer.queue.qid] = consumer.queue
+            m._dirty[consumer.queue.qid] = consumer.queue
 
-    # ------------------------------------------------------------------ queries (0-10 results)
-
-    def _queue_query(self, cmd: QueueQuery):
+    def queue_query(self, cmd: QueueQuery):
         """(name, durable, exclusive, auto_delete, arguments, messages, consumers) or None."""
-        vhost = self._vhost(cmd.vhost)
+        m = self.m
+        vhost = m.vhost(cmd.vhost)
         queue = vhost.queues.get(cmd.name)
         if queue is None:
             return None
         return (queue.name, queue.durable, queue.exclusive_owner is not None, queue.auto_delete,
                 dict(queue.arguments), len(queue.ready), len(queue.consumers))
 
-    def _exchange_query(self, cmd: ExchangeQuery):
+    def exchange_query(self, cmd: ExchangeQuery):
         """(type, durable, arguments) or None."""
-        exchange = self._vhost(cmd.vhost).exchanges.get(cmd.name)
+        m = self.m
+        exchange = m.vhost(cmd.vhost).exchanges.get(cmd.name)
         if exchange is None:
             return None
         return (exchange.type, exchange.durable, dict(exchange.arguments))
 
-    def _exchange_bound(self, cmd: ExchangeBound):
+    def exchange_bound(self, cmd: ExchangeBound):
         """0-10 exchange.bound: (exchange-not-found, queue-not-found, queue-not-matched,
         key-not-matched, args-not-matched)."""
-        vhost = self._vhost(cmd.vhost)
+        m = self.m
+        vhost = m.vhost(cmd.vhost)
         exchange_name, queue_name, key, args = cmd.exchange, cmd.queue, cmd.routing_key, cmd.arguments
         exchange = vhost.exchanges.get(exchange_name)
         queue_missing = queue_name not in vhost.queues

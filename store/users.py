@@ -17,8 +17,12 @@ Command layouts (``[op, conn, token, channel, *args]``):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .commands import Op, PermissionClear, PermissionSet, UserDelete, UserPut
+
+if TYPE_CHECKING:
+    from .machine import StateMachine
 
 
 @dataclass(slots=True)
@@ -30,53 +34,59 @@ class UserRecord:
     permissions: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # vhost -> (c, w, r)
 
 
-class UserMixin:
-    """The user handlers of ``StateMachine``."""
+class UserCommands:
+    """Users and permissions, managed through the admin API."""
 
-    users: dict[str, UserRecord]
+    def __init__(self, machine: StateMachine) -> None:
+        self.m = machine
 
-    def _user_handlers(self) -> dict:
+    def user_handlers(self) -> dict:
         return {
-            Op.USER_PUT: self._user_put,
-            Op.USER_DELETE: self._user_delete,
-            Op.PERMISSION_SET: self._permission_set,
-            Op.PERMISSION_CLEAR: self._permission_clear,
+            Op.USER_PUT: self.user_put,
+            Op.USER_DELETE: self.user_delete,
+            Op.PERMISSION_SET: self.permission_set,
+            Op.PERMISSION_CLEAR: self.permission_clear,
         }
 
-    def _user_put(self, cmd: UserPut) -> None:
+    def user_put(self, cmd: UserPut) -> None:
+        m = self.m
         name, password_hash, tags, loopback_only = cmd.name, cmd.password_hash, list(cmd.tags), bool(cmd.loopback_only)
-        old = self.users.get(name)
+        old = m.users.get(name)
         user = UserRecord(name, password_hash, tags, loopback_only, dict(old.permissions) if old else {})
-        self.users[name] = user
-        self._store_user(user)
+        m.users[name] = user
+        self.store_user(user)
 
-    def _user_delete(self, cmd: UserDelete) -> None:
+    def user_delete(self, cmd: UserDelete) -> None:
+        m = self.m
         name = cmd.name
-        if self.users.pop(name, None) is None:
-            raise self._error(404, f"NOT_FOUND - no user '{name}'")
-        if self._persist is not None:
-            self._persist.delete_user(name)
+        if m.users.pop(name, None) is None:
+            raise m.error(404, f"NOT_FOUND - no user '{name}'")
+        if m._persist is not None:
+            m._persist.delete_user(name)
 
-    def _permission_set(self, cmd: PermissionSet) -> None:
+    def permission_set(self, cmd: PermissionSet) -> None:
+        m = self.m
         name, vhost, configure, write, read = cmd.user, cmd.vhost, cmd.configure, cmd.write, cmd.read
-        user = self._user(name)
-        if vhost not in self.vhosts:
-            raise self._error(404, f"NOT_FOUND - no vhost '{vhost}'")
+        user = self.user(name)
+        if vhost not in m.vhosts:
+            raise m.error(404, f"NOT_FOUND - no vhost '{vhost}'")
         user.permissions[vhost] = (configure, write, read)
-        self._store_user(user)
+        self.store_user(user)
 
-    def _permission_clear(self, cmd: PermissionClear) -> None:
-        user = self._user(cmd.user)
+    def permission_clear(self, cmd: PermissionClear) -> None:
+        user = self.user(cmd.user)
         if user.permissions.pop(cmd.vhost, None) is not None:
-            self._store_user(user)
+            self.store_user(user)
 
-    def _user(self, name: str) -> UserRecord:
-        user = self.users.get(name)
+    def user(self, name: str) -> UserRecord:
+        m = self.m
+        user = m.users.get(name)
         if user is None:
-            raise self._error(404, f"NOT_FOUND - no user '{name}'")
+            raise m.error(404, f"NOT_FOUND - no user '{name}'")
         return user
 
-    def _store_user(self, user: UserRecord) -> None:
-        if self._persist is not None:
-            self._persist.put_user(user.name, [user.password_hash, user.tags, user.loopback_only,
+    def store_user(self, user: UserRecord) -> None:
+        m = self.m
+        if m._persist is not None:
+            m._persist.put_user(user.name, [user.password_hash, user.tags, user.loopback_only,
                                          {vh: list(p) for vh, p in user.permissions.items()}])
