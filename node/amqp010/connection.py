@@ -295,9 +295,11 @@ class Amqp010Connection(asyncio.Protocol):
         if self.state != OPEN:
             raise FramingError(f"{method.NAME} before the connection was open")
         if isinstance(method, c.SessionAttach):
-            if channel in self.sessions:
+            held = self.sessions.get(channel)
+            if held is not None and (held.attached or held.attaching):
                 self.send(channel, c.SessionDetached(name=method.name, code=1))
                 return
+            # A session that an execution exception detached (3.4.1.3) leaves the channel free.
             session = self.sessions[channel] = ServerSession(self, channel, bytes(method.name or b""))
             session.attach(bool(method.force))
             # A session detached while its connection's writing was paused may have kept its

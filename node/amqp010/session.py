@@ -42,6 +42,9 @@ class ServerSession:
         self.channel = channel
         self.name = name
         self.attached = False
+        self.attaching = True  # session.attach is in the log, not applied yet: input waits in early
+        self.early: list = []  # controls and commands received while attaching, in order
+        self.point_sent = False  # a session.command-point preceded our commands on this attachment
         self.in_next = 0  # id of the next command the client sends (session.command-point sets it)
         self.completed: list[list[int]] = []  # client command ids completed, not known-completed
         self.in_flight: set[int] = set()  # client command ids submitted, not yet applied
@@ -64,6 +67,8 @@ class ServerSession:
         self.conn.request(self, command, self._attached)
 
     def _attached(self, value) -> None:
+        self.attaching = False
+        early, self.early = self.early, []
         if value[0] == "busy":
             self.conn.send(self.channel, c.SessionDetached(name=self.name, code=DETACH_BUSY))
             self.conn.drop_session(self.channel)
@@ -81,6 +86,13 @@ class ServerSession:
         self.conn.send(self.channel, c.SessionAttached(name=self.name))
         for transfer_id, destination, _qid, _seq, message in replay:
             self._send_transfer(transfer_id, destination, True, message)
+        # What the client sent right after session.attach (typically session.command-point, then
+        # commands: qpid.messaging does) is handled now, as if the attach had been synchronous.
+        for item in early:
+            if isinstance(item, c.Control):
+                self.on_control(item)
+            else:
+                self.on_command(item)
 
     def detach(self) -> None:
         self.conn.submit([Op.SESSION_DETACH, self.conn.conn_id, None, self.channel])
@@ -91,8 +103,14 @@ class ServerSession:
     # ------------------------------------------------------------------ controls
 
     def on_control(self, control) -> None:
-        if isinstance(control, c.SessionDetach):
+        if self.attaching and not isinstance(control, c.SessionDetach):
+            self.early.append(control)
+        elif isinstance(control, c.SessionDetach):
             self.detach()
+        elif isinstance(control, c.SessionDetached) and not self.attached:
+            # The client's answer to the session.detach that followed an execution exception:
+            # the channel is free now (3.4.1.3), and detached needs no answer.
+            self.conn.drop_session(self.channel)
         elif not self.attached:
             self.conn.send(self.channel, c.SessionDetached(name=self.name, code=DETACH_NOT_ATTACHED))
         elif isinstance(control, c.SessionRequestTimeout):
@@ -139,6 +157,9 @@ class ServerSession:
     # ------------------------------------------------------------------ commands
 
     def on_command(self, command) -> None:
+        if self.attaching:
+            self.early.append(command)
+            return
         command_id = self.in_next
         self.in_next += 1
         if not self.attached:
@@ -150,6 +171,9 @@ class ServerSession:
             self.syncs.append(command_id)
             self._settle_syncs()
             return
+        for attr, default in OMITTED_DEFAULTS.get(type(command), ()):
+            if getattr(command, attr) is None:
+                setattr(command, attr, default)
         missing = command.missing()
         if missing:
             self._exception(command_id, command, 531, f"missing required field(s) {', '.join(missing)}")
@@ -319,9 +343,14 @@ class ServerSession:
     # ------------------------------------------------------------------ commands to the client
 
     def _send_command(self, command, command_id: int | None = None) -> None:
-        if command_id is not None and command_id != self.out_next:
+        if command_id is None:
+            command_id = self.out_next
+        if command_id != self.out_next or not self.point_sent:
+            # session.command-point (L4625ff) "must be used at least once prior to sending any
+            # command data on newly attached transports": before our first command of each attachment.
             self.conn.send(self.channel, c.SessionCommandPoint(command_id=command_id, command_offset=0))
             self.out_next = command_id
+            self.point_sent = True
         self.conn.send(self.channel, command)
         self.out_next += 1
 
@@ -343,6 +372,18 @@ class ServerSession:
             self.unsettled_none.add(transfer_id)
 
 
+# Required fields that clients leave out, read as the zero value of their domain, as Qpid brokers
+# read them (spec 4.x "required": an absent field makes the struct malformed only as a SHOULD):
+# accept-mode explicit (0), acquire-mode pre-acquired (0), reject-code unspecified (0), and an
+# empty binding key (qpid.messaging binds a subject-less link with none).
+OMITTED_DEFAULTS: dict[type, tuple[tuple[str, object], ...]] = {
+    c.MessageTransfer: (("accept_mode", ACCEPT_EXPLICIT), ("acquire_mode", PRE_ACQUIRED)),
+    c.MessageSubscribe: (("accept_mode", ACCEPT_EXPLICIT), ("acquire_mode", PRE_ACQUIRED)),
+    c.MessageReject: (("code", 0),),
+    c.ExchangeBind: (("binding_key", ""),),
+    c.ExchangeUnbind: (("binding_key", ""),),
+}
+
 ERROR_CODES = frozenset((403, 404, 405, 406, 408, 409, 503, 506, 530, 531, 540, 541, 542))
 
 
@@ -350,7 +391,9 @@ def result_struct(command, value):
     """The result struct of a query command from the state machine's plain answer."""
     if isinstance(command, c.QueueQuery):
         if value is None:
-            return c.QueueQueryResult(queue=command.queue)
+            # No such queue: the spec gives no rule; Qpid brokers answer with every field absent,
+            # and clients (qpid.messaging) read the absent name as "does not exist".
+            return c.QueueQueryResult()
         name, durable, exclusive, auto_delete, arguments, messages, consumers = value
         return c.QueueQueryResult(queue=name, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
                                   arguments=arguments or None, message_count=messages, subscriber_count=consumers,

@@ -1,0 +1,129 @@
+"""AMQP 0-10 behaviours that clients we did not write depend on (issue 23), on raw frames.
+
+Each test cites the rule of shared/specs/amqp-0-10.txt it checks (by line), and is what Apache
+Qpid's clients need from a broker: the first four are the behaviours that made qpid.messaging hang
+(tests/interop drives the real client); the others are the spec's codes for refusals.
+"""
+
+from __future__ import annotations
+
+import time
+
+from raftmq.protocol.amqp010 import codec as c
+from raftmq.protocol.amqp010.frames import encode_assembly
+from tests.integration.test_amqp010_conformance import Raw, port  # noqa: F401  (port is a fixture)
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{time.monotonic_ns()}"
+
+
+def _raw_attached(port: int, prefix: str) -> Raw:  # noqa: F811
+    raw = Raw(port)
+    raw.handshake()
+    raw.send(c.SessionAttach(name=_name(prefix).encode()), 1)
+    raw.expect(c.SessionAttached)
+    raw.send(c.SessionCommandPoint(command_id=0, command_offset=0), 1)
+    return raw
+
+
+def _receive_on(raw: Raw, timeout: float = 5.0) -> list:
+    """Everything the broker sends until `timeout` passes quietly (the order matters to the tests)."""
+    got = []
+    while True:
+        try:
+            item = raw.receive(timeout)
+        except AssertionError:
+            return got
+        if item is None:
+            return got
+        got.append(item[1])
+        timeout = 0.5
+
+
+def test_command_point_precedes_the_first_command_of_an_attachment(port):  # noqa: F811
+    """session.command-point (L4625ff): "This control MUST be used at least once prior to sending any
+    command data on newly attached transports" -- the server's own commands (here the
+    execution.result of a query, command id 0) come after a command-point."""
+    raw = _raw_attached(port, "cp-first")
+    raw.send(c.QueueQuery(queue="amq.none", sync=True), 1)
+    got = _receive_on(raw, 5.0)
+    commands = [m for m in got if isinstance(m, c.Command)]
+    assert commands, got
+    first = got.index(commands[0])
+    points = [m for m in got[:first] if isinstance(m, c.SessionCommandPoint)]
+    assert points and points[-1].command_id == 0 and points[-1].command_offset == 0
+    raw.close()
+
+
+def test_command_point_sent_right_after_attach_is_honoured(port):  # noqa: F811
+    """session.attach (L4465ff) and session.command-point (L4625ff): a client may send command-point
+    and commands straight after attach without waiting for attached; they are not refused with
+    detached(not-attached) nor dropped: the commands are executed in the numbering set."""
+    raw = Raw(port)
+    raw.handshake()
+    queue = _name("early")
+    burst = (c.SessionAttach(name=_name("early").encode()), c.SessionCommandPoint(command_id=7, command_offset=0),
+             c.QueueDeclare(queue=queue, exclusive=True, auto_delete=True), c.QueueQuery(queue=queue, sync=True))
+    raw.send_bytes(b"".join(encode_assembly(1, *c.segments_of(m)) for m in burst))  # one read: attach pending
+    got = _receive_on(raw, 5.0)
+    assert isinstance(got[0], c.SessionAttached), got
+    assert not [m for m in got if isinstance(m, c.SessionDetached)], got
+    result = next(m for m in got if isinstance(m, c.ExecutionResult))
+    assert result.command_id == 8 and result.value.queue == queue
+    completed = [m for m in got if isinstance(m, c.SessionCompleted)]
+    assert (7, 8) in [tuple(r) for r in completed[-1].commands]
+    raw.close()
+
+
+def test_omitted_accept_and_acquire_modes_take_the_domains_first_value(port):  # noqa: F811
+    """message.transfer (L5676ff) and message.subscribe (L5948ff) mark accept-mode and acquire-mode
+    required, and 4.x says an absent required field means the struct "SHOULD be considered
+    malformed" -- a SHOULD: Qpid brokers and clients read an absent one as the domain's first value,
+    explicit (0) and pre-acquired (0) (message.accept-mode L5509ff), and so do we."""
+    raw = _raw_attached(port, "modes")
+    queue = _name("modes")
+    raw.send(c.QueueDeclare(queue=queue, exclusive=True, auto_delete=True), 1)
+    raw.send(c.MessageTransfer(destination="", headers=[c.DeliveryProperties(routing_key=queue)],
+                               body=b"no modes"), 1)
+    raw.send(c.MessageSubscribe(queue=queue, destination="d"), 1)
+    raw.send(c.MessageFlow(destination="d", unit=0, value=10), 1)
+    raw.send(c.MessageFlow(destination="d", unit=1, value=0xFFFFFFFF), 1)
+    transfer = raw.expect(c.MessageTransfer)
+    assert transfer.body == b"no modes"
+    assert (transfer.accept_mode, transfer.acquire_mode) == (0, 0)  # explicit, pre-acquired
+    raw.send(c.ExchangeBind(queue=queue, exchange="amq.topic"), 1)  # binding-key left out: ""
+    raw.send(c.ExchangeBound(exchange="amq.topic", queue=queue, binding_key="", sync=True), 1)
+    bound = raw.expect(c.ExecutionResult).value
+    assert not (bound.queue_not_matched or bound.key_not_matched or bound.exchange_not_found)
+    raw.send(c.MessageAccept(transfers=[(0, 0)], sync=True), 1)
+    got = _receive_on(raw, 2.0)
+    assert not [m for m in got if isinstance(m, c.ExecutionException)], got
+    raw.close()
+
+
+def test_query_of_a_missing_queue_answers_with_no_name(port):  # noqa: F811
+    """queue.query (L7912ff) has no rule for a queue that does not exist; Qpid brokers answer with
+    a result whose fields are all absent, and clients read the absent name as "no such queue"
+    (qpid.messaging then declares it). Echoing the asked name made them believe it existed."""
+    raw = _raw_attached(port, "qq")
+    raw.send(c.QueueQuery(queue=_name("nowhere"), sync=True), 1)
+    result = raw.expect(c.ExecutionResult).value
+    assert isinstance(result, c.QueueQueryResult)
+    assert result.queue is None and result.message_count is None and result.subscriber_count is None
+    raw.close()
+
+
+def test_the_channel_is_free_again_after_an_execution_exception(port):  # noqa: F811
+    """3.4.1.3: an execution exception is followed by session.detach; once the client answered
+    session.detached (L4552ff) the channel carries no session, so it gets no detached(not-attached)
+    back and a new attach on the same channel is answered with attached."""
+    raw = _raw_attached(port, "exc")
+    raw.send(c.QueueDelete(), 1)  # queue is required and has no default: 531
+    assert raw.expect(c.ExecutionException).error_code == 531
+    detach = raw.expect(c.SessionDetach)
+    raw.send(c.SessionDetached(name=detach.name, code=0), 1)
+    raw.send(c.SessionAttach(name=_name("again").encode()), 1)
+    got = _receive_on(raw, 5.0)
+    assert got and isinstance(got[0], c.SessionAttached), got
+    raw.close()
