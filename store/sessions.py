@@ -93,6 +93,12 @@ class SessionMixin:
                 old_conn, old_number = session.channel.conn, session.channel.number
                 self._unregister_channel(session.channel)
                 self._out.append((old_conn, OUT_SESSION_DETACHED, old_number, bytes(name)))
+                if session.timeout <= 0:
+                    # Taking over detaches the old attachment, and state with a zero timeout does
+                    # not outlive a detach (session.request-timeout L4587ff, 3.6.4): a new session.
+                    # (qpid.messaging re-attaches this way after failover and numbers from 0 again.)
+                    self._destroy_session(session)
+                    session = None
         existing = self.channels.get(conn, {}).get(number)
         if existing is not None and existing is not (session.channel if session else None):
             raise self._error(530, f"channel {number} is already attached to another session")

@@ -55,6 +55,10 @@ class ServerSession:
         self.unsettled_none: set[int] = set()  # ids of accept-mode none transfers sent, not yet completed
         self.completion_due = False
         self.timely = False
+        # session.known-completed (L4810ff) is "sent in reply to one or more completed controls";
+        # only to a client that asked for replies (timely-reply) at least once: qpid.messaging never
+        # does and has no handler for it (its receive thread would die on one).
+        self.wants_known = False
         self.tx_ops: list[list] | None = None  # buffered work of the open transaction (tx.select)
         self.tx_broken = False  # the transaction was open on another node that failed
 
@@ -127,6 +131,10 @@ class ServerSession:
             # that need no settlement (accept-mode none) are known-completed now; the others are
             # when their accept/release/reject has been applied (_applied).
             ranges = control.commands or ()
+            self.wants_known = self.wants_known or bool(control.timely_reply)
+            if not self.wants_known:
+                self.unsettled_none.clear()
+                return
             done = [(i, i) for i in sorted(self.unsettled_none) if any(lo <= i <= hi for lo, hi in ranges)]
             for i, _ in done:
                 self.unsettled_none.discard(i)
@@ -190,8 +198,12 @@ class ServerSession:
         except AccessRefused as exc:
             self._exception(command_id, command, UNAUTHORIZED_ACCESS, exc.text)
             return
-        if self.tx_ops is not None and inner[0] in (Op.PUBLISH, Op.MESSAGE_SETTLE):
+        if self.tx_ops is not None and (inner[0] == Op.PUBLISH or (inner[0] == Op.MESSAGE_SETTLE
+                                                                    and inner[5] == SETTLE_ACCEPT)):
             # Transactional work waits for tx.commit; the command itself is complete once buffered.
+            # Only transfers and accepts are transactional (4.x "transactions", L1001ff; tx.rollback
+            # L6320ff): a release or reject takes effect at once, so the messages a client releases
+            # after a rollback (as qpid.messaging does) are delivered again.
             self.tx_ops.append([inner[0], self.conn.conn_id, None, self.channel, *inner[4:]])
             self._complete(command_id, command.sync)
             return
@@ -300,7 +312,7 @@ class ServerSession:
             # 3.4.1.2: the result precedes the completion of the command that asked for it.
             self._send_command(c.ExecutionResult(command_id=command_id, value=result_struct(command, value[2])),
                                value[1])
-        if settled:
+        if settled and self.wants_known:
             # Settled transfers are never replayed: the client may forget them now.
             self.conn.send(self.channel, c.SessionKnownCompleted(commands=settled))
         self._complete(command_id, sync)
