@@ -365,7 +365,7 @@ class SessionMixin:
         vhost = self._vhost(cmd[4])
         exchange_name, queue_name, key, args = cmd[5], cmd[6], cmd[7], cmd[8]
         exchange = vhost.exchanges.get(exchange_name)
-        queue_missing = queue_name not in vhost.queues
+        queue_missing = bool(queue_name) and queue_name not in vhost.queues  # no queue given: not asked
         if exchange is None:
             return (True, queue_missing, False, False, False)
         to_queue = [b for b in exchange.bindings if b.dest_is_queue and b.destination == queue_name]

@@ -22,6 +22,7 @@ from raftmq.store.sessions import (
 )
 
 from ..core.access import AccessRefused
+from . import rules
 from .properties import from_core, to_core
 
 if TYPE_CHECKING:
@@ -186,6 +187,10 @@ class ServerSession:
         if missing:
             self._exception(command_id, command, 531, f"missing required field(s) {', '.join(missing)}")
             return
+        refusal = rules.check(command)
+        if refusal is not None:
+            self._exception(command_id, command, *refusal)
+            return
         if isinstance(command, (c.TxSelect, c.TxCommit, c.TxRollback)):
             self._tx(command_id, command)
             return
@@ -337,7 +342,7 @@ class ServerSession:
     def _failed(self, command_id: int, command, code: int, text: str) -> None:
         """Apply refused the command: it has destroyed the session already."""
         self.in_flight.discard(command_id)
-        self._exception(command_id, command, code, text, destroy=False)
+        self._exception(command_id, command, rules.code_for(command, code, text), text, destroy=False)
 
     def _exception(self, command_id: int, command, code: int, text: str, destroy: bool = True) -> None:
         """3.4.1.3: report the error, destroy the session state, detach."""
@@ -394,6 +399,7 @@ OMITTED_DEFAULTS: dict[type, tuple[tuple[str, object], ...]] = {
     c.MessageReject: (("code", 0),),
     c.ExchangeBind: (("binding_key", ""),),
     c.ExchangeUnbind: (("binding_key", ""),),
+    c.ExchangeBound: (("queue", ""),),  # "If populated then ..." (L7530): optional in all but name
 }
 
 ERROR_CODES = frozenset((403, 404, 405, 406, 408, 409, 503, 506, 530, 531, 540, 541, 542))

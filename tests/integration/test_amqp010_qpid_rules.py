@@ -127,3 +127,80 @@ def test_the_channel_is_free_again_after_an_execution_exception(port):  # noqa: 
     got = _receive_on(raw, 5.0)
     assert got and isinstance(got[0], c.SessionAttached), got
     raw.close()
+
+
+# ---------------------------------------------------------------------- the spec's codes for refusals
+
+
+def _exception_for(port: int, *commands) -> c.ExecutionException:  # noqa: F811
+    """Send ``commands`` on a fresh session; the execution.exception that follows."""
+    raw = _raw_attached(port, "refusal")
+    for command in commands:
+        raw.send(command, 1)
+    exc = raw.expect(c.ExecutionException)
+    raw.close()
+    return exc
+
+
+def test_declaring_an_amq_exchange_is_not_allowed(port):  # noqa: F811
+    """exchange.declare exception reserved-names (L7203ff): 'Exchange names starting with "amq." are
+    reserved ... The client MUST NOT attempt to create an exchange starting with "amq."' -- not-allowed
+    (530)."""
+    exc = _exception_for(port, c.ExchangeDeclare(exchange=f"amq.{_name('x')}", type="direct"))
+    assert exc.error_code == 530
+
+
+def test_redeclaring_an_exchange_with_another_type_is_not_allowed(port):  # noqa: F811
+    """exchange.declare exception typed (L7216ff): "Exchanges cannot be redeclared with different
+    types" -- not-allowed (530)."""
+    name = _name("typed")
+    exc = _exception_for(port, c.ExchangeDeclare(exchange=name, type="direct", auto_delete=True),
+                         c.ExchangeDeclare(exchange=name, type="fanout", auto_delete=True))
+    assert exc.error_code == 530 and exc.command_id == 1
+
+
+def test_an_unknown_exchange_type_is_not_found(port):  # noqa: F811
+    """exchange.declare exception exchange-type-not-found (L7229ff): "If the client attempts to create
+    an exchange which the server does not recognize, an exception MUST be sent" -- not-found (404)."""
+    exc = _exception_for(port, c.ExchangeDeclare(exchange=_name("t"), type="x-no-such-type"))
+    assert exc.error_code == 404
+
+
+def test_the_default_exchange_cannot_be_deleted_bound_or_unbound(port):  # noqa: F811
+    """exchange.delete (L7282ff), exchange.bind (L7448ff), exchange.unbind (L7498ff) exception
+    exchange-name-required: "The name of the exchange MUST NOT be a blank or empty string" --
+    invalid-argument (542)."""
+    queue = _name("dflt")
+    declare = c.QueueDeclare(queue=queue, exclusive=True, auto_delete=True)
+    for command in (c.ExchangeDelete(exchange=""),
+                    c.ExchangeBind(queue=queue, exchange="", binding_key=queue),
+                    c.ExchangeUnbind(queue=queue, exchange="", binding_key=queue)):
+        exc = _exception_for(port, declare, command)
+        assert exc.error_code == 542, command
+
+
+def test_exclusive_subscribe_to_a_busy_queue_is_resource_locked(port):  # noqa: F811
+    """message.subscribe exception in-use (L6046ff): "The server MUST NOT grant an exclusive
+    subscription to a queue that already has subscribers" -- resource-locked (405)."""
+    queue = _name("busy")
+    exc = _exception_for(port, c.QueueDeclare(queue=queue, exclusive=True, auto_delete=True),
+                         c.MessageSubscribe(queue=queue, destination="a", accept_mode=0, acquire_mode=0),
+                         c.MessageSubscribe(queue=queue, destination="b", accept_mode=0, acquire_mode=0,
+                                            exclusive=True))
+    assert exc.error_code == 405 and exc.command_id == 2
+
+
+def test_exchange_bound_without_a_queue_asks_about_the_exchange(port):  # noqa: F811
+    """exchange.bound (L7509ff): queue "If populated then determine whether the given queue is bound"
+    -- left out, the answer is about the exchange's bindings with that key, no queue-not-found."""
+    raw = _raw_attached(port, "bound")
+    queue = _name("bound")
+    raw.send(c.QueueDeclare(queue=queue, exclusive=True, auto_delete=True), 1)
+    raw.send(c.ExchangeBind(queue=queue, exchange="amq.direct", binding_key=queue), 1)
+    raw.send(c.ExchangeBound(exchange="amq.direct", binding_key=queue, sync=True), 1)
+    bound = raw.expect(c.ExecutionResult).value
+    assert not (bound.exchange_not_found or bound.queue_not_found or bound.key_not_matched)
+    raw.send(c.ExchangeBound(exchange="amq.direct", binding_key=_name("nokey"), sync=True), 1)
+    unbound = raw.expect(c.ExecutionResult).value
+    assert unbound.key_not_matched and not unbound.queue_not_found
+    raw.close()
