@@ -68,6 +68,7 @@ class Op(IntEnum):
     USER_DELETE = 62
     PERMISSION_SET = 63
     PERMISSION_CLEAR = 64
+    SESSION_WINDOW_CREDIT = 87  # (destination, messages, bytes): 0-10 window credit for completed transfers
 
 
 OK = 0

@@ -27,6 +27,7 @@ Command layouts (``[op, conn, token, channel, *args]``):
   MESSAGE_FLOW(destination, unit, value)        MESSAGE_FLOW_MODE(destination, window)
   MESSAGE_STOP(destination)                     MESSAGE_FLUSH(destination)
   MESSAGE_SETTLE(ranges, how)                   how: 0 accept, 1 release, 2 release+redelivered, 3 reject
+  SESSION_WINDOW_CREDIT(destination, messages, bytes)  (submitted bare by the front end, never fails)
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class SessionMixin:
             Op.SESSION_KNOWN_COMPLETED: self._session_known_completed,
             Op.MESSAGE_SUBSCRIBE: self._message_subscribe,
             Op.MESSAGE_FLOW: self._message_flow,
+            Op.SESSION_WINDOW_CREDIT: self._session_window_credit,
             Op.MESSAGE_FLOW_MODE: self._message_flow_mode,
             Op.MESSAGE_STOP: self._message_stop,
             Op.MESSAGE_FLUSH: self._message_flush,
@@ -218,6 +220,7 @@ class SessionMixin:
         consumer = self._channel(conn, number).consumers[tag]
         consumer.credit_messages = 0  # 0-10: a subscription starts without credit (message.flow)
         consumer.credit_bytes = 0
+        consumer.window_mode = True  # message.set-flow-mode rule default-flow-mode (L6137ff): window
         if browse:  # acquire-mode not-acquired: see messages, leave them for others until acquired
             queue = consumer.queue
             queue.consumers.remove(consumer)
@@ -287,6 +290,21 @@ class SessionMixin:
             setattr(consumer, attr, current + value)
         self._dirty[consumer.queue.qid] = consumer.queue
 
+    def _session_window_credit(self, cmd: list) -> None:
+        """Window mode: the client completed transfers (session.completed), which "implicitly grants a
+        single unit of message credit, and the size of the message in byte credits" each (L6097ff).
+        Never an error: a subscription gone or switched to credit mode meanwhile just gets none."""
+        _, conn, _, number, destination, messages, size = cmd
+        ch = self.channels.get(conn, {}).get(number)
+        consumer = ch.consumers.get(destination) if ch is not None else None
+        if consumer is None or not consumer.window_mode:
+            return
+        for attr, value in (("credit_messages", messages), ("credit_bytes", size)):
+            current = getattr(consumer, attr)
+            if current is not None and current < UNLIMITED:
+                setattr(consumer, attr, min(UNLIMITED - 1, current + value))
+        self._dirty[consumer.queue.qid] = consumer.queue
+
     def _message_flow_mode(self, cmd: list) -> None:
         consumer = self._subscription(cmd)
         consumer.window_mode = bool(cmd[5])
@@ -314,16 +332,12 @@ class SessionMixin:
         if session is None:
             raise self._error(503, "message settlement on a channel without a session")
         refs = []
-        windowed = []
         for transfer_id in rs.ids(id_ranges):
             item = session.transfers.pop(transfer_id, None)
             if item is None:
                 continue  # settled already (a replayed accept) or never sent
-            qid, seq, destination = item
+            qid, seq, _destination = item
             refs.append((qid, seq))
-            consumer = ch.consumers.get(destination)
-            if consumer is not None and consumer.window_mode:
-                windowed.append(consumer)
         for queue, entry in self._take_unacked(ch, refs):
             if how == SETTLE_ACCEPT:
                 self.stats["acked"] += 1
@@ -336,10 +350,9 @@ class SessionMixin:
                 if how == SETTLE_RELEASE and entry.delivery_count > 0:
                     entry.delivery_count -= 1  # release without set-redelivered
                 self._return_to_ready(queue, entry)
-        for consumer in windowed:  # window mode: settling a transfer restores its credit
-            if consumer.credit_messages is not None and consumer.credit_messages < UNLIMITED:
-                consumer.credit_messages += 1
-            self._dirty[consumer.queue.qid] = consumer.queue
+        # Window mode credit is not restored here: message.set-flow-mode (L6097ff) "message.accept,
+        # message.release, message.reject, tx.commit and tx.rollback have no effect on the outstanding
+        # credit balances"; the front end grants it when session.completed covers the transfer.
 
     # ------------------------------------------------------------------ queries (0-10 results)
 

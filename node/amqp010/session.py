@@ -24,6 +24,7 @@ from raftmq.store.sessions import (
 from ..core.access import AccessRefused
 from . import rules
 from .properties import from_core, to_core
+from .window import WindowCredit
 
 if TYPE_CHECKING:
     from .connection import Amqp010Connection
@@ -60,6 +61,7 @@ class ServerSession:
         # only to a client that asked for replies (timely-reply) at least once: qpid.messaging never
         # does and has no handler for it (its receive thread would die on one).
         self.wants_known = False
+        self.window = WindowCredit()  # window-mode transfers not yet completed by the client
         self.tx_ops: list[list] | None = None  # buffered work of the open transaction (tx.select)
         self.tx_broken = False  # the transaction was open on another node that failed
 
@@ -132,6 +134,9 @@ class ServerSession:
             # that need no settlement (accept-mode none) are known-completed now; the others are
             # when their accept/release/reject has been applied (_applied).
             ranges = control.commands or ()
+            for destination, (messages, size) in self.window.completed(ranges).items():
+                self.conn.submit([Op.SESSION_WINDOW_CREDIT, self.conn.conn_id, None, self.channel, destination,
+                                  messages, size])
             self.wants_known = self.wants_known or bool(control.timely_reply)
             if not self.wants_known:
                 self.unsettled_none.clear()
@@ -270,6 +275,7 @@ class ServerSession:
         if isinstance(cmd, c.MessageFlush):
             return [Op.MESSAGE_FLUSH, *head, cmd.destination or ""]
         if isinstance(cmd, c.MessageCancel):
+            self.window.cancelled(cmd.destination)
             return [Op.CANCEL, *head, cmd.destination]
         if isinstance(cmd, c.MessageAccept):
             return [Op.MESSAGE_SETTLE, *head, [list(r) for r in cmd.transfers], SETTLE_ACCEPT]
@@ -375,6 +381,13 @@ class ServerSession:
         transfer_id, _qid, _seq, redelivered, message = transfer
         self._send_transfer(transfer_id, destination, redelivered, message)
 
+    def _window_mode(self, destination: str) -> bool:
+        """The subscription's flow mode, from this node's replica (applied before its transfers were
+        assigned, and right also after a resume, when this object is new)."""
+        ch = self.conn.broker.machine.channels.get(self.conn.conn_id, {}).get(self.channel)
+        consumer = ch.consumers.get(destination) if ch is not None else None
+        return consumer is not None and consumer.window_mode
+
     def _send_transfer(self, transfer_id: int, destination: str, redelivered: bool, message) -> None:
         if not self.attached:
             return
@@ -385,6 +398,8 @@ class ServerSession:
         transfer = c.MessageTransfer(destination=destination, accept_mode=accept_mode,
                                      acquire_mode=acquire_mode, headers=headers, body=message.body)
         self._send_command(transfer, transfer_id)
+        if self._window_mode(destination):
+            self.window.sent(transfer_id, destination, len(message.body))
         if accept_mode == ACCEPT_NONE or acquire_mode == NOT_ACQUIRED:
             self.unsettled_none.add(transfer_id)
 

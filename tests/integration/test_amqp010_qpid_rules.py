@@ -204,3 +204,28 @@ def test_exchange_bound_without_a_queue_asks_about_the_exchange(port):  # noqa: 
     unbound = raw.expect(c.ExecutionResult).value
     assert unbound.key_not_matched and not unbound.queue_not_found
     raw.close()
+
+
+def test_window_is_the_default_flow_mode_and_completion_restores_credit(port):  # noqa: F811
+    """message.set-flow-mode rule default-flow-mode (L6137ff): "Prior to receiving an explicit
+    set-flow-mode command, a peer MUST consider the flow-mode to be window"; and (L6097ff) "Completion
+    of the transfer command with session.completed is the only way credit is implicitly updated;
+    message.accept ... have no effect": an accept gives nothing back, session.completed does."""
+    raw = _raw_attached(port, "window")
+    queue = _name("window")
+    raw.send(c.QueueDeclare(queue=queue, exclusive=True, auto_delete=True), 1)
+    for i in range(3):
+        raw.send(c.MessageTransfer(destination="", accept_mode=1, acquire_mode=0,
+                                   headers=[c.DeliveryProperties(routing_key=queue)], body=b"w%d" % i), 1)
+    raw.send(c.MessageSubscribe(queue=queue, destination="w", accept_mode=0, acquire_mode=0), 1)
+    raw.send(c.MessageFlow(destination="w", unit=0, value=1), 1)
+    raw.send(c.MessageFlow(destination="w", unit=1, value=0xFFFFFFFF), 1)
+    first = raw.expect(c.MessageTransfer)
+    raw.send(c.SessionCommandPoint(command_id=6, command_offset=0), 1)  # ids 0-5 were sent above
+    raw.send(c.MessageAccept(transfers=[(0, 0)], sync=True), 1)
+    after_accept = [m for m in _receive_on(raw, 1.0) if isinstance(m, c.MessageTransfer)]
+    assert first.body == b"w0" and after_accept == []
+    raw.send(c.SessionCompleted(commands=[(0, 0)]), 1)  # the transfer was command 0 of the server's
+    second = raw.expect(c.MessageTransfer)
+    assert second.body == b"w1"
+    raw.close()

@@ -235,6 +235,8 @@ def test_connection_window_flow_mode(session):
         incoming.get(timeout=0.5)
     # As Qpid's own broker test (qpid_tests/broker_0_10/message.py, test_window_flow_messages) does:
     # session.completed for the two transfers, no accept yet.
+    for m in first:
+        ssn.receiver._completed.add(m.id)
     ssn.channel.session_completed(ssn.receiver._completed)
     rest = [incoming.get(timeout=10) for _ in range(2)]
     ssn.message_accept(RangedSet(*[m.id for m in first + rest]))
