@@ -788,7 +788,10 @@ class StateMachine(SessionMixin, UserMixin):
             queue.consumers.remove(consumer)
             queue.next_consumer = 0
         self._touch(queue)
-        if queue.auto_delete and queue.had_consumers and not queue.consumers:
+        if queue.auto_delete and queue.had_consumers and not queue.consumers \
+                and queue.exclusive_owner not in self.sessions:
+            # A 0-10 session's exclusive auto-delete queue goes when the session ends (queue.declare
+            # auto-delete, 0-10 L7682ff), not when its last consumer is cancelled.
             self._delete_queue(queue)
 
     # ------------------------------------------------------------------ publishing

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from . import events as EV
 from . import ranges as rs
+from . import session_rules
 from .commands import OUT_SESSION_DETACHED, OUT_TRANSFER, Op
 from .headers import with_delivery_count
 from .model import ChannelState, Consumer, Session
@@ -188,6 +189,7 @@ class SessionMixin:
         rs.add(session.completed, command_id, command_id)
         self._caller_owner = session.key
         try:
+            session_rules.check(self, conn, number, inner)
             value = self._handlers[inner[0]]([inner[0], conn, None, number, *inner[4:]])
         finally:
             self._caller_owner = None

@@ -229,3 +229,92 @@ def test_window_is_the_default_flow_mode_and_completion_restores_credit(port):  
     second = raw.expect(c.MessageTransfer)
     assert second.body == b"w1"
     raw.close()
+
+
+def test_cancelling_an_unknown_subscription_is_not_found(port):  # noqa: F811
+    """message.cancel exception subscription-not-found (L6082ff): not-found (404)."""
+    exc = _exception_for(port, c.MessageCancel(destination=_name("nobody")))
+    assert exc.error_code == 404
+
+
+def test_deleting_a_missing_queue_is_not_found(port):  # noqa: F811
+    """queue.delete exception queue-exists (L7832ff): "The queue must exist. If the client attempts to
+    delete a non-existing queue the server MUST raise an exception" -- not-found (404)."""
+    exc = _exception_for(port, c.QueueDelete(queue=_name("missing")))
+    assert exc.error_code == 404
+
+
+def test_unknown_queue_arguments_are_not_implemented(port):  # noqa: F811
+    """queue.declare exception unknown-argument (L7791ff): "If the arguments field contains arguments
+    which are not understood by the server, it MUST raise an exception" -- not-implemented (540)."""
+    exc = _exception_for(port, c.QueueDeclare(queue=_name("args"), exclusive=True, auto_delete=True,
+                                              arguments={"qpid.last_value_queue_key": "k"}))
+    assert exc.error_code == 540
+
+
+def test_changing_an_exchanges_alternate_is_not_allowed(port):  # noqa: F811
+    """exchange.declare exception pre-existing-exchange (L7235ff): "If the alternate-exchange is not
+    empty and if the exchange already exists with a different alternate-exchange, then the
+    declaration MUST result in an exception" -- not-allowed (530)."""
+    name = _name("alt")
+    exc = _exception_for(port,
+                         c.ExchangeDeclare(exchange=name, type="fanout", alternate_exchange="amq.fanout",
+                                           auto_delete=True),
+                         c.ExchangeDeclare(exchange=name, type="fanout", alternate_exchange="amq.topic",
+                                           auto_delete=True))
+    assert exc.error_code == 530 and exc.command_id == 1
+
+
+def test_an_exchange_used_as_alternate_cannot_be_deleted(port):  # noqa: F811
+    """exchange.delete exception used-as-alternate (L7288ff): "An exchange MUST NOT be deleted if it is
+    in use as an alternate-exchange by a queue or by another exchange" -- not-allowed (530)."""
+    alternate, user = _name("alternate"), _name("user")
+    exc = _exception_for(port, c.ExchangeDeclare(exchange=alternate, type="fanout"),
+                         c.ExchangeDeclare(exchange=user, type="direct", alternate_exchange=alternate),
+                         c.ExchangeDelete(exchange=alternate))
+    assert exc.error_code == 530 and exc.command_id == 2
+    raw = _raw_attached(port, "cleanup")
+    raw.send(c.ExchangeDelete(exchange=user), 1)
+    raw.send(c.ExchangeDelete(exchange=alternate, sync=True), 1)
+    assert not [m for m in _receive_on(raw, 1.0) if isinstance(m, c.ExecutionException)]
+    raw.close()
+
+
+def test_a_headers_binding_needs_x_match(port):  # noqa: F811
+    """Rule headers_exchange_requires_match_arg (L9218ff): "If the arguments field does not contain a
+    key "x-match" then an exception of type invalid-argument MUST be raised" (542)."""
+    queue = _name("hdr")
+    exc = _exception_for(port, c.QueueDeclare(queue=queue, exclusive=True, auto_delete=True),
+                         c.ExchangeBind(queue=queue, exchange="amq.match", binding_key="k", arguments={"a": 1}))
+    assert exc.error_code == 542
+
+
+def test_unbinding_a_headers_binding_removes_it(port):  # noqa: F811
+    """exchange.unbind (L7458ff) names a binding by queue, exchange and binding-key: a headers
+    binding (with its x-match arguments) is removed by it; a key never bound is not-found
+    (non-existent-binding-key, L7504ff)."""
+    raw = _raw_attached(port, "unbind")
+    queue = _name("unbind")
+    raw.send(c.QueueDeclare(queue=queue, exclusive=True, auto_delete=True), 1)
+    raw.send(c.ExchangeBind(queue=queue, exchange="amq.match", binding_key="k",
+                            arguments={"x-match": "all", "a": 1}), 1)
+    raw.send(c.ExchangeUnbind(queue=queue, exchange="amq.match", binding_key="k"), 1)
+    raw.send(c.ExchangeBound(exchange="amq.match", queue=queue, sync=True), 1)
+    bound = raw.expect(c.ExecutionResult).value
+    assert bound.queue_not_matched
+    raw.send(c.ExchangeUnbind(queue=queue, exchange="amq.match", binding_key="k"), 1)
+    assert raw.expect(c.ExecutionException).error_code == 404
+    raw.close()
+
+
+def test_an_exclusive_auto_delete_queue_outlives_its_cancelled_subscription(port):  # noqa: F811
+    """queue.declare auto-delete (L7682ff): "If this field is set and the exclusive field is also set,
+    then the queue MUST be deleted when the session closes" -- not when its subscription is cancelled."""
+    raw = _raw_attached(port, "autodel")
+    queue = _name("autodel")
+    raw.send(c.QueueDeclare(queue=queue, exclusive=True, auto_delete=True), 1)
+    raw.send(c.MessageSubscribe(queue=queue, destination="d", accept_mode=0, acquire_mode=0), 1)
+    raw.send(c.MessageCancel(destination="d"), 1)
+    raw.send(c.QueueQuery(queue=queue, sync=True), 1)
+    assert raw.expect(c.ExecutionResult).value.queue == queue
+    raw.close()

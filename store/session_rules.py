@@ -1,0 +1,80 @@
+"""0-10 rules that need the state and that 0-9-1 lacks or words otherwise (issue 23).
+
+The core's handlers are shared with 0-9-1, where these cases are fine (RabbitMQ answers delete-ok for
+a missing queue, cancel-ok for an unknown consumer tag, ignores unknown x-arguments). A 0-10 session
+command (``SESSION_COMMAND``) is checked here first, on the replicated state, so every replica
+refuses alike. Line numbers are those of shared/specs/amqp-0-10.txt.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .commands import Op
+from .errors import CommandError
+from .queue_args import EQUIVALENCE_ARGS, LATER_ARGS
+
+if TYPE_CHECKING:
+    from .machine import StateMachine
+
+NOT_FOUND, NOT_ALLOWED, NOT_IMPLEMENTED, INVALID_ARGUMENT = 404, 530, 540, 542
+QUEUE_ARGS = frozenset((*EQUIVALENCE_ARGS, *LATER_ARGS, "x-queue-type", "x-deduplication-header"))
+
+
+def check(machine: StateMachine, conn: str, number: int, inner: list) -> None:
+    """Raise the 0-10 refusal for ``inner`` (a core command of this session), if there is one."""
+    op = inner[0]
+    if op == Op.CANCEL:
+        ch = machine.channels.get(conn, {}).get(number)
+        if ch is None or inner[4] not in ch.consumers:
+            # message.cancel exception subscription-not-found (L6082ff): not-found.
+            raise CommandError(NOT_FOUND, f"subscription-not-found: no subscription '{inner[4]}'")
+        return
+    vhost = machine.vhosts.get(inner[4]) if len(inner) > 4 and isinstance(inner[4], str) else None
+    if vhost is None:
+        return  # the handler refuses an unknown vhost itself
+    if op == Op.QUEUE_DELETE and inner[5] not in vhost.queues:
+        # queue.delete exception queue-exists (L7832ff): "The queue must exist" -- not-found.
+        raise CommandError(NOT_FOUND, f"queue-exists: no queue '{inner[5]}'")
+    if op == Op.QUEUE_DECLARE:
+        name, passive, args = inner[5], inner[6], inner[10]
+        unknown = sorted(k for k in args if k not in QUEUE_ARGS)
+        if unknown and not passive:
+            # queue.declare exception unknown-argument (L7791ff): not-implemented.
+            raise CommandError(NOT_IMPLEMENTED, f"unknown-argument: {', '.join(unknown)}")
+        existing = vhost.queues.get(name)
+        alternate = args.get("x-dead-letter-exchange")
+        if existing is not None and alternate and existing.arguments.get("x-dead-letter-exchange") != alternate:
+            # queue.declare exception pre-existing-exchange (L7756ff): not-allowed.
+            raise CommandError(NOT_ALLOWED, f"pre-existing-exchange: queue '{name}' has another alternate")
+    elif op == Op.EXCHANGE_DECLARE:
+        name, args = inner[5], inner[11]
+        existing = vhost.exchanges.get(name)
+        alternate = args.get("alternate-exchange")
+        if existing is not None and alternate and existing.arguments.get("alternate-exchange") != alternate:
+            # exchange.declare exception pre-existing-exchange (L7235ff): not-allowed.
+            raise CommandError(NOT_ALLOWED, f"pre-existing-exchange: exchange '{name}' has another alternate")
+    elif op == Op.EXCHANGE_DELETE:
+        name = inner[5]
+        users = [f"exchange '{x.name}'" for x in vhost.exchanges.values()
+                 if x.name != name and x.arguments.get("alternate-exchange") == name]
+        users += [f"queue '{q.name}'" for q in vhost.queues.values() if q.arguments.get("x-dead-letter-exchange") == name]
+        if users:
+            # exchange.delete exception used-as-alternate (L7288ff): not-allowed.
+            raise CommandError(NOT_ALLOWED, f"used-as-alternate: '{name}' is the alternate of {users[0]}")
+    elif op == Op.QUEUE_UNBIND:
+        exchange = vhost.exchanges.get(inner[6])
+        if exchange is not None:
+            found = [b for b in exchange.bindings
+                     if b.dest_is_queue and b.destination == inner[5] and b.routing_key == inner[7]]
+            if not found:
+                # exchange.unbind exception non-existent-binding-key (L7504ff): not-found.
+                raise CommandError(NOT_FOUND, f"non-existent-binding-key: no binding '{inner[7]}'")
+            # 0-10 names a binding by queue, exchange and key (a headers binding's arguments too).
+            inner[8] = found[0].arguments
+    elif op == Op.QUEUE_BIND:
+        exchange = vhost.exchanges.get(inner[6])
+        args = inner[8] or {}
+        if exchange is not None and exchange.type == "headers" and args.get("x-match") not in ("any", "all"):
+            # Rule headers_exchange_requires_match_arg (L9218ff): invalid-argument.
+            raise CommandError(INVALID_ARGUMENT, "a headers binding needs x-match 'any' or 'all'")
