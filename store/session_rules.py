@@ -43,6 +43,8 @@ def check(machine: StateMachine, conn: str, number: int, inner: list) -> None:
             # queue.declare exception unknown-argument (L7791ff): not-implemented.
             raise CommandError(NOT_IMPLEMENTED, f"unknown-argument: {', '.join(unknown)}")
         existing = vhost.queues.get(name)
+        if existing is not None and not passive:
+            _sticky_queue(machine, conn, number, existing, inner)
         alternate = args.get("x-dead-letter-exchange")
         if existing is not None and alternate and existing.arguments.get("x-dead-letter-exchange") != alternate:
             # queue.declare exception pre-existing-exchange (L7756ff): not-allowed.
@@ -50,6 +52,10 @@ def check(machine: StateMachine, conn: str, number: int, inner: list) -> None:
     elif op == Op.EXCHANGE_DECLARE:
         name, args = inner[5], inner[11]
         existing = vhost.exchanges.get(name)
+        if existing is not None:
+            # exchange.declare rules sticky (L7193ff): durable and auto-delete are ignored if the
+            # exchange exists (the core, as RabbitMQ, would refuse a difference with 406).
+            inner[8], inner[9] = existing.durable, existing.auto_delete
         alternate = args.get("alternate-exchange")
         if existing is not None and alternate and existing.arguments.get("alternate-exchange") != alternate:
             # exchange.declare exception pre-existing-exchange (L7235ff): not-allowed.
@@ -78,3 +84,14 @@ def check(machine: StateMachine, conn: str, number: int, inner: list) -> None:
         if exchange is not None and exchange.type == "headers" and args.get("x-match") not in ("any", "all"):
             # Rule headers_exchange_requires_match_arg (L9218ff): invalid-argument.
             raise CommandError(INVALID_ARGUMENT, "a headers binding needs x-match 'any' or 'all'")
+
+
+def _sticky_queue(machine: StateMachine, conn: str, number: int, existing, inner: list) -> None:
+    """A redeclare of an existing queue: queue.declare rule pre-existence (L7737ff) "The server MUST
+    ignore the auto-delete field if the queue already exists" (durable alike, L7723ff), and 0-10 has
+    no rule against redeclaring one's own exclusive queue without the flag (0-9-1 has: 405)."""
+    inner[7], inner[9] = existing.durable, existing.auto_delete
+    ch = machine.channels.get(conn, {}).get(number)
+    session = ch.session if ch is not None else None
+    if session is not None and existing.exclusive_owner == session.key:
+        inner[8] = True

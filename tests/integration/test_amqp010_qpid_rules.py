@@ -318,3 +318,22 @@ def test_an_exclusive_auto_delete_queue_outlives_its_cancelled_subscription(port
     raw.send(c.QueueQuery(queue=queue, sync=True), 1)
     assert raw.expect(c.ExecutionResult).value.queue == queue
     raw.close()
+
+
+def test_redeclaring_ignores_durable_auto_delete_and_own_exclusivity(port):  # noqa: F811
+    """queue.declare rules pre-existence (L7723ff, L7737ff): "The server MUST ignore the durable field
+    if the queue already exists" (auto-delete alike), exchange.declare rules sticky (L7193ff) the same
+    for exchanges; and 0-10 has no rule refusing a session that redeclares its own exclusive queue
+    without the flag (0-9-1's 405). None of these is an exception; the originals stay."""
+    raw = _raw_attached(port, "sticky")
+    queue, exchange = _name("sticky-q"), _name("sticky-x")
+    raw.send(c.QueueDeclare(queue=queue, exclusive=True, auto_delete=True), 1)
+    raw.send(c.QueueDeclare(queue=queue, durable=True), 1)
+    raw.send(c.ExchangeDeclare(exchange=exchange, type="direct", auto_delete=True), 1)
+    raw.send(c.ExchangeDeclare(exchange=exchange, type="direct", durable=True), 1)
+    raw.send(c.QueueQuery(queue=queue, sync=True), 1)
+    got = _receive_on(raw, 2.0)
+    assert not [m for m in got if isinstance(m, c.ExecutionException)], got
+    result = next(m for m in got if isinstance(m, c.ExecutionResult)).value
+    assert (result.durable, result.exclusive, result.auto_delete) == (False, True, True)
+    raw.close()
