@@ -971,7 +971,7 @@ class StateMachine(SessionMixin, UserMixin):
                 chosen = None
                 for i in range(n):
                     candidate = consumers[(start + i) % n]
-                    if candidate.room() > 0:
+                    if candidate.room() > 0 and candidate.fits(ready.peek()):
                         chosen = candidate
                         queue.next_consumer = (start + i + 1) % n
                         break
@@ -990,6 +990,10 @@ class StateMachine(SessionMixin, UserMixin):
                 if limit is not None and entry.delivery_count > limit:
                     self._past_limit(queue, entry)  # came back past the limit through a restart
                     continue
+                if not chosen.fits(entry):  # 0-10 byte credit smaller than the message: wait
+                    ready.requeue(entry)
+                    queue.ready_bytes += len(entry.message.body)
+                    return
                 self._deliver(chosen, queue, entry)
                 room -= 1
 

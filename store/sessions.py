@@ -236,7 +236,7 @@ class SessionMixin:
             session = consumer.channel.session
             while consumer.has_credit():
                 entry = queue.ready.next_after(consumer.cursor)
-                if entry is None:
+                if entry is None or not consumer.fits(entry):
                     break
                 consumer.cursor = entry.seq
                 self._take_credit(consumer, len(entry.message.body))

@@ -337,3 +337,24 @@ def test_redeclaring_ignores_durable_auto_delete_and_own_exclusivity(port):  # n
     result = next(m for m in got if isinstance(m, c.ExecutionResult)).value
     assert (result.durable, result.exclusive, result.auto_delete) == (False, True, True)
     raw.close()
+
+
+def test_no_transfer_bigger_than_the_byte_credit_left(port):  # noqa: F811
+    """message.set-flow-mode (L6097ff): "if there is not enough byte credit available to send a
+    complete message, the sender must either wait or use message fragmentation" -- with 100 bytes of
+    credit a 60-byte message goes, the next 60-byte one waits until more byte credit comes."""
+    raw = _raw_attached(port, "bytes")
+    queue = _name("bytes")
+    raw.send(c.QueueDeclare(queue=queue, exclusive=True, auto_delete=True), 1)
+    for i in range(2):
+        raw.send(c.MessageTransfer(destination="", accept_mode=1, acquire_mode=0,
+                                   headers=[c.DeliveryProperties(routing_key=queue)], body=bytes([65 + i]) * 60), 1)
+    raw.send(c.MessageSubscribe(queue=queue, destination="b", accept_mode=1, acquire_mode=0), 1)
+    raw.send(c.MessageSetFlowMode(destination="b", flow_mode=0), 1)  # credit mode
+    raw.send(c.MessageFlow(destination="b", unit=0, value=10), 1)
+    raw.send(c.MessageFlow(destination="b", unit=1, value=100), 1)
+    got = [m for m in _receive_on(raw, 2.0) if isinstance(m, c.MessageTransfer)]
+    assert [m.body[:1] for m in got] == [b"A"]
+    raw.send(c.MessageFlow(destination="b", unit=1, value=20), 1)
+    assert raw.expect(c.MessageTransfer).body == b"B" * 60
+    raw.close()
