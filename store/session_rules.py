@@ -33,9 +33,12 @@ def check(machine: StateMachine, conn: str, number: int, inner: list) -> None:
     vhost = machine.vhosts.get(inner[4]) if len(inner) > 4 and isinstance(inner[4], str) else None
     if vhost is None:
         return  # the handler refuses an unknown vhost itself
-    if op == Op.QUEUE_DELETE and inner[5] not in vhost.queues:
-        # queue.delete exception queue-exists (L7832ff): "The queue must exist" -- not-found.
-        raise CommandError(NOT_FOUND, f"queue-exists: no queue '{inner[5]}'")
+    if op == Op.QUEUE_DELETE:
+        queue = vhost.queues.get(inner[5])
+        if queue is None:
+            # queue.delete exception queue-exists (L7832ff): "The queue must exist" -- not-found.
+            raise CommandError(NOT_FOUND, f"queue-exists: no queue '{inner[5]}'")
+        _orphans_to_alternate(machine, vhost, queue, conn, inner)
     if op == Op.QUEUE_DECLARE:
         name, passive, args = inner[5], inner[6], inner[10]
         unknown = sorted(k for k in args if k not in QUEUE_ARGS)
@@ -95,3 +98,23 @@ def _sticky_queue(machine: StateMachine, conn: str, number: int, existing, inner
     session = ch.session if ch is not None else None
     if session is not None and existing.exclusive_owner == session.key:
         inner[8] = True
+
+
+def _orphans_to_alternate(machine: StateMachine, vhost, queue, conn: str, inner: list) -> None:
+    """queue.declare alternate-exchange (L7656ff): messages "orphaned by queue deletion MUST be routed
+    to the alternate-exchange" -- the ready ones and those acquired by subscribers (which the delete
+    discards from their holders). Copies are routed before the core's delete, which drops the
+    originals; nothing moves if the delete is going to be refused (lock, if-unused, if-empty)."""
+    if queue.dead_letter_exchange is None:
+        return
+    machine._queue(vhost, queue.name, conn)  # the exclusive-lock refusal comes before any change
+    if (inner[6] and queue.consumers) or (inner[7] and len(queue.ready)):
+        return  # if-unused / if-empty: the core refuses it
+    entries = queue.ready.take_all()
+    for entry in entries:
+        queue.ready.requeue(entry)
+    if queue.unacked_count:
+        entries += [item[1] for ch_map in machine.channels.values() for ch in ch_map.values()
+                    for key, item in ch.unacked.items() if key[0] == queue.qid]
+    for entry in entries:
+        machine._dead_letter(queue, entry.message, "deleted")

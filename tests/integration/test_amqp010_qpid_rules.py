@@ -358,3 +358,26 @@ def test_no_transfer_bigger_than_the_byte_credit_left(port):  # noqa: F811
     raw.send(c.MessageFlow(destination="b", unit=1, value=20), 1)
     assert raw.expect(c.MessageTransfer).body == b"B" * 60
     raw.close()
+
+
+def test_messages_orphaned_by_queue_deletion_go_to_the_alternate_exchange(port):  # noqa: F811
+    """queue.declare alternate-exchange (L7656ff): "rejected or orphaned messages MUST be routed to
+    the alternate-exchange" -- here one message still queued and one acquired by a subscriber
+    (not accepted) when the queue is deleted: both arrive in the queue bound to the alternate."""
+    raw = _raw_attached(port, "orphans")
+    alternate, queue, catch = _name("alt-x"), _name("orphans"), _name("catch")
+    raw.send(c.ExchangeDeclare(exchange=alternate, type="fanout", auto_delete=True), 1)
+    raw.send(c.QueueDeclare(queue=catch, exclusive=True, auto_delete=True), 1)
+    raw.send(c.ExchangeBind(queue=catch, exchange=alternate, binding_key=""), 1)
+    raw.send(c.QueueDeclare(queue=queue, alternate_exchange=alternate, exclusive=True, auto_delete=True), 1)
+    for body in (b"acquired", b"queued"):
+        raw.send(c.MessageTransfer(destination="", accept_mode=1, acquire_mode=0,
+                                   headers=[c.DeliveryProperties(routing_key=queue)], body=body), 1)
+    raw.send(c.MessageSubscribe(queue=queue, destination="d", accept_mode=0, acquire_mode=0), 1)
+    raw.send(c.MessageFlow(destination="d", unit=0, value=1), 1)
+    raw.send(c.MessageFlow(destination="d", unit=1, value=0xFFFFFFFF), 1)
+    assert raw.expect(c.MessageTransfer).body == b"acquired"
+    raw.send(c.QueueDelete(queue=queue), 1)
+    raw.send(c.QueueQuery(queue=catch, sync=True), 1)
+    assert raw.expect(c.ExecutionResult).value.message_count == 2
+    raw.close()
