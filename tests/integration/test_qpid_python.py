@@ -125,6 +125,43 @@ def test_messaging_browse_and_unreliable_links(messaging):
         check.fetch(timeout=1)
 
 
+def test_messaging_address_options_and_dispositions(messaging):
+    """qpid.messaging address options as its users write them: a topic node declared with x-declare
+    (exchange.declare fanout) and deleted on close, a link queue with x-declare (exclusive
+    auto-delete), a queue with x-arguments (raftmq's x-max-length), and the reject and release
+    dispositions (message.reject L5777ff, message.release L5819ff)."""
+    from qpid.messaging import REJECTED, RELEASED, Disposition, Message
+
+    ssn = messaging.session()
+    topic = _name("fan")
+    snd = ssn.sender(f"{topic}; {{create: always, delete: always, node: {{type: topic, "
+                     f"x-declare: {{type: fanout}}}}}}")
+    private = ssn.receiver(f"{topic}; {{link: {{x-declare: {{auto-delete: true, exclusive: true}}}}}}")
+    plain = ssn.receiver(topic)
+    snd.send(Message("fan", subject="s"))
+    assert private.fetch(timeout=10).content == "fan" and plain.fetch(timeout=10).content == "fan"
+    ssn.acknowledge()
+    snd.close()
+
+    queue = _name("capped")
+    capped = ssn.sender(f"{queue}; {{create: always, node: {{x-declare: {{arguments: {{'x-max-length': 3}}}}}}}}")
+    for i in range(5):
+        capped.send(Message(f"m{i}"))
+    rcv = ssn.receiver(queue)
+    assert [rcv.fetch(timeout=10).content for _ in range(3)] == ["m2", "m3", "m4"]  # drop-head
+    ssn.acknowledge()
+
+    capped.send(Message("reject me"))
+    ssn.acknowledge(rcv.fetch(timeout=10), Disposition(REJECTED))
+    capped.send(Message("release me"))
+    ssn.acknowledge(rcv.fetch(timeout=10), Disposition(RELEASED))
+    again = rcv.fetch(timeout=10)
+    ssn.acknowledge()
+    assert again.content == "release me"
+    with pytest.raises(Exception):  # noqa: B017  (Empty: the rejected one is gone)
+        rcv.fetch(timeout=0.5)
+
+
 def test_messaging_capacity_is_credit(messaging):
     """qpid.messaging sets flow mode credit (message.set-flow-mode, L6087ff) and gives its capacity as
     message credit: no more than that many messages are prefetched."""
