@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.store import ranges as rs
 from raftmq.store.commands import Op
+from raftmq.store.errors import HARD_ERRORS
 from raftmq.store.sessions import (
     SETTLE_ACCEPT,
     SETTLE_REJECT,
@@ -346,9 +347,11 @@ class ServerSession:
         self.completion_due = self.timely = False
 
     def _failed(self, command_id: int, command, code: int, text: str) -> None:
-        """Apply refused the command: it has destroyed the session already."""
+        """Apply refused the command: it has destroyed the session already, except for the codes
+        that are connection errors in 0-9-1 (HARD_ERRORS: the core leaves those to the front end)."""
         self.in_flight.discard(command_id)
-        self._exception(command_id, command, rules.code_for(command, code, text), text, destroy=False)
+        self._exception(command_id, command, rules.code_for(command, code, text), text,
+                        destroy=code in HARD_ERRORS)
 
     def _exception(self, command_id: int, command, code: int, text: str, destroy: bool = True) -> None:
         """3.4.1.3: report the error, destroy the session state, detach."""

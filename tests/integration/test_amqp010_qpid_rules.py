@@ -381,3 +381,22 @@ def test_messages_orphaned_by_queue_deletion_go_to_the_alternate_exchange(port):
     raw.send(c.QueueQuery(queue=catch, sync=True), 1)
     assert raw.expect(c.ExecutionResult).value.message_count == 2
     raw.close()
+
+
+def test_a_new_session_works_on_the_channel_after_a_not_allowed_exception(port):  # noqa: F811
+    """3.4.1.3: every execution exception ends the session, including those the core words as
+    0-9-1 connection errors (here 530): a new session attached on the same channel then executes
+    its commands (Qpid's own alternate-exchange tests do exactly this)."""
+    raw = _raw_attached(port, "hard")
+    name = _name("hard")
+    raw.send(c.ExchangeDeclare(exchange=name, type="fanout", auto_delete=True), 1)
+    raw.send(c.ExchangeDeclare(exchange=name, type="fanout", alternate_exchange="amq.fanout"), 1)
+    assert raw.expect(c.ExecutionException).error_code == 530
+    detach = raw.expect(c.SessionDetach)
+    raw.send(c.SessionDetached(name=detach.name, code=0), 1)
+    raw.send(c.SessionAttach(name=_name("after").encode()), 1)
+    raw.expect(c.SessionAttached)
+    raw.send(c.SessionCommandPoint(command_id=0, command_offset=0), 1)
+    raw.send(c.ExchangeQuery(name=name, sync=True), 1)
+    assert raw.expect(c.ExecutionResult).value.type == "fanout"
+    raw.close()
