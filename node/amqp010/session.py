@@ -135,9 +135,8 @@ class ServerSession:
             # that need no settlement (accept-mode none) are known-completed now; the others are
             # when their accept/release/reject has been applied (_applied).
             ranges = control.commands or ()
-            for destination, (messages, size) in self.window.completed(ranges).items():
-                self.conn.submit([Op.SESSION_WINDOW_CREDIT, self.conn.conn_id, None, self.channel, destination,
-                                  messages, size])
+            if self.window.completed(ranges):
+                self.conn.completion_due[self.channel] = self  # the credit goes with the next flush
             self.wants_known = self.wants_known or bool(control.timely_reply)
             if not self.wants_known:
                 self.unsettled_none.clear()
@@ -341,6 +340,11 @@ class ServerSession:
             self._complete(self.syncs.pop(0), True)
 
     def send_completion(self) -> None:
+        """Once per read batch (Amqp010Connection.flush): our session.completed, and the window
+        credit the client's completed controls gave back, one command per destination."""
+        for destination, (messages, size) in self.window.take_grants().items():
+            self.conn.submit([Op.SESSION_WINDOW_CREDIT, self.conn.conn_id, None, self.channel, destination,
+                              messages, size])
         if self.completion_due and self.attached:
             self.conn.send(self.channel, c.SessionCompleted(commands=[tuple(r) for r in self.completed],
                                                             timely_reply=False))

@@ -20,20 +20,27 @@ from dataclasses import dataclass, field
 @dataclass
 class WindowCredit:
     owed: dict[int, tuple[str, int]] = field(default_factory=dict)  # transfer id -> (destination, bytes)
+    grants: dict[str, tuple[int, int]] = field(default_factory=dict)  # completed, not yet submitted
 
     def sent(self, transfer_id: int, destination: str, size: int) -> None:
         self.owed[transfer_id] = (destination, size)
 
-    def completed(self, ranges) -> dict[str, tuple[int, int]]:
-        """Forget the transfers ``ranges`` covers; per destination, the (messages, bytes) they give back."""
-        grants: dict[str, tuple[int, int]] = {}
+    def completed(self, ranges) -> bool:
+        """Forget the transfers ``ranges`` covers and add what they give back to the grants (one
+        command per destination and read batch, not per transfer); True if there is any."""
         for transfer_id in [i for i in self.owed if any(lo <= i <= hi for lo, hi in ranges)]:
             destination, size = self.owed.pop(transfer_id)
-            messages, total = grants.get(destination, (0, 0))
-            grants[destination] = (messages + 1, total + size)
+            messages, total = self.grants.get(destination, (0, 0))
+            self.grants[destination] = (messages + 1, total + size)
+        return bool(self.grants)
+
+    def take_grants(self) -> dict[str, tuple[int, int]]:
+        """Per destination, the (messages, bytes) to give back now."""
+        grants, self.grants = self.grants, {}
         return grants
 
     def cancelled(self, destination: str) -> None:
         """The subscription is gone: its transfers give nothing back."""
         for transfer_id in [i for i, (d, _) in self.owed.items() if d == destination]:
             del self.owed[transfer_id]
+        self.grants.pop(destination, None)
