@@ -384,7 +384,9 @@ class SessionMixin:
         if exchange is None:
             return (True, queue_missing, False, False, False)
         to_queue = [b for b in exchange.bindings if b.dest_is_queue and b.destination == queue_name]
-        key_match = [b for b in (to_queue if queue_name else exchange.bindings) if key is None or b.routing_key == key]
+        # key-not-matched (L7565ff): "no binding was found from the specified exchange with the
+        # specified binding-key" -- to any queue: each flag answers its own question.
+        key_match = [b for b in exchange.bindings if key is None or b.routing_key == key]
         args_match = [b for b in key_match if args is None or b.arguments == args]
         return (False, queue_missing, bool(queue_name) and not to_queue,
                 key is not None and not key_match, args is not None and not args_match)

@@ -400,3 +400,19 @@ def test_a_new_session_works_on_the_channel_after_a_not_allowed_exception(port):
     raw.send(c.ExchangeQuery(name=name, sync=True), 1)
     assert raw.expect(c.ExecutionResult).value.type == "fanout"
     raw.close()
+
+
+def test_exchange_bound_judges_queue_and_key_separately(port):  # noqa: F811
+    """exchange.bound result (L7560ff): queue-not-matched "no binding was found from the specified
+    exchange to the specified queue", key-not-matched "no binding was found from the specified
+    exchange with the specified binding-key" -- a key bound for another queue is matched (Qpid's
+    own query tests ask exactly this)."""
+    raw = _raw_attached(port, "bound2")
+    used, unused = _name("used"), _name("unused")
+    for queue in (used, unused):
+        raw.send(c.QueueDeclare(queue=queue, exclusive=True, auto_delete=True), 1)
+    raw.send(c.ExchangeBind(queue=used, exchange="amq.direct", binding_key=used), 1)
+    raw.send(c.ExchangeBound(exchange="amq.direct", queue=unused, binding_key=used, sync=True), 1)
+    answer = raw.expect(c.ExecutionResult).value
+    assert answer.queue_not_matched and not answer.key_not_matched and not answer.queue_not_found
+    raw.close()
