@@ -188,6 +188,8 @@ class ServerSession:
         for attr, default in OMITTED_DEFAULTS.get(type(command), ()):
             if getattr(command, attr) is None:
                 setattr(command, attr, default)
+        if isinstance(command, c.ExchangeDeclare) and command.passive and command.type is None:
+            command.type = ""  # passive: "do not create exchange" (L7147ff), only ask that it exists: no type needed
         missing = command.missing()
         if missing:
             self._exception(command_id, command, 531, f"missing required field(s) {', '.join(missing)}")

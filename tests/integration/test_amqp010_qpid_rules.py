@@ -416,3 +416,10 @@ def test_exchange_bound_judges_queue_and_key_separately(port):  # noqa: F811
     answer = raw.expect(c.ExecutionResult).value
     assert answer.queue_not_matched and not answer.key_not_matched and not answer.queue_not_found
     raw.close()
+
+
+def test_a_passive_exchange_declare_needs_no_type(port):  # noqa: F811
+    """exchange.declare passive (L7147ff) "do not create exchange" and exception not-found (L7242ff):
+    a passive declare of a missing exchange without a type is not-found (404), not a missing field."""
+    exc = _exception_for(port, c.ExchangeDeclare(exchange=_name("humpty"), passive=True))
+    assert exc.error_code == 404
