@@ -94,8 +94,10 @@ def prepare(workdir: Path) -> Path:
         for m in members:
             m.name = m.name[len(prefix):]
         tar.extractall(root, members=members, filter="data")
-    applied = subprocess.run(["patch", "-p1", "--quiet", "--batch", "-i", str(PATCH)], cwd=root,
-                             capture_output=True, text=True)
+    # GNU patch where it is installed, else git (which applies a plain diff outside a repository).
+    tool = (["patch", "-p1", "--quiet", "--batch", "-i", str(PATCH)] if shutil.which("patch")
+            else ["git", "apply", "-p1", str(PATCH)])
+    applied = subprocess.run(tool, cwd=root, capture_output=True, text=True)
     if applied.returncode != 0:
         raise RuntimeError(f"{PATCH.name} does not apply: {applied.stdout}{applied.stderr}")
     return root
