@@ -291,7 +291,8 @@ class Session:
                 if not future.done():
                     future.set_exception(self.error)
             self.pending.clear()
-        self.conn.send_if_connected(self.channel, c.SessionCompleted(commands=[(command_id, command_id)]))
+        self.conn.send_if_connected(self.channel, c.SessionCompleted(commands=[(command_id, command_id)],
+                                                                                timely_reply=True))
 
     def fail(self, error: ClientError) -> None:
         """The session is over (its connection could not be re-established): every pending command
@@ -545,7 +546,8 @@ class Connection:
     def _connection_control(self, m) -> None:
         if isinstance(m, c.ConnectionStart):
             response = b"\x00" + self.user.encode() + b"\x00" + self.password.encode()
-            self.send(0, c.ConnectionStartOk(client_properties={"product": "raftmq-client"}, mechanism="PLAIN",
+            self.send(0, c.ConnectionStartOk(client_properties={"product": "raftmq-client",
+                                                                "raftmq.follows-redirect": True}, mechanism="PLAIN",
                                              response=response, locale="en_US"))
         elif isinstance(m, c.ConnectionTune):
             self.send(0, c.ConnectionTuneOk(channel_max=m.channel_max or 256, max_frame_size=0xFFFF,

@@ -78,6 +78,7 @@ class Op(IntEnum):
     USER_DELETE = 62
     PERMISSION_SET = 63
     PERMISSION_CLEAR = 64
+    SESSION_WINDOW_CREDIT = 87  # (destination, messages, bytes): 0-10 window credit for completed transfers
 
 
 OK = 0
@@ -667,6 +668,19 @@ class MessageSettle(NamedTuple):
     op: Op = Op.MESSAGE_SETTLE
 
 
+class SessionWindowCredit(NamedTuple):
+    """0-10 window mode: the client completed transfers; ``messages`` and ``bytes`` of credit back.
+    Submitted without a token by the front end; never an error."""
+
+    conn: str | None
+    token: int | None
+    channel: int
+    destination: str
+    messages: int
+    bytes: int
+    op: Op = Op.SESSION_WINDOW_CREDIT
+
+
 class MessageAcquire(NamedTuple):
     """Value: the acquired transfer ranges."""
 
@@ -727,7 +741,7 @@ Command = (ChannelOpen | ChannelClose | ConnectionClose | Qos | Flow | ExchangeD
            | PermissionClear | SessionAttach | SessionDetach | SessionTimeout | SessionCommand
            | SessionKnownCompleted | SessionTxSelect | MessageSubscribe | MessageFlow | MessageFlowMode
            | MessageStop | MessageFlush | MessageSettle | MessageAcquire | MessageResume | QueueQuery
-           | ExchangeQuery | ExchangeBound)
+           | ExchangeQuery | ExchangeBound | SessionWindowCredit)
 
 COMMAND_TYPES: dict[int, type] = {cls._field_defaults["op"]: cls for cls in Command.__args__}
 assert len(COMMAND_TYPES) == len(Op), "every Op has exactly one command type"

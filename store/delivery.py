@@ -89,7 +89,10 @@ class Delivery:
             queue.consumers.remove(consumer)
             queue.next_consumer = 0
         m.topology.touch(queue)
-        if queue.auto_delete and queue.had_consumers and not queue.consumers:
+        if queue.auto_delete and queue.had_consumers and not queue.consumers \
+                and queue.exclusive_owner not in m.sessions:
+            # A 0-10 session's exclusive auto-delete queue goes when the session ends (queue.declare
+            # auto-delete, 0-10 L7682ff), not when its last consumer is cancelled.
             m.topology.delete_queue(queue)
 
     def publish(self, cmd: Publish) -> int:
@@ -239,7 +242,7 @@ class Delivery:
                 chosen = None
                 for i in range(n):
                     candidate = consumers[(start + i) % n]
-                    if candidate.room() > 0:
+                    if candidate.room() > 0 and candidate.fits(ready.peek()):
                         chosen = candidate
                         queue.next_consumer = (start + i + 1) % n
                         break
@@ -258,6 +261,10 @@ class Delivery:
                 if limit is not None and entry.delivery_count > limit:
                     self.past_limit(queue, entry)  # came back past the limit through a restart
                     continue
+                if not chosen.fits(entry):  # 0-10 byte credit smaller than the message: wait
+                    ready.requeue(entry)
+                    queue.ready_bytes += len(entry.message.body)
+                    return
                 self.deliver(chosen, queue, entry)
                 room -= 1
 

@@ -205,6 +205,13 @@ class Consumer:
     def has_credit(self) -> bool:
         return self.room() > 0
 
+    def fits(self, entry: Entry | None) -> bool:
+        """0-10 byte credit covers the whole message: message.set-flow-mode (L6097ff) "if there is
+        not enough byte credit available to send a complete message, the sender must either wait
+        or use message fragmentation" (we wait)."""
+        limit = self.credit_bytes
+        return entry is None or limit is None or limit >= 0xFFFFFFFF or len(entry.message.body) <= limit
+
     def room(self) -> int:
         """How many messages this consumer may be given now, one after another (0 or less: none).
 

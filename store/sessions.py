@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from . import events as EV
 from . import ranges as rs
+from . import session_rules
 from .commands import (
     OUT_SESSION_DETACHED,
     OUT_TRANSFER,
@@ -51,6 +52,7 @@ from .commands import (
     SessionKnownCompleted,
     SessionTimeout,
     SessionTxSelect,
+    SessionWindowCredit,
 )
 from .headers import with_delivery_count
 from .model import ChannelState, Consumer, Session
@@ -87,6 +89,7 @@ class SessionCommands:
             Op.SESSION_KNOWN_COMPLETED: self.session_known_completed,
             Op.MESSAGE_SUBSCRIBE: self.message_subscribe,
             Op.MESSAGE_FLOW: self.message_flow,
+            Op.SESSION_WINDOW_CREDIT: self.session_window_credit,
             Op.MESSAGE_FLOW_MODE: self.message_flow_mode,
             Op.MESSAGE_STOP: self.message_stop,
             Op.MESSAGE_FLUSH: self.message_flush,
@@ -114,6 +117,12 @@ class SessionCommands:
                 old_conn, old_number = session.channel.conn, session.channel.number
                 self.unregister_channel(session.channel)
                 m._out.append((old_conn, OUT_SESSION_DETACHED, old_number, bytes(name)))
+                if session.timeout <= 0:
+                    # Taking over detaches the old attachment, and state with a zero timeout does
+                    # not outlive a detach (session.request-timeout L4587ff, 3.6.4): a new session.
+                    # (qpid.messaging re-attaches this way after failover and numbers from 0 again.)
+                    self.destroy_session(session)
+                    session = None
         existing = m.channels.get(conn, {}).get(number)
         if existing is not None and existing is not (session.channel if session else None):
             raise m.error(530, f"channel {number} is already attached to another session")
@@ -206,7 +215,8 @@ class SessionCommands:
         rs.add(session.completed, command_id, command_id)
         m._caller_owner = session.key
         try:
-            value = m._handlers[inner.op](inner._replace(conn=conn, token=None, channel=number))
+            inner = session_rules.check(m, conn, number, inner._replace(conn=conn, token=None, channel=number))
+            value = m._handlers[inner.op](inner)
         finally:
             m._caller_owner = None
         if inner.op in RESULT_OPS:
@@ -239,6 +249,7 @@ class SessionCommands:
         consumer = m.channel(conn, number).consumers[tag]
         consumer.credit_messages = 0  # 0-10: a subscription starts without credit (message.flow)
         consumer.credit_bytes = 0
+        consumer.window_mode = True  # message.set-flow-mode rule default-flow-mode (L6137ff): window
         if browse:  # acquire-mode not-acquired: see messages, leave them for others until acquired
             queue = consumer.queue
             queue.consumers.remove(consumer)
@@ -253,7 +264,7 @@ class SessionCommands:
             session = consumer.channel.session
             while consumer.has_credit():
                 entry = queue.ready.next_after(consumer.cursor)
-                if entry is None:
+                if entry is None or not consumer.fits(entry):
                     break
                 consumer.cursor = entry.seq
                 self.take_credit(consumer, len(entry.message.body))
@@ -312,6 +323,21 @@ class SessionCommands:
             setattr(consumer, attr, current + value)
         m._dirty[consumer.queue.qid] = consumer.queue
 
+    def session_window_credit(self, cmd: SessionWindowCredit) -> None:
+        """Window mode: the client completed transfers (session.completed), which "implicitly grants a
+        single unit of message credit, and the size of the message in byte credits" each (L6097ff).
+        Never an error: a subscription gone or switched to credit mode meanwhile just gets none."""
+        m = self.m
+        ch = m.channels.get(cmd.conn, {}).get(cmd.channel)
+        consumer = ch.consumers.get(cmd.destination) if ch is not None else None
+        if consumer is None or not consumer.window_mode:
+            return
+        for attr, value in (("credit_messages", cmd.messages), ("credit_bytes", cmd.bytes)):
+            current = getattr(consumer, attr)
+            if current is not None and current < UNLIMITED:
+                setattr(consumer, attr, min(UNLIMITED - 1, current + value))
+        m._dirty[consumer.queue.qid] = consumer.queue
+
     def message_flow_mode(self, cmd: MessageFlowMode) -> None:
         consumer = self.subscription(cmd)
         consumer.window_mode = bool(cmd.window)
@@ -341,16 +367,12 @@ class SessionCommands:
         if session is None:
             raise m.error(503, "message settlement on a channel without a session")
         refs = []
-        windowed = []
         for transfer_id in rs.ids(id_ranges):
             item = session.transfers.pop(transfer_id, None)
             if item is None:
                 continue  # settled already (a replayed accept) or never sent
-            qid, seq, destination = item
+            qid, seq, _destination = item
             refs.append((qid, seq))
-            consumer = ch.consumers.get(destination)
-            if consumer is not None and consumer.window_mode:
-                windowed.append(consumer)
         for queue, entry in m.delivery.take_unacked(ch, refs):
             if how == SETTLE_ACCEPT:
                 m.stats["acked"] += 1
@@ -363,10 +385,9 @@ class SessionCommands:
                 if how == SETTLE_RELEASE and entry.delivery_count > 0:
                     entry.delivery_count -= 1  # release without set-redelivered
                 m.delivery.return_to_ready(queue, entry)
-        for consumer in windowed:  # window mode: settling a transfer restores its credit
-            if consumer.credit_messages is not None and consumer.credit_messages < UNLIMITED:
-                consumer.credit_messages += 1
-            m._dirty[consumer.queue.qid] = consumer.queue
+        # Window mode credit is not restored here: message.set-flow-mode (L6097ff) "message.accept,
+        # message.release, message.reject, tx.commit and tx.rollback have no effect on the outstanding
+        # credit balances"; the front end grants it when session.completed covers the transfer.
 
     def queue_query(self, cmd: QueueQuery):
         """(name, durable, exclusive, auto_delete, arguments, messages, consumers) or None."""
@@ -393,11 +414,13 @@ class SessionCommands:
         vhost = m.vhost(cmd.vhost)
         exchange_name, queue_name, key, args = cmd.exchange, cmd.queue, cmd.routing_key, cmd.arguments
         exchange = vhost.exchanges.get(exchange_name)
-        queue_missing = queue_name not in vhost.queues
+        queue_missing = bool(queue_name) and queue_name not in vhost.queues  # no queue given: not asked
         if exchange is None:
             return (True, queue_missing, False, False, False)
         to_queue = [b for b in exchange.bindings if b.dest_is_queue and b.destination == queue_name]
-        key_match = [b for b in (to_queue if queue_name else exchange.bindings) if key is None or b.routing_key == key]
+        # key-not-matched (L7565ff): "no binding was found from the specified exchange with the
+        # specified binding-key" -- to any queue: each flag answers its own question.
+        key_match = [b for b in exchange.bindings if key is None or b.routing_key == key]
         args_match = [b for b in key_match if args is None or b.arguments == args]
         return (False, queue_missing, bool(queue_name) and not to_queue,
                 key is not None and not key_match, args is not None and not args_match)

@@ -47,6 +47,7 @@ CLOSE_NORMAL, CLOSE_FORCED, CLOSE_INVALID_PATH, CLOSE_FRAMING = 200, 320, 402, 5
 MAX_FRAME_SIZE = 0xFFFF
 CLOSE_OK_TIMEOUT = 2.0
 PRE_OPEN_PENDING_BYTES = 64 * 1024  # unfinished assemblies before connection.open-ok (one whole frame fits)
+FOLLOWS_REDIRECT = "raftmq.follows-redirect"  # client-properties key: true asks for connection.redirect
 PENDING_MARGIN = 64 * 1024  # unfinished assemblies once open: max_message_size + this (command + header)
 
 
@@ -63,6 +64,7 @@ class Amqp010Connection(asyncio.Protocol):
         self.principal: Principal | None = None
         self.access: Access | None = None  # set by connection.open: what the principal may do in the vhost
         self.vhost = "/"
+        self.follows_redirect = False  # the client said (client-properties) that it handles redirect
         self.max_frame_size = MAX_FRAME_SIZE
         self.sessions: dict[int, ServerSession] = {}
         self.completion_due: dict[int, ServerSession] = {}
@@ -295,9 +297,11 @@ class Amqp010Connection(asyncio.Protocol):
         if self.state != OPEN:
             raise FramingError(f"{method.NAME} before the connection was open")
         if isinstance(method, c.SessionAttach):
-            if channel in self.sessions:
+            held = self.sessions.get(channel)
+            if held is not None and (held.attached or held.attaching):
                 self.send(channel, c.SessionDetached(name=method.name, code=1))
                 return
+            # A session that an execution exception detached (3.4.1.3) leaves the channel free.
             session = self.sessions[channel] = ServerSession(self, channel, bytes(method.name or b""))
             session.attach(bool(method.force))
             # A session detached while its connection's writing was paused may have kept its
@@ -327,6 +331,7 @@ class Amqp010Connection(asyncio.Protocol):
             if self._refusal:
                 self.close(CLOSE_FORCED, self._refusal)
                 return
+            self.follows_redirect = bool((m.client_properties or {}).get(FOLLOWS_REDIRECT))
             self.state = AWAIT_TUNE_OK
             self.send(0, c.ConnectionTune(channel_max=self.config.channel_max, max_frame_size=MAX_FRAME_SIZE,
                                           heartbeat_min=0, heartbeat_max=self.config.heartbeat or 0))
@@ -370,8 +375,11 @@ class Amqp010Connection(asyncio.Protocol):
             return
         leader_amqp = self.broker.leader_client_address()
         me = self.broker.client_address()
-        if leader_amqp and leader_amqp != me and not m.insist:
-            # Spec L4135ff: redirect unless the client insists.
+        if leader_amqp and leader_amqp != me and not m.insist and self.follows_redirect:
+            # Spec L4135ff: redirect unless the client insists. Only clients that say they follow
+            # a redirect get one: Qpid's clients (Python and C++) fail on connection.redirect
+            # although the spec says a client MUST handle it; any node serves them instead (as with
+            # insist: commands go to the leader through the log).
             self.send(0, c.ConnectionRedirect(host=leader_amqp, known_hosts=hosts))
             self.state = CLOSING
             self._close_handle = self._loop.call_later(CLOSE_OK_TIMEOUT, self._finish_close)

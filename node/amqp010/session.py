@@ -45,8 +45,10 @@ from raftmq.store.commands import (
     SessionKnownCompleted,
     SessionTimeout,
     SessionTxSelect,
+    SessionWindowCredit,
     TxCommit,
 )
+from raftmq.store.errors import HARD_ERRORS
 from raftmq.store.message import AMQP010
 from raftmq.store.sessions import (
     SETTLE_ACCEPT,
@@ -56,7 +58,9 @@ from raftmq.store.sessions import (
 )
 
 from ..core.access import AccessRefused
+from . import rules
 from .properties import from_core, to_core
+from .window import WindowCredit
 
 if TYPE_CHECKING:
     from .connection import Amqp010Connection
@@ -76,6 +80,9 @@ class ServerSession:
         self.channel = channel
         self.name = name
         self.attached = False
+        self.attaching = True  # session.attach is in the log, not applied yet: input waits in early
+        self.early: list = []  # controls and commands received while attaching, in order
+        self.point_sent = False  # a session.command-point preceded our commands on this attachment
         self.in_next = 0  # id of the next command the client sends (session.command-point sets it)
         self.completed: list[list[int]] = []  # client command ids completed, not known-completed
         self.in_flight: set[int] = set()  # client command ids submitted, not yet applied
@@ -86,6 +93,11 @@ class ServerSession:
         self.unsettled_none: set[int] = set()  # ids of accept-mode none transfers sent, not yet completed
         self.completion_due = False
         self.timely = False
+        # session.known-completed (L4810ff) is "sent in reply to one or more completed controls";
+        # only to a client that asked for replies (timely-reply) at least once: qpid.messaging never
+        # does and has no handler for it (its receive thread would die on one).
+        self.wants_known = False
+        self.window = WindowCredit()  # window-mode transfers not yet completed by the client
         self.tx_ops: list[list] | None = None  # buffered work of the open transaction (tx.select)
         self.tx_broken = False  # the transaction was open on another node that failed
 
@@ -98,6 +110,8 @@ class ServerSession:
         self.conn.request(self, command, self._attached)
 
     def _attached(self, value: SessionBusy | SessionAttached) -> None:
+        self.attaching = False
+        early, self.early = self.early, []
         if isinstance(value, SessionBusy):
             self.conn.send(self.channel, c.SessionDetached(name=self.name, code=DETACH_BUSY))
             self.conn.drop_session(self.channel)
@@ -115,6 +129,13 @@ class ServerSession:
         self.conn.send(self.channel, c.SessionAttached(name=self.name))
         for transfer_id, destination, _qid, _seq, message in replay:
             self._send_transfer(transfer_id, destination, True, message)
+        # What the client sent right after session.attach (typically session.command-point, then
+        # commands: qpid.messaging does) is handled now, as if the attach had been synchronous.
+        for item in early:
+            if isinstance(item, c.Control):
+                self.on_control(item)
+            else:
+                self.on_command(item)
 
     def detach(self) -> None:
         self.conn.submit(SessionDetach(self.conn.conn_id, None, self.channel))
@@ -125,8 +146,14 @@ class ServerSession:
     # ------------------------------------------------------------------ controls
 
     def on_control(self, control) -> None:
-        if isinstance(control, c.SessionDetach):
+        if self.attaching and not isinstance(control, c.SessionDetach):
+            self.early.append(control)
+        elif isinstance(control, c.SessionDetach):
             self.detach()
+        elif isinstance(control, c.SessionDetached) and not self.attached:
+            # The client's answer to the session.detach that followed an execution exception:
+            # the channel is free now (3.4.1.3), and detached needs no answer.
+            self.conn.drop_session(self.channel)
         elif not self.attached:
             self.conn.send(self.channel, c.SessionDetached(name=self.name, code=DETACH_NOT_ATTACHED))
         elif isinstance(control, c.SessionRequestTimeout):
@@ -143,6 +170,12 @@ class ServerSession:
             # that need no settlement (accept-mode none) are known-completed now; the others are
             # when their accept/release/reject has been applied (_applied).
             ranges = control.commands or ()
+            if self.window.completed(ranges):
+                self.conn.completion_due[self.channel] = self  # the credit goes with the next flush
+            self.wants_known = self.wants_known or bool(control.timely_reply)
+            if not self.wants_known:
+                self.unsettled_none.clear()
+                return
             done = [(i, i) for i in sorted(self.unsettled_none) if any(lo <= i <= hi for lo, hi in ranges)]
             for i, _ in done:
                 self.unsettled_none.discard(i)
@@ -173,6 +206,9 @@ class ServerSession:
     # ------------------------------------------------------------------ commands
 
     def on_command(self, command) -> None:
+        if self.attaching:
+            self.early.append(command)
+            return
         command_id = self.in_next
         self.in_next += 1
         if not self.attached:
@@ -184,9 +220,18 @@ class ServerSession:
             self.syncs.append(command_id)
             self._settle_syncs()
             return
+        for attr, default in OMITTED_DEFAULTS.get(type(command), ()):
+            if getattr(command, attr) is None:
+                setattr(command, attr, default)
+        if isinstance(command, c.ExchangeDeclare) and command.passive and command.type is None:
+            command.type = ""  # passive: "do not create exchange" (L7147ff), only ask that it exists: no type needed
         missing = command.missing()
         if missing:
             self._exception(command_id, command, 531, f"missing required field(s) {', '.join(missing)}")
+            return
+        refusal = rules.check(command)
+        if refusal is not None:
+            self._exception(command_id, command, *refusal)
             return
         if isinstance(command, (c.TxSelect, c.TxCommit, c.TxRollback)):
             self._tx(command_id, command)
@@ -200,8 +245,12 @@ class ServerSession:
         except AccessRefused as exc:
             self._exception(command_id, command, UNAUTHORIZED_ACCESS, exc.text)
             return
-        if self.tx_ops is not None and inner.op in (Op.PUBLISH, Op.MESSAGE_SETTLE):
+        if self.tx_ops is not None and (inner.op == Op.PUBLISH or (inner.op == Op.MESSAGE_SETTLE
+                                                                    and inner.how == SETTLE_ACCEPT)):
             # Transactional work waits for tx.commit; the command itself is complete once buffered.
+            # Only transfers and accepts are transactional (4.x "transactions", L1001ff; tx.rollback
+            # L6320ff): a release or reject takes effect at once, so the messages a client releases
+            # after a rollback (as qpid.messaging does) are delivered again.
             self.tx_ops.append(inner._replace(conn=self.conn.conn_id, channel=self.channel))
             self._complete(command_id, command.sync)
             return
@@ -264,6 +313,7 @@ class ServerSession:
         if isinstance(cmd, c.MessageFlush):
             return MessageFlush(*head, cmd.destination or "")
         if isinstance(cmd, c.MessageCancel):
+            self.window.cancelled(cmd.destination)
             return Cancel(*head, cmd.destination)
         if isinstance(cmd, c.MessageAccept):
             return MessageSettle(*head, [list(r) for r in cmd.transfers], SETTLE_ACCEPT)
@@ -311,7 +361,7 @@ class ServerSession:
             # 3.4.1.2: the result precedes the completion of the command that asked for it.
             result = c.ExecutionResult(command_id=command_id, value=result_struct(command, value.value))
             self._send_command(result, value.result_id)
-        if settled:
+        if settled and self.wants_known:
             # Settled transfers are never replayed: the client may forget them now.
             self.conn.send(self.channel, c.SessionKnownCompleted(commands=settled))
         self._complete(command_id, sync)
@@ -328,15 +378,22 @@ class ServerSession:
             self._complete(self.syncs.pop(0), True)
 
     def send_completion(self) -> None:
+        """Once per read batch (Amqp010Connection.flush): our session.completed, and the window
+        credit the client's completed controls gave back, one command per destination."""
+        for destination, (messages, size) in self.window.take_grants().items():
+            self.conn.submit(SessionWindowCredit(self.conn.conn_id, None, self.channel, destination,
+                                                 messages, size))
         if self.completion_due and self.attached:
             self.conn.send(self.channel, c.SessionCompleted(commands=[tuple(r) for r in self.completed],
                                                             timely_reply=False))
         self.completion_due = self.timely = False
 
     def _failed(self, command_id: int, command, code: int, text: str) -> None:
-        """Apply refused the command: it has destroyed the session already."""
+        """Apply refused the command: it has destroyed the session already, except for the codes
+        that are connection errors in 0-9-1 (HARD_ERRORS: the core leaves those to the front end)."""
         self.in_flight.discard(command_id)
-        self._exception(command_id, command, code, text, destroy=False)
+        self._exception(command_id, command, rules.code_for(command, code, text), text,
+                        destroy=code in HARD_ERRORS)
 
     def _exception(self, command_id: int, command, code: int, text: str, destroy: bool = True) -> None:
         """3.4.1.3: report the error, destroy the session state, detach."""
@@ -354,15 +411,27 @@ class ServerSession:
     # ------------------------------------------------------------------ commands to the client
 
     def _send_command(self, command, command_id: int | None = None) -> None:
-        if command_id is not None and command_id != self.out_next:
+        if command_id is None:
+            command_id = self.out_next
+        if command_id != self.out_next or not self.point_sent:
+            # session.command-point (L4625ff) "must be used at least once prior to sending any
+            # command data on newly attached transports": before our first command of each attachment.
             self.conn.send(self.channel, c.SessionCommandPoint(command_id=command_id, command_offset=0))
             self.out_next = command_id
+            self.point_sent = True
         self.conn.send(self.channel, command)
         self.out_next += 1
 
     def on_transfer(self, destination: str, transfer: tuple) -> None:
         transfer_id, _qid, _seq, redelivered, message = transfer
         self._send_transfer(transfer_id, destination, redelivered, message)
+
+    def _window_mode(self, destination: str) -> bool:
+        """The subscription's flow mode, from this node's replica (applied before its transfers were
+        assigned, and right also after a resume, when this object is new)."""
+        ch = self.conn.broker.machine.channels.get(self.conn.conn_id, {}).get(self.channel)
+        consumer = ch.consumers.get(destination) if ch is not None else None
+        return consumer is not None and consumer.window_mode
 
     def _send_transfer(self, transfer_id: int, destination: str, redelivered: bool, message) -> None:
         if not self.attached:
@@ -373,9 +442,24 @@ class ServerSession:
         transfer = c.MessageTransfer(destination=destination, accept_mode=accept_mode,
                                      acquire_mode=acquire_mode, headers=headers, body=message.body)
         self._send_command(transfer, transfer_id)
+        if self._window_mode(destination):
+            self.window.sent(transfer_id, destination, len(message.body))
         if accept_mode == ACCEPT_NONE or acquire_mode == NOT_ACQUIRED:
             self.unsettled_none.add(transfer_id)
 
+
+# Required fields that clients leave out, read as the zero value of their domain, as Qpid brokers
+# read them (spec 4.x "required": an absent field makes the struct malformed only as a SHOULD):
+# accept-mode explicit (0), acquire-mode pre-acquired (0), reject-code unspecified (0), and an
+# empty binding key (qpid.messaging binds a subject-less link with none).
+OMITTED_DEFAULTS: dict[type, tuple[tuple[str, object], ...]] = {
+    c.MessageTransfer: (("accept_mode", ACCEPT_EXPLICIT), ("acquire_mode", PRE_ACQUIRED)),
+    c.MessageSubscribe: (("accept_mode", ACCEPT_EXPLICIT), ("acquire_mode", PRE_ACQUIRED)),
+    c.MessageReject: (("code", 0),),
+    c.ExchangeBind: (("binding_key", ""),),
+    c.ExchangeUnbind: (("binding_key", ""),),
+    c.ExchangeBound: (("queue", ""),),  # "If populated then ..." (L7530): optional in all but name
+}
 
 ERROR_CODES = frozenset((403, 404, 405, 406, 408, 409, 503, 506, 530, 531, 540, 541, 542))
 
@@ -384,7 +468,9 @@ def result_struct(command, value):
     """The result struct of a query command from the state machine's plain answer."""
     if isinstance(command, c.QueueQuery):
         if value is None:
-            return c.QueueQueryResult(queue=command.queue)
+            # No such queue: the spec gives no rule; Qpid brokers answer with every field absent,
+            # and clients (qpid.messaging) read the absent name as "does not exist".
+            return c.QueueQueryResult()
         name, durable, exclusive, auto_delete, arguments, messages, consumers = value
         return c.QueueQueryResult(queue=name, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
                                   arguments=arguments or None, message_count=messages, subscriber_count=consumers,

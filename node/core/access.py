@@ -186,6 +186,7 @@ _RULES: dict[int, Rule] = {
     Op.SESSION_KNOWN_COMPLETED: _none,
     Op.SESSION_TX_SELECT: _none,
     Op.MESSAGE_FLOW: _none,
+    Op.SESSION_WINDOW_CREDIT: _none,
     Op.MESSAGE_FLOW_MODE: _none,
     Op.MESSAGE_STOP: _none,
     Op.MESSAGE_FLUSH: _none,

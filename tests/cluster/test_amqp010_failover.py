@@ -75,7 +75,7 @@ def test_exactly_once_across_repeated_leader_kills(tmp_path):
         assert got == list(range(N))  # every message, once, in order
 
 
-def raw_open(port: int, insist: bool) -> object:
+def raw_open(port: int, insist: bool, follows_redirect: bool = True) -> object:
     """Connect with raw frames and return the broker's answer to connection.open."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(PROTOCOL_HEADER)
@@ -95,7 +95,9 @@ def raw_open(port: int, insist: bool) -> object:
                     return c.decode_assembly(assembly)
 
         assert isinstance(receive(), c.ConnectionStart)
-        send(c.ConnectionStartOk(mechanism="PLAIN", response=b"\x00guest\x00guest", locale="en_US"))
+        properties = {"raftmq.follows-redirect": True} if follows_redirect else {}
+        send(c.ConnectionStartOk(client_properties=properties, mechanism="PLAIN",
+                                 response=b"\x00guest\x00guest", locale="en_US"))
         assert isinstance(receive(), c.ConnectionTune)
         send(c.ConnectionTuneOk(channel_max=1, max_frame_size=65535))
         send(c.ConnectionOpen(virtual_host="/", insist=insist))
@@ -122,6 +124,9 @@ def test_followers_redirect_to_the_leader_unless_insist(tmp_path):
         assert isinstance(answer, c.ConnectionOpenOk)
         assert sorted(answer.known_hosts) == hosts
         answer = raw_open(leader.port, insist=False)
+        assert isinstance(answer, c.ConnectionOpenOk)
+        # A client that did not say it follows redirects (Qpid's do not) is served where it is.
+        answer = raw_open(follower.port, insist=False, follows_redirect=False)
         assert isinstance(answer, c.ConnectionOpenOk)
 
 

@@ -63,10 +63,23 @@ def test_a_new_session_then_busy_then_forced_resume():
     m = machine_with_queue()
     a, result = attach(m, "n1.x.1")
     assert result.value.__class__ is SessionAttached and not result.value.resumed
+    a.call(Op.SESSION_TIMEOUT, 60)
     _, busy = attach(m, "n2.y.1")
     assert busy.value == SessionBusy()  # 3.5.1: an attachment is exclusive
     b, forced = attach(m, "n2.y.1", force=True)
     assert forced.value.__class__ is SessionAttached and forced.value.resumed
+    assert any(o[1] == OUT_SESSION_DETACHED and o[0] == "n1.x.1" for o in b.outputs)
+
+
+def test_forcing_a_zero_timeout_session_starts_a_new_one():
+    """session.request-timeout (L4587ff) and 3.6.4: state with timeout 0 does not outlive a detach,
+    and taking over an attachment detaches it -- so the forced attach gets a new session (as
+    qpid.messaging expects when it re-attaches after failover and numbers its commands from 0)."""
+    m = machine_with_queue()
+    a, _ = attach(m, "n1.x.1")
+    a.command(Op.QUEUE_DECLARE, "/", "q", False, True, False, False, {})  # command 0 completed
+    b, forced = attach(m, "n2.y.1", force=True)
+    assert (forced.value.resumed, forced.value.completed) == (False, [])
     assert any(o[1] == OUT_SESSION_DETACHED and o[0] == "n1.x.1" for o in b.outputs)
 
 
