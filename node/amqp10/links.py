@@ -164,7 +164,7 @@ class OutgoingLink(Link):
             if source is not None and source.dynamic:
                 self.queue = f"amq.gen-{uuid.uuid4()}"
                 declare = [Op.QUEUE_DECLARE, conn.conn_id, None, 0, conn.vhost, self.queue, False, False, True,
-                           True, {}]
+                           True, {}, True]  # server-named: the amq. prefix is ours to use
                 conn.access.authorize(declare)
             else:
                 address = source.address if source is not None else None
@@ -209,7 +209,8 @@ class OutgoingLink(Link):
             return
         self.subscribed = True
         source = a.source if isinstance(a.source, p.Source) else p.Source()
-        reply_source = p.Source(address=queue_address(self.queue), durable=source.durable,
+        address = queue_address(self.queue) if source.dynamic else source.address
+        reply_source = p.Source(address=address, durable=source.durable,
                                 expiry_policy=source.expiry_policy, timeout=source.timeout,
                                 dynamic=source.dynamic, default_outcome=p.Released(),
                                 outcomes=[t.Symbol(s) for s in ("amqp:accepted:list", "amqp:rejected:list",

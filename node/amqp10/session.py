@@ -47,6 +47,7 @@ class Session:
         self.remote_channel = channel
         self.handle_max = min(HANDLE_MAX, begin.handle_max if begin.handle_max is not None else HANDLE_MAX)
         self.links: dict[int, object] = {}  # the client's handle -> link
+        self.detaching: set[int] = set()  # handles we detached; in use until the client's detach (2.6.5)
         # incoming (client -> us): 2.5.6
         self.next_incoming_id = begin.next_outgoing_id or 0
         self.incoming_window = INCOMING_WINDOW
@@ -107,12 +108,15 @@ class Session:
             self._on_disposition(body)
         elif cls is p.Attach:
             self._check_handle(body.handle)
-            if body.handle in self.links:
+            if body.handle in self.links or body.handle in self.detaching:
                 raise SessionError("amqp:session:handle-in-use", f"handle {body.handle} is in use")
             link = attach_link(self, body)
             if link is not None:
                 self.links[body.handle] = link
         elif cls is p.Detach:
+            if body.handle in self.detaching:
+                self.detaching.discard(body.handle)  # the answer to our detach
+                return
             link = self._link(body.handle)
             del self.links[body.handle]
             link.on_detach(body)
@@ -191,6 +195,9 @@ class Session:
         self.conn.send(self.channel, attach)
 
     def send_detach(self, handle: int, err=None) -> None:
+        """Our detach; unless it answers the client's, the handle stays taken until the client answers."""
+        if handle in self.links or err is not None:
+            self.detaching.add(handle)
         self.conn.send(self.channel, p.Detach(handle=handle, closed=True, error=err))
 
     def detach_link(self, link, err) -> None:
