@@ -66,6 +66,7 @@ class Amqp10Connection(asyncio.Protocol):
         self.sessions: dict[int, Session] = {}
         self.links_by_core: dict[int, object] = {}  # core channel number -> link (session.py)
         self.next_core_channel = 1
+        self.assembling = 0  # octets of unfinished incoming deliveries, all links (links.py bounds it)
         self.pending: dict[int, object] = {}  # token -> callback(result)
         self._next_token = 0
         self._wbuf: list[bytes] = []
@@ -182,8 +183,7 @@ class Amqp10Connection(asyncio.Protocol):
                 self.transport.resume_reading()
 
     def held_bytes(self) -> int:
-        pending = sum(s.assembling_bytes() for s in self.sessions.values())
-        return self.transport.get_write_buffer_size() + self.reader.buffered + pending
+        return self.transport.get_write_buffer_size() + self.reader.buffered + self.assembling
 
     # ------------------------------------------------------------------ writing
 

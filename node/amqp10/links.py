@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from raftmq.protocol.amqp10 import convert
 from raftmq.protocol.amqp10 import performatives as p
 from raftmq.protocol.amqp10 import types as t
-from raftmq.protocol.amqp10.errors import DecodeError
+from raftmq.protocol.amqp10.errors import Amqp10Error, DecodeError
 from raftmq.store import ranges as rs
 from raftmq.store.commands import REJECTED, ROUTED, Op
 from raftmq.store.sessions import (
@@ -55,6 +55,7 @@ SETTLED, UNSETTLED, MIXED = 1, 0, 2  # sender-settle-mode
 FIRST, SECOND = 0, 1  # receiver-settle-mode
 INCOMING_CREDIT = 256  # link credit we give a publishing client, topped up at half
 MAX_CREDIT = 1 << 30
+ASSEMBLY_MARGIN = 1 << 20  # unfinished deliveries per connection: max_message_size + this
 
 
 def _signed(value: int) -> int:
@@ -120,9 +121,6 @@ class Link:
         condition = {403: "amqp:unauthorized-access", 404: "amqp:not-found", 405: "amqp:resource-locked",
                      406: "amqp:precondition-failed"}.get(result[1], "amqp:internal-error")
         self.session.detach_link(self, error(condition, str(result[2])))
-
-    def assembling_bytes(self) -> int:
-        return 0
 
     def on_transfer(self, transfer, payload: bytes) -> None:
         raise SessionError("amqp:not-allowed", "transfer on a link where the client receives")
@@ -384,8 +382,9 @@ class IncomingLink(Link):
         self.session.send_flow({"handle": self.handle, "delivery_count": self.delivery_count,
                                 "link_credit": self.credit})
 
-    def assembling_bytes(self) -> int:
-        return self.part_bytes
+    def release(self) -> None:
+        self._reset()
+        super().release()
 
     def on_transfer(self, transfer, payload: bytes) -> None:
         if self.current is None:
@@ -399,11 +398,15 @@ class IncomingLink(Link):
             self._reset()
             return
         self.part_bytes += len(payload)
-        if self.part_bytes > self.conn.config.max_message_size:
+        self.conn.assembling += len(payload)
+        limit = self.conn.config.max_message_size
+        if self.part_bytes > limit:
             self._reset()
-            self.session.detach_link(self, error("amqp:link:message-size-exceeded",
-                                                 f"message larger than {self.conn.config.max_message_size}"))
+            self.session.detach_link(self, error("amqp:link:message-size-exceeded", f"message larger than {limit}"))
             return
+        if self.conn.assembling > limit + ASSEMBLY_MARGIN:
+            # Unfinished deliveries of all links together: the bound is per connection, not per link.
+            raise _ConnectionLimit("unfinished deliveries of this connection exceed max_message_size")
         self.parts.append(payload)
         if transfer.more:
             return
@@ -418,6 +421,7 @@ class IncomingLink(Link):
             self._grant()
 
     def _reset(self) -> None:
+        self.conn.assembling -= self.part_bytes
         self.current = None
         self.parts = []
         self.part_bytes = 0
@@ -483,3 +487,9 @@ class IncomingLink(Link):
 
 class _NotFound(Exception):
     pass
+
+
+class _ConnectionLimit(Amqp10Error):
+    """Closes the connection with amqp:resource-limit-exceeded."""
+
+    condition = "amqp:resource-limit-exceeded"

@@ -275,6 +275,3 @@ class Session:
     def _send_disposition(self, first: int, last: int, settled: bool, state) -> None:
         self.conn.send(self.channel, p.Disposition(role=True, first=first, last=None if last == first else last,
                                                    settled=settled, state=state))
-
-    def assembling_bytes(self) -> int:
-        return sum(link.assembling_bytes() for link in self.links.values())
