@@ -281,7 +281,9 @@ def test_fuzz_before_authentication(broker, fuzz_budget, kind, data, flips, cut,
 def anonymous_node(tmp_path_factory):
     directory = tmp_path_factory.mktemp("amqp10-anon")
     config = directory / "node.toml"
-    config.write_text('amqp10_anonymous_user = "guest"\nhandshake_timeout = 1.0\nmax_connections = 3\n')
+    config.write_text('amqp10_anonymous_user = "guest"\nhandshake_timeout = 1.0\nmax_connections = 3\n'
+                      '[users.guest]\npassword = "guest"\n'
+                      '[users.limited]\npassword = "pw"\npermissions = {"/" = ["", "^amq\\\\.default$", "^mine$"]}\n')
     node = RaftmqNode(directory / "data", config=config)
     with node:
         yield node
@@ -314,9 +316,38 @@ def test_anonymous_when_configured(anonymous_node) -> None:
     raw.close()
 
 
+def test_permissions_are_the_cores(anonymous_node) -> None:
+    """Access.authorize decides: read on the source queue, write on the target exchange (RabbitMQ's rules);
+    a refusal is a null terminus and a detach with amqp:unauthorized-access (2.6.3)."""
+    import pika
+    from proton import Message
+    from proton.utils import BlockingConnection, LinkDetached
+
+    admin = pika.BlockingConnection(pika.ConnectionParameters(port=anonymous_node.port))
+    channel = admin.channel()
+    for name in ("mine", "theirs"):
+        channel.queue_declare(name)
+    admin.close()
+    conn = BlockingConnection(f"amqp://limited:pw@127.0.0.1:{anonymous_node.port}", timeout=10)
+    try:
+        with pytest.raises(LinkDetached) as info:
+            conn.create_receiver("/queues/theirs")
+        assert "amqp:unauthorized-access" in str(info.value)
+        with pytest.raises(LinkDetached) as info:
+            conn.create_sender("/exchanges/amq.fanout")
+        assert "amqp:unauthorized-access" in str(info.value)
+        conn.create_sender("/queues/mine").send(Message(body="ok"))  # write on amq.default
+        receiver = conn.create_receiver("/queues/mine", credit=1)
+        assert receiver.receive(timeout=10).body == "ok"
+        receiver.accept()
+    finally:
+        conn.close()
+
+
 def test_handshake_timeout_and_connection_limit(anonymous_node) -> None:
     """A client that sends the SASL header and nothing more is closed after handshake_timeout; with
     max_connections = 3 a fourth concurrent connection is refused at SASL (sys-temp)."""
+    time.sleep(0.5)  # the earlier tests' sockets are gone from the node's count
     idle = Raw(anonymous_node.port)
     idle.send(SASL_HEADER)
     idle.header()
