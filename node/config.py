@@ -56,6 +56,8 @@ class Config:
     handshake_timeout: float = 10.0
     # AMQP 1.0 SASL ANONYMOUS (and 1.0 without SASL) logs in as this user; empty: not offered.
     amqp10_anonymous_user: str = ""
+    # AMQP 1.0: a follower answers open with amqp:connection:redirect to the leader (node/amqp10/failover.py).
+    amqp10_redirect_to_leader: bool = False
     # Bytes the node holds for clients: queued bodies, client write buffers, parked auto-ack
     # deliveries, publishes being received (node/broker.py memory_in_use).
     memory_high_watermark: int = 1024 * 1024 * 1024

@@ -34,6 +34,7 @@ from ..auth import AuthError, Principal
 from ..core.access import Access, AccessRefused
 from ..peer import peer_of
 from ..writeflow import peer_closed, set_write_limits
+from .failover import failover_server_list, redirect_info
 from .session import Session, error
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ class Amqp10Connection(asyncio.Protocol):
         self._write_paused = False
         self._received = True  # a frame arrived since the last idle check
         self._written = False
+        self._open_sent = False
         set_write_limits(transport, self.config.write_buffer_high)
 
     # ------------------------------------------------------------------ asyncio.Protocol
@@ -377,12 +379,14 @@ class Amqp10Connection(asyncio.Protocol):
         self.remote_max_frame = max(512, min(m.max_frame_size or 0xFFFFFFFF, 0xFFFFFFFF))
         self.channel_max = min(self.channel_max, m.channel_max if m.channel_max is not None else 0xFFFF)
         our_idle = int(self.config.heartbeat * 1000)
+        self._open_sent = True
         self.send(0, p.Open(container_id=f"raftmq-{self.config.node_id}", hostname=None,
                             max_frame_size=MAX_FRAME_SIZE, channel_max=self.channel_max,
                             idle_time_out=our_idle or None,
                             offered_capabilities=None,
                             properties={"product": "raftmq", "version": __version__, "platform": "Python",
-                                        "known-hosts": self.broker.known_hosts}))
+                                        "known-hosts": self.broker.known_hosts,
+                                        "failover-server-list": failover_server_list(self.broker.known_hosts)}))
         if self._refusal:
             self.close("amqp:resource-limit-exceeded", self._refusal)
             return
@@ -396,6 +400,10 @@ class Amqp10Connection(asyncio.Protocol):
             self.access = Access.open(self.principal, vhost)
         except AccessRefused as exc:
             self.close("amqp:unauthorized-access", exc.text)
+            return
+        leader = self.broker.leader_client_address()
+        if self.config.amqp10_redirect_to_leader and leader and leader != self.broker.client_address():
+            self.close("amqp:connection:redirect", f"the leader is {leader}", redirect_info(leader))
             return
         self.vhost = vhost
         self.state = OPEN
@@ -433,7 +441,7 @@ class Amqp10Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ closing
 
-    def close(self, condition: str, description: str) -> None:
+    def close(self, condition: str, description: str, info: dict | None = None) -> None:
         """Close with an error (2.4.3): our close, then wait briefly for the peer's."""
         if self.state in (CLOSE_SENT, CLOSED):
             return
@@ -441,10 +449,12 @@ class Amqp10Connection(asyncio.Protocol):
         if self.state in (SASL, AWAIT_HEADER):
             self._abort()
             return
-        if self.state == AWAIT_OPEN:  # 2.4.4: an open must precede the close
+        if self.state == AWAIT_OPEN and not self._open_sent:  # 2.4.4: an open must precede the close
             self.send(0, p.Open(container_id=f"raftmq-{self.config.node_id}"))
         self.state = CLOSE_SENT
-        self.send(0, p.Close(error=error(condition, description)))
+        err = error(condition, description)
+        err.info = info
+        self.send(0, p.Close(error=err))
         self.flush()
         self._timers["close"] = self._loop.call_later(CLOSE_TIMEOUT, self._abort)
 

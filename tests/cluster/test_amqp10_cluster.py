@@ -42,3 +42,38 @@ def test_accepted_messages_survive_a_leader_kill(tmp_path) -> None:
             receiver.accept()
         receiver_conn.close()
         assert got == list(range(N))
+
+
+def test_failover_list_and_redirect_to_leader(tmp_path) -> None:
+    """open's failover-server-list names every member; with amqp10_redirect_to_leader a follower answers
+    open with amqp:connection:redirect (2.8.16) whose info is the leader's address, the leader opens."""
+    from raftmq.protocol.amqp10 import performatives as p
+    from tests.integration.test_amqp10_raw import Raw
+
+    with Cluster(3, tmp_path, extra_config="amqp10_redirect_to_leader = true") as cluster:
+        leader = cluster.leader()
+        follower = cluster.followers()[0]
+        raw = Raw(follower.port)
+        try:
+            raw.login()
+            servers = raw.open.properties["failover-server-list"]
+            assert sorted(s["port"] for s in servers) == sorted(n.port for n in cluster.nodes)
+            close = raw.performative()
+            assert isinstance(close, p.Close) and close.error.condition == "amqp:connection:redirect"
+            assert (close.error.info["network-host"], close.error.info["port"]) == ("127.0.0.1", leader.port)
+        finally:
+            raw.close()
+        raw = Raw(leader.port)
+        try:
+            raw.login()
+            raw.send(p_encode_begin())
+            assert isinstance(raw.performative(), p.Begin)  # open, not redirected
+        finally:
+            raw.close()
+
+
+def p_encode_begin() -> bytes:
+    from raftmq.protocol.amqp10 import performatives as p
+    from raftmq.protocol.amqp10.frames import encode_frame
+
+    return encode_frame(p.Begin(next_outgoing_id=0, incoming_window=10, outgoing_window=10))
