@@ -281,9 +281,9 @@ class OutgoingLink(Link):
         transfer_id, _qid, _seq, redelivered, message = transfer
         self.assigned += 1
         self.delivery_count = (self.delivery_count + 1) % SERIAL
-        sections = convert.from_core(message.properties, message.body, message.exchange, message.routing_key,
-                                     1 if redelivered else 0, redelivered)
-        self.session.send_delivery(self, transfer_id, self.settled, convert.encode(sections))
+        data = convert.encode_delivery(message.properties, message.body, message.exchange, message.routing_key,
+                                       redelivered)
+        self.session.send_delivery(self, transfer_id, self.settled, data)
 
     def on_outcome(self, transfer_ids: list[int], state, settled: bool, first: int, last: int) -> None:
         cls = state.__class__

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from raftmq.protocol.amqp10 import performatives as p
 from raftmq.protocol.amqp10 import types as t
 from raftmq.protocol.amqp10.errors import Amqp10Error
+from raftmq.protocol.amqp10.frames import encode_frame_raw
 
 if TYPE_CHECKING:
     from .connection import Amqp10Connection
@@ -228,10 +229,10 @@ class Session:
         tag = delivery_id.to_bytes(4, "big")
         first = p.Transfer(handle=link.handle, delivery_id=delivery_id, delivery_tag=tag, message_format=0,
                            settled=settled, more=False)
-        overhead = len(first.encode()) + 16
-        room = max(256, self.conn.remote_max_frame - overhead)
-        if len(data) <= room:
-            self.conn.send(self.channel, first, data)
+        encoded = first.encode()
+        room = max(256, self.conn.remote_max_frame - len(encoded) - 16)
+        if len(data) <= room:  # one frame: the performative encoded once
+            self.conn.send_raw(encode_frame_raw(encoded + data, self.channel))
             self._sent_frame()
             return
         pos = 0

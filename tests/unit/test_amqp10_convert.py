@@ -120,3 +120,16 @@ def test_addresses() -> None:
             parse_target(bad)
     with pytest.raises(AddressError):
         parse_source("/exchanges/x")
+
+
+@pytest.mark.parametrize("body", [b"", b"x" * 255, b"y" * 256, b"z" * 70000])
+@pytest.mark.parametrize("redelivered", [False, True])
+def test_encode_delivery_is_from_core_encoded(body, redelivered) -> None:
+    """The cached fast path writes exactly what from_core + encode write (data bodies of every size class)."""
+    props = encode_properties(BasicProperties(content_type="t", headers={"a": 1, "x-b": "c"}, delivery_mode=2))
+    for _ in range(2):  # the second time from the cache
+        assert cv.encode_delivery(props, body, "ex", "rk", redelivered) == cv.encode(
+            cv.from_core(props, body, "ex", "rk", 1 if redelivered else 0, redelivered))
+    m = cv.to_core(_wire([p.AmqpValue({"k": [1]})]))
+    assert cv.encode_delivery(m.encoded_properties(), m.body, "", "q", False) == cv.encode(
+        cv.from_core(m.encoded_properties(), m.body, "", "q", 0, False))
