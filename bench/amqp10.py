@@ -9,7 +9,9 @@ Scenarios, each bounded by a message count and a time limit:
   1.0 with link credit 256 and an accepted disposition per message.
 
 Each round measures every scenario on both protocols back to back, alternating which goes first; the
-summary gives medians and the per-round 1.0/0-9-1 ratios.
+summary gives medians and the per-round 1.0/0-9-1 ratios, and the CPU time the node (the one the
+clients use) spent per message: the Python clients (proton's event loop costs ~60 us per message,
+pika's ~20) often set the rate, so the node's CPU is the fairer comparison of the two front ends.
 
 Usage::
 
@@ -20,6 +22,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -105,28 +108,48 @@ def _declare(amqp091_url: str, queue: str) -> None:
     conn.close()
 
 
-def run_round(amqp091_url: str, amqp10_url: str, args, first_10: bool) -> dict[str, float]:
-    out: dict[str, float] = {}
+def node_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _Metered(dict):
+    """Scenario results, with the node's CPU per message beside each rate."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__()
+        self.pid = pid
+
+    def measure(self, key: str, count: int, run) -> None:
+        before = node_cpu(self.pid)
+        self[key] = run()
+        self[f"{key} node us/msg"] = (node_cpu(self.pid) - before) * 1e6 / count
+
+
+def run_round(amqp091_url: str, amqp10_url: str, args, first_10: bool, pid: int) -> dict[str, float]:
+    out = _Metered(pid)
     order = ["1.0", "0-9-1"] if first_10 else ["0-9-1", "1.0"]
     queues = {}
     for protocol in order:
         if protocol == "1.0":
             queue = f"bench10-{uuid.uuid4().hex[:8]}"
             _declare(amqp091_url, queue)
-            out["confirmed publish 1.0"] = amqp10_publish(amqp10_url, queue, args.count, args.size, args.window)
+            out.measure("confirmed publish 1.0", args.count,
+                        lambda q=queue: amqp10_publish(amqp10_url, q, args.count, args.size, args.window))
             queues["1.0"] = queue
         else:
-            out["confirmed publish 0-9-1"] = bench_confirmed_pika(amqp091_url, args.count, args.size, args.window,
-                                                                  False)
+            out.measure("confirmed publish 0-9-1", args.count,
+                        lambda: bench_confirmed_pika(amqp091_url, args.count, args.size, args.window, False))
             queue = f"bench091-{uuid.uuid4().hex[:8]}"
             _declare(amqp091_url, queue)
             amqp10_publish(amqp10_url, queue, args.count, args.size, args.window)  # filled alike for consume
             queues["0-9-1"] = queue
     for protocol in order:
         if protocol == "1.0":
-            out["consume 1.0"] = amqp10_consume(amqp10_url, queues["1.0"], args.count)
+            out.measure("consume 1.0", args.count, lambda: amqp10_consume(amqp10_url, queues["1.0"], args.count))
         else:
-            out["consume 0-9-1"] = bench_consume(amqp091_url, queues["0-9-1"], args.count)
+            out.measure("consume 0-9-1", args.count, lambda: bench_consume(amqp091_url, queues["0-9-1"], args.count))
     return out
 
 
@@ -151,7 +174,7 @@ def main() -> None:
     try:
         amqp091_url = target.url
         amqp10_url = f"amqp://guest:guest@127.0.0.1:{target.port}"
-        rounds = [run_round(amqp091_url, amqp10_url, args, first_10=i % 2 == 0) for i in range(args.rounds)]
+        rounds = [run_round(amqp091_url, amqp10_url, args, i % 2 == 0, target.pid) for i in range(args.rounds)]
     finally:
         stop()
     print(f"{args.rounds} rounds, {args.count} messages of {args.size} B, window {args.window}, "
@@ -162,6 +185,9 @@ def main() -> None:
         ratios = [a / b for a, b in zip(v10, v091, strict=True)]
         print(f"{scenario:20s} 1.0 {statistics.median(v10):9.0f} msg/s   0-9-1 {statistics.median(v091):9.0f} msg/s"
               f"   1.0/0-9-1 per round: {', '.join(f'{r:.2f}' for r in ratios)}")
+        c10 = statistics.median(r[f"{scenario} 1.0 node us/msg"] for r in rounds)
+        c091 = statistics.median(r[f"{scenario} 0-9-1 node us/msg"] for r in rounds)
+        print(f"{'':20s} node CPU per message: 1.0 {c10:.1f} us, 0-9-1 {c091:.1f} us")
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ class Amqp10Connection(asyncio.Protocol):
         self.channel_max = min(self.config.channel_max, 0xFFFF)
         self.sessions: dict[int, Session] = {}
         self.links_by_core: dict[int, object] = {}  # core channel number -> link (session.py)
+        self.settle_due: dict[int, object] = {}  # links with settlements to submit at the next flush
         self.next_core_channel = 1
         self.assembling = 0  # octets of unfinished incoming deliveries, all links (links.py bounds it)
         self.pending: dict[int, object] = {}  # token -> callback(result)
@@ -199,6 +200,10 @@ class Amqp10Connection(asyncio.Protocol):
         self._wbuf.append(encode_frame(body, 0, frame_type=TYPE_SASL))
 
     def flush(self) -> None:
+        if self.settle_due:
+            due, self.settle_due = self.settle_due, {}
+            for link in due.values():
+                link.flush_settles()
         for session in self.sessions.values():
             session.flush_dispositions()
         if self._wbuf and self.state != CLOSED:

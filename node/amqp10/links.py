@@ -153,6 +153,17 @@ class OutgoingLink(Link):
         self.stopping = False
         self.drain_wanted = False
         self.queue = ""
+        self.settles: dict[int, list[int]] = {}  # outcome -> core transfer ids settled, not yet submitted
+
+    def flush_settles(self) -> None:
+        """One MESSAGE_SETTLE per outcome for the dispositions of one read (a disposition per message
+        is what most clients send, and each command costs a log entry and an apply)."""
+        settles, self.settles = self.settles, {}
+        if not self.alive:
+            return
+        for how, transfer_ids in settles.items():
+            ranges = [list(r) for r in rs.from_ids(sorted(transfer_ids))]
+            self.conn.broker.submit([Op.MESSAGE_SETTLE, self.conn.conn_id, None, self.core, ranges, how])
 
     def attach(self):
         a = self.attach_frame
@@ -300,11 +311,13 @@ class OutgoingLink(Link):
             return  # a state-less unsettled disposition says nothing
         else:
             how = SETTLE_ACCEPT  # accepted, or settled without an outcome
+        if settled:
+            # Settlements read together go to the core as one command per outcome (flush_settles).
+            self.settles.setdefault(how, []).extend(transfer_ids)
+            self.conn.settle_due[self.core] = self
+            return
         ranges = [list(r) for r in rs.from_ids(sorted(transfer_ids))]
         command = [Op.MESSAGE_SETTLE, self.conn.conn_id, None, self.core, ranges, how]
-        if settled:
-            self.conn.broker.submit(command)
-            return
         # receiver-settle-mode second (2.6.12): settle once the outcome is applied, then tell the client.
         session = self.session
         for delivery_id in list(session.unsettled):
@@ -318,6 +331,7 @@ class OutgoingLink(Link):
         self.conn.request(command, done)
 
     def release(self) -> None:
+        self.flush_settles()  # what the client settled before it left is settled, not requeued
         session = self.session
         for delivery_id in [d for d, (link, _) in session.unsettled.items() if link is self]:
             del session.unsettled[delivery_id]
