@@ -58,6 +58,8 @@ class Config:
     amqp10_anonymous_user: str = ""
     # AMQP 1.0: a follower answers open with amqp:connection:redirect to the leader (node/amqp10/failover.py).
     amqp10_redirect_to_leader: bool = False
+    # AMQP 1.0 open says product "RabbitMQ" version 4.0.0: RabbitMQ 4's client libraries refuse others.
+    amqp10_rabbitmq_compat: bool = False
     # Bytes the node holds for clients: queued bodies, client write buffers, parked auto-ack
     # deliveries, publishes being received (node/broker.py memory_in_use).
     memory_high_watermark: int = 1024 * 1024 * 1024

@@ -47,6 +47,7 @@ PRE_OPEN_FRAME_SIZE = 4096  # open frames carry client properties: a bound above
 MAX_FRAME_SIZE = 131072  # what we announce in open
 SASL_OK, SASL_AUTH, SASL_SYS_TEMP = 0, 1, 4
 CLOSE_TIMEOUT = 2.0
+RABBITMQ_COMPAT_VERSION = "4.0.0"  # what amqp10_rabbitmq_compat announces (the /management v2 API level)
 
 
 class Amqp10Connection(asyncio.Protocol):
@@ -389,9 +390,7 @@ class Amqp10Connection(asyncio.Protocol):
                             max_frame_size=MAX_FRAME_SIZE, channel_max=self.channel_max,
                             idle_time_out=our_idle or None,
                             offered_capabilities=None,
-                            properties={"product": "raftmq", "version": __version__, "platform": "Python",
-                                        "known-hosts": self.broker.known_hosts,
-                                        "failover-server-list": failover_server_list(self.broker.known_hosts)}))
+                            properties=self._server_properties()))
         if self._refusal:
             self.close("amqp:resource-limit-exceeded", self._refusal)
             return
@@ -420,6 +419,17 @@ class Amqp10Connection(asyncio.Protocol):
             self._schedule("keepalive", max(0.05, m.idle_time_out / 2000), self._keepalive)
         if our_idle:
             self._schedule("idle", our_idle / 1000 * 2, self._idle_check)
+
+    def _server_properties(self) -> dict:
+        """Open's properties. RabbitMQ 4's client libraries refuse a server whose ``product`` is not
+        ``RabbitMQ`` at version 4 or later: ``amqp10_rabbitmq_compat`` says so (raftmq's own version
+        stays in ``raftmq-version``), so that they run unchanged."""
+        props = {"product": "raftmq", "version": __version__, "platform": "Python",
+                 "known-hosts": self.broker.known_hosts,
+                 "failover-server-list": failover_server_list(self.broker.known_hosts)}
+        if self.config.amqp10_rabbitmq_compat:
+            props.update({"product": "RabbitMQ", "version": RABBITMQ_COMPAT_VERSION, "raftmq-version": __version__})
+        return props
 
     # ------------------------------------------------------------------ idle timeout (2.4.5)
 

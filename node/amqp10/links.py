@@ -66,6 +66,10 @@ def _signed(value: int) -> int:
 
 def attach_link(session: Session, attach):
     """The link for a client's attach (None when refused: the refusal is already sent)."""
+    from .management import ManagementLink, is_management
+
+    if is_management(attach):
+        return ManagementLink(session, attach).attach()
     if attach.role:  # the client is the receiver: we send
         return OutgoingLink(session, attach).attach()
     return IncomingLink(session, attach).attach()

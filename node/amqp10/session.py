@@ -60,6 +60,7 @@ class Session:
         self.parked: deque[tuple] = deque()  # transfers waiting for the client's incoming window
         self.dispositions: list[tuple] = []  # (delivery id, settled, state) for incoming deliveries
         self.ended = False
+        self.management_out = None  # the /management link answers go out on (management.py)
 
     # ------------------------------------------------------------------ begin / end
 
