@@ -51,6 +51,7 @@ RABBITMQ_COMPAT_VERSION = "4.0.0"  # what amqp10_rabbitmq_compat announces (the 
 
 
 class Amqp10Connection(asyncio.Protocol):
+    PROTOCOL = "AMQP 1-0"  # how the HTTP API lists it (RabbitMQ's name for 1.0 connections)
     def __init__(self, broker: Broker, transport: asyncio.Transport, sasl: bool = True) -> None:
         self.broker = broker
         self.config = broker.config

@@ -315,3 +315,4 @@ def test_wrong_password_fails_sasl(broker) -> None:
     """5.3.3.6: sasl-outcome auth for bad credentials; no connection."""
     with pytest.raises(proton.ConnectionException):
         BlockingConnection(f"amqp://guest:wrong@{broker.host}:{broker.port}", timeout=5).close()
+
