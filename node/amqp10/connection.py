@@ -64,6 +64,7 @@ class Amqp10Connection(asyncio.Protocol):
         self.principal: Principal | None = None
         self.access: Access | None = None
         self.vhost = "/"
+        self.container_id = ""
         self.remote_max_frame = 512
         self.channel_max = min(self.config.channel_max, 0xFFFF)
         self.sessions: dict[int, Session] = {}
@@ -381,6 +382,7 @@ class Amqp10Connection(asyncio.Protocol):
         return True
 
     def _open(self, m) -> None:
+        self.container_id = str(m.container_id)  # with a link's name, what identifies a durable link (2.6.1)
         hostname = m.hostname or ""
         vhost = hostname[len("vhost:"):] if hostname.startswith("vhost:") else "/"
         self.remote_max_frame = max(512, min(m.max_frame_size or 0xFFFFFFFF, 0xFFFFFFFF))

@@ -67,9 +67,12 @@ def _signed(value: int) -> int:
 def attach_link(session: Session, attach):
     """The link for a client's attach (None when refused: the refusal is already sent)."""
     from .management import ManagementLink, is_management
+    from .recovery import DurableOutgoingLink, is_durable
 
     if is_management(attach):
         return ManagementLink(session, attach).attach()
+    if attach.role and is_durable(attach):
+        return DurableOutgoingLink(session, attach).attach()
     if attach.role:  # the client is the receiver: we send
         return OutgoingLink(session, attach).attach()
     return IncomingLink(session, attach).attach()
@@ -198,6 +201,11 @@ class OutgoingLink(Link):
         except AccessRefused as exc:
             self._refuse("amqp:unauthorized-access", exc.text)
             return None
+        return self._start(declare, subscribe)
+
+    def _start(self, declare: list | None, subscribe: list):
+        """Attach the core session and subscribe (recovery.py resumes a durable link instead)."""
+        conn = self.conn
         self._core_attach()
         self.destination = f"l{self.core}"
         if declare is not None:
@@ -231,10 +239,14 @@ class OutgoingLink(Link):
         self.session.send_attach(p.Attach(
             name=a.name, handle=self.handle, role=False, snd_settle_mode=SETTLED if self.settled else UNSETTLED,
             rcv_settle_mode=SECOND if self.rcv_second else FIRST, source=reply_source, target=a.target,
-            initial_delivery_count=0, max_message_size=self.conn.config.max_message_size))
+            initial_delivery_count=self.delivery_count, max_message_size=self.conn.config.max_message_size,
+            unsettled=self.unsettled_map()))
         self.conn.broker.submit([Op.MESSAGE_FLOW, self.conn.conn_id, None, self.core, self.destination, 1,
                                  UNLIMITED])  # no byte credit in 1.0
         self._apply_credit()
+
+    def unsettled_map(self) -> dict | None:
+        return None  # a durable link's resumption lists its unsettled deliveries (recovery.py)
 
     # ------------------------------------------------------------------ credit
 
@@ -255,6 +267,7 @@ class OutgoingLink(Link):
         if self.stopping or not self.alive or self.limit is None:
             return
         conn = self.conn
+        self.send_replays()
         wanted = self._credit()
         delta = wanted - (self.granted - self.assigned)
         if delta > 0:
@@ -267,6 +280,9 @@ class OutgoingLink(Link):
         if self.drain_wanted:
             self.stopping = True
             conn.request([Op.MESSAGE_FLUSH, conn.conn_id, None, self.core, self.destination], self._drained)
+
+    def send_replays(self) -> None:
+        """Deliveries a resumed durable link owes the client before new ones (recovery.py)."""
 
     def _stopped(self, result: tuple) -> None:
         self.stopping = False
@@ -298,7 +314,7 @@ class OutgoingLink(Link):
         self.delivery_count = (self.delivery_count + 1) % SERIAL
         data = convert.encode_delivery(message.properties, message.body, message.exchange, message.routing_key,
                                        redelivered)
-        self.session.send_delivery(self, transfer_id, self.settled, data)
+        self.session.send_delivery(self, transfer_id, self.settled, data, transfer_id.to_bytes(8, "big"))
 
     def on_outcome(self, transfer_ids: list[int], state, settled: bool, first: int, last: int) -> None:
         cls = state.__class__

@@ -209,27 +209,30 @@ class Session:
             link.release()
             self.send_detach(link.handle, err)
 
-    def send_delivery(self, link, transfer_id: int | None, settled: bool, sections_bytes: bytes) -> None:
-        """One message to the client: a delivery id, split into frames of the client's max-frame-size."""
+    def send_delivery(self, link, transfer_id: int | None, settled: bool, sections_bytes: bytes,
+                      tag: bytes | None = None, resume: bool = False) -> None:
+        """One message to the client: a delivery id, split into frames of the client's max-frame-size.
+        ``tag``: the delivery tag (default: the delivery id); ``resume``: 2.6.13 a resumed delivery."""
         delivery_id = self.next_delivery_id
         self.next_delivery_id = (delivery_id + 1) % SERIAL
         if not settled:
             self.unsettled[delivery_id] = (link, transfer_id)
+        tag = tag if tag is not None else delivery_id.to_bytes(4, "big")
         if self.parked or self.remote_incoming_window <= 0:
-            self.parked.append((link, delivery_id, settled, sections_bytes))
+            self.parked.append((link, delivery_id, settled, sections_bytes, tag, resume))
             return
-        self._write_delivery(link, delivery_id, settled, sections_bytes)
+        self._write_delivery(link, delivery_id, settled, sections_bytes, tag, resume)
 
     def _send_parked(self) -> None:
         while self.parked and self.remote_incoming_window > 0:
-            link, delivery_id, settled, data = self.parked.popleft()
+            link, delivery_id, settled, data, tag, resume = self.parked.popleft()
             if self.links.get(link.handle) is link:
-                self._write_delivery(link, delivery_id, settled, data)
+                self._write_delivery(link, delivery_id, settled, data, tag, resume)
 
-    def _write_delivery(self, link, delivery_id: int, settled: bool, data: bytes) -> None:
-        tag = delivery_id.to_bytes(4, "big")
+    def _write_delivery(self, link, delivery_id: int, settled: bool, data: bytes, tag: bytes,
+                        resume: bool = False) -> None:
         first = p.Transfer(handle=link.handle, delivery_id=delivery_id, delivery_tag=tag, message_format=0,
-                           settled=settled, more=False)
+                           settled=settled, more=False, resume=resume)
         encoded = first.encode()
         room = max(256, self.conn.remote_max_frame - len(encoded) - 16)
         if len(data) <= room:  # one frame: the performative encoded once

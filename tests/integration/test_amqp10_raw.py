@@ -87,7 +87,7 @@ class Raw:
             return False
         return False
 
-    def login(self) -> None:
+    def login(self, container_id: str = "raw") -> None:
         """SASL PLAIN as guest, then the AMQP header and open; returns after the server's open."""
         self.send(SASL_HEADER)
         assert self.header() == SASL_HEADER
@@ -97,7 +97,7 @@ class Raw:
         assert self.performative().code == 0
         self.send(AMQP_HEADER)
         assert self.header() == AMQP_HEADER
-        self.send(encode_frame(p.Open(container_id="raw")))
+        self.send(encode_frame(p.Open(container_id=container_id)))
         opened = self.performative()
         assert isinstance(opened, p.Open)
         self.open = opened
@@ -371,3 +371,78 @@ def test_handshake_timeout_and_connection_limit(anonymous_node) -> None:
     assert outcome.code == 4  # sys-temp: try again later
     for client in [*held, fourth]:
         client.close()
+
+
+# ---------------------------------------------------------------------------------------------- link recovery
+
+def _transfers(raw: Raw, n: int) -> list[tuple[bytes, int, bytes, bool]]:
+    """The next ``n`` deliveries: (tag, delivery id, body, resume)."""
+    out = []
+    while len(out) < n:
+        frame = raw.frame()
+        if isinstance(frame.performative, p.Transfer):
+            body = [s for s in p.decode_sections(frame.payload) if isinstance(s, p.Data)][0].value
+            out.append((frame.performative.delivery_tag, frame.performative.delivery_id, body,
+                        frame.performative.resume))
+    return out
+
+
+def _durable_receiver(raw: Raw, queue: str, unsettled=None) -> p.Attach:
+    raw.send(encode_frame(p.Begin(next_outgoing_id=0, incoming_window=1000, outgoing_window=1000)))
+    assert isinstance(raw.performative(), p.Begin)
+    raw.send(encode_frame(p.Attach(name="durable-1", handle=0, role=True, snd_settle_mode=0, rcv_settle_mode=1,
+                                   source=p.Source(address=f"/queues/{queue}", durable=2, timeout=30),
+                                   target=p.Target(), unsettled=unsettled)))
+    attach = raw.performative()
+    assert isinstance(attach, p.Attach) and attach.source is not None
+    return attach
+
+
+def test_durable_link_recovery(broker) -> None:
+    """2.6.13: a receiver with a durable source (unsettled-state) loses its connection with 3 deliveries
+    unsettled; re-attached by name on a new connection, it is told their tags, the outcome it reports for
+    one (accepted) is applied without a resend, the other two are sent again with the same tags, and
+    nothing else (the two settled before the loss are not repeated)."""
+    import pika
+
+    queue = f"a10-durable-{os.getpid()}-{time.monotonic_ns()}"
+    admin = pika.BlockingConnection(pika.ConnectionParameters(port=broker.port))
+    channel = admin.channel()
+    channel.queue_declare(queue)
+    for i in range(5):
+        channel.basic_publish("", queue, str(i).encode())
+    first = Raw(broker.port)
+    first.login("container-durable")
+    _durable_receiver(first, queue)
+    first.send(encode_frame(p.Flow(next_incoming_id=0, incoming_window=1000, next_outgoing_id=0,
+                                   outgoing_window=1000, handle=0, delivery_count=0, link_credit=5)))
+    got = _transfers(first, 5)
+    assert [body for _t, _d, body, _r in got] == [b"0", b"1", b"2", b"3", b"4"]
+    tags = [tag for tag, _d, _b, _r in got]
+    first.send(encode_frame(p.Disposition(role=True, first=got[0][1], last=got[1][1], settled=True,
+                                          state=p.Accepted())))
+    first.send(encode_frame(p.Flow(next_incoming_id=5, incoming_window=1000, next_outgoing_id=0,
+                                   outgoing_window=1000, handle=0, delivery_count=5, link_credit=0, echo=True)))
+    while not isinstance(first.performative(), p.Flow):  # a barrier: the disposition was read
+        pass
+    first.sock.close()  # the connection is lost: no detach
+
+    second = Raw(broker.port)
+    try:
+        second.login("container-durable")
+        attach = _durable_receiver(second, queue, unsettled={tags[2]: p.Accepted()})
+        assert set(attach.unsettled or {}) == {tags[3], tags[4]}  # 2 was settled by the client's outcome
+        second.send(encode_frame(p.Flow(next_incoming_id=0, incoming_window=1000, next_outgoing_id=0,
+                                        outgoing_window=1000, handle=0, delivery_count=0, link_credit=10)))
+        again = _transfers(second, 2)
+        assert [(tag, body) for tag, _d, body, _r in again] == [(tags[3], b"3"), (tags[4], b"4")]
+        with pytest.raises((TimeoutError, socket.timeout)):
+            second.frame(timeout=0.7)  # nothing else: 0, 1 (settled) and 2 (accepted on re-attach) are done
+        second.send(encode_frame(p.Disposition(role=True, first=again[0][1], last=again[1][1], settled=True,
+                                               state=p.Accepted())))
+        second.send(encode_frame(p.Detach(handle=0, closed=True)))
+        assert isinstance(second.performative(), p.Detach)
+        assert channel.queue_declare(queue, passive=True).method.message_count == 0
+    finally:
+        second.close()
+        admin.close()
