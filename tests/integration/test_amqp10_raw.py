@@ -281,7 +281,7 @@ def test_fuzz_before_authentication(broker, fuzz_budget, kind, data, flips, cut,
 def anonymous_node(tmp_path_factory):
     directory = tmp_path_factory.mktemp("amqp10-anon")
     config = directory / "node.toml"
-    config.write_text('amqp10_anonymous_user = "guest"\nhandshake_timeout = 1.0\nmax_connections = 3\n'
+    config.write_text('amqp10_anonymous_user = "guest"\nhandshake_timeout = 1.0\nmax_connections = 3\nheartbeat = 1\n'
                       '[users.guest]\npassword = "guest"\n'
                       '[users.limited]\npassword = "pw"\npermissions = {"/" = ["", "^amq\\\\.default$", "^mine$"]}\n')
     node = RaftmqNode(directory / "data", config=config)
@@ -314,6 +314,20 @@ def test_anonymous_when_configured(anonymous_node) -> None:
     raw.send(encode_frame(p.Open(container_id="no-sasl")))
     assert isinstance(raw.performative(), p.Open)
     raw.close()
+
+
+def test_idle_timeout_closes_a_silent_client(anonymous_node) -> None:
+    """2.4.5: we announce idle-time-out 1000 ms (heartbeat = 1); a client silent for twice that is closed
+    with amqp:resource-limit-exceeded."""
+    raw = Raw(anonymous_node.port)
+    try:
+        raw.login()
+        assert raw.open.idle_time_out == 1000
+        started = time.monotonic()
+        _expect_close(raw, "amqp:resource-limit-exceeded")
+        assert 1.0 <= time.monotonic() - started <= 4.5
+    finally:
+        raw.close()
 
 
 def test_permissions_are_the_cores(anonymous_node) -> None:
