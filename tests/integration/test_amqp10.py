@@ -316,3 +316,37 @@ def test_wrong_password_fails_sasl(broker) -> None:
     with pytest.raises(proton.ConnectionException):
         BlockingConnection(f"amqp://guest:wrong@{broker.host}:{broker.port}", timeout=5).close()
 
+
+
+def test_audit_history_of_amqp10_traffic(tmp_path) -> None:
+    """1.0 traffic leaves the same audit history as 0-9-1's (the core records it; store/events.py):
+    published/routed per transfer, delivered per delivery, acked/rejected/requeued per outcome."""
+    from collections import Counter
+
+    from raftmq.ops.local.node import RaftmqNode
+    from raftmq.store import events as ev
+    from tests.support.cli import raftmq
+
+    with RaftmqNode(tmp_path / "n", env={"RAFTMQ_AUDIT_RETENTION": "metadata"}) as node:
+        admin = pika.BlockingConnection(pika.URLParameters(node.url))
+        admin.channel().queue_declare("audited")
+        admin.close()
+        conn = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{node.port}", timeout=TIMEOUT)
+        sender = conn.create_sender("/queues/audited")
+        for i in range(4):
+            assert sender.send(Message(body=f"a{i}")).remote_state == Delivery.ACCEPTED
+        receiver = conn.create_receiver("/queues/audited", credit=1)
+        outcomes = ["accept", "reject", "release", "accept", "accept"]
+        for outcome in outcomes:
+            receiver.receive(timeout=TIMEOUT)
+            {"accept": receiver.accept, "reject": receiver.reject,
+             "release": lambda: receiver.release(delivered=False)}[outcome]()
+        conn.close()
+        node.wait_history()
+        out = tmp_path / "snap"
+        done = raftmq("snapshot", "--data-dir", str(node.data_dir), "--out", str(out))
+        assert done.returncode == 0, done.stderr
+        kinds = Counter(ev.KIND_NAMES[r[2]] for r in ev.read_events(str(out)))
+    assert kinds["published"] == 4 and kinds["routed"] == 4
+    assert kinds["delivered"] == 5  # four, and the released one again
+    assert kinds["acked"] == 3 and kinds["rejected"] == 1 and kinds["requeued"] == 1
