@@ -350,3 +350,30 @@ def test_audit_history_of_amqp10_traffic(tmp_path) -> None:
     assert kinds["published"] == 4 and kinds["routed"] == 4
     assert kinds["delivered"] == 5  # four, and the released one again
     assert kinds["acked"] == 3 and kinds["rejected"] == 1 and kinds["requeued"] == 1
+
+
+def test_amqps(broker, tmp_path) -> None:
+    """The amqps port (TLS, then the protocol header) takes 1.0 clients too: proton over TLS."""
+    from proton import SSLDomain
+
+    from raftmq.ops.local.node import RaftmqNode, free_port
+    from tests.integration.test_tls import self_signed
+
+    cert, key = self_signed(tmp_path)
+    tls_port = free_port()
+    with RaftmqNode(tmp_path / "n", extra_args=["--tls-port", str(tls_port), "--tls-cert", str(cert),
+                                                "--tls-key", str(key)]) as node:
+        admin = pika.BlockingConnection(pika.URLParameters(node.url))
+        admin.channel().queue_declare("over-tls")
+        admin.close()
+        domain = SSLDomain(SSLDomain.MODE_CLIENT)
+        domain.set_trusted_ca_db(str(cert))
+        domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+        conn = BlockingConnection(f"amqps://guest:guest@localhost:{tls_port}", timeout=TIMEOUT, ssl_domain=domain)
+        try:
+            assert conn.create_sender("/queues/over-tls").send(Message(body="tls")).remote_state == Delivery.ACCEPTED
+            receiver = conn.create_receiver("/queues/over-tls", credit=1)
+            assert receiver.receive(timeout=TIMEOUT).body == "tls"
+            receiver.accept()
+        finally:
+            conn.close()
