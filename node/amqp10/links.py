@@ -463,7 +463,7 @@ class IncomingLink(Link):
     def _deliver(self, delivery_id: int, settled: bool, data: bytes) -> None:
         session = self.session
         try:
-            message = convert.to_core(p.decode_sections(data))
+            message = convert.message_of(data)
         except DecodeError as exc:
             self._outcome(delivery_id, settled, p.Rejected(error=error(exc.condition, exc.text)))
             return

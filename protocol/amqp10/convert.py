@@ -53,6 +53,7 @@ class CoreMessage:
     body: bytes
     to: str | None = None
     subject: str | None = None
+    encoded: bytes | None = None  # the properties' octets when already known (message_of's cache)
 
     @property
     def persistent(self) -> bool:
@@ -64,7 +65,7 @@ class CoreMessage:
         return int(e) if e is not None and e.isdigit() else None
 
     def encoded_properties(self) -> bytes:
-        return encode_properties(self.properties)
+        return self.encoded if self.encoded is not None else encode_properties(self.properties)
 
 
 def _shortstr(value: str) -> bool:
@@ -270,3 +271,55 @@ def encode_delivery(properties: bytes, body: bytes, exchange: str, routing_key: 
     n = len(body)
     size = b"\xa0" + bytes((n,)) if n < 256 else b"\xb0" + n.to_bytes(4, "big")
     return prefix + _DATA + size + body
+
+
+_MESSAGES: dict[bytes, tuple] = {}  # sections before a trailing data section -> what to_core made of them
+_MAX_MESSAGES = 1024
+_MAX_PREFIX = 4096
+
+
+def _data_tail(payload: bytes) -> tuple[int, int] | None:
+    """(start of a data section that ends ``payload`` exactly, start of its octets), or None.
+
+    Candidates are searched from the end; the body may contain the same octets, so a few are tried.
+    A candidate is only a guess: :func:`message_of` decodes what precedes it and falls back to a full
+    decode unless that is a clean sequence of sections (then, encodings being self-delimiting, it is
+    the one parse of the payload)."""
+    end = len(payload)
+    for _ in range(4):
+        i = payload.rfind(_DATA, 0, end)
+        if i < 0:
+            return None
+        code = payload[i + 3] if i + 3 < len(payload) else -1
+        if code == 0xA0 and i + 5 <= len(payload) and i + 5 + payload[i + 4] == len(payload):
+            return i, i + 5
+        if code == 0xB0 and i + 8 <= len(payload) and i + 8 + int.from_bytes(payload[i + 4:i + 8], "big") == len(payload):
+            return i, i + 8
+        end = i + 2  # the next candidate starts before this one
+    return None
+
+
+def message_of(payload: bytes) -> CoreMessage:
+    """``to_core(decode_sections(payload))``, fast for what most publishers send: the same sections before
+    one data section, message after message (measured: decode 4.5 us + convert 2 us per 256 B message
+    -> a lookup).  Raises DecodeError like the full decode."""
+    tail = _data_tail(payload)
+    if tail is not None:
+        start, body_at = tail
+        prefix = payload[:start]
+        cached = _MESSAGES.get(prefix)
+        if cached is None and len(prefix) <= _MAX_PREFIX:
+            try:
+                sections = p.decode_sections(prefix)
+            except Exception:  # a guess inside the body: decode the whole payload instead
+                sections = None
+            if sections is not None and not any(s.__class__ in _BODY_SECTIONS for s in sections):
+                template = to_core(sections)
+                cached = (template.properties, template.encoded_properties(), template.to, template.subject)
+                if len(_MESSAGES) >= _MAX_MESSAGES:
+                    _MESSAGES.clear()
+                _MESSAGES[prefix] = cached
+        if cached is not None:
+            props, encoded, to, subject = cached
+            return CoreMessage(props, payload[body_at:], to, subject, encoded)
+    return to_core(p.decode_sections(payload))
