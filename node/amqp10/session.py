@@ -29,6 +29,27 @@ HANDLE_MAX = 1023
 SERIAL = 1 << 32
 
 
+def _uint(value: int) -> bytes:
+    if value == 0:
+        return b"\x43"
+    if value < 256:
+        return b"\x52" + bytes((value,))
+    return b"\x70" + value.to_bytes(4, "big")
+
+
+def encode_transfer(handle: int, delivery_id: int, tag: bytes, settled: bool, resume: bool = False) -> bytes:
+    """The first (and usually only) transfer of a delivery, encoded by hand: this runs once per message
+    sent, and the generic Composite.encode took ~2.7 us of a consumer's ~20 us per message.  Same
+    fields as ``p.Transfer(handle, delivery_id, delivery_tag, message_format=0, settled, resume)``."""
+    fields = (_uint(handle) + _uint(delivery_id) + b"\xa0" + bytes((len(tag),)) + tag + b"\x43"
+              + (b"\x41" if settled else b"\x42"))
+    count = 5
+    if resume:
+        fields += b"\x42\x40\x40\x41"  # more false, rcv-settle-mode and state null, resume true
+        count = 9
+    return b"\x00\x53\x14\xc0" + bytes((len(fields) + 1, count)) + fields
+
+
 def error(condition: str, description: str | None = None):
     return p.Error(condition=t.Symbol(condition), description=description[:2000] if description else None)
 
@@ -231,16 +252,15 @@ class Session:
 
     def _write_delivery(self, link, delivery_id: int, settled: bool, data: bytes, tag: bytes,
                         resume: bool = False) -> None:
-        first = p.Transfer(handle=link.handle, delivery_id=delivery_id, delivery_tag=tag, message_format=0,
-                           settled=settled, more=False, resume=resume)
-        encoded = first.encode()
+        encoded = encode_transfer(link.handle, delivery_id, tag, settled, resume)
         room = max(256, self.conn.remote_max_frame - len(encoded) - 16)
         if len(data) <= room:  # one frame: the performative encoded once
             self.conn.send_raw(encode_frame_raw(encoded + data, self.channel))
             self._sent_frame()
             return
         pos = 0
-        frame = first
+        frame = p.Transfer(handle=link.handle, delivery_id=delivery_id, delivery_tag=tag, message_format=0,
+                           settled=settled, more=False, resume=resume)
         while pos < len(data):
             chunk = data[pos:pos + room]
             pos += len(chunk)

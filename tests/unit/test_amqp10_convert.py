@@ -158,3 +158,15 @@ def test_message_of_is_to_core(sections, tricky) -> None:
         assert (fast.properties, fast.body, fast.to, fast.subject) == (slow.properties, slow.body, slow.to,
                                                                          slow.subject)
         assert fast.encoded_properties() == slow.encoded_properties()
+
+
+@settings(max_examples=200, deadline=None)
+@given(handle=st.integers(0, 2 ** 32 - 1), delivery_id=st.integers(0, 2 ** 32 - 1), tag=st.binary(max_size=32),
+       settled=st.booleans(), resume=st.booleans())
+def test_hand_encoded_transfer(handle, delivery_id, tag, settled, resume) -> None:
+    """node/amqp10/session.encode_transfer decodes to the same transfer as the generic encoder's."""
+    from raftmq.node.amqp10.session import encode_transfer
+
+    decoded, end = p.decode_described(encode_transfer(handle, delivery_id, tag, settled, resume))
+    assert decoded == p.Transfer(handle=handle, delivery_id=delivery_id, delivery_tag=tag, message_format=0,
+                                 settled=settled, resume=resume)
