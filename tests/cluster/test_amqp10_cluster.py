@@ -7,6 +7,8 @@ committed by a majority; so every accepted message must survive the loss of the 
 
 from __future__ import annotations
 
+import time
+
 import pika
 import pytest
 from proton import Delivery, Message
@@ -134,3 +136,88 @@ def test_durable_link_resumes_on_another_node_after_leader_kill(tmp_path) -> Non
         admin = pika.BlockingConnection(pika.ConnectionParameters(port=survivor.port))
         assert admin.channel().queue_declare("a10-resume", passive=True, durable=True).method.message_count == 0
         admin.close()
+
+
+class _Lost(Exception):
+    """The node this client was connected to went away (or was killed by the test)."""
+
+
+def test_durable_receiver_mode_second_through_repeated_leader_kills(tmp_path) -> None:
+    """Issue 19: a receiver with a durable link in receiver-settle-mode second, connected to the leader,
+    which is killed -9 three times mid-stream; after each kill the client re-attaches the link by name on
+    the new leader and reports the deliveries it accepted whose settlement it has not seen (its unsettled
+    map).  Every message arrives, none twice, and the queue ends empty."""
+    from raftmq.protocol.amqp10 import performatives as p
+    from raftmq.protocol.amqp10.frames import encode_frame
+    from tests.integration.test_amqp10_raw import Raw, _durable_receiver
+
+    n, kill_at = 60, (15, 30, 45)
+    with Cluster(3, tmp_path) as cluster:
+        leader = cluster.leader()
+        admin = pika.BlockingConnection(pika.ConnectionParameters(port=leader.port))
+        channel = admin.channel()
+        channel.queue_declare("a10-chaos", durable=True)
+        for i in range(n):
+            channel.basic_publish("", "a10-chaos", str(i).encode(), pika.BasicProperties(delivery_mode=2))
+        admin.close()
+        cluster.wait_applied_equal()
+        seen: list[int] = []
+        duplicates = kills = attaches = 0
+        pending: dict[bytes, int] = {}  # tag -> delivery id: accepted, the sender's settlement not seen
+        deadline = time.monotonic() + 150
+        while len(seen) < n or pending:
+            assert time.monotonic() < deadline, f"stalled: {len(seen)} seen, {len(pending)} pending, {kills} kills"
+            node = cluster.leader(timeout=20)
+            raw = Raw(node.port)
+            try:
+                raw.login("chaos-consumer")
+                _durable_receiver(raw, "a10-chaos", unsettled={tag: p.Accepted() for tag in pending} or None)
+                attaches += 1
+                pending = {}  # reported: the node applies those outcomes on this attach
+                received = 0
+                raw.send(encode_frame(p.Flow(next_incoming_id=0, incoming_window=1000, next_outgoing_id=0,
+                                             outgoing_window=1000, handle=0, delivery_count=0, link_credit=10)))
+                while len(seen) < n or pending:
+                    frame = raw.frame(timeout=10)
+                    body = frame.performative
+                    if isinstance(body, p.Transfer):
+                        value = int([s for s in p.decode_sections(frame.payload) if isinstance(s, p.Data)][0].value)
+                        if value in seen:
+                            duplicates += 1
+                        else:
+                            seen.append(value)
+                        pending[body.delivery_tag] = body.delivery_id
+                        received += 1
+                        raw.send(encode_frame(p.Disposition(role=True, first=body.delivery_id, settled=False,
+                                                            state=p.Accepted())))
+                        if received % 5 == 0:
+                            raw.send(encode_frame(p.Flow(next_incoming_id=0, incoming_window=1000,
+                                                         next_outgoing_id=0, outgoing_window=1000, handle=0,
+                                                         delivery_count=received, link_credit=10)))
+                        if kills < len(kill_at) and len(seen) == kill_at[kills]:
+                            node.kill9()
+                            kills += 1
+                            raise _Lost()
+                    elif isinstance(body, p.Disposition) and body.settled and not body.role:
+                        last = body.last if body.last is not None else body.first
+                        pending = {t: d for t, d in pending.items() if not body.first <= d <= last}
+            except (_Lost, EOFError, OSError):
+                pass
+            finally:
+                raw.close()
+            for dead in [x for x in cluster.nodes if not x.is_alive()]:
+                dead.start()
+        raw = Raw(cluster.leader(timeout=20).port)
+        try:
+            raw.login("chaos-consumer")
+            _durable_receiver(raw, "a10-chaos")
+            raw.send(encode_frame(p.Detach(handle=0, closed=True)))
+            assert isinstance(raw.performative(), p.Detach)
+        finally:
+            raw.close()
+        admin = pika.BlockingConnection(pika.ConnectionParameters(port=cluster.leader().port))
+        left = admin.channel().queue_declare("a10-chaos", passive=True, durable=True).method.message_count
+        admin.close()
+    assert kills == 3 and attaches >= 4
+    assert sorted(seen) == list(range(n)) and duplicates == 0
+    assert left == 0
