@@ -241,8 +241,7 @@ class OutgoingLink(Link):
             rcv_settle_mode=SECOND if self.rcv_second else FIRST, source=reply_source, target=a.target,
             initial_delivery_count=self.delivery_count, max_message_size=self.conn.config.max_message_size,
             unsettled=self.unsettled_map()))
-        self.conn.broker.submit([Op.MESSAGE_FLOW, self.conn.conn_id, None, self.core, self.destination, 1,
-                                 UNLIMITED])  # no byte credit in 1.0
+        self._unlimited_bytes()
         self._apply_credit()
 
     def unsettled_map(self) -> dict | None:
@@ -289,7 +288,13 @@ class OutgoingLink(Link):
         self.granted = self.assigned  # every transfer assigned before the stop has arrived
         if result[0] != 0:
             return self.failed(result)
+        self._unlimited_bytes()
         self._apply_credit()
+
+    def _unlimited_bytes(self) -> None:
+        """1.0 has no byte credit: the core's is unlimited (MESSAGE_STOP and MESSAGE_FLUSH zero it too)."""
+        self.conn.broker.submit([Op.MESSAGE_FLOW, self.conn.conn_id, None, self.core, self.destination, 1,
+                                 UNLIMITED])
 
     def _drained(self, result: tuple) -> None:
         """2.6.7 drain: everything available was sent; the rest of the credit is used up."""
@@ -300,6 +305,7 @@ class OutgoingLink(Link):
         self.drain_wanted = False
         if self.limit is not None and _signed(self.limit - self.delivery_count) > 0:
             self.delivery_count = self.limit
+        self._unlimited_bytes()
         self._send_flow(drain=True)
 
     def _send_flow(self, drain: bool = False) -> None:

@@ -221,3 +221,57 @@ def test_durable_receiver_mode_second_through_repeated_leader_kills(tmp_path) ->
     assert kills == 3 and attaches >= 4
     assert sorted(seen) == list(range(n)) and duplicates == 0
     assert left == 0
+
+
+def test_unsettled_sender_through_repeated_leader_kills(tmp_path) -> None:
+    """Issue 19: a 1.0 sender (unsettled) on the leader, which is killed -9 three times; the client
+    reconnects to the new leader and resends what was not accepted.  Every accepted message is in the
+    queue afterwards (a resend may add a copy: at-least-once, as with RabbitMQ)."""
+    n, kill_at = 90, (20, 45, 70)
+    with Cluster(3, tmp_path) as cluster:
+        admin = pika.BlockingConnection(pika.ConnectionParameters(port=cluster.leader().port))
+        admin.channel().queue_declare("a10-sender-chaos", durable=True)
+        admin.close()
+        cluster.wait_applied_equal()
+        accepted: set[int] = set()
+        kills = 0
+        next_i = 0
+        deadline = time.monotonic() + 150
+        while next_i < n:
+            assert time.monotonic() < deadline, f"stalled at {next_i}, {kills} kills"
+            node = cluster.leader(timeout=20)
+            try:
+                conn = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{node.port}", timeout=5)
+            except Exception:
+                continue
+            try:
+                sender = conn.create_sender("/queues/a10-sender-chaos")
+                while next_i < n:
+                    if kills < len(kill_at) and next_i == kill_at[kills]:
+                        node.kill9()
+                        kills += 1
+                    delivery = sender.send(Message(body=str(next_i).encode(), inferred=True, durable=True))
+                    if delivery.remote_state == Delivery.ACCEPTED:
+                        accepted.add(next_i)
+                        next_i += 1
+            except Exception:  # SendException, LinkDetached, ConnectionException: the node died under the send
+                pass  # resend next_i on the new leader
+            finally:
+                try:
+                    conn.close()
+                except Exception:
+                    pass
+            for dead in [x for x in cluster.nodes if not x.is_alive()]:
+                dead.start()
+        cluster.wait_applied_equal()
+        admin = pika.BlockingConnection(pika.ConnectionParameters(port=cluster.leader().port))
+        channel = admin.channel()
+        stored = []
+        while True:
+            method, _props, body = channel.basic_get("a10-sender-chaos", auto_ack=True)
+            if method is None:
+                break
+            stored.append(int(body))
+        admin.close()
+    assert kills == 3 and accepted == set(range(n))
+    assert set(stored) >= accepted, f"lost: {sorted(accepted - set(stored))}"
