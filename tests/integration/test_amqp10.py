@@ -380,3 +380,22 @@ def test_amqps(broker, tmp_path) -> None:
             receiver.accept()
         finally:
             conn.close()
+
+
+def test_metrics_count_connections_per_protocol(tmp_path) -> None:
+    """raftmq_connections_by_protocol: a 0-9-1 and a 1.0 connection open, each counted under its protocol."""
+    from raftmq.ops.local.node import RaftmqNode, free_port
+    from tests.integration.test_metrics import scrape, value
+
+    metrics_port = free_port()
+    with RaftmqNode(tmp_path / "n", extra_args=["--metrics-port", str(metrics_port)]) as node:
+        pika_conn = pika.BlockingConnection(pika.URLParameters(node.url))
+        amqp10 = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{node.port}", timeout=TIMEOUT)
+        try:
+            samples = scrape(metrics_port)
+            assert value(samples, "raftmq_connections_by_protocol", protocol="AMQP 1-0") == 1
+            assert value(samples, "raftmq_connections_by_protocol", protocol="AMQP 0-9-1") == 1
+            assert value(samples, "raftmq_connections_by_protocol", protocol="AMQP 0-10") == 0
+        finally:
+            amqp10.close()
+            pika_conn.close()
