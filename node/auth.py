@@ -183,6 +183,16 @@ class Authenticator:
             raise AuthError(f"user '{username}' can only connect via localhost")
         return principal
 
+    def principal_named(self, username: str) -> Principal:
+        """The principal of a user without a password check: the AMQP 1.0 ANONYMOUS login, which logs
+        in as the one user the operator configured for it (``amqp10_anonymous_user``)."""
+        record = self._managed().get(username)
+        if record is not None:
+            return self._managed_principal(record)
+        if username not in self._principals:
+            raise AuthError(f"anonymous login user '{username}' does not exist")
+        return self._principals[username]
+
     def _managed_principal(self, record: UserRecord) -> Principal:
         key = tuple(sorted(record.permissions.items()))
         cached = self._managed_principals.get(record.name)

@@ -57,6 +57,12 @@ class Config:
     # Seconds from accepting a socket to connection.open-ok (both protocols): a client that has not
     # opened its connection by then is closed.  0 disables (not advised: idle sockets hold slots).
     handshake_timeout: float = 10.0
+    # AMQP 1.0 SASL ANONYMOUS (and 1.0 without SASL) logs in as this user; empty: not offered.
+    amqp10_anonymous_user: str = ""
+    # AMQP 1.0: a follower answers open with amqp:connection:redirect to the leader (node/amqp10/failover.py).
+    amqp10_redirect_to_leader: bool = False
+    # AMQP 1.0 open says product "RabbitMQ" version 4.0.0: RabbitMQ 4's client libraries refuse others.
+    amqp10_rabbitmq_compat: bool = False
     # Bytes the node holds for clients: queued bodies, client write buffers, parked auto-ack
     # deliveries, publishes being received (node/broker.py memory_in_use).
     memory_high_watermark: int = 1024 * 1024 * 1024

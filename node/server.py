@@ -14,10 +14,13 @@ from collections.abc import Callable, Sequence
 from raftmq.node.config import Config
 from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER as AMQP010_HEADER
 from raftmq.protocol.amqp091.constants import PROTOCOL_HEADER as AMQP091_HEADER
+from raftmq.protocol.amqp10.frames import AMQP_HEADER as AMQP10_HEADER
+from raftmq.protocol.amqp10.frames import SASL_HEADER as AMQP10_SASL_HEADER
 from raftmq.store.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
 
 from .amqp010.connection import Amqp010Connection
 from .amqp091.connection import Amqp091Connection
+from .amqp10.connection import Amqp10Connection
 from .broker import Broker
 
 log = logging.getLogger(__name__)
@@ -61,7 +64,9 @@ class HeaderSniffer(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         header, rest = self._buffer[:8], self._buffer[8:]
-        front_ends = {AMQP091_HEADER: Amqp091Connection, AMQP010_HEADER: Amqp010Connection}
+        front_ends = {AMQP091_HEADER: Amqp091Connection, AMQP010_HEADER: Amqp010Connection,
+                      AMQP10_SASL_HEADER: Amqp10Connection,
+                      AMQP10_HEADER: lambda broker, transport: Amqp10Connection(broker, transport, sasl=False)}
         if header in front_ends:
             front_end = front_ends[header](self.broker, self._transport)
             self._transport.set_protocol(front_end)

@@ -16,6 +16,7 @@ Metric names (all prefixed ``raftmq_``): ``messages_published_total``, ``message
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -61,6 +62,12 @@ class BrokerCollector:
         yield _gauge("raftmq_connections", "client connections on this node", node, len(broker.endpoints))
         yield _gauge("raftmq_delayed_messages", "messages held by x-delayed-message exchanges", node,
                      len(machine.delayed))
+        by_protocol = GaugeMetricFamily("raftmq_connections_by_protocol", "client connections on this node",
+                                        labels=["node", "protocol"])
+        counts = Counter(_protocol(endpoint) for endpoint in broker.endpoints.values())
+        for protocol in ("AMQP 0-9-1", "AMQP 0-10", "AMQP 1-0"):
+            by_protocol.add_metric([node, protocol], counts.get(protocol, 0))
+        yield by_protocol
         yield _gauge("raftmq_sessions", "AMQP 0-10 sessions in the cluster", node, len(machine.sessions))
         yield _gauge("raftmq_resource_alarm", "1 while a resource alarm blocks publishers", node,
                      1 if broker.alarm else 0)
@@ -80,6 +87,14 @@ class BrokerCollector:
             changes = CounterMetricFamily("raftmq_raft_leader_changes", "leader changes seen", labels=["node"])
             changes.add_metric([node], broker.leader_changes)
             yield changes
+
+
+def _protocol(endpoint) -> str:
+    """The protocol of a connection as the HTTP API names it (an endpoint's PROTOCOL, else by class)."""
+    name = getattr(endpoint, "PROTOCOL", None)
+    if name:
+        return name
+    return "AMQP 0-10" if type(endpoint).__name__.startswith("Amqp010") else "AMQP 0-9-1"
 
 
 def _gauge(name: str, doc: str, node: str, value: float) -> GaugeMetricFamily:

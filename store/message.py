@@ -107,3 +107,15 @@ def with_headers(raw: bytes, number: int, headers: dict[str, Any], clear_expirat
     if clear_expiration:
         properties.expiration = None
     return fmt.encode(properties)
+
+
+def properties_in(message: Any, number: int, empty: bytes = b"") -> bytes:
+    """A stored message's properties in format ``number``: its own bytes when it was published in
+    that format (no decoding: the same-protocol path), converted otherwise; ``empty`` if they do not
+    decode (the message is delivered with no properties rather than not at all)."""
+    if message.format == number:
+        return message.properties
+    try:
+        return convert(message.properties, message.format, number)
+    except (ValueError, LookupError):
+        return empty

@@ -47,7 +47,7 @@ from raftmq.store.commands import (
     TxCommit,
 )
 from raftmq.store.errors import HARD_ERRORS
-from raftmq.store.message import AMQP091, convert
+from raftmq.store.message import AMQP091, properties_in
 from raftmq.store.model import Message
 from raftmq.store.values import to_plain
 
@@ -814,10 +814,7 @@ def properties_091(message: Message) -> bytes:
     decoding on this path), converted through the neutral form otherwise (store/message.py)."""
     if message.format == AMQP091:
         return message.properties
-    try:
-        return convert(message.properties, message.format, AMQP091)
-    except (ValueError, LookupError):
-        return EMPTY_PROPERTIES  # unreadable: delivered with none rather than not at all
+    return properties_in(message, AMQP091, EMPTY_PROPERTIES)
 
 
 EMPTY_PROPERTIES = b"\x00\x00"

@@ -187,7 +187,8 @@ def _connections(request: web.Request) -> list[tuple[str, object]]:
 def _connection_view(broker, conn_id: str, endpoint) -> dict:
     config = broker.config
     peer_host, _, peer_port = getattr(endpoint, "peer", "?:0").rpartition(":")
-    protocol = "AMQP 0-10" if type(endpoint).__name__.startswith("Amqp010") else "AMQP 0-9-1"
+    protocol = getattr(endpoint, "PROTOCOL", None) or (
+        "AMQP 0-10" if type(endpoint).__name__.startswith("Amqp010") else "AMQP 0-9-1")
     return {
         "name": _connection_name(endpoint, config),
         "node": node_name(broker),

@@ -116,6 +116,8 @@ def test_handshake_start_tune_open_and_clean_close(raw, broker):
 def test_wrong_protocol_header_gets_the_0_9_1_header_and_a_close(raw, broker, header):
     """general 4.2.2 / reference 1.4.2.1: "If the server cannot support the protocol specified in the
     protocol header, it MUST respond with a valid protocol header and then close the socket connection." """
+    if broker.kind == "raftmq" and header[:5] in (b"AMQP\x00", b"AMQP\x03") and header[5:6] == b"\x01":
+        pytest.skip("raftmq speaks AMQP 1.0 (and its SASL layer) on this port: test_amqp10_raw.py")
     c = raw()
     c.send(header)
     assert c.read_all_until_eof(timeout=5) == r.PROTOCOL_HEADER

@@ -1,0 +1,545 @@
+"""AMQP 1.0 links (2.6) as core commands, one core session per link.
+
+*Outgoing* (the client attaches as receiver; :class:`OutgoingLink`): ``MESSAGE_SUBSCRIBE`` on the
+source queue (a dynamic source declares an exclusive auto-delete queue first), link credit as
+``MESSAGE_FLOW`` message credit, drain as ``MESSAGE_FLUSH``, outcomes as ``MESSAGE_SETTLE``:
+accepted -> accept, released -> release (the delivery does not count), modified with
+delivery-failed -> release counting a redelivery, rejected and modified undeliverable-here ->
+reject (dead-lettered).  A pre-settled link (snd-settle-mode settled) subscribes with accept-mode
+none: the core forgets a message once assigned (at-most-once).
+
+The core's credit is additive; 1.0 credit is absolute (2.6.7: link-credit = the receiver's
+delivery-count + link-credit - the sender's delivery-count).  The link keeps ``granted``, the credit
+given to the core so far, and ``assigned``, the transfers the core gave us: the core still holds
+``granted - assigned - (transfers in flight)``, so adding ``wanted - (granted - assigned)`` leaves it
+exactly ``wanted - in flight``.  A lower limit (rare) stops the core's credit with a request and
+recomputes once the reply -- which follows every transfer assigned before it -- is in.
+
+*Incoming* (the client attaches as sender; :class:`IncomingLink`): each complete delivery (its
+transfer frames joined, at most ``max_message_size``) is converted by ``protocol/amqp10/convert.py``
+and submitted as ``PUBLISH``.  Pre-settled deliveries are submitted; unsettled ones are requested,
+and the outcome is sent once the core has applied it (committed in a cluster): accepted when routed,
+released when unroutable (as RabbitMQ 4), rejected when a queue refused it (reject-publish).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import TYPE_CHECKING
+
+from raftmq.protocol.amqp10 import convert
+from raftmq.protocol.amqp10 import performatives as p
+from raftmq.protocol.amqp10 import types as t
+from raftmq.protocol.amqp10.errors import Amqp10Error, DecodeError
+from raftmq.store import ranges as rs
+from raftmq.store.commands import (
+    REJECTED,
+    ROUTED,
+    MessageFlow,
+    MessageFlush,
+    MessageSettle,
+    MessageStop,
+    MessageSubscribe,
+    Publish,
+    QueueDeclare,
+    SessionAttach,
+    SessionDetach,
+)
+from raftmq.store.message import AMQP091, properties_in
+from raftmq.store.sessions import (
+    SETTLE_ACCEPT,
+    SETTLE_REJECT,
+    SETTLE_RELEASE,
+    SETTLE_RELEASE_REDELIVERED,
+    UNLIMITED,
+)
+
+from ..core.access import WRITE, AccessRefused
+from .address import AddressError, Target, parse_source, parse_target, queue_address
+from .session import SERIAL, SessionError, error
+
+if TYPE_CHECKING:
+    from .session import Session
+
+log = logging.getLogger(__name__)
+
+SETTLED, UNSETTLED, MIXED = 1, 0, 2  # sender-settle-mode
+FIRST, SECOND = 0, 1  # receiver-settle-mode
+INCOMING_CREDIT = 256  # link credit we give a publishing client, topped up at half
+MAX_CREDIT = 1 << 30
+ASSEMBLY_MARGIN = 1 << 20  # unfinished deliveries per connection: max_message_size + this
+
+
+def _signed(value: int) -> int:
+    """A serial-number difference (RFC 1982) as a signed int."""
+    value %= SERIAL
+    return value - SERIAL if value >= SERIAL // 2 else value
+
+
+def attach_link(session: Session, attach):
+    """The link for a client's attach (None when refused: the refusal is already sent)."""
+    from .management import ManagementLink, is_management
+    from .recovery import DurableOutgoingLink, is_durable
+
+    if is_management(attach):
+        return ManagementLink(session, attach).attach()
+    if attach.role and is_durable(attach):
+        return DurableOutgoingLink(session, attach).attach()
+    if attach.role:  # the client is the receiver: we send
+        return OutgoingLink(session, attach).attach()
+    return IncomingLink(session, attach).attach()
+
+
+class Link:
+    sends = False
+
+    def __init__(self, session: Session, attach) -> None:
+        self.session = session
+        self.conn = session.conn
+        self.handle = attach.handle
+        self.name = attach.name
+        self.attach_frame = attach
+        self.core = 0  # core channel number (a core session of its own)
+        self.alive = True
+
+    def _core_attach(self) -> None:
+        conn = self.conn
+        self.core = conn.core_channel(self)
+        name = f"amqp10:{conn.conn_id}:{self.core}".encode()
+        conn.broker.submit(SessionAttach(conn.conn_id, None, self.core, conn.vhost, conn.principal.name,
+                            name, False))
+
+    def _refuse(self, condition: str, text: str) -> None:
+        """2.6.3: answer the attach with a null terminus, then detach with the error."""
+        a = self.attach_frame
+        reply = p.Attach(name=a.name, handle=a.handle, role=not a.role, source=None, target=None,
+                         initial_delivery_count=0 if a.role else None)
+        if a.role:
+            reply.target = a.target
+        else:
+            reply.source = a.source
+        self.session.send_attach(reply)
+        self.session.send_detach(a.handle, error(condition, text))
+
+    def release(self) -> None:
+        """The link is gone (detach, end, refusal): its core session goes, unsettled messages return."""
+        if not self.alive:
+            return
+        self.alive = False
+        conn = self.conn
+        if self.core:
+            conn.links_by_core.pop(self.core, None)
+            conn.broker.submit(SessionDetach(conn.conn_id, None, self.core))
+
+    def on_detach(self, detach) -> None:
+        self.release()
+        self.session.send_detach(self.handle)
+
+    def failed(self, result: tuple) -> None:
+        """The core refused a command: the core session is destroyed, so is the link."""
+        condition = {403: "amqp:unauthorized-access", 404: "amqp:not-found", 405: "amqp:resource-locked",
+                     406: "amqp:precondition-failed"}.get(result[1], "amqp:internal-error")
+        self.session.detach_link(self, error(condition, str(result[2])))
+
+    def on_transfer(self, transfer, payload: bytes) -> None:
+        raise SessionError("amqp:not-allowed", "transfer on a link where the client receives")
+
+    def on_flow(self, flow) -> None:
+        pass
+
+    def on_sender_disposition(self, first: int, last: int, settled: bool) -> None:
+        pass
+
+    def on_outcome(self, transfer_ids, state, settled, first, last) -> None:
+        pass
+
+
+class OutgoingLink(Link):
+    """We send: a subscription on a queue."""
+
+    sends = True
+
+    def __init__(self, session: Session, attach) -> None:
+        super().__init__(session, attach)
+        self.destination = ""
+        self.settled = attach.snd_settle_mode == SETTLED
+        self.rcv_second = attach.rcv_settle_mode == SECOND
+        self.delivery_count = 0  # 1.0 delivery-count (serial)
+        self.limit: int | None = None  # the client's delivery-count + link-credit (serial)
+        self.granted = 0  # credit given to the core so far
+        self.assigned = 0  # transfers the core gave this link
+        self.subscribed = False
+        self.stopping = False
+        self.drain_wanted = False
+        self.queue = ""
+        self.settles: dict[int, list[int]] = {}  # outcome -> core transfer ids settled, not yet submitted
+
+    def flush_settles(self) -> None:
+        """One MESSAGE_SETTLE per outcome for the dispositions of one read (a disposition per message
+        is what most clients send, and each command costs a log entry and an apply)."""
+        settles, self.settles = self.settles, {}
+        if not self.alive:
+            return
+        for how, transfer_ids in settles.items():
+            ranges = [list(r) for r in rs.from_ids(sorted(transfer_ids))]
+            self.conn.broker.submit(MessageSettle(self.conn.conn_id, None, self.core, ranges, how))
+
+    def attach(self):
+        a = self.attach_frame
+        source = a.source if isinstance(a.source, p.Source) else None
+        conn = self.conn
+        try:
+            if source is not None and source.dynamic:
+                self.queue = f"amq.gen-{uuid.uuid4()}"
+                declare = QueueDeclare(conn.conn_id, None, 0, conn.vhost, self.queue, False, False, True,
+                           True, {}, True)  # server-named: the amq. prefix is ours to use
+                conn.access.authorize(declare)
+            else:
+                address = source.address if source is not None else None
+                if not isinstance(address, str):
+                    raise AddressError("a receiver needs a source address")
+                self.queue = parse_source(address)
+                vhost = conn.broker.machine.vhosts.get(conn.vhost)
+                if vhost is None or self.queue not in vhost.queues:
+                    self._refuse("amqp:not-found", f"no queue '{self.queue}' in vhost '{conn.vhost}'")
+                    return None
+                declare = None
+            subscribe = MessageSubscribe(conn.conn_id, None, 0, conn.vhost, self.queue, "", self.settled,
+                         False, {})
+            conn.access.authorize(subscribe)
+        except AddressError as exc:
+            self._refuse("amqp:invalid-field", str(exc))
+            return None
+        except AccessRefused as exc:
+            self._refuse("amqp:unauthorized-access", exc.text)
+            return None
+        return self._start(declare, subscribe)
+
+    def _start(self, declare: QueueDeclare | None, subscribe: MessageSubscribe):
+        """Attach the core session and subscribe (recovery.py resumes a durable link instead)."""
+        conn = self.conn
+        self._core_attach()
+        self.destination = f"l{self.core}"
+        if declare is not None:
+            conn.broker.submit(declare._replace(channel=self.core))
+        conn.request(subscribe._replace(channel=self.core, destination=self.destination), self._subscribed)
+        return self
+
+    def _subscribed(self, result: tuple) -> None:
+        if not self.alive:
+            return
+        a = self.attach_frame
+        if result[0] != 0:
+            self.session.links.pop(self.handle, None)
+            self.release()
+            condition = "amqp:not-found" if result[1] == 404 else "amqp:resource-locked" \
+                if result[1] == 403 and "exclusive" in str(result[2]) else "amqp:unauthorized-access" \
+                if result[1] == 403 else "amqp:internal-error"
+            self._refuse(condition, str(result[2]))
+            return
+        self.subscribed = True
+        source = a.source if isinstance(a.source, p.Source) else p.Source()
+        address = queue_address(self.queue) if source.dynamic else source.address
+        reply_source = p.Source(address=address, durable=source.durable,
+                                expiry_policy=source.expiry_policy, timeout=source.timeout,
+                                dynamic=source.dynamic, default_outcome=p.Released(),
+                                outcomes=[t.Symbol(s) for s in ("amqp:accepted:list", "amqp:rejected:list",
+                                                                 "amqp:released:list", "amqp:modified:list")])
+        self.session.send_attach(p.Attach(
+            name=a.name, handle=self.handle, role=False, snd_settle_mode=SETTLED if self.settled else UNSETTLED,
+            rcv_settle_mode=SECOND if self.rcv_second else FIRST, source=reply_source, target=a.target,
+            initial_delivery_count=self.delivery_count, max_message_size=self.conn.config.max_message_size,
+            unsettled=self.unsettled_map()))
+        self._unlimited_bytes()
+        self._apply_credit()
+
+    def unsettled_map(self) -> dict | None:
+        return None  # a durable link's resumption lists its unsettled deliveries (recovery.py)
+
+    # ------------------------------------------------------------------ credit
+
+    def on_flow(self, flow) -> None:
+        if flow.link_credit is not None:
+            base = flow.delivery_count if flow.delivery_count is not None else 0
+            self.limit = (base + min(flow.link_credit, MAX_CREDIT)) % SERIAL
+        self.drain_wanted = bool(flow.drain)
+        if self.subscribed:
+            self._apply_credit()
+        if flow.echo:
+            self._send_flow()
+
+    def _credit(self) -> int:
+        return max(0, _signed(self.limit - self.delivery_count)) if self.limit is not None else 0
+
+    def _apply_credit(self) -> None:
+        if self.stopping or not self.alive or self.limit is None:
+            return
+        conn = self.conn
+        self.send_replays()
+        wanted = self._credit()
+        delta = wanted - (self.granted - self.assigned)
+        if delta > 0:
+            self.granted += delta
+            conn.broker.submit(MessageFlow(conn.conn_id, None, self.core, self.destination, 0, delta))
+        elif delta < 0:
+            self.stopping = True
+            conn.request(MessageStop(conn.conn_id, None, self.core, self.destination), self._stopped)
+            return
+        if self.drain_wanted:
+            self.stopping = True
+            conn.request(MessageFlush(conn.conn_id, None, self.core, self.destination), self._drained)
+
+    def send_replays(self) -> None:
+        """Deliveries a resumed durable link owes the client before new ones (recovery.py)."""
+
+    def _stopped(self, result: tuple) -> None:
+        self.stopping = False
+        self.granted = self.assigned  # every transfer assigned before the stop has arrived
+        if result[0] != 0:
+            return self.failed(result)
+        self._unlimited_bytes()
+        self._apply_credit()
+
+    def _unlimited_bytes(self) -> None:
+        """1.0 has no byte credit: the core's is unlimited (MESSAGE_STOP and MESSAGE_FLUSH zero it too)."""
+        self.conn.broker.submit(MessageFlow(self.conn.conn_id, None, self.core, self.destination, 1,
+                                 UNLIMITED))
+
+    def _drained(self, result: tuple) -> None:
+        """2.6.7 drain: everything available was sent; the rest of the credit is used up."""
+        self.stopping = False
+        self.granted = self.assigned
+        if result[0] != 0:
+            return self.failed(result)
+        self.drain_wanted = False
+        if self.limit is not None and _signed(self.limit - self.delivery_count) > 0:
+            self.delivery_count = self.limit
+        self._unlimited_bytes()
+        self._send_flow(drain=True)
+
+    def _send_flow(self, drain: bool = False) -> None:
+        self.session.send_flow({"handle": self.handle, "delivery_count": self.delivery_count,
+                                "link_credit": self._credit(), "available": 0, "drain": drain})
+
+    # ------------------------------------------------------------------ deliveries
+
+    def on_core_transfer(self, transfer: tuple) -> None:
+        transfer_id, _qid, _seq, redelivered, message = transfer
+        self.assigned += 1
+        self.delivery_count = (self.delivery_count + 1) % SERIAL
+        data = convert.encode_delivery(properties_in(message, AMQP091, b"\x00\x00"), message.body, message.exchange, message.routing_key,
+                                       redelivered)
+        self.session.send_delivery(self, transfer_id, self.settled, data, transfer_id.to_bytes(8, "big"))
+
+    def on_outcome(self, transfer_ids: list[int], state, settled: bool, first: int, last: int) -> None:
+        cls = state.__class__
+        if cls is p.Released:
+            how = SETTLE_RELEASE
+        elif cls is p.Rejected:
+            how = SETTLE_REJECT
+        elif cls is p.Modified:
+            if state.undeliverable_here:
+                how = SETTLE_REJECT
+            else:
+                how = SETTLE_RELEASE_REDELIVERED if state.delivery_failed else SETTLE_RELEASE
+        elif state is None and not settled:
+            return  # a state-less unsettled disposition says nothing
+        else:
+            how = SETTLE_ACCEPT  # accepted, or settled without an outcome
+        if settled:
+            # Settlements read together go to the core as one command per outcome (flush_settles).
+            self.settles.setdefault(how, []).extend(transfer_ids)
+            self.conn.settle_due[self.core] = self
+            return
+        ranges = [list(r) for r in rs.from_ids(sorted(transfer_ids))]
+        command = MessageSettle(self.conn.conn_id, None, self.core, ranges, how)
+        # receiver-settle-mode second (2.6.12): settle once the outcome is applied, then tell the client.
+        session = self.session
+        for delivery_id in list(session.unsettled):
+            if session.unsettled[delivery_id][0] is self and session.unsettled[delivery_id][1] in transfer_ids:
+                del session.unsettled[delivery_id]
+
+        def done(result: tuple) -> None:
+            session.conn.send(session.channel, p.Disposition(role=False, first=first, last=None if last == first else last,
+                                                             settled=True,
+                                                             state=state))
+        self.conn.request(command, done)
+
+    def release(self) -> None:
+        self.flush_settles()  # what the client settled before it left is settled, not requeued
+        session = self.session
+        for delivery_id in [d for d, (link, _) in session.unsettled.items() if link is self]:
+            del session.unsettled[delivery_id]
+        super().release()
+
+
+class IncomingLink(Link):
+    """We receive: each delivery is a PUBLISH."""
+
+    def __init__(self, session: Session, attach) -> None:
+        super().__init__(session, attach)
+        self.target: Target | None = None
+        self.rcv_second = attach.rcv_settle_mode == SECOND
+        self.delivery_count = attach.initial_delivery_count or 0
+        self.credit = 0
+        self.parts: list[bytes] = []
+        self.part_bytes = 0
+        self.current: p.Transfer | None = None
+        self.awaiting_settle: set[int] = set()  # mode second: dispositions sent, client not settled yet
+
+    def attach(self):
+        a = self.attach_frame
+        target = a.target if isinstance(a.target, p.Target) else None
+        address = target.address if target is not None else None
+        conn = self.conn
+        try:
+            if address is not None:
+                if not isinstance(address, str):
+                    raise AddressError("target address must be a string")
+                self.target = parse_target(address)
+                self._check(self.target)
+        except AddressError as exc:
+            self._refuse("amqp:invalid-field", str(exc))
+            return None
+        except AccessRefused as exc:
+            self._refuse("amqp:unauthorized-access", exc.text)
+            return None
+        except _NotFound as exc:
+            self._refuse("amqp:not-found", str(exc))
+            return None
+        self._core_attach()
+        conn.is_publisher = True
+        self.session.send_attach(p.Attach(
+            name=a.name, handle=self.handle, role=True, snd_settle_mode=a.snd_settle_mode,
+            rcv_settle_mode=SECOND if self.rcv_second else FIRST, source=a.source, target=a.target,
+            max_message_size=conn.config.max_message_size))
+        self._grant()
+        return self
+
+    def _check(self, target: Target) -> None:
+        """The exchange (or queue) exists and we may write to it; raises AccessRefused / _NotFound."""
+        conn = self.conn
+        conn.access.require(WRITE, "exchange", target.exchange)
+        vhost = conn.broker.machine.vhosts.get(conn.vhost)
+        if vhost is None or target.exchange not in vhost.exchanges:
+            raise _NotFound(f"no exchange '{target.exchange}' in vhost '{conn.vhost}'")
+        if not target.exchange and target.routing_key is not None and target.routing_key not in vhost.queues:
+            raise _NotFound(f"no queue '{target.routing_key}' in vhost '{conn.vhost}'")
+
+    def _grant(self) -> None:
+        self.credit = INCOMING_CREDIT
+        self.session.send_flow({"handle": self.handle, "delivery_count": self.delivery_count,
+                                "link_credit": self.credit})
+
+    def release(self) -> None:
+        self._reset()
+        super().release()
+
+    def on_transfer(self, transfer, payload: bytes) -> None:
+        if self.current is None:
+            if transfer.delivery_id is None:
+                raise SessionError("amqp:invalid-field", "the first transfer of a delivery needs a delivery-id")
+            self.current = transfer
+            if self.credit <= 0:
+                self.session.detach_link(self, error("amqp:link:transfer-limit-exceeded", "no link credit"))
+                return
+        if transfer.aborted:
+            self._reset()
+            return
+        self.part_bytes += len(payload)
+        self.conn.assembling += len(payload)
+        limit = self.conn.config.max_message_size
+        if self.part_bytes > limit:
+            self._reset()
+            self.session.detach_link(self, error("amqp:link:message-size-exceeded", f"message larger than {limit}"))
+            return
+        if self.conn.assembling > limit + ASSEMBLY_MARGIN:
+            # Unfinished deliveries of all links together: the bound is per connection, not per link.
+            raise _ConnectionLimit("unfinished deliveries of this connection exceed max_message_size")
+        self.parts.append(payload)
+        if transfer.more:
+            return
+        first = self.current
+        data = b"".join(self.parts)
+        self._reset()
+        self.credit -= 1
+        self.delivery_count = (self.delivery_count + 1) % SERIAL
+        settled = bool(first.settled)
+        self._deliver(first.delivery_id, settled, data)
+        if self.credit < INCOMING_CREDIT // 2 and self.alive:
+            self._grant()
+
+    def _reset(self) -> None:
+        self.conn.assembling -= self.part_bytes
+        self.current = None
+        self.parts = []
+        self.part_bytes = 0
+
+    def _deliver(self, delivery_id: int, settled: bool, data: bytes) -> None:
+        session = self.session
+        try:
+            message = convert.message_of(data)
+        except DecodeError as exc:
+            self._outcome(delivery_id, settled, p.Rejected(error=error(exc.condition, exc.text)))
+            return
+        target = self.target
+        try:
+            if target is None:
+                if not message.to:
+                    raise AddressError("the target is null and the message has no 'to'")
+                target = parse_target(message.to)
+                self._check(target)
+            routing_key = target.routing_key
+            if routing_key is None:
+                routing_key = message.subject or ""
+        except AddressError as exc:
+            return self._outcome(delivery_id, settled, p.Rejected(error=error("amqp:invalid-field", str(exc))))
+        except AccessRefused as exc:
+            return self._outcome(delivery_id, settled,
+                                 p.Rejected(error=error("amqp:unauthorized-access", exc.text)))
+        except _NotFound as exc:
+            return self._outcome(delivery_id, settled, p.Rejected(error=error("amqp:not-found", str(exc))))
+        props = message.properties
+        command = Publish(self.conn.conn_id, None, self.core, self.conn.vhost, target.exchange, routing_key,
+                   False, message.encoded_properties(), message.body, message.persistent, props.priority or 0,
+                   message.ttl)
+        if settled:
+            self.conn.broker.submit(command, False, len(message.body))
+            return
+
+        def published(result: tuple) -> None:
+            if result[0] != 0:
+                self._outcome(delivery_id, settled, p.Rejected(error=error("amqp:internal-error", str(result[2]))))
+                return self.failed(result)
+            outcome = result[1]
+            state = p.Accepted() if outcome == ROUTED else p.Rejected(
+                error=error("amqp:resource-limit-exceeded", "a queue refused the message")) \
+                if outcome == REJECTED else p.Released()
+            self._outcome(delivery_id, settled, state)
+        session.conn.request(command, published)
+
+    def _outcome(self, delivery_id: int, settled: bool, state) -> None:
+        if settled or not self.alive:
+            return
+        if self.rcv_second:
+            self.awaiting_settle.add(delivery_id)
+            self.session.disposition(delivery_id, False, state)
+        else:
+            self.session.disposition(delivery_id, True, state)
+
+    def on_sender_disposition(self, first: int, last: int, settled: bool) -> None:
+        if settled:
+            span = (last - first) % SERIAL
+            for delivery_id in [d for d in self.awaiting_settle if (d - first) % SERIAL <= span]:
+                self.awaiting_settle.discard(delivery_id)
+
+
+class _NotFound(Exception):
+    pass
+
+
+class _ConnectionLimit(Amqp10Error):
+    """Closes the connection with amqp:resource-limit-exceeded."""
+
+    condition = "amqp:resource-limit-exceeded"

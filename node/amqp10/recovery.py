@@ -1,0 +1,165 @@
+"""Link recovery (2.6.13 resuming deliveries) for receivers with a durable source, across connections
+and nodes: the core keeps a durable link's subscription and unsettled deliveries in the replicated
+state machine, so a client that re-attaches the link by name -- on any node, after its node died --
+gets its unsettled deliveries back with their tags, and the outcomes it reports for them are applied
+once.
+
+A receiver's source with ``durable`` = unsettled-state (2) is durable here.  Its core session is named
+after the link (container-id of the client's open + link name; the core keys it by vhost and user too),
+attached with ``force`` (it takes over from a connection that is gone or going), and lives
+``source.timeout`` seconds (at least :data:`DEFAULT_TIMEOUT`, at most the core's
+``MAX_SESSION_TIMEOUT``) after its connection ends (``SESSION_TIMEOUT``).  Delivery tags are the core's
+transfer ids, stable across re-attachments.
+
+On a re-attach (``SESSION_ATTACH`` answers ``resumed``), the core replays the unsettled transfers.  The
+front end stops the subscription's leftover credit (``MESSAGE_STOP``; transfers the old credit assigned
+meanwhile join the replay), then
+
+* applies the outcome of every delivery the client's attach reports in its ``unsettled`` map with a
+  terminal state (accepted, rejected, released, modified): the client decided, we did not hear it --
+  in receiver-settle-mode second this is what makes a delivery count exactly once;
+* answers the attach with its own ``unsettled`` map (each remaining tag, no state), and
+* sends the remaining deliveries first (``resume`` set when the client knew the tag), within the
+  client's credit, before anything new.
+
+A detach with ``closed`` ends the durable link for good (its state is destroyed, unsettled messages
+return to the queue); a detach without ``closed`` or a lost connection keeps it.
+"""
+
+from __future__ import annotations
+
+from raftmq.protocol.amqp10 import convert
+from raftmq.protocol.amqp10 import performatives as p
+from raftmq.store import ranges as rs
+from raftmq.store.commands import (
+    MessageSettle,
+    MessageStop,
+    SessionAttach,
+    SessionAttached,
+    SessionTimeout,
+    err,
+)
+from raftmq.store.message import AMQP091, properties_in
+from raftmq.store.sessions import (
+    MAX_SESSION_TIMEOUT,
+    SETTLE_ACCEPT,
+    SETTLE_REJECT,
+    SETTLE_RELEASE,
+    SETTLE_RELEASE_REDELIVERED,
+)
+
+from .links import SERIAL, OutgoingLink
+
+UNSETTLED_STATE = 2  # terminus-durability unsettled-state (3.5.5)
+DEFAULT_TIMEOUT = 60  # seconds a durable link outlives its connection when the source says 0
+
+
+def is_durable(attach) -> bool:
+    source = attach.source
+    return (isinstance(source, p.Source) and not source.dynamic
+            and (source.durable or 0) >= UNSETTLED_STATE)
+
+
+def _outcome(state) -> int | None:
+    """The core settlement for a terminal delivery state (as links.OutgoingLink.on_outcome), else None."""
+    cls = state.__class__
+    if cls is p.Accepted:
+        return SETTLE_ACCEPT
+    if cls is p.Released:
+        return SETTLE_RELEASE
+    if cls is p.Rejected:
+        return SETTLE_REJECT
+    if cls is p.Modified:
+        if state.undeliverable_here:
+            return SETTLE_REJECT
+        return SETTLE_RELEASE_REDELIVERED if state.delivery_failed else SETTLE_RELEASE
+    return None
+
+
+class DurableOutgoingLink(OutgoingLink):
+    def __init__(self, session, attach) -> None:
+        super().__init__(session, attach)
+        self.resuming = False
+        self.early: list[tuple] = []  # core transfers that arrived while resuming
+        self.replays: list[tuple[int, object, bool]] = []  # (transfer id, message, resume) owed to the client
+        self.offered: list[int] = []  # the transfer ids listed in our attach's unsettled map
+        source = attach.source
+        self.timeout = min(MAX_SESSION_TIMEOUT, max(int(source.timeout or 0), DEFAULT_TIMEOUT))
+
+    def _start(self, declare: list | None, subscribe: list):
+        conn = self.conn
+        self.core = conn.core_channel(self)
+        self.destination = "durable"
+        name = f"amqp10-link\x00{conn.container_id}\x00{self.name}".encode()
+        self.resuming = True
+        conn.request(SessionAttach(conn.conn_id, None, self.core, conn.vhost, conn.principal.name, name, True),
+                      lambda result: self._core_attached(result, subscribe))
+        return self
+
+    def _core_attached(self, result: tuple, subscribe: list) -> None:
+        if not self.alive:
+            return
+        if result[0] != 0 or not isinstance(result[1], SessionAttached):
+            self.resuming = False
+            return self._subscribed(result if result[0] != 0 else err(530, "the link is busy"))
+        resumed, replay = result[1].resumed, result[1].replay
+        conn = self.conn
+        conn.broker.submit(SessionTimeout(conn.conn_id, None, self.core, self.timeout))
+        if not resumed:
+            self.resuming = False
+            conn.request(subscribe._replace(channel=self.core, destination=self.destination), self._subscribed)
+            return
+        self.replays = [(transfer_id, message, False) for transfer_id, _dest, _qid, _seq, message in replay]
+        conn.request(MessageStop(conn.conn_id, None, self.core, self.destination), self._resumed)
+
+    def on_core_transfer(self, transfer: tuple) -> None:
+        if self.resuming:
+            self.early.append(transfer)
+            return
+        super().on_core_transfer(transfer)
+
+    def _resumed(self, result: tuple) -> None:
+        """The old credit is stopped: every transfer it assigned has arrived. Reconcile, then attach."""
+        self.resuming = False
+        if result[0] != 0:
+            return self._subscribed(result)
+        known = {t for t, _m, _r in self.replays}
+        self.replays += [(t, m, False) for t, _q, _s, _r, m in self.early if t not in known]
+        self.early = []
+        client = {}
+        for tag, state in (self.attach_frame.unsettled or {}).items():
+            if isinstance(tag, bytes) and len(tag) == 8:
+                client[int.from_bytes(tag, "big")] = p.from_described(state)  # map values stay Described
+        settle: dict[int, list[int]] = {}
+        remaining = []
+        for transfer_id, message, _ in self.replays:
+            how = _outcome(client.get(transfer_id)) if transfer_id in client else None
+            if how is not None:
+                settle.setdefault(how, []).append(transfer_id)
+            else:
+                remaining.append((transfer_id, message, transfer_id in client))
+        for how, ids in settle.items():
+            ranges = [list(r) for r in rs.from_ids(sorted(ids))]
+            self.conn.broker.submit(MessageSettle(self.conn.conn_id, None, self.core, ranges, how))
+        self.replays = remaining
+        self.offered = [transfer_id for transfer_id, _m, _r in remaining]
+        self._subscribed((0, self.destination))
+
+    def unsettled_map(self) -> dict | None:
+        if not self.offered:
+            return None
+        return {transfer_id.to_bytes(8, "big"): None for transfer_id in self.offered}
+
+    def send_replays(self) -> None:
+        while self.replays and self._credit() > 0:
+            transfer_id, message, resume = self.replays.pop(0)
+            self.delivery_count = (self.delivery_count + 1) % SERIAL
+            data = convert.encode_delivery(properties_in(message, AMQP091, b"\x00\x00"), message.body, message.exchange, message.routing_key,
+                                           True)
+            self.session.send_delivery(self, transfer_id, self.settled, data, transfer_id.to_bytes(8, "big"),
+                                       resume)
+
+    def on_detach(self, detach) -> None:
+        if detach.closed and self.core:  # closed: the link ends for good, its state with it
+            self.conn.broker.submit(SessionTimeout(self.conn.conn_id, None, self.core, 0))
+        super().on_detach(detach)

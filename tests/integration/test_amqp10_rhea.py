@@ -1,0 +1,63 @@
+"""AMQP 1.0 with rhea (Node.js, from the npm registry): the client most JavaScript 1.0 users run.
+
+rhea is installed at test time into a cache directory outside the repository (``RAFTMQ_NPM_CACHE``,
+default ``~/.cache/raftmq-test-npm``; nothing under node_modules is committed); the test skips when
+node/npm are missing or the registry cannot be reached.  The scenarios are in amqp10_rhea.js.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pika
+import pytest
+
+from tests.integration.helpers import pika_params, uniq, wait_until
+
+RHEA_VERSION = "3"
+SCRIPT = Path(__file__).with_name("amqp10_rhea.js")
+
+
+@pytest.fixture(scope="session")
+def rhea_dir() -> Path:
+    if not shutil.which("node") or not shutil.which("npm"):
+        pytest.skip("node and npm are needed for the rhea tests")
+    cache = Path(os.environ.get("RAFTMQ_NPM_CACHE", Path.home() / ".cache" / "raftmq-test-npm"))
+    if not (cache / "node_modules" / "rhea" / "package.json").exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        result = subprocess.run(["npm", "install", "--prefix", str(cache), "--no-audit", "--no-fund",
+                                 f"rhea@{RHEA_VERSION}"], capture_output=True, text=True, timeout=180)
+        if result.returncode != 0:
+            pytest.skip(f"npm could not install rhea: {result.stderr[-500:]}")
+    return cache
+
+
+def test_rhea_scenarios(broker, rhea_dir: Path) -> None:
+    """2.6.12 outcomes, 2.6.7 credit and drain, 2.6.14 multi-frame, 3.5.3 dynamic source, with rhea."""
+    if broker.kind != "raftmq":
+        pytest.skip("RabbitMQ 3.10's 1.0 plugin is not enabled in the reference peer")
+    conn = pika.BlockingConnection(pika_params(broker.url))
+    channel = conn.channel()
+    queue, dlq = uniq("rhea"), uniq("rhea-dlq")
+    channel.queue_declare(dlq)
+    channel.queue_declare(queue, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
+    env = {**os.environ, "NODE_PATH": str(rhea_dir / "node_modules")}
+    result = subprocess.run(["node", str(SCRIPT), str(broker.port), queue, dlq], capture_output=True, text=True,
+                            timeout=60, env=env)
+    assert result.returncode == 0, (result.stdout, result.stderr[-2000:])
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["accepted"] == 6
+    assert seen["with_credit_2"] == 2  # no more than the credit
+    assert seen["after_drain"] == 6 and seen["credit_after_drain"] == 0
+    assert seen["bodies"] == [f"m{i}" for i in range(6)]
+    assert seen["delivery_counts"] == [0, 0, 1]  # released not counted, modified{delivery-failed} counted
+    assert seen["big_length"] == 300000
+    assert seen["reply_to_prefix"] == "/queues/" and seen["reply"] == ["pong", "c9"]
+    wait_until(lambda: channel.queue_declare(dlq, passive=True).method.message_count == 1,
+               what="the rejected message dead-lettered")
+    assert channel.queue_declare(queue, passive=True).method.message_count == 0
+    conn.close()
