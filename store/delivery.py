@@ -48,7 +48,8 @@ class Delivery:
 
     def consume(self, cmd: Consume) -> str:
         m = self.m
-        conn, number, vhost_name, queue_name, tag, no_ack, exclusive = cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.consumer_tag, cmd.no_ack, cmd.exclusive
+        (conn, number, vhost_name, queue_name, tag, no_ack, exclusive) = (
+            cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.consumer_tag, cmd.no_ack, cmd.exclusive)
         ch = m.channel(conn, number)
         queue = m.queue(m.vhost(vhost_name), queue_name, conn)
         if not tag:
@@ -97,7 +98,10 @@ class Delivery:
 
     def publish(self, cmd: Publish) -> int:
         m = self.m
-        conn, number, vhost_name, exchange_name, routing_key, mandatory, props, body, persistent, priority, expiration = cmd.conn, cmd.channel, cmd.vhost, cmd.exchange, cmd.routing_key, cmd.mandatory, cmd.properties, cmd.body, cmd.persistent, cmd.priority, cmd.expiration
+        (conn, number, vhost_name, exchange_name, routing_key, mandatory, props, body, persistent, priority,
+         expiration) = (
+            cmd.conn, cmd.channel, cmd.vhost, cmd.exchange, cmd.routing_key, cmd.mandatory, cmd.properties,
+            cmd.body, cmd.persistent, cmd.priority, cmd.expiration)
         # (lookups inlined: this runs for every message on every node; the helpers raise the errors)
         if conn is not None:
             channels = m.channels.get(conn)

@@ -104,7 +104,8 @@ class SessionCommands:
 
     def session_attach(self, cmd: SessionAttach):
         m = self.m
-        conn, number, vhost_name, principal, name, force = cmd.conn, cmd.channel, cmd.vhost, cmd.principal, cmd.name, cmd.force
+        (conn, number, vhost_name, principal, name, force) = (
+            cmd.conn, cmd.channel, cmd.vhost, cmd.principal, cmd.name, cmd.force)
         m.vhost(vhost_name)
         key = session_key(vhost_name, principal, name)
         session = m.sessions.get(key)
@@ -242,7 +243,9 @@ class SessionCommands:
 
     def message_subscribe(self, cmd: MessageSubscribe) -> str:
         m = self.m
-        conn, number, vhost_name, queue_name, destination, accept_none, exclusive, args = cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.destination, cmd.accept_none, cmd.exclusive, cmd.arguments
+        (conn, number, vhost_name, queue_name, destination, accept_none, exclusive, args) = (
+            cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.destination, cmd.accept_none, cmd.exclusive,
+            cmd.arguments)
         browse = bool(cmd.browse)
         tag = m.delivery.consume(Consume(conn, None, number, vhost_name, queue_name, destination,
                              bool(accept_none) or browse, bool(exclusive), args))

@@ -74,7 +74,9 @@ class Topology:
 
     def exchange_declare(self, cmd: ExchangeDeclare) -> None:
         m = self.m
-        conn, number, vhost_name, name, type_, passive, durable, auto_delete, internal, args = cmd.conn, cmd.channel, cmd.vhost, cmd.name, cmd.type, cmd.passive, cmd.durable, cmd.auto_delete, cmd.internal, cmd.arguments
+        (conn, number, vhost_name, name, type_, passive, durable, auto_delete, internal, args) = (
+            cmd.conn, cmd.channel, cmd.vhost, cmd.name, cmd.type, cmd.passive, cmd.durable, cmd.auto_delete,
+            cmd.internal, cmd.arguments)
         m.channel(conn, number)
         vhost = m.vhost(vhost_name)
         existing = vhost.exchanges.get(name)
@@ -168,7 +170,8 @@ class Topology:
 
     def exchange_bind(self, cmd: ExchangeBind) -> None:
         m = self.m
-        conn, number, vhost_name, destination, source, routing_key, args = cmd.conn, cmd.channel, cmd.vhost, cmd.destination, cmd.source, cmd.routing_key, cmd.arguments
+        (conn, number, vhost_name, destination, source, routing_key, args) = (
+            cmd.conn, cmd.channel, cmd.vhost, cmd.destination, cmd.source, cmd.routing_key, cmd.arguments)
         m.channel(conn, number)
         vhost = m.vhost(vhost_name)
         exchange, target = self.binding_endpoints(vhost, source, False, destination, conn)
@@ -177,7 +180,8 @@ class Topology:
 
     def exchange_unbind(self, cmd: ExchangeUnbind) -> None:
         m = self.m
-        conn, number, vhost_name, destination, source, routing_key, args = cmd.conn, cmd.channel, cmd.vhost, cmd.destination, cmd.source, cmd.routing_key, cmd.arguments
+        (conn, number, vhost_name, destination, source, routing_key, args) = (
+            cmd.conn, cmd.channel, cmd.vhost, cmd.destination, cmd.source, cmd.routing_key, cmd.arguments)
         m.channel(conn, number)
         vhost = m.vhost(vhost_name)
         exchange, _ = self.binding_endpoints(vhost, source, False, destination, conn)
@@ -227,7 +231,9 @@ class Topology:
 
     def queue_declare(self, cmd: QueueDeclare) -> tuple:
         m = self.m
-        conn, number, vhost_name, name, passive, durable, exclusive, auto_delete, args = cmd.conn, cmd.channel, cmd.vhost, cmd.name, cmd.passive, cmd.durable, cmd.exclusive, cmd.auto_delete, cmd.arguments
+        (conn, number, vhost_name, name, passive, durable, exclusive, auto_delete, args) = (
+            cmd.conn, cmd.channel, cmd.vhost, cmd.name, cmd.passive, cmd.durable, cmd.exclusive,
+            cmd.auto_delete, cmd.arguments)
         server_named = cmd.server_named  # the front end generated the name
         m.channel(conn, number)
         vhost = m.vhost(vhost_name)
@@ -313,7 +319,8 @@ class Topology:
 
     def queue_bind(self, cmd: QueueBind) -> None:
         m = self.m
-        conn, number, vhost_name, queue_name, exchange_name, routing_key, args = cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.exchange, cmd.routing_key, cmd.arguments
+        (conn, number, vhost_name, queue_name, exchange_name, routing_key, args) = (
+            cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.exchange, cmd.routing_key, cmd.arguments)
         m.channel(conn, number)
         vhost = m.vhost(vhost_name)
         exchange, queue = self.binding_endpoints(vhost, exchange_name, True, queue_name, conn)
@@ -348,7 +355,8 @@ class Topology:
 
     def queue_unbind(self, cmd: QueueUnbind) -> None:
         m = self.m
-        conn, number, vhost_name, queue_name, exchange_name, routing_key, args = cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.exchange, cmd.routing_key, cmd.arguments
+        (conn, number, vhost_name, queue_name, exchange_name, routing_key, args) = (
+            cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.exchange, cmd.routing_key, cmd.arguments)
         m.channel(conn, number)
         vhost = m.vhost(vhost_name)
         exchange, _ = self.binding_endpoints(vhost, exchange_name, True, queue_name, conn)
@@ -369,7 +377,8 @@ class Topology:
 
     def queue_delete(self, cmd: QueueDelete) -> int:
         m = self.m
-        conn, number, vhost_name, name, if_unused, if_empty = cmd.conn, cmd.channel, cmd.vhost, cmd.name, cmd.if_unused, cmd.if_empty
+        (conn, number, vhost_name, name, if_unused, if_empty) = (
+            cmd.conn, cmd.channel, cmd.vhost, cmd.name, cmd.if_unused, cmd.if_empty)
         m.channel(conn, number)
         vhost = m.vhost(vhost_name)
         queue = vhost.queues.get(name)
