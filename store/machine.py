@@ -47,6 +47,7 @@ from .topology import Topology
 from .users import UserCommands, UserRecord
 
 log = logging.getLogger(__name__)
+_new_tuple = tuple.__new__
 
 def _channel_of(command) -> int | None:
     """The channel (or 0-10 session) a command came on; None for connection- and node-level ones."""
@@ -250,8 +251,8 @@ class StateMachine:
     def _apply_one(self, command: list) -> None:
         op = command.op
         try:
-            result = self._handlers[op](command)
-            result = Ok(OK, result)
+            # Ok(OK, value) without the Python-level __new__: once per command on every node.
+            result = _new_tuple(Ok, (OK, self._handlers[op](command)))
         except CommandError as exc:
             result = Refused(ERR, exc.code, exc.text)
             if exc.code not in HARD_ERRORS and command.conn is not None and _channel_of(command) is not None:

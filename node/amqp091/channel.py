@@ -36,6 +36,7 @@ from raftmq.store.commands import (
     Flow,
     Get,
     Nack,
+    Op,
     Publish,
     Qos,
     QueueBind,
@@ -63,6 +64,8 @@ from .window import ClientWindow, assigned_window
 # apply; at 8, batches per 20k publishes fell from ~1,050 to ~620, the client's preemptions from
 # ~1,070 to ~700 a second, and it confirmed ~14 % more (paired runs, median of 10).
 AMPLE_UNCONFIRMED = 8
+
+_new_tuple = tuple.__new__
 
 if TYPE_CHECKING:
     from .connection import Amqp091Connection
@@ -503,8 +506,11 @@ class Channel:
         # A confirm or a return needs the reply: the token goes into the command as it is built
         # (commands are immutable), a transaction's operations answer through its commit.
         token = conn.issue_token() if (self.confirm_mode or mandatory) and not self.tx_mode else None
-        command = Publish(conn.conn_id, token, self.number, vhost, exchange, routing_key,
-                          mandatory, props, body, delivery_mode == 2, priority, expiration_ms)
+        # Publish(...) without its Python-level __new__ (0.07 instead of 0.19 µs, once per message):
+        # every field, in Publish's order (checked by tests/unit/store/test_commands.py).
+        command = _new_tuple(Publish, (conn.conn_id, token, self.number, vhost, exchange, routing_key, mandatory,
+                                       props, body, delivery_mode == 2, priority, expiration_ms, AMQP091,
+                                       Op.PUBLISH))
         if self.tx_mode:
             self._tx_ops.append(command)
             if mandatory:
