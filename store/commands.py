@@ -773,8 +773,16 @@ def decode_batch(blob: bytes | memoryview) -> list:
     else:
         check("a batch in the log", version, COMMAND_FORMAT)
         raws = msgpack.unpackb(memoryview(blob)[1:], raw=False, strict_map_key=False)
-    typed = _typed_v2 if version == 2 else _typed_v1
-    return [typed(raw) for raw in raws]
+    if version == 1:
+        return [_typed_v1(raw) for raw in raws]
+    # Each command rebuilt without its type's Python-level constructor (every command, on every
+    # node): the log only holds what encode_batch wrote.  Nested commands are typed afterwards.
+    types, new = COMMAND_TYPES, tuple.__new__
+    commands = [new(types[raw[-1]], raw) for raw in raws]
+    for i, raw in enumerate(raws):
+        if raw[-1] in _NESTING:
+            commands[i] = _nested(commands[i], _typed_v2)
+    return commands
 
 
 def _typed_v2(raw: list) -> Command:

@@ -23,6 +23,7 @@ from .commands import (
     ERR,
     OK,
     OUT_REPLY,
+    Command,
     Ok,
     Op,
     Refused,
@@ -248,11 +249,11 @@ class StateMachine:
             self._events.append([self.event_seq, self._now, kind, vhost, queue, None, exchange, routing_key,
                                  0, detail, definition])
 
-    def _apply_one(self, command: list) -> None:
+    def _apply_one(self, command: Command) -> None:
         op = command.op
         try:
-            # Ok(OK, value) without the Python-level __new__: once per command on every node.
-            result = _new_tuple(Ok, (OK, self._handlers[op](command)))
+            value = self._handlers[op](command)
+            result = None  # Ok(OK, value), made only if a reply is sent (followers send none)
         except CommandError as exc:
             result = Refused(ERR, exc.code, exc.text)
             if exc.code not in HARD_ERRORS and command.conn is not None and _channel_of(command) is not None:
@@ -269,9 +270,11 @@ class StateMachine:
             log.exception("apply failed for op %s (internal error %d)", op, self.internal_errors)
             result = Refused(ERR, 541, "INTERNAL_ERROR - internal error applying command")
         token = command.token
-        if self._replies and (token is not None or (result.status == ERR and command.conn is not None)):
+        if self._replies and (token is not None or (result is not None and command.conn is not None)):
             # Token-less commands (plain publishes) answer only with errors, so that the front end
             # can close the channel they came from.
+            if result is None:
+                result = _new_tuple(Ok, (OK, value))  # Ok(OK, value) without its Python-level __new__
             self._out.append((command.conn, OUT_REPLY, token, result, _channel_of(command)))
         # Until none is left: dispatching one queue can dirty another (a message expired or past
         # its delivery limit, dead-lettered into a queue with consumers).  Left for the next
