@@ -1,9 +1,6 @@
 """Channels and connections opening and closing, flow and QoS, cluster members and node resets.
 
-One concern of the state machine (store/machine.py): ``Connections`` holds the code, the machine holds
-the replicated model and the batch being applied (``self.m``), and the other concerns are reached
-through it by name (``m.delivery``, ``m.topology``...).  Same rules as the machine: no clock, no
-randomness, no I/O.
+A concern of the state machine: how the concerns meet is in store/machine.py.
 """
 
 from __future__ import annotations

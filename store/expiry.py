@@ -1,10 +1,7 @@
 """Time: message TTLs, idle queues, detached sessions and delayed messages due at the batch time,
 and dead-lettering.
 
-One concern of the state machine (store/machine.py): ``Expiry`` holds the code, the machine holds
-the replicated model and the batch being applied (``self.m``), and the other concerns are reached
-through it by name (``m.delivery``, ``m.topology``...).  Same rules as the machine: no clock, no
-randomness, no I/O.
+A concern of the state machine: how the concerns meet is in store/machine.py.
 """
 
 from __future__ import annotations

@@ -82,7 +82,12 @@ class BatchWindow:
 class StateMachine:
     """The replicated model, the batch being applied, and the table from operation to the concern
     that applies it (connections.py, topology.py, delivery.py, expiry.py, sessions.py, users.py,
-    plugin_exchanges.py)."""
+    plugin_exchanges.py).
+
+    Each concern is a class holding code only: it reaches the model and the batch through the
+    machine (``self.m``) and the other concerns by name (``m.delivery.enqueue``,
+    ``m.topology.route``).  Same rules for all: no clock, no randomness, no I/O.
+    """
 
     def __init__(self, store: DurableStore | None = None) -> None:
         self.store = store
