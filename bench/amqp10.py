@@ -15,8 +15,8 @@ pika's ~20) often set the rate, so the node's CPU is the fairer comparison of th
 
 Usage::
 
-    python bench/amqp10.py --rounds 3 --count 20000
-    python bench/amqp10.py --cluster 3
+    python -m bench.amqp10 --rounds 3 --count 20000
+    python -m bench.amqp10 --cluster 3
 """
 
 from __future__ import annotations
