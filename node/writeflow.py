@@ -160,3 +160,43 @@ def peer_closed(transport) -> bool:
 
 
 _TCP_CLOSE, _TCP_CLOSE_WAIT = 7, 8  # include/net/tcp_states.h
+
+
+class ReadGate:
+    """Why a connection's reading is paused, and resuming it only when no reason is left.
+
+    Two reasons, independent of each other: a resource alarm (``alarm``: set for publishers, the
+    connections whose input grows memory) and the broker's proposal backlog (``flow``: the broker
+    calls ``resume_flow`` when it is low again).  Shared by the 0-10 and 1.0 front ends; 0-9-1 has
+    its own, which also tells the client (connection.blocked).
+    """
+
+    __slots__ = ("transport", "alarm", "flow")
+
+    def __init__(self, transport) -> None:
+        self.transport = transport
+        self.alarm = False
+        self.flow = False
+
+    @property
+    def paused(self) -> bool:
+        return self.alarm or self.flow
+
+    def set_alarm(self, blocked: bool) -> None:
+        if blocked and not self.alarm:
+            self.alarm = True
+            self.transport.pause_reading()
+        elif not blocked and self.alarm:
+            self.alarm = False
+            if not self.flow:
+                self.transport.resume_reading()
+
+    def pause_for_flow(self) -> None:
+        self.flow = True
+        self.transport.pause_reading()
+
+    def resume_flow(self) -> None:
+        if self.flow:
+            self.flow = False
+            if not self.alarm:
+                self.transport.resume_reading()

@@ -34,7 +34,7 @@ from raftmq.store.commands import OK, Command, Flow, Result
 from ..auth import AuthError, Principal
 from ..core.access import Access, AccessRefused
 from ..peer import peer_of
-from ..writeflow import DEFAULT_HIGH, Parking, peer_closed, reader_bytes, set_write_limits
+from ..writeflow import DEFAULT_HIGH, Parking, ReadGate, peer_closed, reader_bytes, set_write_limits
 from .session import ACCEPT_NONE, PRE_ACQUIRED, ServerSession
 
 if TYPE_CHECKING:
@@ -68,9 +68,8 @@ class Amqp010Connection(asyncio.Protocol):
         self.max_frame_size = MAX_FRAME_SIZE
         self.sessions: dict[int, ServerSession] = {}
         self.completion_due: dict[int, ServerSession] = {}
-        self._alarm_blocked = False  # a resource alarm stopped reading (publishers only)
         self.is_publisher = False  # sent a message.transfer: the one kind of client an alarm stops reading
-        self._flow_paused = False  # the broker's proposal backlog stopped reading
+        self.reading = ReadGate(transport)  # why reading is paused: an alarm, the broker's backlog
         self.pending: dict[int, tuple] = {}
         self._next_token = 0
         self._wbuf: list[bytes] = []
@@ -125,18 +124,15 @@ class Amqp010Connection(asyncio.Protocol):
             self.close(CLOSE_FORCED, "internal error")
         self.flush()
         self.broker.maybe_check_alarms()  # input read may be held (partial assemblies): memory grew
-        if self.broker.alarm and self.is_publisher and not self._alarm_blocked and self.state != CLOSED:
+        if self.broker.alarm and self.is_publisher and not self.reading.alarm and self.state != CLOSED:
             self.set_blocked(self.broker.alarm)
-        if self.broker.flow_throttled and not self._flow_paused and self.state != CLOSED:
-            self._flow_paused = True
-            self.transport.pause_reading()
+        if self.broker.flow_throttled and not self.reading.flow and self.state != CLOSED:
+            self.reading.pause_for_flow()
             self.broker.pause_for_flow(self)
 
     def resume_flow(self) -> None:
-        if self._flow_paused and self.state != CLOSED:
-            self._flow_paused = False
-            if not self._alarm_blocked:
-                self.transport.resume_reading()
+        if self.state != CLOSED:
+            self.reading.resume_flow()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = CLOSED
@@ -264,18 +260,11 @@ class Amqp010Connection(asyncio.Protocol):
     def set_blocked(self, reason: str | None) -> None:
         """A resource alarm stops reading publishers only (as 0-9-1 does): a subscriber that
         could not be read could not accept, and its accepts are what frees the memory."""
-        if reason:
-            if self.is_publisher and not self._alarm_blocked:
-                self._alarm_blocked = True
-                self.transport.pause_reading()
-        elif self._alarm_blocked:
-            self._alarm_blocked = False
-            if not self._flow_paused:
-                self.transport.resume_reading()
+        self.reading.set_alarm(bool(reason) and self.is_publisher)
 
     def drop_if_peer_gone(self) -> None:
         """While its reading is paused the connection cannot see its client leave: look (writeflow.py)."""
-        if (self._alarm_blocked or self._flow_paused) and self.state != CLOSED and peer_closed(self.transport):
+        if self.reading.paused and self.state != CLOSED and peer_closed(self.transport):
             log.info("0-10 connection %s: client closed while blocked", self.peer)
             self.state = CLOSED
             self.transport.abort()

@@ -33,7 +33,7 @@ from raftmq.store.commands import Command, Flow
 from ..auth import AuthError, Principal
 from ..core.access import Access, AccessRefused
 from ..peer import peer_of
-from ..writeflow import peer_closed, set_write_limits
+from ..writeflow import ReadGate, peer_closed, set_write_limits
 from .failover import failover_server_list, redirect_info
 from .session import Session, error
 
@@ -80,8 +80,7 @@ class Amqp10Connection(asyncio.Protocol):
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._refusal: str | None = None
         self._admitted_as: str | None = None
-        self._alarm_blocked = False
-        self._flow_paused = False
+        self.reading = ReadGate(transport)  # why reading is paused: an alarm, the broker's backlog
         self.is_publisher = False
         self._write_paused = False
         self._received = True  # a frame arrived since the last idle check
@@ -147,11 +146,10 @@ class Amqp10Connection(asyncio.Protocol):
             self.close("amqp:internal-error", "internal error")
         self.flush()
         self.broker.maybe_check_alarms()
-        if self.broker.alarm and self.is_publisher and not self._alarm_blocked and self.state == OPEN:
+        if self.broker.alarm and self.is_publisher and not self.reading.alarm and self.state == OPEN:
             self.set_blocked(self.broker.alarm)
-        if self.broker.flow_throttled and not self._flow_paused and self.state == OPEN:
-            self._flow_paused = True
-            self.transport.pause_reading()
+        if self.broker.flow_throttled and not self.reading.flow and self.state == OPEN:
+            self.reading.pause_for_flow()
             self.broker.pause_for_flow(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -183,10 +181,8 @@ class Amqp10Connection(asyncio.Protocol):
                     self.broker.submit(Flow(self.conn_id, None, number, True))
 
     def resume_flow(self) -> None:
-        if self._flow_paused and self.state != CLOSED:
-            self._flow_paused = False
-            if not self._alarm_blocked:
-                self.transport.resume_reading()
+        if self.state != CLOSED:
+            self.reading.resume_flow()
 
     def held_bytes(self) -> int:
         return self.transport.get_write_buffer_size() + self.reader.buffered + self.assembling
@@ -257,17 +253,10 @@ class Amqp10Connection(asyncio.Protocol):
 
     def set_blocked(self, reason: str | None) -> None:
         """A resource alarm stops reading publishers only (their receivers' settlements free memory)."""
-        if reason:
-            if self.is_publisher and not self._alarm_blocked:
-                self._alarm_blocked = True
-                self.transport.pause_reading()
-        elif self._alarm_blocked:
-            self._alarm_blocked = False
-            if not self._flow_paused:
-                self.transport.resume_reading()
+        self.reading.set_alarm(bool(reason) and self.is_publisher)
 
     def drop_if_peer_gone(self) -> None:
-        if (self._alarm_blocked or self._flow_paused) and self.state != CLOSED and peer_closed(self.transport):
+        if self.reading.paused and self.state != CLOSED and peer_closed(self.transport):
             self.state = CLOSED
             self.transport.abort()
 
