@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from .message import headers_of
+
 HEADER = "x-deduplication-header"
 _HEADER_BYTES = HEADER.encode()
 DEFAULT_CACHE_SIZE = 100_000  # entries per queue when x-cache-size is not given
@@ -40,9 +42,7 @@ def dedup_key(properties: bytes, format: int = 0) -> object | None:
     """
     if _HEADER_BYTES not in properties:
         return None  # the common case, without decoding anything
-    from .headers import wire_headers  # (model.py imports this module; headers.py imports model.py)
-
-    headers = wire_headers(properties, format)
+    headers = headers_of(properties, format)
     if HEADER not in headers:
         return None
     value = headers[HEADER]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
+from .message import headers_of, with_headers
 from .model import Message
 
 HEADER = "x-delay"
@@ -40,9 +41,7 @@ def delay_of(properties: bytes, format: int = 0) -> int | None:
     """The delay in ms a message asks for, or None if it is to be routed at once (plugin rules)."""
     if _HEADER_BYTES not in properties:
         return None
-    from .headers import wire_headers
-
-    value = wire_headers(properties, format).get(HEADER)
+    value = headers_of(properties, format).get(HEADER)
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -66,8 +65,6 @@ def delay_of(properties: bytes, format: int = 0) -> int | None:
 def with_released_header(properties: bytes, format: int, delay: int) -> bytes:
     """The properties with ``x-delay`` set to ``-delay`` (rabbit_delayed_message_utils:swap_delay_header),
     in the message's own format (store/message.py)."""
-    from .message import headers_of, with_headers
-
     try:
         headers = dict(headers_of(properties, format))
         headers[HEADER] = -delay

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from .dedup import DedupCache, dedup_key
 from .exchange_types import positive_int
+from .message import headers_of
 from .model import Exchange
 
 CACHE_TTL = "x-cache-ttl"
@@ -39,9 +40,7 @@ def is_duplicate(cache: DedupCache, properties: bytes, format: int, message_id: 
         return True
     ttl = None
     if CACHE_TTL.encode() in properties:
-        from .headers import wire_headers
-
-        ms = positive_int(wire_headers(properties, format).get(CACHE_TTL))
+        ms = positive_int(headers_of(properties, format).get(CACHE_TTL))
         ttl = ms * 1000 if ms is not None else None
     cache.add(key, message_id, now, None, ttl=ttl)
     return False

@@ -17,12 +17,6 @@ from .model import Message, Queue
 from .values import to_plain
 
 
-def wire_headers(props: bytes, format: int = fmt.AMQP091) -> dict:
-    """The headers table as its codec decoded it (decimals, timestamps... kept); {} if the
-    properties have none or do not decode."""
-    return fmt.headers_of(props, format)
-
-
 def message_headers(props: bytes, format: int = fmt.AMQP091) -> dict:
     """The headers as plain values (store/values.py), for matching against bindings' arguments."""
     headers = fmt.headers_of(props, format)

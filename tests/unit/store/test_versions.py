@@ -24,9 +24,8 @@ from raftmq.store.commands import (
     encode_batch,
 )
 from raftmq.store.durable import DurableStore
-from raftmq.store.headers import wire_headers
 from raftmq.store.machine import StateMachine
-from raftmq.store.message import AMQP010, AMQP091
+from raftmq.store.message import AMQP010, AMQP091, headers_of
 from raftmq.store.snapshot import digest, import_model, read_snapshot, write_snapshot
 from raftmq.store.versions import (
     COMMAND_FORMAT,
@@ -135,7 +134,7 @@ def test_the_current_format_snapshot_fixture_loads_with_its_0_10_message():
     assert digest(machine) == digest(snapshot_fixture.build(format=2))
     (message,) = [e.message for level in machine.vhosts["/"].queues["fx-audit"].ready._levels for e in level
                   if e.message.format == AMQP010]
-    assert message.body == b"body-010" and wire_headers(message.properties, message.format) == {"k": "v"}
+    assert message.body == b"body-010" and headers_of(message.properties, message.format) == {"k": "v"}
 
 
 def test_a_snapshot_records_its_format_and_a_newer_one_is_refused(tmp_path):
