@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from .message import headers_of, with_headers
+from .message import headers_of, with_header
 from .model import Message
 
 HEADER = "x-delay"
@@ -66,9 +66,7 @@ def with_released_header(properties: bytes, format: int, delay: int) -> bytes:
     """The properties with ``x-delay`` set to ``-delay`` (rabbit_delayed_message_utils:swap_delay_header),
     in the message's own format (store/message.py)."""
     try:
-        headers = dict(headers_of(properties, format))
-        headers[HEADER] = -delay
-        return with_headers(properties, format, headers)
+        return with_header(properties, format, HEADER, -delay)
     except (ValueError, LookupError):
         return properties
 

@@ -73,9 +73,7 @@ def with_delivery_count(message: Message, count: int) -> Message:
     the count belongs to this queue's entry.  Outputs only: nothing of it is replicated state.
     """
     try:
-        headers = dict(fmt.headers_of(message.properties, message.format))
-        headers["x-delivery-count"] = count
-        properties = fmt.with_headers(message.properties, message.format, headers)
+        properties = fmt.with_header(message.properties, message.format, "x-delivery-count", count)
     except (ValueError, LookupError):
         return message  # a headers table the codec cannot rewrite: delivered as it was published
     return Message(message.id, message.exchange, message.routing_key, properties, message.body,

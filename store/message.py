@@ -109,6 +109,15 @@ def with_headers(raw: bytes, number: int, headers: dict[str, Any], clear_expirat
     return fmt.encode(properties)
 
 
+def with_header(raw: bytes, number: int, name: str, value: Any) -> bytes:
+    """``raw`` with one application header set, in the same format (decoded once); ValueError or
+    LookupError if the properties do not decode."""
+    fmt = codec(number)
+    properties = fmt.decode(raw)
+    properties.headers = {**(properties.headers or {}), name: value}
+    return fmt.encode(properties)
+
+
 def properties_in(message: Any, number: int, empty: bytes = b"") -> bytes:
     """A stored message's properties in format ``number``: its own bytes when it was published in
     that format (no decoding: the same-protocol path), converted otherwise; ``empty`` if they do not
