@@ -18,6 +18,8 @@ from raftmq.node.config import Config
 from raftmq.raft.cluster import ClusterLog
 from raftmq.raft.local import LocalLog
 from raftmq.raft.log import Log
+from raftmq.store.bodies import Bodies
+from raftmq.store.body_store import BodyStore
 from raftmq.store.commands import (
     OUT_CANCEL,
     OUT_CLOSE,
@@ -76,6 +78,9 @@ class Broker:
         self._boot = f"{config.node_id}.{time.time_ns() // 1000:x}"
         self.store: DurableStore | None
         self.log: Log
+        # Message bodies live outside the model, once per node (store/bodies.py, issue 18).
+        self.bodies = Bodies(BodyStore(os.path.join(data_dir, "bodies")), config.body_cache_bytes,
+                             config.body_write_behind_bytes, defer_deletes=config.clustered)
         if config.clustered:
             # In a cluster the journal and snapshots are the durable state (replica.py); the
             # model is rebuilt from them at start, transient parts included.
@@ -95,12 +100,19 @@ class Broker:
                 leader_fallback=config.raft_leader_fallback, pre_vote=config.raft_pre_vote,
                 max_batch_bytes=config.raft_batch_bytes, high_water_bytes=config.raft_backlog_bytes,
                 pipeline_min_bytes=config.raft_pipeline_min_bytes, defer_seconds=config.raft_defer_seconds,
+                bodies=self.bodies,
             )
             self._configured_members = {m.node_id: (m.raft, m.amqp) for m in config.cluster}
         else:
             self.store = DurableStore(os.path.join(data_dir, "state"))
             self.machine = StateMachine(self.store)
-            self.log = LocalLog(self.machine, self._on_outputs)
+            # One node: persistent bodies are in the store's message records; transient ones may
+            # spill to <data>/bodies under pressure and do not survive a restart.
+            self.bodies.clear()
+            self.bodies.fallback = self.store.message_bodies
+            self.bodies.put(self.machine.loaded_bodies)
+            self.machine.loaded_bodies = []
+            self.log = LocalLog(self.machine, self._on_outputs, bodies=self.bodies)
             self.log.on_fatal = self._on_disk_failure
             self._configured_members = {}
         self.machine.delayed_limit = config.max_delayed_messages
@@ -113,6 +125,7 @@ class Broker:
                                      RetentionPolicy(config.audit_retention, config.audit_vhosts),
                                      max_age=config.audit_max_age, max_bytes=config.audit_max_bytes)
             self.machine.event_sink = self.events.append
+            self.events.body_of = self.bodies.get
             if not config.clustered:
                 # One node: the history continues its numbering (a cluster's comes from the log).
                 self.machine.event_seq = max(self.machine.event_seq, self.events.last_seq)
@@ -120,7 +133,7 @@ class Broker:
         self.endpoints: dict[str, Endpoint] = {}
         self._conn_ids = itertools.count(1)
         self.alarm: str | None = None
-        self._disk_paths = [data_dir] + [os.path.join(data_dir, sub) for sub in ("state", "raft", "events")]
+        self._disk_paths = [data_dir] + [os.path.join(data_dir, sub) for sub in ("state", "raft", "events", "bodies")]
         self._next_alarm_check = 0.0  # monotonic time from which growth triggers check_alarms again
         self.memory_in_use = 0  # at the last check (bytes): see memory_held()
         self._tasks: list[asyncio.Task] = []
@@ -157,6 +170,7 @@ class Broker:
         if self.events is not None:
             self.events.close()
         self.log.close()
+        self.bodies.store.close()
 
     @property
     def boot(self) -> str:
@@ -405,9 +419,10 @@ class Broker:
             log.exception("resource alarm check failed")
 
     def memory_held(self) -> int:
-        """Bytes the node holds for clients: bodies in queues (ready and unacked), and per
-        connection its socket write buffer, parked auto-ack deliveries and partial input."""
-        held = self.machine.message_bytes
+        """Bytes the node holds for clients: message bodies in memory (the body cache and those
+        not written yet; a backlog on disk does not count), and per connection its socket write
+        buffer, parked auto-ack deliveries and partial input."""
+        held = self.bodies.held_bytes
         for endpoint in list(self.endpoints.values()):
             held_bytes = getattr(endpoint, "held_bytes", None)
             if held_bytes is not None:

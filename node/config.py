@@ -63,9 +63,14 @@ class Config:
     amqp10_redirect_to_leader: bool = False
     # AMQP 1.0 open says product "RabbitMQ" version 4.0.0: RabbitMQ 4's client libraries refuse others.
     amqp10_rabbitmq_compat: bool = False
-    # Bytes the node holds for clients: queued bodies, client write buffers, parked auto-ack
-    # deliveries, publishes being received (node/broker.py memory_in_use).
+    # Bytes the node holds for clients: message bodies in memory (cache and write-behind), client
+    # write buffers, parked auto-ack deliveries, publishes being received (node/broker.py
+    # memory_in_use).  Queued bodies live on disk (<data>/bodies): a backlog does not count.
     memory_high_watermark: int = 1024 * 1024 * 1024
+    # Message bodies (store/bodies.py): memory for bodies read back from disk for consumers, and
+    # bodies kept in memory before they are written (a body acked before that is never written).
+    body_cache_bytes: int = 256 << 20
+    body_write_behind_bytes: int = 16 << 20
     disk_free_limit: int = 50 * 1024 * 1024
     # Resource alarms are re-evaluated as memory and disk use grow (after batches of outputs and
     # submitted commands), at most once per this many seconds, besides the once-a-second check.

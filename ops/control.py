@@ -145,6 +145,7 @@ class Fetched:
     message: Message
     redelivered: bool
     remaining: int  # messages left ready in the queue after this one
+    body: bytes
 
 
 GET_ACK_MODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
@@ -218,9 +219,9 @@ class Control:
                 got = await self.endpoint.command(Get, vhost, queue, False, access=access)
                 if got is None:
                     break
-                qid, seq, redelivered, message, remaining = got
+                qid, seq, redelivered, message, remaining, body = got
                 refs.append((qid, seq))
-                fetched.append(Fetched(message, redelivered, remaining))
+                fetched.append(Fetched(message, redelivered, remaining, body))
             if refs:
                 if ackmode == "ack_requeue_false":
                     await self.endpoint.command(Ack, refs)

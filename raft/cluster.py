@@ -40,11 +40,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import NoReturn
 
+from raftmq.store.bodies import Bodies, DictBodies, fill_bodies, upcoming_ids
+from raftmq.store.body_fetch import catch_up
 from raftmq.store.commands import Command, decode_batch, encode_batch
 from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import import_model, read_snapshot, write_snapshot
+from raftmq.store.snapshot import import_model, live_bodies, read_snapshot, write_snapshot
 from raftmq.store.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
 
+from .body_peer import ask, serve_bodies
 from .log import Compaction, OutputsCallback, RaftStatus
 from .replica import ENTRY, INSTALL, SNAPSHOT, Replica
 from .snapshot_child import fork_snapshot
@@ -66,8 +69,15 @@ class ClusterLog:
                  max_in_flight: int = 8, pipeline_min_bytes: int = 64 << 10, defer_seconds: float = 0.002,
                  retry_after: float = 5.0, use_fork: bool = True,
                  max_batch_bytes: int = 1 << 20, high_water_bytes: int = 16 << 20,
-                 clock: Callable[[], int] = time.time_ns, **replica_options) -> None:
+                 clock: Callable[[], int] = time.time_ns, bodies: Bodies | DictBodies | None = None,
+                 **replica_options) -> None:
         self.machine = machine
+        # The node's message bodies (store/bodies.py); without one (tests), the machine's own dict.
+        self.bodies = bodies if bodies is not None else machine.own_bodies
+        self._upcoming = upcoming_ids(machine)
+        self._catching_up = False  # fetching bodies after a snapshot install: entries wait
+        self._partners = partners
+        self._secret = secret
         self._on_outputs = on_outputs
         self.origin = origin
         self._clock = clock
@@ -112,6 +122,8 @@ class ClusterLog:
         """Start Raft (its tick thread); committed entries will flow into ``loop``."""
         self._loop = loop
         self.replica = Replica(*self._args, sink=self._from_raft, **self._replica_options)
+        if isinstance(self.bodies, Bodies):
+            serve_bodies(self.replica, self.bodies)  # members that installed a snapshot ask here
         self._retry_handle = loop.call_later(self.retry_after, self._retry_stale)
 
     def close(self) -> None:
@@ -301,7 +313,8 @@ class ClusterLog:
     def _drain(self) -> None:
         inbox = self._inbox
         machine = self.machine
-        while inbox:
+        bodies = self.bodies
+        while inbox and not self._catching_up:
             item = inbox[0]
             kind = item[0]
             if kind == ENTRY:
@@ -311,9 +324,13 @@ class ClusterLog:
                 except FormatTooNew as exc:
                     stop_for_newer_format(f"Raft entry {index}", exc)
                 effects = machine.apply(now, commands, index, (origin, seq), replies=origin == self.origin)
-                if effects.events:
-                    machine.carry_out(effects)  # the audit history (no LMDB mirror in a cluster)
                 outputs = effects.outputs
+                # Bodies before the outputs and the audit events (both read them), deletes after.
+                bodies.put(effects.body_puts)
+                if outputs:
+                    fill_bodies(outputs, bodies, self._upcoming)
+                if effects.events:
+                    machine.carry_out(effects, bodies.get)  # the audit history (no LMDB mirror here)
                 self.batches_applied += 1
                 self.commands_applied += len(commands)
                 if origin == self.origin:
@@ -326,6 +343,8 @@ class ClusterLog:
                             self._loop.call_soon(self._propose_pending)
                 if outputs:
                     self._on_outputs(outputs)
+                if effects.body_deletes:
+                    bodies.drop(effects.body_deletes)
             elif kind == SNAPSHOT:
                 self._take_snapshot(item[2], item[3])
             elif kind == INSTALL:
@@ -337,6 +356,9 @@ class ClusterLog:
 
     def _take_snapshot(self, path: str, meta: bytes) -> None:
         replica = self.replica
+        if isinstance(self.bodies, Bodies):
+            # Every body the snapshot refers to on disk before the snapshot lets the journal go.
+            self.bodies.checkpoint()
         if self.use_fork:  # a frozen copy of the model, written by a child without our sockets
             replica.snapshot_started(fork_snapshot(path, self.machine, meta))
             return
@@ -349,6 +371,43 @@ class ClusterLog:
 
     def _install(self, path: str) -> None:
         _, model = read_snapshot(path)
-        import_model(self.machine, model)
+        legacy = import_model(self.machine, model)
         os.unlink(path)
         log.info("installed snapshot at index %s", self.machine.applied_index)
+        bodies = self.bodies
+        live = live_bodies(self.machine)
+        if not isinstance(bodies, Bodies):
+            bodies.put(legacy)
+            return
+        missing = bodies.after_install(live, legacy)
+        if missing:
+            # Entries after the snapshot deliver these: fetch them before applying any (in a
+            # thread: other members answer over the Raft port, which needs our loop free).
+            self._catching_up = True
+            log.info("fetching %d message bodies from other members", len(missing))
+            self._loop.run_in_executor(None, self._fetch_bodies, missing)
+
+    def _fetch_bodies(self, needed: dict[int, int]) -> None:
+        """Worker thread: ask the other members for ``needed`` (id -> size) until none is missing
+        (a member may be down or still restarting: retried for up to two minutes)."""
+        members = [ask(self._secret, address) for address in self._partners]
+        deadline = time.monotonic() + 120
+        fetched = 0
+        try:
+            while True:
+                report = catch_up(self.bodies, needed, members)
+                fetched += report.fetched
+                needed = {i: needed[i] for i in report.still_missing}
+                if not needed or time.monotonic() > deadline:
+                    break
+                time.sleep(1.0)
+        except Exception:
+            log.exception("fetching message bodies failed")
+        if needed:
+            log.error("%d message bodies could not be fetched from any member", len(needed))
+        log.info("fetched %d message bodies", fetched)
+        self._loop.call_soon_threadsafe(self._caught_up)
+
+    def _caught_up(self) -> None:
+        self._catching_up = False
+        self._drain()

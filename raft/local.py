@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from raftmq.store.bodies import Bodies, DictBodies, fill_bodies, upcoming_ids
 from raftmq.store.commands import Command
 from raftmq.store.machine import StateMachine
 
@@ -30,8 +31,11 @@ class LocalLog:
     """The log of a cluster of one (implements ``raft.log.Log``)."""
 
     def __init__(self, machine: StateMachine, on_outputs: OutputsCallback,
-                 clock: Callable[[], int] = time.time_ns) -> None:
+                 clock: Callable[[], int] = time.time_ns, bodies: Bodies | DictBodies | None = None) -> None:
         self.machine = machine
+        # The node's message bodies (store/bodies.py); without one, the machine's own dict.
+        self.bodies = bodies if bodies is not None else machine.own_bodies
+        self._upcoming = upcoming_ids(machine)
         self._on_outputs = on_outputs
         self._clock = clock
         self._pending: list[list] = []
@@ -41,7 +45,7 @@ class LocalLog:
         self._synced_upto = 0
         self._sync_wanted_upto = 0
         self._syncing = False
-        self._held: deque[tuple[int, list]] = deque()
+        self._held: deque[tuple[int, list, list[int]]] = deque()  # (fsync needed, outputs, body deletes)
         self.batches_applied = 0
         # Called with a reason just before the node stops because its disk failed (_fail_stop).
         self.on_fatal: Callable[[str], None] | None = None
@@ -101,11 +105,16 @@ class LocalLog:
             return
         now_us = self._clock() // 1000
         effects = self.machine.apply(now_us, batch)  # no I/O: only carrying it out can meet the disk
+        outputs = effects.outputs
+        bodies = self.bodies
         try:
-            self.machine.carry_out(effects)  # the LMDB commit and the audit events
+            # Bodies first: the outputs read them, and so do the commit's message records (which
+            # may also delete a record the outputs still need: they are filled before it).
+            bodies.put(effects.body_puts)
+            fill_bodies(outputs, bodies, self._upcoming)
+            self.machine.carry_out(effects, bodies.get)  # the LMDB commit and the audit events
         except Exception as exc:
             self._fail_stop("the LMDB commit of a batch failed", exc)
-        outputs = effects.outputs
         self.batches_applied += 1
         self.commands_applied += len(batch)
         self._batch_no += 1
@@ -115,8 +124,9 @@ class LocalLog:
         if not self._held and needs == 0:
             if outputs:
                 self._on_outputs(outputs)
+            bodies.drop(effects.body_deletes)
             return
-        self._held.append((needs, outputs))
+        self._held.append((needs, outputs, effects.body_deletes))
         self._start_sync()
         self._release()
 
@@ -142,9 +152,10 @@ class LocalLog:
 
     def _release(self) -> None:
         while self._held and self._held[0][0] <= self._synced_upto:
-            _, outputs = self._held.popleft()
+            _, outputs, body_deletes = self._held.popleft()
             if outputs:
                 self._on_outputs(outputs)
+            self.bodies.drop(body_deletes)
 
     def _start_sync(self) -> None:
         if self._syncing or self._sync_wanted_upto <= self._synced_upto or self.machine.store is None:

@@ -1,9 +1,10 @@
 """The node's message bodies: write-behind to the body store, a bounded cache, deletes deferred
 to the snapshot after next (issue 18; docs/design.md "Message bodies on disk").
 
-``StateMachine.apply`` would record, as effects (``BodyEffects``), the bodies of messages that
-became live in a batch and the ids whose last reference went; the node carries them out here after
-the batch is applied, on every node.  Three rules keep this cheap and safe:
+``StateMachine.apply`` records, as effects (``Effects.body_puts`` / ``body_deletes``), the bodies of
+messages that became live in a batch and the ids whose last holder went; the node carries them out
+here, on every node: the puts before the batch's outputs are sent (deliveries read them, through
+``fill_bodies``), the deletes after.  Three rules keep this cheap and safe:
 
 * **Write-behind.** A body waits in memory (``pending``) and is written to LMDB only when pending
   holds more than ``write_behind_bytes`` (oldest first) or at a checkpoint.  A body acked before
@@ -12,7 +13,8 @@ the batch is applied, on every node.  Three rules keep this cheap and safe:
 * **A checkpoint before every snapshot** (``checkpoint``): pending bodies go to disk and are
   fsynced before the snapshot is written, because the journal records holding them may be deleted
   once the snapshot exists.
-* **Deletes wait one snapshot interval.**  A body deleted after checkpoint k is removed from disk at
+* **Deletes wait one snapshot interval** (in a cluster; a single node has no snapshots and
+  deletes at once).  A body deleted after checkpoint k is removed from disk at
   checkpoint k+1.  Until then a restart (snapshot k, then the journal's suffix replayed) finds every
   body snapshot k refers to, and a follower installing snapshot k can still fetch it from this
   node (``store/body_fetch.py``).  A delete of a body still pending just drops it.
@@ -22,19 +24,27 @@ What the node holds for bodies (the memory alarm): ``held_bytes`` = cached + pen
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .body_cache import BodyCache
+from .body_cache import BodyCache, Loader
 from .body_store import BodyStore
+from .commands import OK, OUT_DELIVER, OUT_REPLY, OUT_TRANSFER, GotMessage, Ok, SessionAttached
+from .ready_peek import next_ids
+
+log = logging.getLogger(__name__)
+
+#: A put's source: the body, or the id of the message whose body it shares (a dead-letter copy).
+BodySource = bytes | int
 
 
 @dataclass(slots=True)
 class BodyEffects:
-    """The body side of one applied batch, in apply order."""
+    """The body side of one applied batch, in apply order (``Effects.body_puts``/``body_deletes``)."""
 
-    puts: list[tuple[int, bytes]] = field(default_factory=list)  # (message id, body): became live
+    puts: list[tuple[int, BodySource]] = field(default_factory=list)  # (message id, body): became live
     deletes: list[int] = field(default_factory=list)  # message ids whose last reference went
 
 
@@ -44,18 +54,37 @@ class BodyStats:
     cancelled: int = 0  # bodies acked while pending: never written
     deleted: int = 0  # bodies removed from LMDB
     checkpoints: int = 0
+    lost: int = 0  # puts whose shared source this node did not have (logged: a bug or a lost store)
 
 
 class Bodies:
-    def __init__(self, store: BodyStore, cache_bytes: int, write_behind_bytes: int = 16 << 20) -> None:
+    """The node's bodies: pending (write-behind), a bounded cache, the LMDB body store.
+
+    ``fallback`` reads bodies the store lacks from elsewhere: a single node's persistent messages
+    after a restart are in its durable store's messages table, not here.  ``defer_deletes``: a
+    cluster keeps deleted bodies on disk until the checkpoint after next (see the module
+    docstring); a single node deletes them at once."""
+
+    def __init__(self, store: BodyStore, cache_bytes: int, write_behind_bytes: int = 16 << 20,
+                 fallback: Loader | None = None, defer_deletes: bool = True) -> None:
         self.store = store
-        self.cache = BodyCache(cache_bytes, store.get_many)
+        self.fallback = fallback
+        self.cache = BodyCache(cache_bytes, self._load)
         self.write_behind_bytes = write_behind_bytes
+        self.defer_deletes = defer_deletes
         self._pending: OrderedDict[int, bytes] = OrderedDict()  # oldest first
         self.pending_bytes = 0
         self._deleted_now: list[int] = []  # deleted since the last checkpoint (on disk)
         self._deleted_before: list[int] = []  # deleted between the last two checkpoints
         self.stats = BodyStats()
+
+    def _load(self, ids: Iterable[int]) -> dict[int, bytes]:
+        found = self.store.get_many(ids)
+        if self.fallback is not None:
+            rest = [msg_id for msg_id in ids if msg_id not in found]
+            if rest:
+                found.update(self.fallback(rest))
+        return found
 
     @property
     def held_bytes(self) -> int:
@@ -65,13 +94,33 @@ class Bodies:
     # ------------------------------------------------------------------ effects of apply
 
     def carry_out(self, effects: BodyEffects) -> None:
-        """One batch's body effects, after apply (on the event loop, no fsync)."""
+        """One batch's body effects, puts then deletes (when no output of the batch reads them)."""
+        self.put(effects.puts)
+        self.drop(effects.deletes)
+
+    def put(self, puts: Iterable[tuple[int, BodySource]]) -> None:
+        """Bodies of messages that became live (before the batch's outputs are sent)."""
         pending = self._pending
-        for msg_id, body in effects.puts:
+        added = 0
+        for msg_id, body in puts:
+            if body.__class__ is int:  # shares another message's body (a dead-letter copy)
+                source = body
+                body = self.get(source)
+                if body is None:
+                    self.stats.lost += 1
+                    log.error("no body for message %d: its copy %d is stored without one", source, msg_id)
+                    continue
             if msg_id not in pending:
                 pending[msg_id] = body
-                self.pending_bytes += len(body)
-        for msg_id in effects.deletes:
+                added += len(body)
+        self.pending_bytes += added
+        if self.pending_bytes > self.write_behind_bytes:
+            self._write_pending(self.write_behind_bytes // 2)
+
+    def drop(self, deletes: Iterable[int]) -> None:
+        """Ids whose last holder went (after the batch's outputs were sent)."""
+        pending = self._pending
+        for msg_id in deletes:
             body = pending.pop(msg_id, None)
             if body is not None:
                 self.pending_bytes -= len(body)
@@ -79,8 +128,9 @@ class Bodies:
             else:
                 self.cache.discard(msg_id)
                 self._deleted_now.append(msg_id)
-        if self.pending_bytes > self.write_behind_bytes:
-            self._write_pending(self.write_behind_bytes // 2)
+        if not self.defer_deletes and len(self._deleted_now) >= 1024:
+            self.stats.deleted += self.store.delete_many(self._deleted_now)
+            self._deleted_now = []
 
     def _write_pending(self, keep_bytes: int) -> None:
         """Write the oldest pending bodies until at most ``keep_bytes`` remain pending; those
@@ -91,8 +141,12 @@ class Bodies:
             self.pending_bytes -= len(body)
             out.append((msg_id, body))
         if out:
-            self.store.put_many(out)
+            deletes: list[int] = []
+            if not self.defer_deletes:
+                deletes, self._deleted_now = self._deleted_now, []
+            self.store.commit(out, deletes)
             self.stats.written += len(out)
+            self.stats.deleted += len(deletes)
             for msg_id, body in out:
                 self.cache.admit(msg_id, body)
 
@@ -103,6 +157,9 @@ class Bodies:
         if body is not None:
             return body
         return self.cache.get(msg_id)
+
+    def in_memory(self, msg_id: int) -> bool:
+        return msg_id in self._pending or msg_id in self.cache
 
     def read_ahead(self, ids: Iterable[int]) -> int:
         """The next ids a consumer of a queue will be given, in order: load what is only on disk."""
@@ -118,7 +175,7 @@ class Bodies:
             else:
                 found[msg_id] = body
         if rest:
-            found.update(self.store.get_many(rest))
+            found.update(self._load(rest))
         return found
 
     def has(self, msg_id: int) -> bool:
@@ -145,9 +202,144 @@ class Bodies:
         return n
 
     def sweep(self, live: set[int]) -> int:
-        """After a restart (snapshot + journal replay): delete stored bodies no live message refers
-        to (deletes that were waiting for a checkpoint when the node stopped).  Returns how many."""
+        """Delete stored bodies no live message refers to: after a restart loaded a snapshot, the
+        deletes that were waiting for a checkpoint when the node stopped.  Returns how many."""
         dead = [msg_id for msg_id in self.store.ids() if msg_id not in live and msg_id not in self._pending]
         if dead:
             self.stats.deleted += self.store.delete_many(dead)
         return len(dead)
+
+    def after_install(self, live: dict[int, int], legacy: Iterable[tuple[int, bytes]] = ()) -> dict[int, int]:
+        """The model was replaced by a snapshot (at start, or one from the leader): keep the bodies
+        it refers to, forget the others, and return those still missing (id -> size), to fetch.
+
+        ``legacy``: bodies carried by a snapshot of format 1 or 2.  Deletes waiting for a
+        checkpoint are dropped: everything not live in the snapshot goes now, and entries after
+        it that publish again put their bodies again."""
+        keep = [(msg_id, body) for msg_id, body in self._pending.items() if msg_id in live]
+        keep.extend((msg_id, body) for msg_id, body in legacy if msg_id in live)
+        self._pending.clear()
+        self.pending_bytes = 0
+        self.cache.clear()
+        self._deleted_now, self._deleted_before = [], []
+        if keep:
+            self.store.put_many(keep)
+        self.sweep(set(live))
+        self.store.sync()
+        return {msg_id: live[msg_id] for msg_id in self.store.missing(live)}
+
+    def clear(self) -> None:
+        """Forget every body (a single node at start: its transient bodies did not survive)."""
+        self.store.delete_many(self.store.ids())
+        self._pending.clear()
+        self.pending_bytes = 0
+        self.cache.clear()
+        self._deleted_now, self._deleted_before = [], []
+
+
+class DictBodies:
+    """Bodies in a dict: for a machine that carries its own effects out (``apply_batch``: tests,
+    tools), where nothing is large and nothing must survive."""
+
+    def __init__(self, fallback: Loader | None = None) -> None:
+        self.bodies: dict[int, bytes] = {}
+        self.fallback = fallback
+
+    def put(self, puts: Iterable[tuple[int, BodySource]]) -> None:
+        for msg_id, body in puts:
+            self.bodies[msg_id] = self.get(body) if body.__class__ is int else body
+
+    def drop(self, deletes: Iterable[int]) -> None:
+        for msg_id in deletes:
+            self.bodies.pop(msg_id, None)
+
+    def get(self, msg_id: int) -> bytes | None:
+        body = self.bodies.get(msg_id)
+        if body is None and self.fallback is not None:
+            body = self.fallback([msg_id]).get(msg_id)
+        return body
+
+    def in_memory(self, msg_id: int) -> bool:
+        return True
+
+    def read_ahead(self, ids: Iterable[int]) -> int:
+        return 0
+
+
+#: The ids a queue (by qid) delivers next, for read-ahead (store/ready_peek.next_ids).
+Upcoming = Callable[[int], list[int]]
+
+#: How many of a queue's next messages a delivery that missed the cache reads ahead.
+READ_AHEAD = 64
+
+
+def upcoming_ids(machine, n: int = READ_AHEAD) -> Upcoming:
+    """``Upcoming`` for ``machine``'s queues (read outside apply, on the node's loop)."""
+    queues = machine.queues_by_id
+
+    def upcoming(qid: int) -> list[int]:
+        queue = queues.get(qid)
+        return next_ids(queue.ready, n) if queue is not None else []
+
+    return upcoming
+
+
+def fill_bodies(outputs: list, bodies: Bodies | DictBodies, upcoming: Upcoming | None = None) -> None:
+    """Give the batch's deliveries, transfers and basic.get answers their bodies, in place.
+
+    The model holds no bodies: apply's outputs name the message, the node appends its body before
+    a front end sees them (a delivery's tuple gets it as its last item, ``GotMessage.body``).
+    Deliveries whose bodies are only on disk are read together, with the next ids of their queues
+    (read-ahead), so that a consumer working through a backlog reads the store in batches."""
+    missing: list[int] = []
+    qids: list[int] = []
+    in_memory = bodies.in_memory
+    for out in outputs:
+        kind = out[1]
+        if kind == OUT_DELIVER:
+            delivery = out[4]
+            if not in_memory(delivery[3].id):
+                missing.append(delivery[3].id)
+                qids.append(delivery[0])
+        elif kind == OUT_TRANSFER:
+            transfer = out[4]
+            if not in_memory(transfer[4].id):
+                missing.append(transfer[4].id)
+                qids.append(transfer[1])
+    if missing:
+        if upcoming is not None:
+            for qid in dict.fromkeys(qids):
+                missing.extend(upcoming(qid))
+        bodies.read_ahead(missing)
+    get = bodies.get
+
+    def body_of(msg_id: int) -> bytes:
+        body = get(msg_id)
+        return body if body is not None else _lost(msg_id)
+
+    for i, out in enumerate(outputs):
+        kind = out[1]
+        if kind == OUT_DELIVER:
+            delivery = out[4]
+            outputs[i] = (out[0], kind, out[2], out[3], (*delivery, body_of(delivery[3].id)))
+        elif kind == OUT_TRANSFER:
+            transfer = out[4]
+            outputs[i] = (out[0], kind, out[2], out[3], (*transfer, body_of(transfer[4].id)))
+        elif kind == OUT_REPLY:
+            result = out[3]
+            if result.__class__ is Ok:
+                value = result[1]
+                if value.__class__ is GotMessage:
+                    value = value._replace(body=body_of(value.message.id))
+                elif value.__class__ is SessionAttached and value.replay:
+                    # (transfer_id, destination, qid, seq, Message) -> (..., Message, body)
+                    value = value._replace(replay=[(*r, body_of(r[4].id)) for r in value.replay])
+                else:
+                    continue
+                outputs[i] = (out[0], kind, out[2], Ok(OK, value), out[4])
+
+def _lost(msg_id: int) -> bytes:
+    """A delivery whose body this node does not have: a bug or a lost body store, never expected
+    (a node that installed a snapshot fetches every body it lacks before applying more)."""
+    log.error("message %d has no body on this node: delivered empty", msg_id)
+    return b""

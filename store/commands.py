@@ -91,10 +91,13 @@ REJECTED = 2  # a queue with x-overflow=reject-publish refused it: nack the publ
 
 # Output kinds, the second item of every output tuple ``(conn, kind, ...)``.
 OUT_REPLY = 0  # (conn, OUT_REPLY, token, result, channel)
-OUT_DELIVER = 1  # (conn, OUT_DELIVER, channel, consumer_tag, delivery)
+# A delivery leaves apply as (qid, seq, redelivered, Message) and a transfer as (transfer_id, qid,
+# seq, redelivered, Message); the node appends the body (store/bodies.fill_bodies) before they
+# reach a front end, which reads it as the tuple's last item.
+OUT_DELIVER = 1  # (conn, OUT_DELIVER, channel, consumer_tag, (qid, seq, redelivered, Message[, body]))
 OUT_CANCEL = 2  # (conn, OUT_CANCEL, channel, consumer_tag): server-side consumer cancel
 OUT_CLOSE = 3  # (conn, OUT_CLOSE, reply_code, reply_text): the cluster closed this connection
-OUT_TRANSFER = 4  # (conn, OUT_TRANSFER, channel, destination, (transfer_id, qid, seq, redelivered, Message))
+OUT_TRANSFER = 4  # (conn, OUT_TRANSFER, channel, destination, (transfer_id, qid, seq, redelivered, Message[, body]))
 OUT_SESSION_DETACHED = 5  # (conn, OUT_SESSION_DETACHED, channel, name): the session moved elsewhere
 
 
@@ -142,6 +145,7 @@ class GotMessage(NamedTuple):
     redelivered: bool
     message: Any  # store.model.Message
     message_count: int
+    body: bytes | None = None  # filled in by the node (store/bodies.fill_bodies): the model has none
 
 
 class SessionBusy(NamedTuple):

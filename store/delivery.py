@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 class Delivery:
     def __init__(self, machine: StateMachine) -> None:
         self.m = machine
+        self._publishing: tuple[int, bytes] | None = None  # (id, body) of the message being routed
 
     def consume(self, cmd: Consume) -> str:
         m = self.m
@@ -123,14 +124,18 @@ class Delivery:
                 m._shared_props[props] = props
             else:
                 props = shared
-        message = Message(m.next_msg_id, exchange.name, intern(routing_key), props, body, bool(persistent),
-                          priority or 0, m._now, 0, properties_format)
+        # live=1: the publish's own hold while it is routed, so that a queue dropping it at once
+        # (drop-head at length 0) does not release a body another queue is about to take.
+        message = Message(m.next_msg_id, exchange.name, intern(routing_key), props, len(body), bool(persistent),
+                          priority or 0, m._now, 0, properties_format, 1)
         m.next_msg_id += 1
         if exchange.type in PLUGIN_TYPES:
             outcome = m.plugin_exchanges.plugin_publish(vhost, exchange, message, conn, expiration)
             if outcome is not None:
+                self.keep_body(message, body)
                 return outcome
         queues = m.topology.route(vhost, exchange, routing_key, message)
+        self._publishing = message.id, body  # a reject-publish-dlx copy takes its body from here
         if m.event_sink is None:
             m.event_seq += 1  # numbered alike on every node, recorded where history is kept
         else:
@@ -145,7 +150,24 @@ class Delivery:
         for queue in queues:
             if not self.enqueue(queue, message, expiration):
                 outcome = REJECTED
+        self.keep_body(message, body)
+        self._publishing = None
         return outcome
+
+    def body_source(self, message: Message) -> bytes | int:
+        """What a copy of ``message`` takes its body from: the bytes while ``message`` is the one
+        being published (refused by a full queue, its body is not stored yet), else its id."""
+        publishing = self._publishing
+        if publishing is not None and publishing[0] == message.id:
+            return publishing[1]
+        return message.id
+
+    def keep_body(self, message: Message, body: bytes | int) -> None:
+        """End a new message's routing hold: if anything still holds it, the node stores its body
+        (``body``: the bytes, or the id of the message whose body it shares, for a dead-letter copy)."""
+        message.live -= 1
+        if message.live:
+            self.m._body_puts.append((message.id, body))
 
     def enqueue(self, queue: Queue, message: Message, expiration: int | None) -> bool:
         """Add ``message`` to ``queue``; False if the queue refused it (reject-publish).
@@ -164,7 +186,7 @@ class Delivery:
         if queue.max_length is not None or queue.max_length_bytes is not None:
             full = (queue.max_length is not None and len(queue.ready) >= queue.max_length) or (
                 queue.max_length_bytes is not None
-                and queue.ready_bytes + len(message.body) > queue.max_length_bytes
+                and queue.ready_bytes + message.size > queue.max_length_bytes
             )
             if full and queue.overflow != "drop-head":
                 if queue.overflow == "reject-publish-dlx":
@@ -187,16 +209,17 @@ class Delivery:
             m.event_seq += 1
         else:
             m.event(EV.ROUTED, queue, message)
-        size = len(message.body)
+        size = message.size
+        message.live += 1
         queue.ready_bytes += size
         m.message_bytes += size
         if durable and m._persist is not None:
             if message.refs == 0:
-                record = [message.exchange, message.routing_key, message.properties, message.body,
+                record = [message.exchange, message.routing_key, message.properties, None,
                           message.priority, message.published_at]
                 if message.format != AMQP091:
                     record.append(message.format)  # store format 2; a 0-9-1 record is as in format 1
-                m._persist.put_message(message.id, record)
+                m._persist.put_message(message.id, record)  # the node fills the body in (index 3)
             message.refs += 1
             m._persist.put_entry(queue.qid, entry.seq, [message.id, expires_at, priority, 0])
         if expires_at is not None:
@@ -208,7 +231,7 @@ class Delivery:
                 dropped = queue.ready.pop_oldest()
                 if dropped is None:
                     break
-                queue.ready_bytes -= len(dropped.message.body)
+                queue.ready_bytes -= dropped.message.size
                 m.expiry.dead_letter(queue, dropped.message, "maxlen")
                 self.drop(queue, dropped)
         if queue.consumers or queue.browsers or expires_at is not None or queue.qid in m.expiring:
@@ -254,7 +277,7 @@ class Delivery:
                 entry = ready.pop()
                 if entry is None:
                     return
-                queue.ready_bytes -= len(entry.message.body)
+                queue.ready_bytes -= entry.message.size
                 if entry.expires_at is not None and entry.expires_at < m._now:
                     m.expiry.dead_letter(queue, entry.message, "expired")
                     self.drop(queue, entry)
@@ -264,7 +287,7 @@ class Delivery:
                     continue
                 if not chosen.fits(entry):  # 0-10 byte credit smaller than the message: wait
                     ready.requeue(entry)
-                    queue.ready_bytes += len(entry.message.body)
+                    queue.ready_bytes += entry.message.size
                     return
                 self.deliver(chosen, queue, entry)
                 room -= 1
@@ -284,7 +307,7 @@ class Delivery:
         ch = consumer.channel
         session = ch.session
         if session is not None:
-            m.session_commands.take_credit(consumer, len(message.body))
+            m.session_commands.take_credit(consumer, message.size)
             transfer_id = session.next_transfer
             session.next_transfer += 1
             if not consumer.no_ack:
@@ -325,7 +348,7 @@ class Delivery:
             entry = queue.ready.pop()
             if entry is None:
                 return None
-            queue.ready_bytes -= len(entry.message.body)
+            queue.ready_bytes -= entry.message.size
             if limit is None or entry.delivery_count <= limit:
                 break
             self.past_limit(queue, entry)
@@ -413,7 +436,7 @@ class Delivery:
             return
         m.event(EV.REQUEUED, queue, entry.message)
         queue.ready.requeue(entry)
-        queue.ready_bytes += len(entry.message.body)
+        queue.ready_bytes += entry.message.size
         if entry.expires_at is not None:
             m.expiring[queue.qid] = queue
         m._dirty[queue.qid] = queue
@@ -439,24 +462,25 @@ class Delivery:
     def release_deleted(self, queue: Queue, entries: list[Entry]) -> None:
         """Forget ``entries`` taken out of ``queue`` (being deleted), recording a DELETED event each.
 
-        Deleting a queue of 20,000 messages runs this on every node; without history or an LMDB
-        mirror (a cluster's nodes keep the model in memory) only the byte count has to follow."""
+        Deleting a queue of 20,000 messages runs this on every node."""
         m = self.m
         if m.event_sink is None:
             m.event_seq += len(entries)
         else:
             for entry in entries:
                 m.event(EV.DELETED, queue, entry.message)
-        if m._persist is None:
-            m.message_bytes -= sum([len(entry.message.body) for entry in entries])
-        else:
-            for entry in entries:
-                self.release_message(entry)
+        release = self.release_message
+        for entry in entries:
+            release(entry)
 
     def release_message(self, entry: Entry) -> None:
+        """An entry is gone: its bytes leave the count, and the body goes with the last holder."""
         m = self.m
         message = entry.message
-        m.message_bytes -= len(message.body)
+        m.message_bytes -= message.size
+        message.live -= 1
+        if not message.live:
+            m._body_deletes.append(message.id)
         if entry.durable and m._persist is not None:
             message.refs -= 1
             if message.refs == 0:

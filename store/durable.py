@@ -31,12 +31,13 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import lmdb
 import msgpack
 
-from .effects import DELETE, DELETE_PREFIX, PUT
+from .effects import DELETE, DELETE_PREFIX, PUT, PUT_WITH_BODY
 from .versions import STORE_FORMAT, check
 
 _U64 = struct.Struct(">Q")
@@ -109,10 +110,14 @@ class DurableStore:
         """fsync everything committed so far (called off the event loop)."""
         self.env.sync(True)
 
-    def commit(self, ops: list[tuple], counters: tuple[int, int], applied_index: int | None = None) -> None:
+    def commit(self, ops: list[tuple], counters: tuple[int, int], applied_index: int | None = None,
+               body_of: Callable[[int], bytes | None] | None = None) -> None:
         """Perform one batch's persistence operations (``PersistenceRecorder``) in one transaction,
         with the id counters (and the applied index, when there is one).  Nothing to do, no
-        transaction.  Not fsynced here: ``sync`` is (group commit, see raft/local.py)."""
+        transaction.  Not fsynced here: ``sync`` is (group commit, see raft/local.py).
+
+        ``body_of`` gives the bodies of message and delayed records (the model holds none): the
+        node's body store, which holds this batch's bodies by the time it commits."""
         if not ops and applied_index is None:
             return
         db = self.db
@@ -121,6 +126,14 @@ class DurableStore:
                 kind, table = op[0], db[op[1]]
                 if kind == PUT:
                     txn.put(op[2], op[3], db=table)
+                elif kind == PUT_WITH_BODY:
+                    _, _, key, record, at, msg_id = op
+                    body = body_of(msg_id) if body_of is not None else None
+                    if body is None:
+                        raise LookupError(f"no body for message {msg_id} to store")
+                    record = list(record)
+                    record[at] = body
+                    txn.put(key, _pack(record), db=table)
                 elif kind == DELETE:
                     txn.delete(op[2], db=table)
                 else:  # DELETE_PREFIX
@@ -166,6 +179,18 @@ class DurableStore:
                 due, seq = _QID_SEQ.unpack(k)
                 state.delayed.append((due, seq, _unpack(v)))
         return state
+
+    def message_bodies(self, ids) -> dict[int, bytes]:
+        """The bodies of the stored messages among ``ids`` (a single node's persistent messages
+        are read back from here after a restart: store/bodies.py's fallback)."""
+        found: dict[int, bytes] = {}
+        table = self.db["messages"]
+        with self.env.begin(db=table) as txn:
+            for msg_id in sorted(ids):
+                raw = txn.get(_U64.pack(msg_id))
+                if raw is not None:
+                    found[msg_id] = _unpack(raw)[3]
+        return found
 
     def digest(self) -> str:
         """SHA-256 over every table's keys and values in key order: equal state, equal digest."""
@@ -237,7 +262,9 @@ class PersistenceRecorder:
         self.sync_needed = True
 
     def put_message(self, msg_id: int, record: list) -> None:
-        self._put("messages", _U64.pack(msg_id), _pack(record))
+        """``record[3]``, the body, is filled in at commit."""
+        self.ops.append((PUT_WITH_BODY, "messages", _U64.pack(msg_id), record, 3, msg_id))
+        self.sync_needed = True
 
     def delete_message(self, msg_id: int) -> None:
         self._delete("messages", _U64.pack(msg_id))
@@ -249,7 +276,9 @@ class PersistenceRecorder:
         self._delete("entries", _QID_SEQ.pack(qid, seq))
 
     def put_delayed(self, due: int, seq: int, record: list) -> None:
-        self._put("delayed", _QID_SEQ.pack(due, seq), _pack(record))
+        """``record[5]``, the body of message ``record[3]``, is filled in at commit."""
+        self.ops.append((PUT_WITH_BODY, "delayed", _QID_SEQ.pack(due, seq), record, 5, record[3]))
+        self.sync_needed = True
 
     def delete_delayed(self, due: int, seq: int) -> None:
         self._delete("delayed", _QID_SEQ.pack(due, seq))

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 # Persistence operations, in order: (PUT, table, key, value), (DELETE, table, key) and
 # (DELETE_PREFIX, table, prefix) for every key starting with ``prefix`` (a queue's entries).
-PUT, DELETE, DELETE_PREFIX = 0, 1, 2
+# (PUT_WITH_BODY, table, key, record, body index, message id): a record whose body the node fills
+# in at commit (the model holds no bodies, issue 18), packed then.
+PUT, DELETE, DELETE_PREFIX, PUT_WITH_BODY = 0, 1, 2, 3
 
 
 @dataclass(slots=True)
@@ -27,3 +29,9 @@ class Effects:
     sync_needed: bool = False  # a persistence operation promised durability (a confirm waits on it)
     events: list[list] = field(default_factory=list)  # audit events (store/events.py), if recorded
     index: int | None = None  # the Raft index of the batch (None for a single node)
+    # Message bodies (store/bodies.py), in apply order.  Puts: (message id, body bytes, or the id
+    # of the message whose body a dead-letter copy shares), for messages a queue or hold kept.
+    # Deletes: ids whose last holder went.  The node stores the puts before it sends the
+    # outputs (deliveries read them) and drops the deleted ones after.
+    body_puts: list[tuple[int, bytes | int]] = field(default_factory=list)
+    body_deletes: list[int] = field(default_factory=list)

@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import lmdb
 import msgpack
@@ -32,6 +32,8 @@ from .message import AMQP091, convert
 log = logging.getLogger(__name__)
 
 _RANK = {"none": 0, "metadata": 1, "body": 2}
+#: Events whose record may keep the message's body (the writer's message records).
+_BODY_KINDS = frozenset((EV.PUBLISHED, EV.ROUTED))
 COMPACT_CHUNK = 5_000  # events deleted per transaction while trimming
 COMPACT_INTERVAL = 1.0  # seconds between retention checks
 
@@ -97,6 +99,8 @@ class EventStore:
         self._pending: list[tuple[int | None, list]] = []
         self._pending_events = 0
         self._cond = threading.Condition()
+        #: The node's body lookup (store/bodies.py ``Bodies.get``); None keeps no bodies.
+        self.body_of: Callable[[int], bytes | None] | None = None
         self._closing = False
         self._busy = False
         self._error: BaseException | None = None
@@ -112,7 +116,16 @@ class EventStore:
     # ------------------------------------------------------------------ called by apply
 
     def append(self, index: int | None, events: list[list]) -> None:
-        """Hand over one applied batch's events (``index``: its Raft index, None on a single node)."""
+        """Hand over one applied batch's events (``index``: its Raft index, None on a single node).
+
+        The model holds no bodies (issue 18): a publish's or routing's event gets its message's body
+        from ``body_of`` here, on the applying thread, while the body store still has it (an ack
+        later in the batch may delete it before the writer thread runs)."""
+        body_of = self.body_of
+        if body_of is not None:
+            for event in events:
+                if event[2] in _BODY_KINDS:
+                    event.append(body_of(event[10].id))
         with self._cond:
             while self._pending_events > self.max_pending and not self._closing and self._error is None:
                 self._cond.wait(0.1)  # back-pressure: the writer is far behind
@@ -206,6 +219,7 @@ class EventStore:
                     last_seq = seq
                     kind = event[2]
                     message = event[10]
+                    body = event.pop() if len(event) > 11 else None  # see append
                     if kind in EV.DEFINITION_KINDS:
                         self._catalog(txn, event)
                         level = 1
@@ -213,14 +227,14 @@ class EventStore:
                         level = policy.of_vhost(event[3])
                         publishers[message.id] = event[9]
                         if level:
-                            self._put_message(put, messages_db, event, message, level, event[9])
+                            self._put_message(put, messages_db, event, message, body, level, event[9])
                     elif kind == EV.UNROUTABLE:
                         level = policy.of_vhost(event[3])
                     else:
                         level = policy.of_queue(event[3], event[4])
                         if kind == EV.ROUTED and level > policy.of_vhost(event[3]):
                             # This queue keeps more than the publish did (x-audit-retention).
-                            self._put_message(put, messages_db, event, message, level,
+                            self._put_message(put, messages_db, event, message, body, level,
                                               publishers.get(message.id, ""))
                     if not level:
                         continue
@@ -242,7 +256,7 @@ class EventStore:
         self.written += written
 
     @staticmethod
-    def _put_message(put, db, event: list, message, level: int, publisher: str) -> None:
+    def _put_message(put, db, event: list, message, body: bytes | None, level: int, publisher: str) -> None:
         """The message record: written at publish, rewritten when a queue it was routed to keeps more."""
         # The history's properties are 0-9-1 bytes whatever the publisher spoke (spark/ reads one
         # format); converted here, off the apply path, and only for messages of another protocol.
@@ -253,7 +267,7 @@ class EventStore:
             except (ValueError, LookupError):
                 properties = b"\x00\x00"  # unreadable properties: recorded as none
         record = [message.id, message.published_at, event[3], message.exchange, message.routing_key,
-                  len(message.body), publisher, properties, message.body if level >= 2 else None,
+                  message.size, publisher, properties, body if level >= 2 else None,
                   event[0]]
         put(U64.pack(message.id), msgpack.packb(record, use_bin_type=True), db=db)
 

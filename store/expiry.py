@@ -81,7 +81,7 @@ class Expiry:
             if entry.expires_at is None or entry.expires_at >= m._now:
                 return
             ready.pop()
-            queue.ready_bytes -= len(entry.message.body)
+            queue.ready_bytes -= entry.message.size
             self.dead_letter(queue, entry.message, "expired")
             m.delivery.drop(queue, entry)
 
@@ -108,8 +108,10 @@ class Expiry:
         if routing_key is None:
             routing_key = message.routing_key
         props = add_x_death(message, queue, reason, m._now)
-        dead = Message(m.next_msg_id, dlx_name, routing_key, props, message.body, message.persistent,
-                       message.priority, m._now, 0, message.format)
+        # The copy shares the original's body (the node stores it again under the copy's id);
+        # live=1 holds it while it is routed, as a publish does (Delivery.keep_body).
+        dead = Message(m.next_msg_id, dlx_name, routing_key, props, message.size, message.persistent,
+                       message.priority, m._now, 0, message.format, 1)
         m.next_msg_id += 1
         # The copy is a new message: its history links back to the original through the detail.
         m.event(EV.PUBLISHED, None, dead, f"dead-letter:{message.id}:{queue.name}", queue.vhost)
@@ -117,3 +119,4 @@ class Expiry:
             if target is queue and reason != "rejected":
                 continue  # RabbitMQ drops a dead-letter cycle back to the same queue (not on reject)
             m.delivery.enqueue(target, dead, None)
+        m.delivery.keep_body(dead, m.delivery.body_source(message))

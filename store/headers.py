@@ -76,5 +76,5 @@ def with_delivery_count(message: Message, count: int) -> Message:
         properties = fmt.with_header(message.properties, message.format, "x-delivery-count", count)
     except (ValueError, LookupError):
         return message  # a headers table the codec cannot rewrite: delivered as it was published
-    return Message(message.id, message.exchange, message.routing_key, properties, message.body,
+    return Message(message.id, message.exchange, message.routing_key, properties, message.size,
                    message.persistent, message.priority, message.published_at, format=message.format)

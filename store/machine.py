@@ -19,6 +19,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
+from .bodies import DictBodies, fill_bodies
 from .commands import (
     ERR,
     OK,
@@ -133,6 +134,12 @@ class StateMachine:
         self.exchange_caches: dict[tuple[str, str], DedupCache] = {}  # x-message-deduplication exchanges
         self._now = 0
         self._out: list = []
+        self._body_puts: list[tuple[int, bytes | int]] = []  # the batch's Effects.body_puts
+        self._body_deletes: list[int] = []  # and body_deletes
+        # Bodies of a single node's held delayed messages, read by _load, for the node to store.
+        self.loaded_bodies: list[tuple[int, bytes]] = []
+        # Bodies kept by apply_batch (a machine that carries its effects out itself: tests, tools).
+        self.own_bodies = DictBodies()
         self._replies = True  # apply_batch(replies=...)
         self._dirty: dict[int, Queue] = {}
         self._shared_props: dict[bytes, bytes] = {}  # see _publish
@@ -174,6 +181,8 @@ class StateMachine:
         }
         if store is not None:
             self._load(store)
+            self.own_bodies.fallback = store.message_bodies
+            self.own_bodies.put(self.loaded_bodies)
 
     def apply(self, now: int, commands: list, index: int | None = None,
               batch_id: tuple[str, int] | None = None, replies: bool = True) -> Effects:
@@ -203,6 +212,7 @@ class StateMachine:
         if now > self._now:
             self._now = now
         self._out = effects.outputs
+        self._body_puts, self._body_deletes = effects.body_puts, effects.body_deletes
         self._replies = replies
         # The LMDB mirror is kept in step only for a machine loaded from one (single node): apply
         # records persistence operations (effects) for it instead of writing.
@@ -224,14 +234,19 @@ class StateMachine:
         that own the machine's store and history themselves (tests, tools); the logs carry the
         effects out on their own (raft/local.py, raft/cluster.py)."""
         effects = self.apply(now, commands, index, batch_id, replies)
-        self.carry_out(effects)
+        bodies = self.own_bodies
+        bodies.put(effects.body_puts)
+        fill_bodies(effects.outputs, bodies)  # before the commit, which may delete a record read here
+        self.carry_out(effects, bodies.get)
+        bodies.drop(effects.body_deletes)
         return effects.outputs
 
-    def carry_out(self, effects: Effects) -> None:
+    def carry_out(self, effects: Effects, body_of: Callable[[int], bytes | None] | None = None) -> None:
         """Commit the persistence to the LMDB store this machine was loaded from, if any, and hand
-        the events to ``event_sink``."""
+        the events to ``event_sink``.  ``body_of``: the node's bodies, which hold this batch's puts
+        (message records carry their bodies)."""
         if self.store is not None and (effects.persistence or effects.index is not None):
-            self.store.commit(effects.persistence, (self.next_qid, self.next_msg_id), effects.index)
+            self.store.commit(effects.persistence, (self.next_qid, self.next_msg_id), effects.index, body_of)
         if effects.events and self.event_sink is not None:
             self.event_sink(effects.index, effects.events)
 
@@ -244,7 +259,7 @@ class StateMachine:
         if self.event_sink is not None:
             self._events.append([self.event_seq, self._now, kind, queue.vhost if queue else vhost,
                                  queue.name if queue else "", message.id, message.exchange, message.routing_key,
-                                 len(message.body), detail, message])
+                                 message.size, detail, message])
 
     def definition_event(self, kind: int, vhost: str, queue: str = "", exchange: str = "",
                           routing_key: str = "", detail: str = "", definition: tuple = ()) -> None:
@@ -355,10 +370,13 @@ class StateMachine:
         for vhost in self.vhosts.values():
             for exchange in vhost.exchanges.values():
                 exchange.rebuild()
+        # Bodies stay in the store's messages table (the node's body store reads them from there:
+        # store/bodies.py); the model keeps their sizes.
         messages: dict[int, Message] = {}
         for msg_id, (exchange, rk, props, body, priority, published_at, *fmt) in state.messages.items():
-            messages[msg_id] = Message(msg_id, exchange, rk, props, body, True, priority, published_at, 0,
+            messages[msg_id] = Message(msg_id, exchange, rk, props, len(body), True, priority, published_at, 0,
                                        fmt[0] if fmt else AMQP091)
+        state.messages.clear()
         for qid, seq, (msg_id, expires_at, priority, delivery_count) in state.entries:
             queue = self.queues_by_id.get(qid)
             message = messages.get(msg_id)
@@ -366,9 +384,10 @@ class StateMachine:
                 continue
             entry = Entry(seq, message, expires_at, min(priority, queue.max_priority), True, delivery_count)
             message.refs += 1
+            message.live += 1
             queue.ready.append(entry)
-            queue.ready_bytes += len(message.body)
-            self.message_bytes += len(message.body)
+            queue.ready_bytes += message.size
+            self.message_bytes += message.size
             queue.next_seq = max(queue.next_seq, seq + 1)
             if expires_at is not None:
                 self.expiring[qid] = queue
@@ -379,7 +398,8 @@ class StateMachine:
                 key = dedup_key(message.properties, message.format)
                 if key is not None:
                     queue.dedup.add(key, msg_id, message.published_at, expires_at)
-        self.plugin_exchanges.load_delayed(state.delayed)
+        # Held delayed messages' bodies are in their records: the node stores them at start.
+        self.loaded_bodies = self.plugin_exchanges.load_delayed(state.delayed)
 
     def next_expiry_due(self) -> bool:
         return self.expiry.next_expiry_due()

@@ -21,25 +21,44 @@ from .routing import MATCHERS, Binding
 
 @dataclass(slots=True, eq=False)
 class Message:
-    """One published message; shared (by reference) by every queue it was routed to."""
+    """One published message; shared (by reference) by every queue it was routed to.
+
+    The body is not here (issue 18): it is stored once per node, outside the model, under the
+    message's id (store/bodies.py); the model keeps its ``size`` for byte limits, credit and the
+    memory alarm.  ``live`` counts what holds the message (queue entries, a delayed exchange's
+    hold): the body goes when it reaches 0.
+    """
 
     id: int
     exchange: str
     routing_key: str
     properties: bytes  # as the publisher sent them, in ``format`` (store/message.py)
-    body: bytes
+    size: int  # body bytes
     persistent: bool
     priority: int
     published_at: int  # microseconds, stamped by the proposer
     refs: int = 0  # durable queue entries referring to it (LMDB record lifetime)
     format: int = AMQP091  # the protocol whose property encoding ``properties`` are in
+    live: int = 0  # queue entries and holds referring to it (body lifetime)
 
     def __setstate__(self, state: tuple) -> None:
-        """Unpickle (snapshots); one of snapshot format 1 has no ``format``: it was 0-9-1."""
+        """Unpickle (snapshots).  Format 1 has no ``format`` (it was 0-9-1); formats 1 and 2 carry
+        the body itself and no ``live``: the body goes to ``LEGACY_BODIES`` for the loader to
+        store, and ``live`` is recounted (store/snapshot.py)."""
         _no_dict, slots = state
         self.format = AMQP091
+        self.live = 0
+        body = slots.pop("body", None)
+        if body is not None:
+            self.size = len(body)
+            LEGACY_BODIES.append((slots["id"], body))
         for name, value in slots.items():
             setattr(self, name, value)
+
+
+#: Bodies found in a snapshot written before bodies left the model (format 1 and 2): filled while
+#: unpickling, emptied by ``store.snapshot.import_model``.
+LEGACY_BODIES: list[tuple[int, bytes]] = []
 
 
 @dataclass(slots=True, eq=False)
@@ -163,6 +182,15 @@ class ReadyList:
             return entries
         return list(self.drain())
 
+    def entries(self) -> Iterator[Entry]:
+        """Every entry, without taking any (not in delivery order: fresh ones level by level,
+        then the requeued ones)."""
+        for level in self._levels:
+            yield from level
+        for returned in self._returned:
+            for _seq, entry in returned:
+                yield entry
+
     def drain(self) -> Iterator[Entry]:
         """Remove and yield every entry in delivery order."""
         while True:
@@ -210,7 +238,7 @@ class Consumer:
         not enough byte credit available to send a complete message, the sender must either wait
         or use message fragmentation" (we wait)."""
         limit = self.credit_bytes
-        return entry is None or limit is None or limit >= 0xFFFFFFFF or len(entry.message.body) <= limit
+        return entry is None or limit is None or limit >= 0xFFFFFFFF or entry.message.size <= limit
 
     def room(self) -> int:
         """How many messages this consumer may be given now, one after another (0 or less: none).

@@ -49,7 +49,8 @@ class PluginExchanges:
             held = m.delayed.hold(m._now + delay * 1000, vhost.name, exchange.name, message.routing_key,
                                      message, expiration, delay)
             self.count("delayed")
-            m.message_bytes += len(message.body)  # held bodies count toward the memory alarm
+            message.live += 1  # the hold keeps the body (Delivery.keep_body stores it)
+            m.message_bytes += message.size  # held bodies count toward the memory alarm
             m.event(EV.DELAYED, None, message, str(delay), vhost.name)
             if m._persist is not None:
                 m._persist.put_delayed(held.due, held.seq, held_record(held))
@@ -76,20 +77,28 @@ class PluginExchanges:
                 m._persist.delete_delayed(held.due, held.seq)
             self.count("delay_released")
             message = held.message
-            m.message_bytes -= len(message.body)  # counted again if it is enqueued
-            vhost = m.vhosts.get(held.vhost)
-            exchange = vhost.exchanges.get(held.exchange) if vhost is not None else None
-            if exchange is None:
-                m.event(EV.DROPPED, None, message, "delayed exchange deleted", held.vhost)
-                continue
-            m.event(EV.DELAY_RELEASED, None, message, str(m._now - held.due), held.vhost)
-            queues = m.topology.route(vhost, exchange, held.routing_key, message)
-            if not queues:
-                self.count("unroutable")
-                m.event(EV.UNROUTABLE, None, message, "dropped", held.vhost)
-                continue
-            for queue in queues:
-                m.delivery.enqueue(queue, message, held.expiration)
+            m.message_bytes -= message.size  # counted again if it is enqueued
+            self._release(held)
+            message.live -= 1  # the hold ends: the body goes unless a queue took the message
+            if not message.live:
+                m._body_deletes.append(message.id)
+
+    def _release(self, held: Held) -> None:
+        m = self.m
+        message = held.message
+        vhost = m.vhosts.get(held.vhost)
+        exchange = vhost.exchanges.get(held.exchange) if vhost is not None else None
+        if exchange is None:
+            m.event(EV.DROPPED, None, message, "delayed exchange deleted", held.vhost)
+            return
+        m.event(EV.DELAY_RELEASED, None, message, str(m._now - held.due), held.vhost)
+        queues = m.topology.route(vhost, exchange, held.routing_key, message)
+        if not queues:
+            self.count("unroutable")
+            m.event(EV.UNROUTABLE, None, message, "dropped", held.vhost)
+            return
+        for queue in queues:
+            m.delivery.enqueue(queue, message, held.expiration)
 
     def forget_exchange(self, exchange: Exchange) -> None:
         """A deleted exchange's deduplication cache goes with it (held delayed messages stay and are
@@ -97,21 +106,26 @@ class PluginExchanges:
         m = self.m
         m.exchange_caches.pop((exchange.vhost, exchange.name), None)
 
-    def load_delayed(self, records: list) -> None:
-        """Rebuild the held messages from the single-node store's ``delayed`` table."""
+    def load_delayed(self, records: list) -> list[tuple[int, bytes]]:
+        """Rebuild the held messages from the single-node store's ``delayed`` table; their bodies,
+        for the node's body store."""
         m = self.m
+        bodies = []
         for due, seq, record in records:
             (vhost, exchange, routing_key, msg_id, props, body, persistent, priority, published_at,
              expiration, delay, *fmt) = record
-            message = Message(msg_id, exchange, routing_key, props, body, persistent, priority, published_at,
-                              0, fmt[0] if fmt else AMQP091)
+            message = Message(msg_id, exchange, routing_key, props, len(body), persistent, priority, published_at,
+                              0, fmt[0] if fmt else AMQP091, 1)
             m.delayed.add(Held(due, seq, vhost, exchange, routing_key, message, expiration, delay))
             m.message_bytes += len(body)
+            bodies.append((msg_id, body))
+        return bodies
 
 
 def held_record(held: Held) -> list:
     m = held.message
-    record = [held.vhost, held.exchange, held.routing_key, m.id, m.properties, m.body, m.persistent, m.priority,
+    # The body (index 5) is filled in by the node when it commits (DurableStore.commit).
+    record = [held.vhost, held.exchange, held.routing_key, m.id, m.properties, None, m.persistent, m.priority,
               m.published_at, held.expiration, held.delay]
     if m.format != AMQP091:
         record.append(m.format)  # as a message record (store/durable.py): only when not 0-9-1

@@ -270,7 +270,7 @@ class SessionCommands:
                 if entry is None or not consumer.fits(entry):
                     break
                 consumer.cursor = entry.seq
-                self.take_credit(consumer, len(entry.message.body))
+                self.take_credit(consumer, entry.message.size)
                 transfer_id = session.next_transfer
                 session.next_transfer += 1
                 session.browsed[transfer_id] = (queue.qid, entry.seq, consumer.tag)
@@ -299,7 +299,7 @@ class SessionCommands:
             entry = queue.ready.remove_seq(seq) if queue is not None else None
             if entry is None:
                 continue  # consumed, expired or acquired by someone else meanwhile
-            queue.ready_bytes -= len(entry.message.body)
+            queue.ready_bytes -= entry.message.size
             entry.delivery_count += 1
             m.delivery.hold(ch, ch, queue, entry)
             session.transfers[transfer_id] = (qid, seq, destination)

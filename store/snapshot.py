@@ -10,7 +10,9 @@ A snapshot is an LMDB file (``subdir=False``) with two records:
 
 * ``meta``: opaque bytes owned by the Raft layer (the last applied entries and the membership);
 * ``format``: the snapshot format version (``store/versions.py``; absent in version 1 files);
-* ``model``: the model, pickled.  Pickle keeps the object graph (a message shared by several
+* ``model``: the model, pickled, without message bodies (issue 18: each node keeps them in its body
+  store, store/bodies.py; a follower that installs a snapshot fetches the ones it lacks,
+  store/body_fetch.py).  Formats 1 and 2 held the bodies: ``import_model`` hands them back.  Pickle keeps the object graph (a message shared by several
   queues, consumers pointing at their channels) without a hand-written schema.  Snapshots travel
   only between cluster members over the authenticated, encrypted Raft transport and are read only
   from the node's own data directory, the same trust boundary as pysyncobj's own wire format.
@@ -25,6 +27,7 @@ import pickle
 import lmdb
 
 from .machine import StateMachine
+from .model import LEGACY_BODIES
 from .versions import SNAPSHOT_FORMAT, check
 
 #: The attributes of StateMachine that make up the replicated state.
@@ -40,13 +43,56 @@ def export_model(machine: StateMachine) -> bytes:
     return pickle.dumps({name: getattr(machine, name) for name in MODEL_FIELDS}, protocol=5)
 
 
-def import_model(machine: StateMachine, blob: bytes) -> None:
-    """Replace ``machine``'s state with a snapshot's (in place: the broker keeps its reference)."""
-    state = pickle.loads(blob)  # noqa: S301 - see the module docstring for the trust boundary
+def import_model(machine: StateMachine, blob: bytes) -> list[tuple[int, bytes]]:
+    """Replace ``machine``'s state with a snapshot's (in place: the broker keeps its reference).
+
+    Returns the bodies a snapshot of format 1 or 2 carried in its messages (none from format 3):
+    the caller stores them in the node's body store."""
+    LEGACY_BODIES.clear()
+    try:
+        state = pickle.loads(blob)  # noqa: S301 - see the module docstring for the trust boundary
+        legacy = list(LEGACY_BODIES)
+    finally:
+        LEGACY_BODIES.clear()
     for name in MODEL_FIELDS:
         if name in state:  # a field added after the snapshot was written keeps its initial value
             setattr(machine, name, state[name])
     machine._dirty = {}
+    if legacy:
+        count_holders(machine)
+    return legacy
+
+
+def holders(machine: StateMachine):
+    """Every message held, once per holder: queue entries (ready and unacked) and delayed holds."""
+    for queue in machine.queues_by_id.values():
+        for entry in queue.ready.entries():
+            yield entry.message
+    seen: set[int] = set()
+    channels = [ch for chs in machine.channels.values() for ch in chs.values()]
+    channels += [s.channel for s in machine.sessions.values()]
+    for ch in channels:
+        if id(ch) in seen:
+            continue
+        seen.add(id(ch))
+        for _queue, entry in ch.unacked.values():
+            yield entry.message
+    for held in machine.delayed.ordered():
+        yield held.message
+
+
+def count_holders(machine: StateMachine) -> None:
+    """Set ``Message.live`` from the model (a snapshot written before it existed)."""
+    messages = list(holders(machine))
+    for message in messages:
+        message.live = 0
+    for message in messages:
+        message.live += 1
+
+
+def live_bodies(machine: StateMachine) -> dict[int, int]:
+    """Message id -> body size of every message the model holds: the bodies a node needs."""
+    return {message.id: message.size for message in holders(machine)}
 
 
 def write_snapshot(path: str, machine: StateMachine, meta: bytes) -> None:
@@ -116,7 +162,7 @@ def digest(machine: StateMachine) -> str:
             for level in range(len(ready._levels) - 1, -1, -1):
                 for entry in ready._levels[level]:
                     put("ready", entry.seq, entry.message.id, entry.expires_at, entry.priority, entry.delivery_count,
-                        hashlib.sha256(entry.message.body).hexdigest(), entry.message.properties,
+                        entry.message.size, entry.message.live, entry.message.properties,
                         entry.message.format)
                 for seq, entry in sorted(ready._returned[level], key=lambda item: item[0]):
                     put("returned", seq, entry.message.id, entry.delivery_count)
@@ -130,7 +176,7 @@ def digest(machine: StateMachine) -> str:
     for held in machine.delayed.ordered():
         m = held.message
         put("delayed", held.due, held.seq, held.vhost, held.exchange, held.routing_key, held.expiration, held.delay,
-            m.id, m.properties, hashlib.sha256(m.body).hexdigest())
+            m.id, m.properties, m.size, m.live)
     for key in sorted(machine.exchange_caches):
         cache = machine.exchange_caches[key]
         put("exchange-dedup", key, cache.size, cache.ttl, list(cache.entries.items()))

@@ -346,9 +346,10 @@ class Topology:
         urls = [f"amqp:tcp:{amqp}" for _raft, amqp in m.members.values()]
         props = codec(AMQP091).encode(Properties(headers={"amq.failover": urls}))
         for queue in queues:
-            message = Message(m.next_msg_id, "amq.failover", "", props, b"", False, 0, m._now)
+            message = Message(m.next_msg_id, "amq.failover", "", props, 0, False, 0, m._now, live=1)
             m.next_msg_id += 1
             m.delivery.enqueue(queue, message, None)
+            m.delivery.keep_body(message, b"")
 
     def queue_unbind(self, cmd: QueueUnbind) -> None:
         m = self.m

@@ -227,7 +227,7 @@ class Amqp010Connection(asyncio.Protocol):
             if self._parking.holding:
                 settled = (session.accept_modes.get(destination) == ACCEPT_NONE
                            and session.acquire_modes.get(destination, PRE_ACQUIRED) == PRE_ACQUIRED)
-                size = len(transfer[4].body)
+                size = len(transfer[5])
                 owned = size if settled else 0  # settled on assignment: held only here
                 if self._parking.park(channel_no, destination, transfer, owned, size):
                     self._submit_flow(channel_no, False)
@@ -238,7 +238,7 @@ class Amqp010Connection(asyncio.Protocol):
         """Write a transfer; flush once a high-water mark's worth is written, so that the
         transport can pause us in the middle of a large batch (writeflow.py)."""
         session.on_transfer(destination, transfer)
-        if self._parking.wrote(len(transfer[4].body)):
+        if self._parking.wrote(len(transfer[5])):
             self.flush()
 
     def on_session_detached(self, channel_no: int, name: bytes) -> None:

@@ -34,5 +34,5 @@ def from_core(message: Message, redelivered: bool) -> list:
         dp.delivery_mode = 1
     if dp.priority is None:
         dp.priority = 4
-    mp.content_length = len(message.body)
+    mp.content_length = message.size
     return [dp, mp]

@@ -127,8 +127,8 @@ class ServerSession:
         if self.completed:
             self.in_next = self.completed[-1][1] + 1
         self.conn.send(self.channel, c.SessionAttached(name=self.name))
-        for transfer_id, destination, _qid, _seq, message in replay:
-            self._send_transfer(transfer_id, destination, True, message)
+        for transfer_id, destination, _qid, _seq, message, body in replay:
+            self._send_transfer(transfer_id, destination, True, message, body)
         # What the client sent right after session.attach (typically session.command-point, then
         # commands: qpid.messaging does) is handled now, as if the attach had been synchronous.
         for item in early:
@@ -423,8 +423,8 @@ class ServerSession:
         self.out_next += 1
 
     def on_transfer(self, destination: str, transfer: tuple) -> None:
-        transfer_id, _qid, _seq, redelivered, message = transfer
-        self._send_transfer(transfer_id, destination, redelivered, message)
+        transfer_id, _qid, _seq, redelivered, message, body = transfer
+        self._send_transfer(transfer_id, destination, redelivered, message, body)
 
     def _window_mode(self, destination: str) -> bool:
         """The subscription's flow mode, from this node's replica (applied before its transfers were
@@ -433,17 +433,17 @@ class ServerSession:
         consumer = ch.consumers.get(destination) if ch is not None else None
         return consumer is not None and consumer.window_mode
 
-    def _send_transfer(self, transfer_id: int, destination: str, redelivered: bool, message) -> None:
+    def _send_transfer(self, transfer_id: int, destination: str, redelivered: bool, message, body: bytes) -> None:
         if not self.attached:
             return
         headers = from_core(message, redelivered)
         accept_mode = self.accept_modes.get(destination, ACCEPT_EXPLICIT)
         acquire_mode = self.acquire_modes.get(destination, PRE_ACQUIRED)
         transfer = c.MessageTransfer(destination=destination, accept_mode=accept_mode,
-                                     acquire_mode=acquire_mode, headers=headers, body=message.body)
+                                     acquire_mode=acquire_mode, headers=headers, body=body)
         self._send_command(transfer, transfer_id)
         if self._window_mode(destination):
-            self.window.sent(transfer_id, destination, len(message.body))
+            self.window.sent(transfer_id, destination, len(body))
         if accept_mode == ACCEPT_NONE or acquire_mode == NOT_ACQUIRED:
             self.unsettled_none.add(transfer_id)
 

@@ -598,13 +598,13 @@ class Channel:
             if value is None:
                 self._fill(slot, encode_method_frame(self.number, m.BasicGetEmpty()))
                 return
-            qid, seq, redelivered, message, remaining = value
+            qid, seq, redelivered, message, remaining, body = value
             tag = self._track(qid, seq, no_ack)
             self._fill(slot, encode_content(
                 self.number,
                 m.BasicGetOk(delivery_tag=tag, redelivered=redelivered, exchange=message.exchange,
                              routing_key=message.routing_key, message_count=remaining),
-                properties_091(message), message.body, self.conn.frame_max))
+                properties_091(message), body, self.conn.frame_max))
 
         self.conn.request(self, command, type(method), got)
 
@@ -651,7 +651,7 @@ class Channel:
     def return_unsent(self, deliveries: list[tuple]) -> None:
         """Assignments never sent (their consumer went while they were parked): back to their
         queues as not delivered. Unknown ones (auto-ack, already gone) are ignored by apply."""
-        refs = [[qid, seq] for qid, seq, _redelivered, _message in deliveries]
+        refs = [[delivery[0], delivery[1]] for delivery in deliveries]
         self.conn.broker.submit(self._command(Nack, refs, True, True))
 
     def _send_held(self) -> None:
@@ -667,14 +667,14 @@ class Channel:
             self.return_unsent(held)
 
     def _send_delivery(self, consumer_tag: str, delivery: tuple, no_ack: bool) -> None:
-        qid, seq, redelivered, message = delivery
+        qid, seq, redelivered, message, body = delivery
         self._next_delivery_tag += 1
         tag = self._next_delivery_tag
         if not no_ack:
             self._unacked[tag] = (qid, seq)
             self._window.sent(tag, consumer_tag)
         self.conn.write(encode_delivery(self.number, consumer_tag, tag, redelivered, message.exchange,
-                                        message.routing_key, properties_091(message), message.body,
+                                        message.routing_key, properties_091(message), body,
                                         self.conn.frame_max))
 
     def server_cancel(self, consumer_tag: str) -> None:

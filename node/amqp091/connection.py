@@ -301,7 +301,7 @@ class Amqp091Connection(asyncio.Protocol):
         channel = self.channels.get(channel_no)
         if channel is not None:
             if self._parking.holding and channel.is_open:
-                size = len(delivery[3].body)
+                size = len(delivery[4])
                 owned = size if channel.consumer_no_ack(consumer_tag) else 0
                 # A channel under a basic.qos limit parks at most its credit: no stop needed.
                 counted = 0 if channel.assignment_bounded else size
@@ -314,7 +314,7 @@ class Amqp091Connection(asyncio.Protocol):
         """Hand a delivery to its channel; flush once a high-water mark's worth is written, so
         that the transport can pause us in the middle of a large batch (writeflow.py)."""
         channel.deliver(consumer_tag, delivery)
-        if self._parking.wrote(len(delivery[3].body)):
+        if self._parking.wrote(len(delivery[4])):
             self.flush()
 
     def on_cancel(self, channel_no: int, consumer_tag: str) -> None:

@@ -325,10 +325,10 @@ class OutgoingLink(Link):
     # ------------------------------------------------------------------ deliveries
 
     def on_core_transfer(self, transfer: tuple) -> None:
-        transfer_id, _qid, _seq, redelivered, message = transfer
+        transfer_id, _qid, _seq, redelivered, message, body = transfer
         self.assigned += 1
         self.delivery_count = (self.delivery_count + 1) % SERIAL
-        data = convert.encode_delivery(properties_in(message, AMQP091, b"\x00\x00"), message.body, message.exchange, message.routing_key,
+        data = convert.encode_delivery(properties_in(message, AMQP091, b"\x00\x00"), body, message.exchange, message.routing_key,
                                        redelivered)
         self.session.send_delivery(self, transfer_id, self.settled, data, transfer_id.to_bytes(8, "big"))
 

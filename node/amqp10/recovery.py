@@ -81,7 +81,7 @@ class DurableOutgoingLink(OutgoingLink):
         super().__init__(session, attach)
         self.resuming = False
         self.early: list[tuple] = []  # core transfers that arrived while resuming
-        self.replays: list[tuple[int, object, bool]] = []  # (transfer id, message, resume) owed to the client
+        self.replays: list[tuple[int, object, bytes, bool]] = []  # (transfer id, message, body, resume) owed
         self.offered: list[int] = []  # the transfer ids listed in our attach's unsettled map
         source = attach.source
         self.timeout = min(MAX_SESSION_TIMEOUT, max(int(source.timeout or 0), DEFAULT_TIMEOUT))
@@ -109,7 +109,8 @@ class DurableOutgoingLink(OutgoingLink):
             self.resuming = False
             conn.request(subscribe._replace(channel=self.core, destination=self.destination), self._subscribed)
             return
-        self.replays = [(transfer_id, message, False) for transfer_id, _dest, _qid, _seq, message in replay]
+        self.replays = [(transfer_id, message, body, False)
+                        for transfer_id, _dest, _qid, _seq, message, body in replay]
         conn.request(MessageStop(conn.conn_id, None, self.core, self.destination), self._resumed)
 
     def on_core_transfer(self, transfer: tuple) -> None:
@@ -123,8 +124,8 @@ class DurableOutgoingLink(OutgoingLink):
         self.resuming = False
         if result[0] != 0:
             return self._subscribed(result)
-        known = {t for t, _m, _r in self.replays}
-        self.replays += [(t, m, False) for t, _q, _s, _r, m in self.early if t not in known]
+        known = {replay[0] for replay in self.replays}
+        self.replays += [(t, m, b, False) for t, _q, _s, _r, m, b in self.early if t not in known]
         self.early = []
         client = {}
         for tag, state in (self.attach_frame.unsettled or {}).items():
@@ -132,17 +133,17 @@ class DurableOutgoingLink(OutgoingLink):
                 client[int.from_bytes(tag, "big")] = p.from_described(state)  # map values stay Described
         settle: dict[int, list[int]] = {}
         remaining = []
-        for transfer_id, message, _ in self.replays:
+        for transfer_id, message, body, _ in self.replays:
             how = _outcome(client.get(transfer_id)) if transfer_id in client else None
             if how is not None:
                 settle.setdefault(how, []).append(transfer_id)
             else:
-                remaining.append((transfer_id, message, transfer_id in client))
+                remaining.append((transfer_id, message, body, transfer_id in client))
         for how, ids in settle.items():
             ranges = [list(r) for r in rs.from_ids(sorted(ids))]
             self.conn.broker.submit(MessageSettle(self.conn.conn_id, None, self.core, ranges, how))
         self.replays = remaining
-        self.offered = [transfer_id for transfer_id, _m, _r in remaining]
+        self.offered = [replay[0] for replay in remaining]
         self._subscribed((0, self.destination))
 
     def unsettled_map(self) -> dict | None:
@@ -152,9 +153,9 @@ class DurableOutgoingLink(OutgoingLink):
 
     def send_replays(self) -> None:
         while self.replays and self._credit() > 0:
-            transfer_id, message, resume = self.replays.pop(0)
+            transfer_id, message, body, resume = self.replays.pop(0)
             self.delivery_count = (self.delivery_count + 1) % SERIAL
-            data = convert.encode_delivery(properties_in(message, AMQP091, b"\x00\x00"), message.body, message.exchange, message.routing_key,
+            data = convert.encode_delivery(properties_in(message, AMQP091, b"\x00\x00"), body, message.exchange, message.routing_key,
                                            True)
             self.session.send_delivery(self, transfer_id, self.settled, data, transfer_id.to_bytes(8, "big"),
                                        resume)

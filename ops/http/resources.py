@@ -127,10 +127,10 @@ async def get_messages(request: web.Request) -> web.Response:
     out = []
     for item in fetched:
         message = item.message
-        payload_bytes = message.body if truncate is None else message.body[: int(truncate)]
+        payload_bytes = item.body if truncate is None else item.body[: int(truncate)]
         payload, payload_encoding = _encode_payload(payload_bytes, encoding)
         out.append({
-            "payload_bytes": len(message.body),
+            "payload_bytes": len(item.body),
             "redelivered": item.redelivered,
             "exchange": message.exchange,
             "routing_key": message.routing_key,

@@ -280,7 +280,7 @@ async def aliveness(request: web.Request) -> web.Response:
     outcome = await control.publish(vhost, "", "aliveness-test", encode_properties(BasicProperties()), body,
                                     False, None, None)
     fetched = await control.get(vhost, "aliveness-test", 1, "ack_requeue_false")
-    if outcome != ROUTED or not fetched or fetched[0].message.body != body:
+    if outcome != ROUTED or not fetched or fetched[0].body != body:
         return reply({"status": "failed", "reason": "the test message did not come back"}, status=503)
     return reply({"status": "ok"})
 

@@ -58,7 +58,7 @@ async def run_broker(steps: list[bytes], chunks: list[bytes]) -> tuple[bytes, li
     queue = broker.machine.vhosts["/"].queues.get(QUEUE)
     bodies = []
     while queue is not None and len(queue.ready):
-        bodies.append(queue.ready.pop().message.body)
+        bodies.append(broker.bodies.get(queue.ready.pop().message.id))
     conn.connection_lost(None)
     await broker.stop()
     return written, bodies

@@ -130,7 +130,7 @@ def test_amq_failover_updates_bound_exclusive_queues():
     assert len(queue.ready) == 2
     queue.ready.pop()
     update = queue.ready.pop().message
-    assert update.body == b""
+    assert update.size == 0
     assert decode_properties(update.properties).headers == {
         "amq.failover": ["amqp:tcp:127.0.0.1:5672", "amqp:tcp:127.0.0.1:5673"]}
     out = m.apply_batch(NOW, [ExchangeDeclare("c", 9, 2, "/", "my-failover", "failover", False, False,

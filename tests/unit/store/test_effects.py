@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from raftmq.store.commands import OUT_REPLY, ChannelOpen, Publish, QueueDeclare, QueueDelete, VhostAdd
 from raftmq.store.durable import DurableStore
-from raftmq.store.effects import DELETE_PREFIX, PUT
+from raftmq.store.effects import DELETE_PREFIX, PUT, PUT_WITH_BODY
 from raftmq.store.machine import StateMachine
 
 NOW = 1_700_000_000_000_000
@@ -23,20 +23,23 @@ def test_apply_records_persistence_and_writes_nothing_until_carried_out(tmp_path
     machine = StateMachine(store)
     effects = machine.apply(NOW, _declare_and_publish())
     assert [out[3][0] for out in effects.outputs if out[1] == OUT_REPLY] == [0, 0, 0]
-    tables = [op[1] for op in effects.persistence if op[0] == PUT]
+    tables = [op[1] for op in effects.persistence if op[0] in (PUT, PUT_WITH_BODY)]
     assert {"vhosts", "queues", "messages", "entries"} <= set(tables)
     assert effects.sync_needed  # a persistent message in a durable queue: the confirm waits for fsync
     assert DurableStore(str(tmp_path / "other")).load().queues == []  # (a fresh store is empty)
     assert store.load().queues == []  # apply wrote nothing
-    machine.carry_out(effects)
+    # The model holds no body: the message record gets it from the node's bodies (the puts).
+    assert effects.body_puts == [(1, b"kept")]
+    machine.carry_out(effects, dict(effects.body_puts).get)
     assert [q[1] for q in store.load().queues] == ["durable-q"]
-    assert len(store.load().messages) == 1
+    assert store.load().messages[1][3] == b"kept"
 
 
 def test_deleting_a_queue_drops_its_entries_in_the_same_commit(tmp_path):
     store = DurableStore(str(tmp_path / "state"))
     machine = StateMachine(store)
-    machine.carry_out(machine.apply(NOW, _declare_and_publish()))
+    effects = machine.apply(NOW, _declare_and_publish())
+    machine.carry_out(effects, dict(effects.body_puts).get)
     qid = machine.vhosts["/"].queues["durable-q"].qid
     effects = machine.apply(NOW, [QueueDelete(C, 4, 1, "/", "durable-q", False, False)])
     assert any(op[0] == DELETE_PREFIX and op[1] == "entries" for op in effects.persistence)

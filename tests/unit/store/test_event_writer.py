@@ -16,6 +16,7 @@ class Driver:
     def __init__(self, store: EventStore) -> None:
         self.machine = StateMachine()
         self.machine.event_sink = store.append
+        store.body_of = self.machine.own_bodies.get  # as the node wires its body store
         self.store = store
         self.now = 1_000_000
         self.index = 0

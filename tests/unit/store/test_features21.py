@@ -65,7 +65,7 @@ class Driver(MachineDriver):
         """Drain ``queue`` with basic.get no-ack."""
         got = []
         while (value := self.get(queue)) is not None:
-            got.append(value[3].body)
+            got.append(value.body)
         return got
 
     def kinds(self, kind: int) -> list[tuple[str, str]]:
@@ -161,13 +161,14 @@ def test_requeues_count_until_the_limit_then_the_message_is_dead_lettered(d):
         got = _nack(d, delivery)
     assert seen == [(False, None), (True, 1), (True, 2)]
     assert len(queue(d, "q").ready) == 0 and queue(d, "q").unacked_count == 0
-    dead = d.get("dlq")[3]
+    got = d.get("dlq")
+    dead = got.message
     headers = headers_of(dead)
     (death,) = headers["x-death"]
     assert (death["reason"], death["queue"], death["count"], death["exchange"]) == ("delivery_limit", "q", 1, "")
     assert headers["x-first-death-reason"] == "delivery_limit" and headers["x-first-death-queue"] == "q"
     assert "x-delivery-count" not in headers  # the copy is a new message, as RabbitMQ 3.13 publishes it
-    assert dead.body == b"poison"
+    assert got.body == b"poison"
     assert ("q", "delivery_limit") in d.kinds(EV.DROPPED)
     assert ("q", "delivery_limit->") in d.kinds(EV.DEAD_LETTERED)
 

@@ -88,8 +88,8 @@ def test_publish_to_default_exchange_and_get(driver):
     assert driver.publish("", "q", b"hello")[0] == ROUTED
     assert driver.publish("", "nowhere", b"x")[0] == UNROUTABLE
     value, _ = driver.ok(Op.GET, "/", "q", True)
-    qid, seq, redelivered, message, remaining = value
-    assert message.body == b"hello" and not redelivered and remaining == 0
+    qid, seq, redelivered, message, remaining, body = value
+    assert body == b"hello" and message.size == 5 and not redelivered and remaining == 0
     assert driver.ok(Op.GET, "/", "q", True)[0] is None
 
 
@@ -103,7 +103,7 @@ def test_consumer_round_robin_and_prefetch(driver):
     got = []
     for i in range(6):
         _, outputs = driver.publish("", "q", b"%d" % i)
-        got += [(o[3], o[4][3].body) for o in deliveries(outputs)]
+        got += [(o[3], o[4][4]) for o in deliveries(outputs)]
     # Two consumers, prefetch 2 each: four deliveries alternate, two messages wait.
     assert got == [("c1", b"0"), ("c2", b"1"), ("c1", b"2"), ("c2", b"3")]
     queue = driver.machine.vhosts["/"].queues["q"]
@@ -111,7 +111,7 @@ def test_consumer_round_robin_and_prefetch(driver):
     # Acking one of c1's messages frees one credit: the next message goes to c1.
     first_qid, first_seq = queue.qid, 1
     outputs = driver.apply(Ack(C, None, 1, [[first_qid, first_seq]]))
-    assert [(o[3], o[4][3].body) for o in deliveries(outputs)] == [("c1", b"4")]
+    assert [(o[3], o[4][4]) for o in deliveries(outputs)] == [("c1", b"4")]
 
 
 
@@ -126,14 +126,14 @@ def test_a_single_consumer_takes_a_backlog_up_to_its_prefetch_in_queue_order(dri
             driver.now += 150_000  # messages 0-2 are expired from here on
     driver.ok(Op.QOS, 4, False)
     _, outputs = driver.ok(Op.CONSUME, "/", "q", "c1", False, False, {})
-    assert [o[4][3].body for o in deliveries(outputs)] == [b"3", b"4", b"5", b"6"]
+    assert [o[4][4] for o in deliveries(outputs)] == [b"3", b"4", b"5", b"6"]
     queue = driver.machine.vhosts["/"].queues["q"]
     assert len(queue.ready) == 3 and queue.unacked_count == 4
     # A channel-wide prefetch of 2 (basic.qos global=true) binds once it is below the consumer's.
     _, outputs = driver.ok(Op.QOS, 2, True)
     assert deliveries(outputs) == []
     outputs = driver.apply(Ack(C, None, 1, [[queue.qid, seq] for seq in (4, 5, 6, 7)]))
-    assert [o[4][3].body for o in deliveries(outputs)] == [b"7", b"8"]
+    assert [o[4][4] for o in deliveries(outputs)] == [b"7", b"8"]
     assert len(queue.ready) == 1 and queue.unacked_count == 2
 
 def test_nack_requeue_keeps_position_and_sets_redelivered(driver):
@@ -143,11 +143,11 @@ def test_nack_requeue_keeps_position_and_sets_redelivered(driver):
     driver.ok(Op.QOS, 1, False)
     _, outputs = driver.ok(Op.CONSUME, "/", "q", "c", False, False, {})
     (first,) = deliveries(outputs)
-    qid, seq, redelivered, message = first[4]
-    assert message.body == b"0" and not redelivered
+    qid, seq, redelivered, message, body = first[4]
+    assert body == b"0" and not redelivered
     outputs = driver.apply(Nack(C, None, 1, [[qid, seq]], True))
     (again,) = deliveries(outputs)
-    assert again[4][3].body == b"0" and again[4][2] is True
+    assert again[4][4] == b"0" and again[4][2] is True
 
 
 def test_reject_without_requeue_dead_letters(driver):
@@ -158,7 +158,7 @@ def test_reject_without_requeue_dead_letters(driver):
     qid, seq = value[0], value[1]
     driver.apply(Nack(C, None, 1, [[qid, seq]], False))
     dead, _ = driver.ok(Op.GET, "/", "dlq", True)
-    assert dead[3].body == b"bad"
+    assert dead.body == b"bad"
 
 
 def test_channel_close_requeues_unacked(driver):
@@ -169,7 +169,7 @@ def test_channel_close_requeues_unacked(driver):
     driver.ok(Op.CHANNEL_CLOSE)
     driver.ok(Op.CHANNEL_OPEN)
     value, _ = driver.ok(Op.GET, "/", "q", True)
-    assert value[3].body == b"m" and value[2] is True  # redelivered
+    assert value.body == b"m" and value[2] is True  # redelivered
 
 
 def test_errors_close_the_channel(driver):
@@ -202,7 +202,7 @@ def test_max_length_drop_head_and_reject_publish(driver):
     declare(driver, "dh", args={"x-max-length": 2})
     for i in range(4):
         driver.publish("", "dh", b"%d" % i)
-    bodies = [driver.ok(Op.GET, "/", "dh", True)[0][3].body for _ in range(2)]
+    bodies = [driver.ok(Op.GET, "/", "dh", True)[0].body for _ in range(2)]
     assert bodies == [b"2", b"3"]
     declare(driver, "rp", args={"x-max-length": 1, "x-overflow": "reject-publish"})
     assert driver.publish("", "rp", b"a")[0] == ROUTED
@@ -213,7 +213,7 @@ def test_priority_queue_orders_by_priority_then_fifo(driver):
     declare(driver, "p", args={"x-max-priority": 5})
     for body, prio in ((b"low1", 1), (b"high", 9), (b"mid", 3), (b"low2", 1), (b"none", 0)):
         driver.publish("", "p", body, priority=prio)
-    got = [driver.ok(Op.GET, "/", "p", True)[0][3].body for _ in range(5)]
+    got = [driver.ok(Op.GET, "/", "p", True)[0].body for _ in range(5)]
     assert got == [b"high", b"mid", b"low1", b"low2", b"none"]
 
 
@@ -225,7 +225,7 @@ def test_ttl_expiry_on_tick(driver):
     driver.now += 60_000  # first is 110 ms old, second 60 ms
     driver.apply(Tick(None, None))
     got = driver.ok(Op.GET, "/", "t", True)[0]
-    assert got[3].body == b"young"
+    assert got.body == b"young"
 
 
 def test_persistent_messages_survive_reload_transient_do_not(tmp_path):
@@ -252,7 +252,7 @@ def test_persistent_messages_survive_reload_transient_do_not(tmp_path):
     d2 = Driver(again)
     d2.ok(Op.CHANNEL_OPEN)
     got = [d2.ok(Op.GET, "/", "durable", True)[0] for _ in range(5)]
-    assert [g[3].body for g in got] == [b"p0", b"p1", b"p2", b"p3", b"p4"]
+    assert [g.body for g in got] == [b"p0", b"p1", b"p2", b"p3", b"p4"]
     assert [g[2] for g in got] == [True, False, False, False, False]
     assert d2.ok(Op.GET, "/", "durable", True)[0] is None
 
@@ -282,7 +282,7 @@ def test_same_commands_give_same_state_and_outputs(tmp_path):
         decoded = decode_batch(encode_batch(batch))
         outputs.append(second.machine.apply_batch(now, decoded))
     assert first.machine.store.digest() == second.machine.store.digest()
-    delivered = [o[4][3].body for batch in outputs for o in batch if o[1] == OUT_DELIVER]
+    delivered = [o[4][4] for batch in outputs for o in batch if o[1] == OUT_DELIVER]
     assert delivered == [b"%d" % i for i in range(10)]
 
 
@@ -318,7 +318,7 @@ def test_deleting_a_queue_releases_every_message_alike_with_and_without_history(
         assert "q" not in d.machine.vhosts["/"].queues
     assert plain.machine.event_seq == kept.machine.event_seq
     deleted = [e for e in recorded if e[2] == EV.DELETED]
-    assert sorted(len(e[10].body) for e in deleted) == [1, 2, 3, 4, 5, 6]
+    assert sorted(e[10].size for e in deleted) == [1, 2, 3, 4, 5, 6]
 
 
 def test_publishes_to_a_queue_without_consumers_are_delivered_once_one_comes(driver):
@@ -328,9 +328,9 @@ def test_publishes_to_a_queue_without_consumers_are_delivered_once_one_comes(dri
     for i in range(3):
         driver.publish("", "q", b"%d" % i)
     _, outputs = driver.ok(Op.CONSUME, "/", "q", "c", True, False, {})
-    assert [o[4][3].body for o in deliveries(outputs)] == [b"0", b"1", b"2"]
+    assert [o[4][4] for o in deliveries(outputs)] == [b"0", b"1", b"2"]
     _, outputs = driver.publish("", "q", b"3")
-    assert [o[4][3].body for o in deliveries(outputs)] == [b"3"]
+    assert [o[4][4] for o in deliveries(outputs)] == [b"3"]
 
 
 def test_a_batch_applied_without_replies_changes_the_state_alike_and_keeps_deliveries():

@@ -21,7 +21,7 @@ from raftmq.store.commands import ERR, REJECTED, ROUTED, UNROUTABLE, Op, Tick, V
 from raftmq.store.delayed import MAX_DELAY_MS, delay_of
 from raftmq.store.durable import DurableStore
 from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import digest, export_model, import_model
+from raftmq.store.snapshot import digest, export_model, import_model, live_bodies
 from tests.unit.store.test_features21 import NOW, Driver
 
 MS = 1000
@@ -87,8 +87,9 @@ def test_a_delayed_message_is_held_until_its_time_then_routed_with_x_delay_negat
     assert ready(d, "q") == 0  # not before the delay
     tick(d, NOW + 200 * MS)
     assert ready(d, "q") == 1 and len(d.machine.delayed) == 0 and d.machine.message_bytes == 4
-    message = d.get("q")[3]
-    assert message.body == b"late"
+    got = d.get("q")
+    message = got.message
+    assert got.body == b"late"
     assert decode_properties(message.properties).headers["x-delay"] == -200
     assert d.machine.stats["delayed"] == 1 and d.machine.stats["delay_released"] == 1
     assert d.kinds(EV.DELAYED) == [("", "200")]
@@ -181,6 +182,9 @@ def test_held_messages_travel_in_snapshots_and_the_digest(d):
     other = _driver(StateMachine(None))
     import_model(other.machine, export_model(d.machine))
     assert digest(other.machine) == digest(d.machine)
+    # Held messages' bodies are fetched by a joining node like queued ones (body_fetch.py).
+    assert live_bodies(other.machine) == live_bodies(d.machine) != {}
+    other.machine.own_bodies.put([(i, d.machine.own_bodies.get(i)) for i in live_bodies(other.machine)])
     d.publish("k", b"n", headers={"x-delay": 100}, exchange="dx")
     assert digest(other.machine) != digest(d.machine)
     tick(other, NOW + 100 * MS)
@@ -269,6 +273,9 @@ def test_the_exchange_cache_is_replicated_state_and_goes_with_the_exchange(d):
     other = _driver(StateMachine(None))
     import_model(other.machine, export_model(d.machine))
     assert digest(other.machine) == digest(d.machine)
+    # Held messages' bodies are fetched by a joining node like queued ones (body_fetch.py).
+    assert live_bodies(other.machine) == live_bodies(d.machine) != {}
+    other.machine.own_bodies.put([(i, d.machine.own_bodies.get(i)) for i in live_bodies(other.machine)])
     assert other.publish("rk", b"dup", headers={H: "a"}, exchange="ddx")[0] == UNROUTABLE
     d.ok(Op.EXCHANGE_DELETE, "/", "ddx", False)
     assert d.machine.exchange_caches == {}

@@ -111,17 +111,17 @@ def test_deliveries_are_numbered_replayed_on_resume_and_settled_by_id():
     a.command(Op.MESSAGE_FLOW, "dest", 0, 2)
     a.command(Op.MESSAGE_FLOW, "dest", 1, UNLIMITED)
     sent = a.transfers()
-    assert [(o[4][0], o[4][4].body) for o in sent] == [(0, b"m0"), (1, b"m1")]  # credit 2
+    assert [(o[4][0], o[4][5]) for o in sent] == [(0, b"m0"), (1, b"m1")]  # credit 2
     a.command(Op.MESSAGE_SETTLE, [[0, 0]], SETTLE_ACCEPT)
     # The node dies before transfer 1 is accepted; the session is resumed elsewhere.
     m.apply_batch(NOW, [NodeReset(None, None, "n1", None)])
     assert "dest" in m.sessions[next(iter(m.sessions))].channel.consumers  # subscriptions survive
     b, result = attach(m, "n2.y.1")
     replay = result.value.replay
-    assert [(t[0], t[1], t[4].body) for t in replay] == [(1, "dest", b"m1")]
+    assert [(t[0], t[1], t[5]) for t in replay] == [(1, "dest", b"m1")]
     b.command(Op.MESSAGE_SETTLE, [[1, 1]], SETTLE_RELEASE_REDELIVERED, command_id=100)
     b.command(Op.MESSAGE_FLOW, "dest", 0, 5, command_id=101)
-    later = [(o[4][0], o[4][3], o[4][4].body) for o in b.transfers()]
+    later = [(o[4][0], o[4][3], o[4][5]) for o in b.transfers()]
     assert later == [(2, True, b"m1"), (3, False, b"m2")]  # new ids; m1 redelivered
 
 

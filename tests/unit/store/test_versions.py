@@ -26,7 +26,7 @@ from raftmq.store.commands import (
 from raftmq.store.durable import DurableStore
 from raftmq.store.machine import StateMachine
 from raftmq.store.message import AMQP010, AMQP091, headers_of
-from raftmq.store.snapshot import digest, import_model, read_snapshot, write_snapshot
+from raftmq.store.snapshot import digest, import_model, live_bodies, read_snapshot, write_snapshot
 from raftmq.store.versions import (
     COMMAND_FORMAT,
     EXIT_FORMAT_TOO_NEW,
@@ -39,6 +39,7 @@ from tests.unit.store import snapshot_fixture
 
 FIXTURE = Path(__file__).parent / "fixtures" / "snapshot-format-1.lmdb"
 FIXTURE_2 = Path(__file__).parent / "fixtures" / "snapshot-format-2.lmdb"
+FIXTURE_3 = Path(__file__).parent / "fixtures" / "snapshot-format-3.lmdb"
 BATCH = [Publish("c", None, 1, "/", "", "q", False, b"\x00\x00", b"body", False, 0, None),
          Ack("c", None, 1, [[1, 2]])]
 
@@ -114,9 +115,11 @@ def test_the_format_1_snapshot_fixture_loads_into_todays_model():
     meta, model = read_snapshot(str(FIXTURE))
     assert meta == b"fixture-meta"
     machine = StateMachine(None)
-    import_model(machine, model)
+    bodies = dict(import_model(machine, model))
     expected = snapshot_fixture.build(format=1)
-    assert digest(machine) == digest(expected)
+    assert digest(machine) == digest(expected)  # the digest covers Message.live, recounted on import
+    # Its bodies come back for the node's body store (the model keeps none since format 3).
+    assert bodies == {i: expected.own_bodies.get(i) for i in live_bodies(expected)}
     assert {e.message.format for level in machine.vhosts["/"].queues["fx-audit"].ready._levels for e in level} == {AMQP091}
     queues = machine.vhosts["/"].queues
     assert (len(queues["fx-orders"].ready), queues["fx-orders"].unacked_count) == (8, 3)
@@ -125,16 +128,31 @@ def test_the_format_1_snapshot_fixture_loads_into_todays_model():
     assert len(machine.sessions) == 1
 
 
-def test_the_current_format_snapshot_fixture_loads_with_its_0_10_message():
-    """snapshot-format-2.lmdb, written by this format's code: a 0-10 message keeps its format, and
-    the core reads its headers through the 0-10 codec."""
+def test_the_format_2_snapshot_fixture_loads_with_its_0_10_message_and_bodies():
+    """snapshot-format-2.lmdb: a 0-10 message keeps its format, the core reads its headers through
+    the 0-10 codec, and the bodies the format still carried come back for the body store."""
     meta, model = read_snapshot(str(FIXTURE_2))
     machine = StateMachine(None)
-    import_model(machine, model)
-    assert digest(machine) == digest(snapshot_fixture.build(format=2))
+    bodies = dict(import_model(machine, model))
+    expected = snapshot_fixture.build(format=2)
+    assert digest(machine) == digest(expected)
     (message,) = [e.message for level in machine.vhosts["/"].queues["fx-audit"].ready._levels for e in level
                   if e.message.format == AMQP010]
-    assert message.body == b"body-010" and headers_of(message.properties, message.format) == {"k": "v"}
+    assert bodies[message.id] == b"body-010" and message.size == len(b"body-010")
+    assert headers_of(message.properties, message.format) == {"k": "v"}
+    assert bodies == {i: expected.own_bodies.get(i) for i in live_bodies(expected)}
+
+
+def test_the_current_format_snapshot_fixture_holds_no_bodies():
+    """snapshot-format-3.lmdb, written by this format's code: the model without bodies (issue 18);
+    a node that installs it fetches them (store/body_fetch.py)."""
+    meta, model = read_snapshot(str(FIXTURE_3))
+    assert b"body-010" not in model and b"body-1body-1" not in model
+    machine = StateMachine(None)
+    assert import_model(machine, model) == []
+    expected = snapshot_fixture.build(format=3)
+    assert digest(machine) == digest(expected)
+    assert live_bodies(machine) == live_bodies(expected)
 
 
 def test_a_snapshot_records_its_format_and_a_newer_one_is_refused(tmp_path):
