@@ -8,13 +8,14 @@ a client protocol (the gRPC admin service builds on the same fields).  Both are 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import signal
 import time
 from typing import TYPE_CHECKING
 
-from raftmq.store.snapshot import digest
+from raftmq.store.snapshot import digest, live_bodies
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -44,6 +45,7 @@ def status_of(broker: Broker) -> dict:
         "event_seq": broker.machine.event_seq,
         "apply_internal_errors": broker.machine.internal_errors,
         "delayed_messages": len(broker.machine.delayed),  # held by x-delayed-message exchanges
+        **bodies_status(broker),
     }
     if broker.events is not None:
         # Equal to event_seq once the audit writer has caught up with everything applied.
@@ -79,14 +81,45 @@ def status_of(broker: Broker) -> dict:
     return status
 
 
+def bodies_status(broker: Broker) -> dict:
+    """The node's message bodies (store/bodies.py): memory held, disk, and what moved."""
+    bodies = broker.bodies
+    stats, cache = bodies.stats, bodies.cache
+    return {"body_held_bytes": bodies.held_bytes, "body_cache_bytes": cache.bytes,
+            "body_cache_limit": cache.limit, "body_pending_bytes": bodies.pending_bytes,
+            "body_cache_hits": cache.hits, "body_cache_misses": cache.misses, "body_cache_loaded": cache.loaded,
+            "bodies_written": stats.written, "bodies_cancelled": stats.cancelled,
+            "bodies_deleted": stats.deleted, "body_checkpoints": stats.checkpoints,
+            "bodies_fetched": stats.fetched, "bodies_lost": stats.lost}
+
+
+def bodies_digest(broker: Broker) -> str:
+    """SHA-256 over the body of every message the model holds, in id order, as this node has
+    them: equal on every replica that has every body (a follower after a snapshot install too)."""
+    h = hashlib.sha256()
+    live = sorted(live_bodies(broker.machine))
+    for start in range(0, len(live), 4096):
+        ids = live[start:start + 4096]
+        found = broker.bodies.peek(ids)
+        for msg_id in ids:
+            body = found.get(msg_id)
+            h.update(msg_id.to_bytes(8, "big"))
+            h.update(b"-" if body is None else len(body).to_bytes(8, "big") + body)
+    return h.hexdigest()
+
+
 async def status_loop(broker: Broker, data_dir: str) -> None:
     path = os.path.join(data_dir, "status.json")
     loop = asyncio.get_running_loop()
 
     def write_digest() -> None:
+        # ``digest`` covers the model and the bodies this node has for it (issue 18: bodies live
+        # outside the model, and a replica without them is not identical).
+        model, bodies = digest(broker.machine), bodies_digest(broker)
+        combined = hashlib.sha256(f"{model}:{bodies}".encode()).hexdigest()
         _write_json(os.path.join(data_dir, "digest.json"),
-                    {"applied_index": broker.machine.applied_index, "digest": digest(broker.machine),
-                     "time": time.time()})
+                    {"applied_index": broker.machine.applied_index, "digest": combined,
+                     "model_digest": model, "bodies_digest": bodies, "time": time.time()})
 
     try:
         loop.add_signal_handler(signal.SIGUSR1, write_digest)

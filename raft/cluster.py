@@ -33,6 +33,7 @@ Every batch carries (origin, sequence).  pysyncobj may report an error for an en
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import time
@@ -373,6 +374,7 @@ class ClusterLog:
         _, model = read_snapshot(path)
         legacy = import_model(self.machine, model)
         os.unlink(path)
+        gc.freeze()  # the installed model is long-lived: out of every later collection (node/server.py)
         log.info("installed snapshot at index %s", self.machine.applied_index)
         bodies = self.bodies
         live = live_bodies(self.machine)

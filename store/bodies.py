@@ -55,6 +55,7 @@ class BodyStats:
     deleted: int = 0  # bodies removed from LMDB
     checkpoints: int = 0
     lost: int = 0  # puts whose shared source this node did not have (logged: a bug or a lost store)
+    fetched: int = 0  # bodies fetched from other members after a snapshot install
 
 
 class Bodies:
@@ -199,6 +200,7 @@ class Bodies:
         items = list(items)
         n = self.store.put_many(items)
         self.store.sync()
+        self.stats.fetched += n
         return n
 
     def sweep(self, live: set[int]) -> int:

@@ -10,7 +10,12 @@ A snapshot is an LMDB file (``subdir=False``) with two records:
 
 * ``meta``: opaque bytes owned by the Raft layer (the last applied entries and the membership);
 * ``format``: the snapshot format version (``store/versions.py``; absent in version 1 files);
-* ``model``: the model, pickled, without message bodies (issue 18: each node keeps them in its body
+* ``model``: the model without message bodies, as msgpack ``[FLAT, pickle, message rows, ready
+  rows]``: the object graph (channels, consumers, unacked entries, sessions...) pickled, with every
+  ``Message`` and every queue's ``ReadyList`` replaced by a reference into flat rows.  The rows
+  are built and packed in C (``attrgetter``, msgpack): a model of a million queued messages
+  pickled as objects took seconds, and a snapshot's time must not grow with the backlog faster
+  than that (issue 18).  Formats 1 and 2 were one pickle, with the bodies (issue 18: each node keeps them in its body
   store, store/bodies.py; a follower that installs a snapshot fetches the ones it lacks,
   store/body_fetch.py).  Formats 1 and 2 held the bodies: ``import_model`` hands them back.  Pickle keeps the object graph (a message shared by several
   queues, consumers pointing at their channels) without a hand-written schema.  Snapshots travel
@@ -20,14 +25,19 @@ A snapshot is an LMDB file (``subdir=False``) with two records:
 
 from __future__ import annotations
 
+import gc
 import hashlib
+import io
 import os
 import pickle
+from collections import deque
+from operator import attrgetter
 
 import lmdb
+import msgpack
 
 from .machine import StateMachine
-from .model import LEGACY_BODIES
+from .model import LEGACY_BODIES, Entry, Message, ReadyList
 from .versions import SNAPSHOT_FORMAT, check
 
 #: The attributes of StateMachine that make up the replicated state.
@@ -39,8 +49,91 @@ MODEL_FIELDS = (
 )
 
 
+#: The first item of a format-3 model: its layout (a pickle of formats 1-2 starts with 0x80).
+FLAT = 1
+_MESSAGE_ROW = attrgetter("id", "exchange", "routing_key", "properties", "size", "persistent", "priority",
+                          "published_at", "refs", "format", "live")  # Message's fields, in order
+_ENTRY_ROW = attrgetter("seq", "message.id", "expires_at", "priority", "durable", "delivery_count")
+_ENTRY_MESSAGE = attrgetter("message")
+_ID = attrgetter("id")
+
+
+class _ModelPickler(pickle.Pickler):
+    """Pickles the object graph, leaving out what goes into rows: a ``Message`` becomes its id
+    (> 0), a ``ReadyList`` its position in ``ready`` (<= 0)."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=5)
+        self.messages: dict[int, Message] = {}
+        self.ready: list[ReadyList] = []
+
+    def persistent_id(self, obj: object) -> int | None:
+        cls = obj.__class__
+        if cls is Message:
+            self.messages[obj.id] = obj
+            return obj.id
+        if cls is ReadyList:
+            self.ready.append(obj)
+            return 1 - len(self.ready)
+        return None
+
+
+def _ready_rows(ready: ReadyList, messages: dict[int, Message]) -> list:
+    """[fresh entries per level, requeued entries per level (heap order)], each entry a row."""
+    fresh, returned = [], []
+    for level in ready._levels:
+        fresh.append(list(map(_ENTRY_ROW, level)))
+        held = list(map(_ENTRY_MESSAGE, level))
+        messages.update(zip(map(_ID, held), held, strict=True))
+    for heap in ready._returned:
+        entries = [entry for _seq, entry in heap]
+        returned.append(list(map(_ENTRY_ROW, entries)))
+        held = list(map(_ENTRY_MESSAGE, entries))
+        messages.update(zip(map(_ID, held), held, strict=True))
+    return [fresh, returned]
+
+
 def export_model(machine: StateMachine) -> bytes:
-    return pickle.dumps({name: getattr(machine, name) for name in MODEL_FIELDS}, protocol=5)
+    buffer = io.BytesIO()
+    pickler = _ModelPickler(buffer)
+    pickler.dump({name: getattr(machine, name) for name in MODEL_FIELDS})
+    messages = pickler.messages
+    ready_rows = [_ready_rows(ready, messages) for ready in pickler.ready]
+    message_rows = list(map(_MESSAGE_ROW, messages.values()))
+    return msgpack.packb([FLAT, buffer.getvalue(), message_rows, ready_rows], use_bin_type=True)
+
+
+def _ready_from_rows(rows: list, messages: dict[int, Message]) -> ReadyList:
+    fresh, returned = rows
+    ready = ReadyList.__new__(ReadyList)
+    ready._levels = [deque([Entry(seq, messages[mid], expires, prio, durable, count)
+                            for seq, mid, expires, prio, durable, count in level]) for level in fresh]
+    ready._returned = [[(seq, Entry(seq, messages[mid], expires, prio, durable, count))
+                        for seq, mid, expires, prio, durable, count in heap] for heap in returned]
+    ready._count = sum(map(len, ready._levels)) + sum(map(len, ready._returned))
+    return ready
+
+
+class _ModelUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, messages: dict[int, Message], ready: list) -> None:
+        super().__init__(io.BytesIO(data))
+        self.messages, self.ready_rows = messages, ready
+
+    def persistent_load(self, pid: int) -> object:
+        if pid > 0:
+            return self.messages[pid]
+        return _ready_from_rows(self.ready_rows[-pid], self.messages)
+
+
+def _load_model(blob: bytes) -> dict:
+    if blob[:1] == b"\x80":  # formats 1 and 2: one pickle
+        return pickle.loads(blob)  # noqa: S301 - see the module docstring for the trust boundary
+    layout, pickled, message_rows, ready_rows = msgpack.unpackb(blob, raw=False, use_list=False,
+                                                                strict_map_key=False)
+    if layout != FLAT:
+        raise ValueError(f"unknown snapshot model layout {layout}")
+    messages = {row[0]: Message(*row) for row in message_rows}
+    return _ModelUnpickler(pickled, messages, ready_rows).load()  # noqa: S301 - as above
 
 
 def import_model(machine: StateMachine, blob: bytes) -> list[tuple[int, bytes]]:
@@ -49,11 +142,15 @@ def import_model(machine: StateMachine, blob: bytes) -> list[tuple[int, bytes]]:
     Returns the bodies a snapshot of format 1 or 2 carried in its messages (none from format 3):
     the caller stores them in the node's body store."""
     LEGACY_BODIES.clear()
+    collecting = gc.isenabled()
+    gc.disable()  # millions of new objects, none garbage: collections would only rescan them
     try:
-        state = pickle.loads(blob)  # noqa: S301 - see the module docstring for the trust boundary
+        state = _load_model(blob)
         legacy = list(LEGACY_BODIES)
     finally:
         LEGACY_BODIES.clear()
+        if collecting:
+            gc.enable()
     for name in MODEL_FIELDS:
         if name in state:  # a field added after the snapshot was written keeps its initial value
             setattr(machine, name, state[name])

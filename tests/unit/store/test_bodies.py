@@ -208,6 +208,61 @@ def test_restart_sweep_deletes_unreferenced(tmp_path):
     s.close()
 
 
+def test_a_dead_letter_copy_shares_its_originals_body(store):
+    """A put may name another message's id (a dead-letter copy): stored again under its own id, it
+    outlives the original."""
+    b = Bodies(store, cache_bytes=1 << 20, write_behind_bytes=1 << 20)
+    b.put([(1, b"original")])
+    b.put([(2, 1)])
+    b.drop([1])
+    assert b.get(1) is None and b.get(2) == b"original"
+    b.put([(3, 99)])  # a source this node never had: counted, logged, not stored
+    assert b.get(3) is None and b.stats.lost == 1
+
+
+def test_a_single_node_deletes_at_once_and_reads_persistent_bodies_from_its_fallback(store):
+    """No snapshots on a single node: nothing waits for a checkpoint.  Its persistent bodies after a
+    restart are in the durable store's message records (the fallback)."""
+    durable = {7: b"persistent"}
+    b = Bodies(store, cache_bytes=1 << 20, write_behind_bytes=10,
+               fallback=lambda ids: {i: durable[i] for i in ids if i in durable}, defer_deletes=False)
+    b.put([(i, body_of(i, 20)) for i in range(3)])  # past the write-behind bound: written
+    assert store.ids() == [0, 1, 2]
+    b.drop(range(3))
+    b.put([(5, body_of(5, 20))])  # the next write carries the deletes
+    assert 0 not in store.ids() and b.stats.deleted == 3
+    assert b.get(7) == b"persistent" and b.get(8) is None
+
+
+def test_after_install_keeps_what_the_snapshot_holds_and_reports_what_is_missing(store):
+    b = Bodies(store, cache_bytes=1 << 20, write_behind_bytes=1 << 20)
+    b.put([(1, b"one"), (2, b"two")])
+    b.checkpoint()
+    b.put([(3, b"three"), (4, b"four")])  # pending
+    missing = b.after_install({2: 3, 4: 4, 5: 4}, legacy=[(5, b"five")])
+    assert missing == {}  # 2 on disk, 4 kept from pending, 5 from the old snapshot format
+    assert store.ids() == [2, 4, 5] and b.pending_bytes == 0
+    assert b.after_install({2: 3, 6: 10}) == {6: 10}  # 6 must be fetched
+
+
+def test_fill_bodies_gives_each_output_its_body_reading_the_disk_once(store):
+    from raftmq.store.bodies import fill_bodies
+    from raftmq.store.commands import OK, OUT_DELIVER, OUT_REPLY, GotMessage, Ok
+    from raftmq.store.model import Message
+
+    b = Bodies(store, cache_bytes=1 << 20, write_behind_bytes=0)
+    b.put([(i, body_of(i)) for i in range(1, 6)])  # all written (no write-behind room), cached
+    b.cache.clear()
+    msgs = {i: Message(i, "", "q", b"", 100, True, 0, 0) for i in range(1, 6)}
+    outputs = [("c", OUT_DELIVER, 1, "tag", (9, i, False, msgs[i])) for i in (1, 2)]
+    outputs.append(("c", OUT_REPLY, 5, Ok(OK, GotMessage(9, 3, False, msgs[3], 0)), 1))
+    fill_bodies(outputs, b, upcoming=lambda qid: [3, 4] if qid == 9 else [])
+    assert [o[4][4] for o in outputs[:2]] == [body_of(1), body_of(2)]
+    assert outputs[2][3].value.body == body_of(3)
+    # 1 and 2 missed the cache: read with the queue's next ids (3, 4) in one store read.
+    assert b.cache.loaded == 4 and b.cache.misses == 0 and 4 in b.cache
+
+
 # ---------------------------------------------------------------------------- follower catch-up
 
 
