@@ -9,6 +9,7 @@ back and end with the same queue contents, whatever the mix of good and bad publ
 from __future__ import annotations
 
 import asyncio
+import shutil
 import struct
 import tempfile
 
@@ -41,7 +42,8 @@ async def run_broker(steps: list[bytes], chunks: list[bytes]) -> tuple[bytes, li
     """Feed the handshake, then ``chunks`` one ``data_received`` each, all in one loop iteration (so
     that the commands they make share one batch however the bytes were cut); return what was written
     after the handshake and the bodies left in the queue."""
-    broker = Broker(Config(data_dir=tempfile.mkdtemp(prefix="raftmq-publish-path-"), port=0))
+    data_dir = tempfile.mkdtemp(prefix="raftmq-publish-path-")
+    broker = Broker(Config(data_dir=data_dir, port=0))
     await broker.start()
     await settle(broker)
     transport = RecordingTransport()
@@ -61,6 +63,7 @@ async def run_broker(steps: list[bytes], chunks: list[bytes]) -> tuple[bytes, li
         bodies.append(broker.bodies.get(queue.ready.pop().message.id))
     conn.connection_lost(None)
     await broker.stop()
+    shutil.rmtree(data_dir, ignore_errors=True)  # one per hypothesis example
     return written, bodies
 
 
