@@ -71,6 +71,7 @@ class BrokerCollector:
         yield _gauge("raftmq_sessions", "AMQP 0-10 sessions in the cluster", node, len(machine.sessions))
         yield _gauge("raftmq_resource_alarm", "1 while a resource alarm blocks publishers", node,
                      1 if broker.alarm else 0)
+        yield from _body_metrics(broker, node)
         applied = CounterMetricFamily("raftmq_commands_applied", "commands applied by the state machine",
                                       labels=["node"])
         applied.add_metric([node], broker.log.commands_applied)
@@ -87,6 +88,28 @@ class BrokerCollector:
             changes = CounterMetricFamily("raftmq_raft_leader_changes", "leader changes seen", labels=["node"])
             changes.add_metric([node], broker.leader_changes)
             yield changes
+
+
+def _body_metrics(broker: Broker, node: str):
+    """The node's message bodies (store/bodies.py): memory held, cache traffic, disk traffic."""
+    bodies = broker.bodies
+    yield _gauge("raftmq_body_memory_bytes", "message body bytes held in memory (cache and not yet written)",
+                 node, bodies.held_bytes)
+    yield _gauge("raftmq_body_cache_bytes", "message body bytes in the body cache", node, bodies.cache.bytes)
+    yield _gauge("raftmq_body_cache_limit_bytes", "body_cache_bytes", node, bodies.cache.limit)
+    counters = (("raftmq_body_cache_hits", "deliveries whose body was in memory", bodies.cache.hits),
+                ("raftmq_body_cache_misses", "deliveries whose body was read from disk alone", bodies.cache.misses),
+                ("raftmq_bodies_read", "bodies read from disk (misses and read-ahead)", bodies.cache.loaded),
+                ("raftmq_bodies_written", "bodies written to disk", bodies.stats.written),
+                ("raftmq_bodies_deleted", "bodies deleted from disk", bodies.stats.deleted),
+                ("raftmq_bodies_fetched", "bodies fetched from other members after a snapshot install",
+                 bodies.stats.fetched),
+                ("raftmq_bodies_lost", "deliveries or copies whose body this node lacked (never expected)",
+                 bodies.stats.lost))
+    for name, doc, value in counters:
+        family = CounterMetricFamily(name, doc, labels=["node"])
+        family.add_metric([node], value)
+        yield family
 
 
 def _protocol(endpoint) -> str:

@@ -317,7 +317,7 @@ def fill_bodies(outputs: list, bodies: Bodies | DictBodies, upcoming: Upcoming |
 
     def body_of(msg_id: int) -> bytes:
         body = get(msg_id)
-        return body if body is not None else _lost(msg_id)
+        return body if body is not None else _lost(bodies, msg_id)
 
     for i, out in enumerate(outputs):
         kind = out[1]
@@ -340,8 +340,10 @@ def fill_bodies(outputs: list, bodies: Bodies | DictBodies, upcoming: Upcoming |
                     continue
                 outputs[i] = (out[0], kind, out[2], Ok(OK, value), out[4])
 
-def _lost(msg_id: int) -> bytes:
+def _lost(bodies: Bodies | DictBodies, msg_id: int) -> bytes:
     """A delivery whose body this node does not have: a bug or a lost body store, never expected
     (a node that installed a snapshot fetches every body it lacks before applying more)."""
+    if isinstance(bodies, Bodies):
+        bodies.stats.lost += 1
     log.error("message %d has no body on this node: delivered empty", msg_id)
     return b""

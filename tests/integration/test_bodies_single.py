@@ -10,7 +10,8 @@ import time
 import pika
 import pytest
 
-from raftmq.ops.local.node import RaftmqNode
+from raftmq.ops.local.node import RaftmqNode, free_port
+from tests.integration.test_metrics import scrape, value
 
 CACHE = 64 << 10
 WRITE_BEHIND = 16 << 10
@@ -53,8 +54,11 @@ def drain(ch, queue: str, expected: int) -> list[bytes]:
 def node(broker_kind, tmp_path):
     if broker_kind == "rabbitmq":
         pytest.skip("drives a raftmq node's body store and restarts it")
+    metrics_port = free_port()
     with RaftmqNode(tmp_path / "n", env={"RAFTMQ_BODY_CACHE_BYTES": str(CACHE),
-                                          "RAFTMQ_BODY_WRITE_BEHIND_BYTES": str(WRITE_BEHIND)}) as n:
+                                          "RAFTMQ_BODY_WRITE_BEHIND_BYTES": str(WRITE_BEHIND)},
+                    extra_args=["--metrics-port", str(metrics_port)]) as n:
+        n.metrics_port = metrics_port
         yield n
 
 
@@ -69,9 +73,14 @@ def test_a_backlog_spills_to_disk_and_transient_messages_do_not_survive_a_restar
     st = status(node)
     assert st["bodies_written"] > 0, st  # spilled under the write-behind bound
     assert st["body_held_bytes"] <= CACHE + WRITE_BEHIND, st  # not the 800 KB queued
+    samples = scrape(node.metrics_port)
+    assert value(samples, "raftmq_bodies_written_total") > 0
+    assert 0 < value(samples, "raftmq_body_memory_bytes") <= CACHE + WRITE_BEHIND
+    assert value(samples, "raftmq_body_cache_limit_bytes") == CACHE
     # Read back from disk, in order, both kinds.
     expected = [b for i in range(COUNT) for b in (body("p", i), body("t", i))]
     assert drain(ch, "spill", 40) == expected[:40]
+    assert value(scrape(node.metrics_port), "raftmq_bodies_read_total") > 0  # some came from disk
     conn.close()
 
     node.restart(hard=True)  # kill -9: what was confirmed and persistent is what comes back
