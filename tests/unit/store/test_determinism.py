@@ -218,6 +218,7 @@ def test_two_machines_without_lmdb_agree_on_every_effect_and_digest(stream):
         assert digest(first) == digest(second)
         # Body lifetime (issue 18): the bodies kept are exactly those of the messages still held.
         assert set(first.own_bodies.bodies) == set(live_bodies(first))
+        assert second.own_bodies.bodies == first.own_bodies.bodies  # the same puts and deletes
         deliveries += sum(1 for out in out_first if out[1] == OUT_DELIVER)
         if joined is not None:
             out_joined = joined.apply_batch(now, batch, index=i + 2)
