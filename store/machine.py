@@ -142,7 +142,7 @@ class StateMachine:
         self.own_bodies = DictBodies()
         self._replies = True  # apply_batch(replies=...)
         self._dirty: dict[int, Queue] = {}
-        self._shared_props: dict[bytes, bytes] = {}  # see _publish
+        self._shared_props: dict[bytes | int, bytes | int] = {}  # see Delivery.publish
         # The owner identity of the command being applied when it is not its connection: an AMQP
         # 0-10 session (exclusive queues belong to the session and survive its failover).
         self._caller_owner: str | None = None
