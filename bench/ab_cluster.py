@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import bench_confirmed_pika  # noqa: E402
+from throughput import bench_confirmed_pika, bench_consume, bench_publish  # noqa: E402
 
 # Runs inside a checkout's virtualenv: start a cluster, print a follower's URL, stop at EOF on stdin.
 _CLUSTER = r"""
@@ -67,25 +67,37 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=20_000)
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--window", type=int, default=1000)
+    parser.add_argument("--scenario", choices=("confirm", "consume"), default="confirm",
+                        help="confirmed publishes (default), or consuming --count queued messages "
+                             "(prefetch 256, acks every 64; the publish before it is not timed)")
     args = parser.parse_args()
+
+    def measure(url: str) -> float:
+        if args.scenario == "consume":
+            _rate, queue = bench_publish(url, args.count, args.size)
+            return bench_consume(url, queue, args.count)
+        return bench_confirmed_pika(url, args.count, args.size, args.window, quorum=False)
+
     clusters = {"old": CheckoutCluster(args.old.resolve()), "new": CheckoutCluster(args.new.resolve())}
     rates: dict[str, list[float]] = {"old": [], "new": []}
     try:
         time.sleep(2)
         for cluster in clusters.values():  # warm-up, not counted
             bench_confirmed_pika(cluster.url, 2000, args.size, args.window, quorum=False)
+            if args.scenario == "consume":
+                bench_consume(cluster.url, bench_publish(cluster.url, 2000, args.size)[1], 2000)
         for i in range(args.rounds):
             order = ["old", "new"] if i % 2 == 0 else ["new", "old"]
             for name in order:
-                rates[name].append(bench_confirmed_pika(clusters[name].url, args.count, args.size, args.window,
-                                                        quorum=False))
+                rates[name].append(measure(clusters[name].url))
             print(f"round {i + 1}: old {rates['old'][-1]:,.0f}  new {rates['new'][-1]:,.0f} msg/s  "
                   f"new/old {rates['new'][-1] / rates['old'][-1]:.2f}", flush=True)
     finally:
         for cluster in clusters.values():
             cluster.stop()
     ratios = [n / o for n, o in zip(rates["new"], rates["old"], strict=True)]
-    print(f"confirmed msg/s through a follower, medians of {args.rounds} rounds: "
+    what = "consumed" if args.scenario == "consume" else "confirmed"
+    print(f"{what} msg/s through a follower, medians of {args.rounds} rounds: "
           f"old {statistics.median(rates['old']):,.0f}, new {statistics.median(rates['new']):,.0f}; "
           f"new/old {statistics.median(rates['new']) / statistics.median(rates['old']):.2f} "
           f"(per round {min(ratios):.2f}-{max(ratios):.2f}, new faster in "
