@@ -147,10 +147,6 @@ class Config:
     raft_tick_period: float = 0.02
     raft_election_timeout_min: float = 0.25  # 0.15 s saw spurious elections on a loaded 2-core CI machine
     raft_election_timeout_max: float = 0.5
-    # Message bodies on disk (issue 18, store/bodies.py; not wired in yet): bytes of bodies a node
-    # caches in memory, and bytes of new bodies it holds before writing them to its body store.
-    body_cache_bytes: int = 256 << 20
-    body_write_behind_bytes: int = 16 << 20
 
     def resolved_data_dir(self) -> str:
         return self.data_dir or os.path.join("data", self.node_id)
