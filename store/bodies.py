@@ -132,6 +132,7 @@ class Bodies:
         if not self.defer_deletes and len(self._deleted_now) >= 1024:
             self.stats.deleted += self.store.delete_many(self._deleted_now)
             self._deleted_now = []
+            self.store.compact()
 
     def _write_pending(self, keep_bytes: int) -> None:
         """Write the oldest pending bodies until at most ``keep_bytes`` remain pending; those
@@ -192,6 +193,7 @@ class Bodies:
         if self._deleted_before:
             self.stats.deleted += self.store.delete_many(self._deleted_before)
         self._deleted_before, self._deleted_now = self._deleted_now, []
+        self.store.compact()
         self.store.sync()
         self.stats.checkpoints += 1
 

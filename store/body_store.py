@@ -11,38 +11,148 @@ with ``sync=False`` (no fsync per batch); ``Bodies.checkpoint`` syncs once befor
 the journal be compacted, so that every body the snapshot refers to is on disk before the journal
 record that carried it is deleted.
 
-Layout: one named database ``bodies``, key u64 big-endian message id (ids grow, so a consumer
-reading a queue in order reads keys in order), value the body bytes as published.  Bodies are
-stored raw: LMDB puts a value above ~2 KiB on overflow pages of its own, which is what makes a
-4 KiB body cost two 4 KiB pages (measured in bench/bodies.py).
+**Segments.**  Bodies are written many at a time (``Bodies`` writes behind, oldest first), and one
+write becomes one LMDB value, a *segment*: ``count`` (u32), the ids (u64 each, ascending), then
+``count + 1`` offsets (u32) and the bodies back to back.  Stored one per value, a 4 KiB body took
+two 4 KiB pages (LMDB puts a value above ~2 KiB on overflow pages of its own): 8 KiB of disk writes
+per body, which on a three-node cluster sharing one disk cut confirmed publishes by a third once a
+backlog went to disk (docs/benchmarks.md).  In a segment it takes its own size.
+
+* Segments cover disjoint id ranges.  The node keeps, per segment, its ids (an ``array('Q')``) and
+  which are still live (a ``bytearray``): 9 bytes per stored body, and a body is found by two
+  bisections and read with one LMDB get, zero-copy, slicing only its bytes.
+* A body whose id falls inside an existing segment's range (a journal replay re-putting a body
+  the segment dropped, a body fetched after a snapshot install) goes to a second database,
+  ``loose``, one value per body, as before.
+* A deleted body is marked dead (the marks of a segment are stored too, in ``dead``, so a
+  reopened store has the same bodies); a segment with none live is deleted, and one whose live bytes
+  fell under a quarter of it is rewritten with the live ones (``compact``, at each checkpoint),
+  so a few long-lived messages do not pin whole segments.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import threading
+from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 
 import lmdb
 
 _KEY = struct.Struct(">Q")
+_COUNT = struct.Struct("<I")
+_OFFSET = struct.Struct("<I")
+#: A segment written by write-behind is cut at this size (the last body may pass it).
+SEGMENT_BYTES = 8 << 20
+#: ``compact`` rewrites a segment whose live bytes are below this fraction of its bodies.
+COMPACT_BELOW = 0.25
 
 
 def body_key(msg_id: int) -> bytes:
     return _KEY.pack(msg_id)
 
 
+class _Segment:
+    """What the node keeps in memory of one stored segment."""
+
+    __slots__ = ("key", "ids", "alive", "live", "live_bytes", "bytes", "sizes")
+
+    def __init__(self, key: int, ids: array, sizes: array) -> None:
+        self.key = key
+        self.ids = ids
+        self.sizes = sizes  # body sizes, for live_bytes (4 bytes per body)
+        self.alive = bytearray(b"\x01") * len(ids)
+        self.live = len(ids)
+        self.bytes = self.live_bytes = sum(sizes)
+
+    @property
+    def first(self) -> int:
+        return self.ids[0]
+
+    @property
+    def last(self) -> int:
+        return self.ids[-1]
+
+    def position(self, msg_id: int) -> int:
+        """Index of ``msg_id`` among this segment's live ids, or -1."""
+        ids = self.ids
+        i = bisect_left(ids, msg_id)
+        return i if i < len(ids) and ids[i] == msg_id and self.alive[i] else -1
+
+
+def _encode(items: list[tuple[int, bytes]]) -> bytes:
+    count = len(items)
+    offsets = array("I", [0]) * (count + 1)
+    total = 0
+    for i, (_msg_id, body) in enumerate(items):
+        total += len(body)
+        offsets[i + 1] = total
+    ids = array("Q", [msg_id for msg_id, _ in items])
+    header = _COUNT.pack(count) + ids.tobytes() + offsets.tobytes()
+    return b"".join([header, *(body for _, body in items)])
+
+
+def _decode_header(value) -> tuple[array, array]:
+    """(ids, offsets) of a stored segment."""
+    (count,) = _COUNT.unpack_from(value, 0)
+    ids = array("Q")
+    ids.frombytes(bytes(value[4:4 + 8 * count]))
+    offsets = array("I")
+    offsets.frombytes(bytes(value[4 + 8 * count:4 + 12 * count + 4]))
+    return ids, offsets
+
+
+def _body_at(value, count: int, pos: int) -> bytes:
+    base = 4 + 12 * count + 4
+    start = _OFFSET.unpack_from(value, 4 + 8 * count + 4 * pos)[0]
+    end = _OFFSET.unpack_from(value, 4 + 8 * count + 4 * pos + 4)[0]
+    return bytes(value[base + start:base + end])
+
+
 class BodyStore:
-    """put/get/delete of bodies by message id; many at a time, one LMDB transaction each call."""
+    """put/get/delete of bodies by message id; many at a time, one LMDB transaction each call.
+
+    Safe to call from two threads (the event loop writes; the Raft thread reads for members that
+    fetch bodies): the in-memory segment index is guarded by a lock."""
 
     def __init__(self, path: str, map_size: int = 1 << 40) -> None:
         os.makedirs(path, exist_ok=True)
         self.path = path
-        # readahead=False: bodies are read one key (a few pages) at a time; the OS's read-ahead of
-        # a store larger than memory would fill the page cache with bodies nobody asked for.
-        self.env = lmdb.open(path, map_size=map_size, max_dbs=2, sync=False, metasync=False,
+        # readahead=False: bodies are read a few pages at a time; the OS's read-ahead of a store
+        # larger than memory would fill the page cache with bodies nobody asked for.
+        self.env = lmdb.open(path, map_size=map_size, max_dbs=4, sync=False, metasync=False,
                              readahead=False, max_readers=64)
-        self.db = self.env.open_db(b"bodies")
+        self.segments_db = self.env.open_db(b"segments")
+        self.loose_db = self.env.open_db(b"loose")
+        self.dead_db = self.env.open_db(b"dead")  # segment key -> its alive bytearray, once one died
+        self._lock = threading.Lock()
+        self._segments: list[_Segment] = []  # by first id; ranges disjoint
+        self._firsts: list[int] = []
+        self._next_key = 1
+        self._loose = 0
+        self._load_index()
+
+    def _load_index(self) -> None:
+        with self.env.begin(db=self.segments_db, buffers=True) as txn:
+            for key, value in txn.cursor():
+                ids, offsets = _decode_header(value)
+                sizes = array("I", [offsets[i + 1] - offsets[i] for i in range(len(ids))])
+                self._segments.append(_Segment(_KEY.unpack(bytes(key))[0], ids, sizes))
+            by_key = {segment.key: segment for segment in self._segments}
+            for key, marks in txn.cursor(db=self.dead_db):
+                segment = by_key.get(_KEY.unpack(bytes(key))[0])
+                if segment is not None and len(marks) == len(segment.ids):
+                    segment.alive = bytearray(marks)
+                    segment.live = sum(segment.alive)
+                    segment.live_bytes = sum(size for size, alive in zip(segment.sizes, segment.alive, strict=True)
+                                             if alive)
+        self._segments.sort(key=lambda s: s.first)
+        self._firsts = [s.first for s in self._segments]
+        self._next_key = 1 + max((s.key for s in self._segments), default=0)
+        with self.env.begin(db=self.loose_db) as txn:
+            self._loose = txn.stat(self.loose_db)["entries"]
 
     def close(self) -> None:
         self.env.close()
@@ -51,64 +161,190 @@ class BodyStore:
         """fsync what was committed (before a snapshot lets the journal drop these bodies)."""
         self.env.sync(True)
 
+    # ------------------------------------------------------------------ index
+
+    def _segment_of(self, msg_id: int) -> _Segment | None:
+        """The segment whose id range holds ``msg_id`` (live or not), if any."""
+        i = bisect_right(self._firsts, msg_id) - 1
+        if i >= 0:
+            segment = self._segments[i]
+            if msg_id <= segment.last:
+                return segment
+        return None
+
+    def _insert(self, segment: _Segment) -> None:
+        i = bisect_left(self._firsts, segment.first)
+        self._segments.insert(i, segment)
+        self._firsts.insert(i, segment.first)
+
+    def _remove(self, segment: _Segment) -> None:
+        i = bisect_left(self._firsts, segment.first)
+        del self._segments[i]
+        del self._firsts[i]
+
+    # ------------------------------------------------------------------ writes
+
     def put_many(self, items: Iterable[tuple[int, bytes]]) -> int:
-        """Store bodies; an id already present is overwritten (a journal replay re-puts the same
+        """Store bodies; one already stored is kept as it is (a journal replay re-puts the same
         body under the same id).  Returns the number written."""
-        n = 0
-        with self.env.begin(write=True, db=self.db) as txn:
-            for msg_id, body in items:
-                txn.put(_KEY.pack(msg_id), body)
-                n += 1
-        return n
+        return self.commit(items, ())
+
+    def commit(self, puts: Iterable[tuple[int, bytes]], deletes: Iterable[int]) -> int:
+        """Puts then deletes in one transaction (one batch of write-behind); the puts written."""
+        written = 0
+        with self._lock, self.env.begin(write=True) as txn:
+            runs, loose = self._plan(sorted(puts, key=lambda item: item[0]), txn)
+            for run in runs:
+                key = self._next_key
+                self._next_key += 1
+                txn.put(_KEY.pack(key), _encode(run), db=self.segments_db)
+                sizes = array("I", [len(body) for _, body in run])
+                self._insert(_Segment(key, array("Q", [msg_id for msg_id, _ in run]), sizes))
+                written += len(run)
+            for msg_id, body in loose:
+                txn.put(_KEY.pack(msg_id), body, db=self.loose_db)
+                self._loose += 1
+                written += 1
+            self._delete(deletes, txn)
+        return written
+
+    def _plan(self, items: list[tuple[int, bytes]], txn) -> tuple[list[list[tuple[int, bytes]]], list]:
+        """Split sorted puts into new segments (runs between existing segments, cut at
+        SEGMENT_BYTES) and loose bodies (ids inside an existing segment's range); drop repeats."""
+        runs: list[list[tuple[int, bytes]]] = []
+        loose: list[tuple[int, bytes]] = []
+        run: list[tuple[int, bytes]] = []
+        run_gap = -1  # index of the existing segment after which the run lies
+        run_bytes = 0
+        previous = None
+        for msg_id, body in items:
+            if msg_id == previous:
+                continue
+            previous = msg_id
+            gap = bisect_right(self._firsts, msg_id) - 1
+            if gap >= 0 and msg_id <= self._segments[gap].last:  # inside a segment's range
+                if self._segments[gap].position(msg_id) < 0 and txn.get(_KEY.pack(msg_id), db=self.loose_db) is None:
+                    loose.append((msg_id, body))
+                continue
+            if txn.get(_KEY.pack(msg_id), db=self.loose_db) is not None:
+                continue
+            if run and (gap != run_gap or run_bytes >= SEGMENT_BYTES):
+                runs.append(run)
+                run, run_bytes = [], 0
+            run.append((msg_id, body))
+            run_gap = gap
+            run_bytes += len(body)
+        if run:
+            runs.append(run)
+        return runs, loose
 
     def delete_many(self, ids: Iterable[int]) -> int:
         """Delete bodies; an id that is absent is ignored.  Returns the number deleted."""
-        n = 0
-        with self.env.begin(write=True, db=self.db) as txn:
-            for msg_id in ids:
-                n += txn.delete(_KEY.pack(msg_id))
-        return n
+        with self._lock, self.env.begin(write=True) as txn:
+            return self._delete(ids, txn)
 
-    def commit(self, puts: Iterable[tuple[int, bytes]], deletes: Iterable[int]) -> None:
-        """Puts then deletes in one transaction (one batch of write-behind)."""
-        with self.env.begin(write=True, db=self.db) as txn:
-            for msg_id, body in puts:
-                txn.put(_KEY.pack(msg_id), body)
-            for msg_id in deletes:
-                txn.delete(_KEY.pack(msg_id))
+    def _delete(self, ids: Iterable[int], txn) -> int:
+        deleted = 0
+        emptied: list[_Segment] = []
+        touched: dict[int, _Segment] = {}
+        for msg_id in ids:
+            segment = self._segment_of(msg_id)
+            if segment is not None:
+                pos = segment.position(msg_id)
+                if pos >= 0:
+                    segment.alive[pos] = 0
+                    segment.live -= 1
+                    segment.live_bytes -= segment.sizes[pos]
+                    touched[segment.key] = segment
+                    deleted += 1
+                    if not segment.live:
+                        emptied.append(segment)
+                    continue
+            if self._loose and txn.delete(_KEY.pack(msg_id), db=self.loose_db):
+                self._loose -= 1
+                deleted += 1
+        for segment in emptied:
+            if segment.live == 0 and segment in self._segments:
+                txn.delete(_KEY.pack(segment.key), db=self.segments_db)
+                txn.delete(_KEY.pack(segment.key), db=self.dead_db)
+                self._remove(segment)
+                touched.pop(segment.key, None)
+        for key, segment in touched.items():
+            txn.put(_KEY.pack(key), bytes(segment.alive), db=self.dead_db)
+        return deleted
+
+    def compact(self, below: float = COMPACT_BELOW) -> int:
+        """Rewrite every segment whose live bytes are under ``below`` of its bodies with its live
+        bodies only (same key, same range).  Returns how many were rewritten."""
+        rewritten = 0
+        with self._lock, self.env.begin(write=True, buffers=True) as txn:
+            for segment in list(self._segments):
+                if segment.live == 0 or segment.live_bytes >= below * segment.bytes:
+                    continue
+                key = _KEY.pack(segment.key)
+                value = txn.get(key, db=self.segments_db)
+                count = len(segment.ids)
+                keep = [(segment.ids[i], _body_at(value, count, i)) for i in range(count) if segment.alive[i]]
+                txn.put(key, _encode(keep), db=self.segments_db)
+                txn.delete(key, db=self.dead_db)
+                fresh = _Segment(segment.key, array("Q", [msg_id for msg_id, _ in keep]),
+                                 array("I", [len(body) for _, body in keep]))
+                i = bisect_left(self._firsts, segment.first)
+                self._segments[i] = fresh
+                self._firsts[i] = fresh.first
+                rewritten += 1
+        return rewritten
+
+    # ------------------------------------------------------------------ reads
 
     def get(self, msg_id: int) -> bytes | None:
-        with self.env.begin(db=self.db) as txn:
-            return txn.get(_KEY.pack(msg_id))
+        return self.get_many((msg_id,)).get(msg_id)
 
     def get_many(self, ids: Iterable[int]) -> dict[int, bytes]:
-        """The bodies of ``ids`` that are here, read in key order in one transaction."""
+        """The bodies of ``ids`` that are here, read in one transaction."""
         found: dict[int, bytes] = {}
-        with self.env.begin(db=self.db) as txn:
-            get = txn.get
+        with self._lock, self.env.begin(buffers=True) as txn:
+            values: dict[int, object] = {}
             for msg_id in sorted(ids):
-                body = get(_KEY.pack(msg_id))
-                if body is not None:
-                    found[msg_id] = body
+                segment = self._segment_of(msg_id)
+                if segment is not None:
+                    pos = segment.position(msg_id)
+                    if pos >= 0:
+                        value = values.get(segment.key)
+                        if value is None:
+                            value = values[segment.key] = txn.get(_KEY.pack(segment.key), db=self.segments_db)
+                        found[msg_id] = _body_at(value, len(segment.ids), pos)
+                        continue
+                if self._loose:
+                    body = txn.get(_KEY.pack(msg_id), db=self.loose_db)
+                    if body is not None:
+                        found[msg_id] = bytes(body)
         return found
 
     def missing(self, ids: Iterable[int]) -> list[int]:
         """Which of ``ids`` are not stored here (a follower after installing a snapshot)."""
-        out = []
-        with self.env.begin(db=self.db) as txn:
-            cursor = txn.cursor()
+        with self._lock, self.env.begin(db=self.loose_db) as txn:
+            out = []
             for msg_id in sorted(ids):
-                if not cursor.set_key(_KEY.pack(msg_id)):
-                    out.append(msg_id)
-        return out
+                segment = self._segment_of(msg_id)
+                if segment is not None and segment.position(msg_id) >= 0:
+                    continue
+                if self._loose and txn.get(_KEY.pack(msg_id)) is not None:
+                    continue
+                out.append(msg_id)
+            return out
 
     def __len__(self) -> int:
-        with self.env.begin(db=self.db) as txn:
-            return txn.stat(self.db)["entries"]
+        with self._lock:
+            return sum(s.live for s in self._segments) + self._loose
 
     def ids(self) -> list[int]:
-        with self.env.begin(db=self.db) as txn:
-            return [_KEY.unpack(k)[0] for k in txn.cursor().iternext(keys=True, values=False)]
+        """Every stored id, ascending."""
+        with self._lock, self.env.begin(db=self.loose_db) as txn:
+            out = [msg_id for s in self._segments for msg_id, alive in zip(s.ids, s.alive, strict=True) if alive]
+            out.extend(_KEY.unpack(k)[0] for k in txn.cursor().iternext(keys=True, values=False))
+        out.sort()
+        return out
 
     def disk_bytes(self) -> int:
         """Bytes of pages in use (the file may be larger: LMDB reuses freed pages, never shrinks)."""

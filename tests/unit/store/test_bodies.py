@@ -157,6 +157,75 @@ def test_cache_bound_holds_under_any_sequence(tmp_path_factory, limit, sizes, op
         s.close()
 
 
+def test_a_batch_is_one_segment_and_a_4k_body_takes_4k_of_disk(store):
+    """One value per write: a 4 KiB body no longer takes two overflow pages of its own."""
+    before = store.disk_bytes()
+    store.put_many([(i, body_of(i, 4096)) for i in range(1, 1001)])
+    per_body = (store.disk_bytes() - before) / 1000
+    assert 4096 <= per_body < 4300, per_body
+    assert store.get_many([5, 999, 2000]) == {5: body_of(5, 4096), 999: body_of(999, 4096)}
+
+
+def test_an_id_inside_a_segments_range_is_stored_loose(store):
+    store.put_many([(1, b"a"), (2, b"b"), (4, b"d")])
+    assert store.put_many([(3, b"c"), (2, b"again"), (9, b"i")]) == 2  # 2 is kept as it was
+    assert store.ids() == [1, 2, 3, 4, 9]
+    assert store.get_many(range(10)) == {1: b"a", 2: b"b", 3: b"c", 4: b"d", 9: b"i"}
+    assert store.delete_many([3, 9, 7]) == 2 and store.ids() == [1, 2, 4]
+
+
+def test_compaction_rewrites_a_mostly_dead_segment_and_reopen_keeps_it(tmp_path):
+    path = str(tmp_path / "b")
+    s = BodyStore(path, map_size=1 << 26)
+    s.put_many([(i, body_of(i, 1000)) for i in range(100)])
+    s.delete_many(range(0, 100, 2))  # half dead: kept as it is
+    assert s.compact() == 0
+    s.delete_many([i for i in range(1, 100, 2) if i % 5])  # 10 of 100 left: rewritten
+    assert s.compact() == 1
+    s.close()
+    s = BodyStore(path, map_size=1 << 26)
+    assert s.ids() == [5, 15, 25, 35, 45, 55, 65, 75, 85, 95]
+    assert all(s.get(i) == body_of(i, 1000) for i in s.ids())
+    s.delete_many(s.ids())
+    assert len(s) == 0 and s.get_many(range(100)) == {}
+    s.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(
+    st.tuples(st.just("put"), st.lists(st.integers(0, 300), max_size=40)),
+    st.tuples(st.just("delete"), st.lists(st.integers(0, 300), max_size=40)),
+    st.tuples(st.just("compact"), st.just([])),
+    st.tuples(st.just("reopen"), st.just([])),
+), max_size=25))
+def test_the_store_holds_what_a_dict_would(tmp_path_factory, ops):
+    """Any sequence of puts (repeats and ids inside earlier segments' ranges included), deletes,
+    compactions and reopenings leaves exactly the bodies a dict would hold."""
+    path = str(tmp_path_factory.mktemp("model") / "b")
+    s = BodyStore(path, map_size=1 << 26)
+    model: dict[int, bytes] = {}
+    try:
+        for op, ids in ops:
+            if op == "put":
+                s.put_many([(i, body_of(i, 10 + i)) for i in ids])
+                for i in ids:
+                    model.setdefault(i, body_of(i, 10 + i))
+            elif op == "delete":
+                s.delete_many(ids)
+                for i in ids:
+                    model.pop(i, None)
+            elif op == "compact":
+                s.compact()
+            else:
+                s.close()
+                s = BodyStore(path, map_size=1 << 26)
+            assert s.ids() == sorted(model)
+        assert s.get_many(range(301)) == model
+        assert s.missing(range(301)) == [i for i in range(301) if i not in model]
+    finally:
+        s.close()
+
+
 # ---------------------------------------------------------------------------- Bodies
 
 
