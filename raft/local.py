@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from raftmq.store.bodies import Bodies, DictBodies, fill_bodies, upcoming_ids
 from raftmq.store.commands import Command
+from raftmq.store.effects import PUT_WITH_BODY
 from raftmq.store.machine import StateMachine
 
 from .log import Compaction, NotReplicated, OutputsCallback, RaftStatus
@@ -113,6 +114,10 @@ class LocalLog:
             bodies.put(effects.body_puts)
             fill_bodies(outputs, bodies, self._upcoming)
             self.machine.carry_out(effects, bodies.get)  # the LMDB commit and the audit events
+            if effects.persistence and isinstance(bodies, Bodies):
+                # Persistent messages in durable queues: their bodies are in the message records now.
+                bodies.stored_elsewhere([op[5] for op in effects.persistence
+                                         if op[0] == PUT_WITH_BODY and op[1] == "messages"])
         except Exception as exc:
             self._fail_stop("the LMDB commit of a batch failed", exc)
         self.batches_applied += 1

@@ -134,6 +134,16 @@ class Bodies:
             self._deleted_now = []
             self.store.compact()
 
+    def stored_elsewhere(self, ids: Iterable[int]) -> None:
+        """Bodies a single node just committed in its durable store's message records: they need
+        no copy here (``fallback`` reads them back), so they leave the write-behind queue."""
+        pending, cache = self._pending, self.cache
+        for msg_id in ids:
+            body = pending.pop(msg_id, None)
+            if body is not None:
+                self.pending_bytes -= len(body)
+                cache.admit(msg_id, body)
+
     def _write_pending(self, keep_bytes: int) -> None:
         """Write the oldest pending bodies until at most ``keep_bytes`` remain pending; those
         written enter the cache if it has free room (they are the oldest: consumed first)."""

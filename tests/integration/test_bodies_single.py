@@ -71,7 +71,9 @@ def test_a_backlog_spills_to_disk_and_transient_messages_do_not_survive_a_restar
         ch.basic_publish("", "spill", body("p", i), pika.BasicProperties(delivery_mode=2))
         ch.basic_publish("", "spill", body("t", i), pika.BasicProperties(delivery_mode=1))
     st = status(node)
-    assert st["bodies_written"] > 0, st  # spilled under the write-behind bound
+    # The transient ones spilled past the write-behind bound; the persistent ones are in the
+    # durable store's message records and are not written twice.
+    assert COUNT * 0.5 < st["bodies_written"] <= COUNT, st
     assert st["body_held_bytes"] <= CACHE + WRITE_BEHIND, st  # not the 800 KB queued
     samples = scrape(node.metrics_port)
     assert value(samples, "raftmq_bodies_written_total") > 0
