@@ -16,8 +16,8 @@ exactly ``wanted - in flight``.  A lower limit (rare) stops the core's credit wi
 recomputes once the reply -- which follows every transfer assigned before it -- is in.
 
 *Incoming* (the client attaches as sender; :class:`IncomingLink`): each complete delivery (its
-transfer frames joined, at most ``max_message_size``) is converted by ``protocol/amqp10/convert.py``
-and submitted as ``PUBLISH``.  Pre-settled deliveries are submitted; unsettled ones are requested,
+transfer frames joined, at most ``max_message_size``) is stored as sent (format AMQP100,
+``protocol/amqp10/convert.py``) and submitted as ``PUBLISH``.  Pre-settled deliveries are submitted; unsettled ones are requested,
 and the outcome is sent once the core has applied it (committed in a cluster): accepted when routed,
 released when unroutable (as RabbitMQ 4), rejected when a queue refused it (reject-publish).
 """
@@ -32,6 +32,7 @@ from raftmq.protocol.amqp10 import convert
 from raftmq.protocol.amqp10 import performatives as p
 from raftmq.protocol.amqp10 import types as t
 from raftmq.protocol.amqp10.errors import Amqp10Error, DecodeError
+from raftmq.protocol.amqp10.neutral import EMPTY
 from raftmq.store import ranges as rs
 from raftmq.store.commands import (
     REJECTED,
@@ -46,7 +47,7 @@ from raftmq.store.commands import (
     SessionAttach,
     SessionDetach,
 )
-from raftmq.store.message import AMQP091, properties_in
+from raftmq.store.message import AMQP100, properties_in
 from raftmq.store.sessions import (
     SETTLE_ACCEPT,
     SETTLE_REJECT,
@@ -75,6 +76,13 @@ def _signed(value: int) -> int:
     """A serial-number difference (RFC 1982) as a signed int."""
     value %= SERIAL
     return value - SERIAL if value >= SERIAL // 2 else value
+
+
+def delivery_octets(message, redelivered: bool) -> bytes:
+    """A stored message as a 1.0 message: its properties in format AMQP100 (converted when another
+    protocol published it) and its body."""
+    return convert.encode_delivery(properties_in(message, AMQP100, EMPTY), message.body, message.exchange,
+                                   message.routing_key, redelivered)
 
 
 def attach_link(session: Session, attach):
@@ -328,8 +336,7 @@ class OutgoingLink(Link):
         transfer_id, _qid, _seq, redelivered, message = transfer
         self.assigned += 1
         self.delivery_count = (self.delivery_count + 1) % SERIAL
-        data = convert.encode_delivery(properties_in(message, AMQP091, b"\x00\x00"), message.body, message.exchange, message.routing_key,
-                                       redelivered)
+        data = delivery_octets(message, redelivered)
         self.session.send_delivery(self, transfer_id, self.settled, data, transfer_id.to_bytes(8, "big"))
 
     def on_outcome(self, transfer_ids: list[int], state, settled: bool, first: int, last: int) -> None:
@@ -479,7 +486,7 @@ class IncomingLink(Link):
     def _deliver(self, delivery_id: int, settled: bool, data: bytes) -> None:
         session = self.session
         try:
-            message = convert.message_of(data)
+            message = convert.publish_of(data)
         except DecodeError as exc:
             self._outcome(delivery_id, settled, p.Rejected(error=error(exc.condition, exc.text)))
             return
@@ -500,10 +507,9 @@ class IncomingLink(Link):
                                  p.Rejected(error=error("amqp:unauthorized-access", exc.text)))
         except _NotFound as exc:
             return self._outcome(delivery_id, settled, p.Rejected(error=error("amqp:not-found", str(exc))))
-        props = message.properties
         command = Publish(self.conn.conn_id, None, self.core, self.conn.vhost, target.exchange, routing_key,
-                   False, message.encoded_properties(), message.body, message.persistent, props.priority or 0,
-                   message.ttl)
+                   False, message.properties, message.body, message.persistent, message.priority or 0,
+                   message.ttl, AMQP100)
         if settled:
             self.conn.broker.submit(command, False, len(message.body))
             return
