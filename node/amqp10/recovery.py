@@ -77,6 +77,7 @@ def _outcome(state) -> int | None:
 class DurableOutgoingLink(OutgoingLink):
     def __init__(self, session, attach) -> None:
         super().__init__(session, attach)
+        self.readahead = False  # its unsettled deliveries are the client's to resume: none held here
         self.resuming = False
         self.early: list[tuple] = []  # core transfers that arrived while resuming
         self.replays: list[tuple[int, object, bool]] = []  # (transfer id, message, resume) owed to the client

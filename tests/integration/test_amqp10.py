@@ -57,7 +57,9 @@ def _queue(channel, **arguments) -> str:
 
 
 def _pump(amqp) -> bool:
-    """Let proton write what it holds (pre-settled sends return before their frames are written)."""
+    """Let proton write what it holds (pre-settled sends return before their frames are written); its
+    I/O wait bounded (BlockingConnection.wait sets the container's timeout the same way)."""
+    amqp.container.timeout = 0.05
     amqp.container.process()
     return True
 
