@@ -274,8 +274,8 @@ def start_target(args, base: Path, pythonpath: Path | None = None):
         nodes = [node]
         starter, stop = node.start, node.stop
     if pythonpath is not None:
-        for node in nodes:
-            node.extra_env["PYTHONPATH"] = str(pythonpath)
+        for node in nodes:  # PYTHONSAFEPATH: the working directory (this tree) must not come first
+            node.extra_env.update({"PYTHONPATH": str(pythonpath), "PYTHONSAFEPATH": "1"})
     starter()
     return (cluster.leader() if args.cluster else nodes[0]), stop
 

@@ -15,7 +15,8 @@ exchange and routing key the message was published with (``x-exchange``, ``x-rou
 RabbitMQ 4 sends them), then the properties and application-properties octets as stored, then the body.
 
 Both ends cache what repeats from message to message (the sections before a data body when publishing,
-the header and annotations when delivering), so the usual message costs a dictionary lookup.
+everything before the body when delivering: messages published alike share one stored properties
+object), so the usual message costs a dictionary lookup.
 """
 
 from __future__ import annotations
@@ -153,37 +154,38 @@ def _delivery_annotated(annotated: bytes, exchange: str, routing_key: str, redel
     return out.encode() + n.encode_map(p.MessageAnnotations, items)
 
 
-_DELIVERED: dict[tuple, bytes] = {}  # (stored header + annotations, exchange, key, redelivered) -> octets
+_DELIVERED: dict[tuple, tuple[bytes, int]] = {}  # (stored, exchange, key, redelivered) -> (octets, flags)
 
 
 def encode_delivery(properties: bytes, body: bytes, exchange: str, routing_key: str, redelivered: bool) -> bytes:
     """The octets of a 1.0 message for stored ``properties`` (format AMQP100) and ``body``."""
-    try:
-        flags, annotated, bare = n.unpack(properties)
-    except ValueError:
-        flags, annotated, bare = 0, b"", b""
-    key = (annotated, exchange, routing_key, redelivered)
-    prefix = _DELIVERED.get(key)
-    if prefix is None:
+    key = (properties, exchange, routing_key, redelivered)
+    cached = _DELIVERED.get(key)
+    if cached is None:
+        try:
+            flags, annotated, bare = n.unpack(properties)
+        except ValueError:
+            flags, annotated, bare = 0, b"", b""
         try:
             prefix = _delivery_annotated(annotated, exchange, routing_key, redelivered)
         except Exception:  # stored octets that do not decode (cannot happen for our own): none kept
             prefix = _delivery_annotated(b"", exchange, routing_key, redelivered)
+        cached = (prefix + bare, flags)
         if len(_DELIVERED) >= _MAX_CACHED:
             _DELIVERED.clear()
-        _DELIVERED[key] = prefix
+        _DELIVERED[key] = cached
+    head, flags = cached
     if flags & n.BODY_SECTIONS:
-        return prefix + bare + body
+        return head + body
     if flags & n.BODY_UNCHECKED:  # another protocol's message that says its body is 1.0 sections
         try:
             sections = [body[a:b] for s, a, b in n.spans(body) if s.__class__ in _BODY_SECTIONS]
         except Exception:  # not 1.0 octets after all: sent as data
             sections = []
         if sections:
-            return prefix + bare + b"".join(sections)
+            return head + b"".join(sections)
     size = len(body)
-    head = b"\xa0" + bytes((size,)) if size < 256 else b"\xb0" + size.to_bytes(4, "big")
-    return prefix + bare + _DATA + head + body
+    return head + (_DATA + b"\xa0" + bytes((size,)) if size < 256 else _DATA + b"\xb0" + size.to_bytes(4, "big")) + body
 
 
 def encode(sections: list) -> bytes:

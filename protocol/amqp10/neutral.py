@@ -32,6 +32,7 @@ nothing touched.  Headers new to a message go to message-annotations when their 
 
 from __future__ import annotations
 
+import copy
 import datetime
 import uuid
 from dataclasses import dataclass
@@ -351,7 +352,16 @@ class Amqp10Format:
     name = "AMQP 1.0 header, message-annotations, properties, application-properties"
 
     def decode(self, raw: bytes) -> Properties:
-        return _neutral(parse(raw), raw)
+        """A copy of the cached decoding when ``raw`` was decoded lately: a 0-9-1 or 0-10 consumer of
+        1.0 messages decodes every one, and messages published alike have the same properties.
+        (A shallow copy: callers replace ``headers``, they do not change the dict they were given.)"""
+        cached = _DECODED.get(raw)
+        if cached is None:
+            cached = _neutral(parse(raw), raw)
+            if len(_DECODED) >= _MAX_DECODED:
+                _DECODED.clear()
+            _DECODED[raw] = cached
+        return copy.copy(cached)
 
     def encode(self, properties: Properties) -> bytes:
         source = properties.source if isinstance(properties, Amqp10Properties) else None
@@ -410,5 +420,8 @@ class Amqp10Format:
             else s.application_raw
         return pack(flags, header_raw + annotations_raw, properties_raw + application_raw)
 
+
+_DECODED: dict[bytes, Amqp10Properties] = {}
+_MAX_DECODED = 1024
 
 FORMAT = Amqp10Format()
