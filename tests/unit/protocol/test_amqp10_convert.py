@@ -342,3 +342,13 @@ def test_garbage_stored_sections_read_as_no_headers_and_raise_only_value_error(r
         assert isinstance(cv.encode_delivery(candidate, b"body", "", "q", False), bytes)
     # header and annotations that do not decode: the delivery goes out without them
     assert p.decode_sections(cv.encode_delivery(n.pack(0, raw, b""), b"body", "", "q", False))[-1] == p.Data(b"body")
+
+
+def test_amqp10_to_0_10() -> None:
+    """1.0 -> 0-10 through the same neutral properties (docs/message-mapping.md): headers with a
+    1.0 timestamp become integer seconds (0-10 maps have no timestamp type)."""
+    m = cv.publish_of(p.encode_sections(TYPED))
+    props = fmt.decode(fmt.convert(m.properties, fmt.AMQP100, fmt.AMQP010), fmt.AMQP010)
+    assert (props.delivery_mode, props.priority, props.expiration, props.app_id) == (2, 2, "90000", "g")
+    assert props.headers["u8"] == 200 and props.headers["ts"] == 1_600_000_000
+    assert props.headers["x-message-id"] == "12"  # 0-10 message-ids are UUIDs
