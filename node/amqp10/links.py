@@ -383,7 +383,8 @@ class OutgoingLink(Link):
                 self.held.append(transfer)  # beyond the client's credit: sent when it grants more
                 return
             self._send(transfer)
-            if not self.stopping and self.granted - self.assigned + len(self.held) <= self.client_credit:
+            if (not self.stopping and self.client_credit >= READAHEAD_MIN_CREDIT
+                    and self.granted - self.assigned + len(self.held) <= self.client_credit):
                 self._apply_credit()  # what the core holds fell to half of its read-ahead target
             return
         self._send(transfer)
