@@ -362,6 +362,53 @@ def test_headers_exchange_and_dead_letters_read_amqp10_messages(channel, amqp) -
     assert again.annotations["x-exchange"] == dlx
 
 
+def test_quorum_redeliveries_and_deduplication_of_amqp10_messages(channel, amqp) -> None:
+    """A quorum queue's x-delivery-count (written into a 1.0 message's annotations by the core) is
+    header.delivery-count for a 1.0 consumer (3.2.1: unsuccessful previous delivery attempts) and the
+    x-delivery-count header for a 0-9-1 one; the delivery limit dead-letters it.  A deduplicating
+    queue reads x-deduplication-header from application-properties."""
+    dlq = _queue(channel)
+    queue = uniq("a10q")
+    channel.queue_declare(queue, durable=True, arguments={
+        "x-queue-type": "quorum", "x-delivery-limit": 2, "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": dlq})
+    amqp.create_sender(f"/queues/{queue}").send(Message(body=b"poison", inferred=True, durable=True,
+                                                                properties={"k": "v"}))
+    receiver = amqp.create_receiver(f"/queues/{queue}", credit=1)
+    counts = []
+    for _ in range(2):
+        got = receiver.receive(timeout=TIMEOUT)
+        counts.append(got.delivery_count)
+        delivery = receiver.fetcher.unsettled.popleft()
+        delivery.local.failed = True
+        delivery.update(Delivery.MODIFIED)  # 3.4.5 modified{delivery-failed}: counted
+        delivery.settle()
+    receiver.close()
+    method, props, body = None, None, None
+    deadline = time.monotonic() + TIMEOUT
+    while method is None and time.monotonic() < deadline:
+        _pump(amqp)
+        method, props, body = channel.basic_get(queue, auto_ack=False)
+    assert counts == [0, 1] and body == b"poison" and props.headers["x-delivery-count"] == 2
+    assert props.headers["k"] == "v"
+    channel.basic_nack(method.delivery_tag, requeue=True)  # the third failure: over the limit
+    wait_until(lambda: _count(channel, dlq) == 1, what="dead-lettered after the delivery limit")
+    dedup = uniq("a10dd")
+    channel.queue_declare(dedup, durable=True, arguments={"x-message-deduplication": True})
+    sender = amqp.create_sender(f"/queues/{dedup}")
+    for body in (b"a", b"again", b"b"):
+        key = "k2" if body == b"b" else "k1"
+        assert sender.send(Message(body=body, inferred=True, properties={"x-deduplication-header": key})).remote_state \
+            == Delivery.ACCEPTED
+    dedup_receiver = amqp.create_receiver(f"/queues/{dedup}", credit=10)
+    got = []
+    for _ in range(2):
+        message = dedup_receiver.receive(timeout=TIMEOUT)  # (kept: its body is a view of its buffer)
+        got.append(bytes(message.body))
+        dedup_receiver.accept()
+    assert got == [b"a", b"b"] and _count(channel, dedup) == 0
+
+
 def test_amqp_value_body_round_trip(channel, amqp) -> None:
     """A non-data body (amqp-value map) travels as encoded 1.0 sections (type amqp-1.0) and comes back whole."""
     queue = _queue(channel)
