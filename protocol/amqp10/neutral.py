@@ -23,7 +23,7 @@ whose key starts with ``x-`` as ``headers`` (``x-basic-type`` as ``type``).
 
 Encoding neutral properties as 1.0 (a 0-9-1 or 0-10 message for a 1.0 consumer, and the core's header
 helpers rewriting a 1.0 message: dead-lettering, x-delivery-count) starts from the stored sections
-when the properties were decoded from them (:class:`Amqp10Properties` remembers its bytes) and changes
+when the properties were decoded from them (their :class:`Annotations` remember the bytes) and changes
 only what differs: a section nothing touched keeps its bytes, a map keeps the bytes of every entry
 nothing touched.  Headers new to a message go to message-annotations when their name starts with
 ``x-`` (x-death, x-first-death-*, x-delivery-count), else to application-properties, whose values
@@ -229,16 +229,22 @@ def _id_to_amqp10(value: str) -> Any:
     return value
 
 
-@dataclass(slots=True)
-class Amqp10Properties(Properties):
-    """Neutral properties decoded from stored 1.0 sections, which they remember (``source``) so that
-    encoding them again changes only what was changed."""
+class Annotations(dict):
+    """The ``annotations`` of neutral properties decoded from stored 1.0 sections: a dict for everyone
+    else, which also remembers those sections (``source``), so that encoding the properties again
+    changes only what was changed.  (Not a Properties subclass: code that lists a Properties' fields
+    by its ``__slots__``, as the HTTP API does, sees the usual ones; ``dataclasses.replace`` keeps
+    the same annotations object, so the core's header helpers keep the source.)"""
 
-    source: bytes | None = None
+    __slots__ = ("source",)
+
+    def __init__(self, items: dict, source: bytes | None) -> None:
+        super().__init__(items)
+        self.source = source
 
 
-def _neutral(s: Sections, raw: bytes | None) -> Amqp10Properties:
-    props = Amqp10Properties(source=raw)
+def _neutral(s: Sections, raw: bytes | None) -> Properties:
+    props = Properties()
     headers: dict[str, Any] = {}
     annotations: dict[str, Any] = {}
     h = s.header
@@ -278,7 +284,7 @@ def _neutral(s: Sections, raw: bytes | None) -> Amqp10Properties:
     if s.flags & (BODY_SECTIONS | BODY_UNCHECKED):
         props.type = AMQP10_TYPE
     props.headers = headers or None
-    props.annotations = annotations
+    props.annotations = Annotations(annotations, raw)
     return props
 
 
@@ -354,7 +360,8 @@ class Amqp10Format:
     def decode(self, raw: bytes) -> Properties:
         """A copy of the cached decoding when ``raw`` was decoded lately: a 0-9-1 or 0-10 consumer of
         1.0 messages decodes every one, and messages published alike have the same properties.
-        (A shallow copy: callers replace ``headers``, they do not change the dict they were given.)"""
+        (A shallow copy: callers replace ``headers`` and ``annotations``, they do not change the dicts
+        they were given.)"""
         cached = _DECODED.get(raw)
         if cached is None:
             cached = _neutral(parse(raw), raw)
@@ -364,7 +371,7 @@ class Amqp10Format:
         return copy.copy(cached)
 
     def encode(self, properties: Properties) -> bytes:
-        source = properties.source if isinstance(properties, Amqp10Properties) else None
+        source = getattr(properties.annotations, "source", None)
         s = parse(source) if source is not None else Sections(0)
         old = _neutral(s, None) if source is not None else Properties()
         try:
@@ -421,7 +428,7 @@ class Amqp10Format:
         return pack(flags, header_raw + annotations_raw, properties_raw + application_raw)
 
 
-_DECODED: dict[bytes, Amqp10Properties] = {}
+_DECODED: dict[bytes, Properties] = {}
 _MAX_DECODED = 1024
 
 FORMAT = Amqp10Format()
