@@ -352,3 +352,17 @@ def test_amqp10_to_0_10() -> None:
     assert (props.delivery_mode, props.priority, props.expiration, props.app_id) == (2, 2, "90000", "g")
     assert props.headers["u8"] == 200 and props.headers["ts"] == 1_600_000_000
     assert props.headers["x-message-id"] == "12"  # 0-10 message-ids are UUIDs
+
+
+def test_http_api_shows_a_1_0_message_s_properties() -> None:
+    """ops/http/resources._properties_view lists a message's neutral properties by their fields."""
+    import json
+
+    from raftmq.ops.http.resources import _properties_view
+    from raftmq.store.model import Message
+
+    m = cv.publish_of(p.encode_sections(TYPED))
+    view = _properties_view(Message(1, "", "q", m.properties, m.body, True, 0, 0, format=fmt.AMQP100))
+    assert (view["delivery_mode"], view["priority"], view["message_id"], view["app_id"]) == (2, 2, "12", "g")
+    assert view["headers"]["u8"] == 200 and view["headers"]["sym"] == "s"
+    json.dumps(view, default=str)  # what the API serialises
