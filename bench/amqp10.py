@@ -22,17 +22,24 @@ pika's ~20) often set the rate, so the node's CPU is the fairer comparison of th
 temporary directory and run from there) side by side with this one: both run at once, each round
 measures the 1.0 scenarios on both, alternating which goes first, and prints new/old per round.
 
+``--profile`` instead profiles the client-facing node while a 1.0 and then a 0-9-1 consumer drain a
+queue: cProfile of its event-loop thread (switched on and off by real-time signals through a
+``sitecustomize`` the node is started with) and the CPU of each of its threads from /proc.
+
 Usage::
 
     python -m bench.amqp10 --rounds 3 --count 20000
     python -m bench.amqp10 --cluster 3
     python -m bench.amqp10 --cluster 3 --baseline 9bf9ab1 --rounds 4
+    python -m bench.amqp10 --cluster 3 --profile --count 10000
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import pstats
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -263,7 +270,80 @@ def baseline_tree(ref: str) -> Path:
     return root / "pkg"
 
 
-def start_target(args, base: Path, pythonpath: Path | None = None):
+PROFILE_ON, PROFILE_OFF = signal.SIGRTMIN + 3, signal.SIGRTMIN + 4  # (SIGUSR1 is the node's digest)
+_PROFILE_HOOK = f"""
+import os, signal, sys
+if os.environ.get("RAFTMQ_BENCH_PROFILE") and "server" in sys.argv:
+    import cProfile
+    _profile = cProfile.Profile()
+
+    def _on(sig, frame):
+        _profile.enable()
+
+    def _off(sig, frame):
+        _profile.disable()
+        _profile.dump_stats(os.path.join(os.environ["RAFTMQ_BENCH_PROFILE"], f"node-{{os.getpid()}}.prof"))
+        _profile.clear()
+
+    signal.signal({int(PROFILE_ON)}, _on)
+    signal.signal({int(PROFILE_OFF)}, _off)
+"""
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread of ``pid`` (``tid:name``)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        out[f"{task.name}:{name}"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def profile_consume(args, base: Path) -> None:
+    """cProfile of the node's event loop and its threads' CPU while each protocol's consumer drains."""
+    hook = base / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_PROFILE_HOOK)
+    out = base / "profiles"
+    out.mkdir()
+    os.environ["RAFTMQ_BENCH_PROFILE"] = str(out)  # inherited by the node processes
+    target, stop = start_target(args, base / "nodes", hook, safe_path=False)
+    try:
+        url091, url10 = target.url, f"amqp://guest:guest@127.0.0.1:{target.port}"
+        for protocol in ("1.0", "0-9-1"):
+            queue = f"bench-prof-{uuid.uuid4().hex[:8]}"
+            _declare(url091, queue)
+            if protocol == "1.0":
+                amqp10_publish(url10, queue, args.count, args.size, args.window)
+            else:
+                _fill_091(url091, queue, args.count, args.size)
+            time.sleep(1.0)
+            before_threads, before = thread_cpu(target.pid), node_cpu(target.pid)
+            os.kill(target.pid, PROFILE_ON)
+            rate = amqp10_consume(url10, queue, args.count) if protocol == "1.0" else \
+                bench_consume(url091, queue, args.count)
+            os.kill(target.pid, PROFILE_OFF)
+            cpu, after_threads = node_cpu(target.pid) - before, thread_cpu(target.pid)
+            time.sleep(1.0)
+            print(f"\n=== consume {protocol}: {rate:.0f} msg/s, node CPU {cpu * 1e6 / args.count:.1f} us/msg "
+                  f"(with the profiler on)")
+            for name, seconds in after_threads.items():
+                spent = seconds - before_threads.get(name, 0.0)
+                if spent > 0.005:
+                    print(f"  thread {name}: {spent * 1e6 / args.count:.1f} us/msg")
+            profile = max(out.glob("node-*.prof"), key=lambda p: p.stat().st_mtime)
+            pstats.Stats(str(profile)).sort_stats("tottime").print_stats(25)
+            profile.unlink()
+    finally:
+        stop()
+        os.environ.pop("RAFTMQ_BENCH_PROFILE", None)
+
+
+def start_target(args, base: Path, pythonpath: Path | None = None, safe_path: bool = True):
     """A node or cluster (its client-facing node, and a function that stops it all)."""
     if args.cluster:
         cluster = Cluster(args.cluster, base)
@@ -275,7 +355,9 @@ def start_target(args, base: Path, pythonpath: Path | None = None):
         starter, stop = node.start, node.stop
     if pythonpath is not None:
         for node in nodes:  # PYTHONSAFEPATH: the working directory (this tree) must not come first
-            node.extra_env.update({"PYTHONPATH": str(pythonpath), "PYTHONSAFEPATH": "1"})
+            node.extra_env["PYTHONPATH"] = str(pythonpath)
+            if safe_path:
+                node.extra_env["PYTHONSAFEPATH"] = "1"
     starter()
     return (cluster.leader() if args.cluster else nodes[0]), stop
 
@@ -336,8 +418,11 @@ def main() -> None:
     parser.add_argument("--cluster", type=int, default=0)
     parser.add_argument("--latency", type=int, default=500, help="latency samples per round (0: none)")
     parser.add_argument("--baseline", help="a git ref to measure side by side with this tree (1.0 only)")
+    parser.add_argument("--profile", action="store_true", help="profile the node while consumers drain")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench-amqp10-"))
+    if args.profile:
+        return profile_consume(args, base)
     if args.baseline:
         return compare_baseline(args, base)
     target, stop = start_target(args, base)
