@@ -46,7 +46,7 @@ from raftmq.protocol.amqp10 import convert
 from raftmq.protocol.amqp10 import performatives as p
 from raftmq.protocol.amqp10 import types as t
 from raftmq.protocol.amqp10.errors import Amqp10Error, DecodeError
-from raftmq.protocol.amqp10.neutral import EMPTY
+from raftmq.protocol.amqp10.stored import EMPTY
 from raftmq.store import ranges as rs
 from raftmq.store.commands import (
     REJECTED,

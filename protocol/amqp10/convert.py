@@ -1,8 +1,8 @@
-"""AMQP 1.0 message octets to and from what the core stores (format ``AMQP100``, protocol/amqp10/neutral.py).
+"""AMQP 1.0 message octets to and from what the core stores (format ``AMQP100``, protocol/amqp10/stored.py).
 
 Publishing (:func:`publish_of`): the sections of a delivery are decoded (checked) and stored as sent:
 header and message-annotations, properties and application-properties in the stored properties
-(``neutral.pack``); delivery-annotations (for this hop only, 3.2.1) and the footer are not kept.  The
+(``stored.pack``); delivery-annotations (for this hop only, 3.2.1) and the footer are not kept.  The
 body is the octets of a single data section, else the body sections as sent (``BODY_SECTIONS``).
 What the core needs besides (durable, priority, ttl) and what routing needs (``to``, ``subject``) are
 read on the way.
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import neutral as n
 from . import performatives as p
+from . import stored
 
 _BODY_SECTIONS = (p.Data, p.AmqpValue, p.AmqpSequence)
 _DATA = b"\x00\x53\x75"  # the data section's descriptor (3.2.6, 0x75)
@@ -63,19 +63,19 @@ def _template(sections: list, buf: bytes, flags: int) -> Published:
             out.to, out.subject = section.to, section.subject
         elif cls is p.ApplicationProperties:
             bare.append(buf[start:end])
-    out.properties = n.pack(flags, b"".join(annotated), b"".join(bare))
+    out.properties = stored.pack(flags, b"".join(annotated), b"".join(bare))
     return out
 
 
 def _decoded(payload: bytes) -> Published:
-    sections = n.spans(payload)
+    sections = stored.spans(payload)
     body = [(s, start, end) for s, start, end in sections if s.__class__ in _BODY_SECTIONS]
     if len(body) == 1 and body[0][0].__class__ is p.Data:
         flags, octets = 0, bytes(body[0][0].value)
     elif not body:
         flags, octets = 0, b""
     else:
-        flags, octets = n.BODY_SECTIONS, b"".join(payload[start:end] for _s, start, end in body)
+        flags, octets = stored.BODY_SECTIONS, b"".join(payload[start:end] for _s, start, end in body)
     out = _template([x for x in sections if x[0].__class__ not in _BODY_SECTIONS], payload, flags)
     out.body = octets
     return out
@@ -117,7 +117,7 @@ def publish_of(payload: bytes) -> Published:
         template = _PUBLISHED.get(prefix)
         if template is None and len(prefix) <= _MAX_PREFIX:
             try:
-                sections = n.spans(prefix)
+                sections = stored.spans(prefix)
             except Exception:  # a guess inside the body: decode the whole payload instead
                 sections = None
             if sections is not None and not any(s.__class__ in _BODY_SECTIONS for s, _a, _b in sections):
@@ -134,11 +134,11 @@ def publish_of(payload: bytes) -> Published:
 def _delivery_annotated(annotated: bytes, exchange: str, routing_key: str, redelivered: bool) -> bytes:
     """The header and message-annotations sent with a delivery, from the stored ones."""
     header = annotations = None
-    for section, start, end in n.spans(annotated):
+    for section, start, end in stored.spans(annotated):
         if section.__class__ is p.Header:
             header = section
         elif section.__class__ is p.MessageAnnotations:
-            annotations = n.entries(annotated, start, end)
+            annotations = stored.entries(annotated, start, end)
     count = (annotations or {}).get("x-delivery-count", (None,))[0]
     if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < 1 << 32:
         count = 1 if redelivered else 0
@@ -146,12 +146,12 @@ def _delivery_annotated(annotated: bytes, exchange: str, routing_key: str, redel
                    delivery_count=count)
     if header is not None:
         out.priority, out.ttl = header.priority, header.ttl
-    items = {"x-exchange": n.entry("x-exchange", exchange, True),
-             "x-routing-key": n.entry("x-routing-key", routing_key, True)}
+    items = {"x-exchange": stored.entry("x-exchange", exchange, True),
+             "x-routing-key": stored.entry("x-routing-key", routing_key, True)}
     for key, entry in (annotations or {}).items():
         if key not in items:
             items[key] = entry
-    return out.encode() + n.encode_map(p.MessageAnnotations, items)
+    return out.encode() + stored.encode_map(p.MessageAnnotations, items)
 
 
 _DELIVERED: dict[tuple, tuple[bytes, int]] = {}  # (stored, exchange, key, redelivered) -> (octets, flags)
@@ -163,7 +163,7 @@ def encode_delivery(properties: bytes, body: bytes, exchange: str, routing_key: 
     cached = _DELIVERED.get(key)
     if cached is None:
         try:
-            flags, annotated, bare = n.unpack(properties)
+            flags, annotated, bare = stored.unpack(properties)
         except ValueError:
             flags, annotated, bare = 0, b"", b""
         try:
@@ -175,11 +175,11 @@ def encode_delivery(properties: bytes, body: bytes, exchange: str, routing_key: 
             _DELIVERED.clear()
         _DELIVERED[key] = cached
     head, flags = cached
-    if flags & n.BODY_SECTIONS:
+    if flags & stored.BODY_SECTIONS:
         return head + body
-    if flags & n.BODY_UNCHECKED:  # another protocol's message that says its body is 1.0 sections
+    if flags & stored.BODY_UNCHECKED:  # another protocol's message that says its body is 1.0 sections
         try:
-            sections = [body[a:b] for s, a, b in n.spans(body) if s.__class__ in _BODY_SECTIONS]
+            sections = [body[a:b] for s, a, b in stored.spans(body) if s.__class__ in _BODY_SECTIONS]
         except Exception:  # not 1.0 octets after all: sent as data
             sections = []
         if sections:

@@ -1,18 +1,9 @@
 """AMQP 1.0 messages as the core's neutral message (store/message.py, format ``AMQP100``).
 
-A message published with 1.0 is stored as the publisher encoded it: the sections before the body
-(header, message-annotations, properties, application-properties; 3.2) in these bytes, the body in
-the message body.  A 1.0 consumer gets the properties and application-properties back byte for byte
-(the bare message is immutable, 3.2) with every value's type as sent; the header and
-message-annotations, which a broker may change, are re-encoded per delivery (protocol/amqp10/convert.py).
-Layout (:func:`pack`)::
-
-    flags (1 octet) | length of A (uint32) | A: header + message-annotations | B: properties + application-properties
-
-``flags``: :data:`BODY_SECTIONS` when the body holds 1.0 body sections as sent (amqp-value,
-amqp-sequence, several data sections; checked when published), :data:`BODY_UNCHECKED` when a message
-converted from another protocol claims so (basic ``type`` ``amqp-1.0``: checked when delivered); else
-the body is the octets of one data section.
+A message published with 1.0 is stored as the publisher encoded it (protocol/amqp10/stored.py): a
+1.0 consumer gets the properties and application-properties back byte for byte (the bare message is
+immutable, 3.2) with every value's type as sent; the header and message-annotations, which a broker
+may change, are re-encoded per delivery (protocol/amqp10/convert.py).
 
 Other protocols read a 1.0 message through :class:`Amqp10Format` (RabbitMQ 4's conversion tables,
 docs/amqp10.md and docs/message-mapping.md): header durable/priority/ttl; properties message-id,
@@ -35,8 +26,6 @@ from __future__ import annotations
 import copy
 import datetime
 import uuid
-from dataclasses import dataclass
-from struct import Struct
 from typing import Any
 
 from raftmq.protocol.amqp091.fieldtable import Timestamp as FieldTableTimestamp
@@ -45,105 +34,13 @@ from raftmq.store.values import to_plain
 
 from . import performatives as p
 from . import types as t
-from .errors import DecodeError
+from .stored import BODY_SECTIONS, BODY_UNCHECKED, Sections, encode_map, entry, pack, parse
 
-BODY_SECTIONS = 0x01
-BODY_UNCHECKED = 0x02
 AMQP10_TYPE = "amqp-1.0"  # neutral type of a message whose body is encoded 1.0 body sections
-_LAYOUT = Struct(">BI")
 _URN = "urn:uuid:"
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _MS = datetime.timedelta(milliseconds=1)
 _ID_ANNOTATIONS = ("x-message-id", "x-correlation-id")
-
-
-def pack(flags: int, annotated: bytes, bare: bytes) -> bytes:
-    return _LAYOUT.pack(flags, len(annotated)) + annotated + bare
-
-
-EMPTY = pack(0, b"", b"")
-
-
-def unpack(raw: bytes) -> tuple[int, bytes, bytes]:
-    """(flags, header + message-annotations octets, properties + application-properties octets)."""
-    if len(raw) < 5:
-        raise ValueError("1.0 stored sections: shorter than their layout")
-    flags, n = _LAYOUT.unpack_from(raw)
-    if flags & ~(BODY_SECTIONS | BODY_UNCHECKED) or 5 + n > len(raw):
-        raise ValueError("1.0 stored sections: bad layout")
-    return flags, raw[5:5 + n], raw[5 + n:]
-
-
-def spans(buf: bytes) -> list[tuple[Any, int, int]]:
-    """Each section of ``buf`` with where its octets start and end; raises DecodeError."""
-    out = []
-    pos, end = 0, len(buf)
-    budget = [t.MAX_ZERO_WIDTH_ELEMENTS]
-    while pos < end:
-        section, after = p.decode_described(buf, pos, end, "section", budget)
-        out.append((section, pos, after))
-        pos = after
-    return out
-
-
-def entries(buf: bytes, start: int, end: int) -> dict[Any, tuple[Any, bytes]]:
-    """The entries of the map section at ``buf[start:end]``: key -> (value, the entry's octets)."""
-    _descriptor, pos = t.decode_value(buf, start + 1, end)
-    code = buf[pos]
-    if code == 0xC1:
-        count, pos = buf[pos + 2], pos + 3
-    elif code == 0xD1:
-        count, pos = int.from_bytes(buf[pos + 5:pos + 9], "big"), pos + 9
-    else:
-        return {}
-    out: dict[Any, tuple[Any, bytes]] = {}
-    for _ in range(count // 2):
-        key, after_key = t.decode_value(buf, pos, end)
-        value, after = t.decode_value(buf, after_key, end)
-        out[key] = (p.from_described(value), buf[pos:after])
-        pos = after
-    return out
-
-
-def encode_map(section: type, items: dict[Any, tuple[Any, bytes]]) -> bytes:
-    return section._PREFIX + t.encode_compound("map8", "map32", 2 * len(items),
-                                               b"".join(raw for _v, raw in items.values()))
-
-
-@dataclass(slots=True)
-class Sections:
-    """The stored sections, parsed: what :class:`Amqp10Format` reads and rewrites."""
-
-    flags: int
-    header: Any = None
-    header_raw: bytes = b""
-    annotations: dict[Any, tuple[Any, bytes]] | None = None  # message-annotations entries
-    annotations_raw: bytes = b""
-    properties: Any = None
-    properties_raw: bytes = b""
-    application: dict[Any, tuple[Any, bytes]] | None = None
-    application_raw: bytes = b""
-
-
-def parse(raw: bytes) -> Sections:
-    """The sections of stored bytes; ValueError if they do not decode."""
-    flags, annotated, bare = unpack(raw)
-    out = Sections(flags)
-    try:
-        for buf in (annotated, bare):
-            for section, start, end in spans(buf):
-                cls = section.__class__
-                if cls is p.Header:
-                    out.header, out.header_raw = section, buf[start:end]
-                elif cls is p.MessageAnnotations:
-                    out.annotations, out.annotations_raw = entries(buf, start, end), buf[start:end]
-                elif cls is p.Properties:
-                    out.properties, out.properties_raw = section, buf[start:end]
-                elif cls is p.ApplicationProperties:
-                    out.application, out.application_raw = entries(buf, start, end), buf[start:end]
-    except (DecodeError, IndexError) as exc:
-        raise ValueError(f"1.0 stored sections do not decode: {exc}") from exc
-    return out
 
 
 # ------------------------------------------------------------------------------------------ values
@@ -299,11 +196,6 @@ def _new_header(base, props: Properties):
     e = props.expiration
     h.ttl = int(e) if e is not None and e.isdigit() and int(e) < 1 << 32 else None
     return h
-
-
-def entry(key: Any, value: Any, annotation: bool) -> tuple[Any, bytes]:
-    key_raw = p._annotation_key(key) if annotation else t.encode_value(str(key))
-    return value, key_raw + t.encode_value(value)
 
 
 def _wanted_id(props: Properties, name: str, field: str, headers: dict) -> tuple[Any, bool]:

@@ -1,4 +1,4 @@
-"""protocol/amqp10/convert.py, protocol/amqp10/neutral.py and node/amqp10/address.py, without a broker.
+"""protocol/amqp10/convert.py, neutral.py, stored.py and node/amqp10/address.py, without a broker.
 
 A 1.0 message is stored as its sections (format AMQP100, store/message.py); other protocols read it
 through the neutral properties.  Expected values follow RabbitMQ 4's conversion tables
@@ -21,6 +21,7 @@ from raftmq.protocol.amqp091.properties import BasicProperties, decode_propertie
 from raftmq.protocol.amqp10 import convert as cv
 from raftmq.protocol.amqp10 import neutral as n
 from raftmq.protocol.amqp10 import performatives as p
+from raftmq.protocol.amqp10 import stored
 from raftmq.protocol.amqp10 import types as t
 from raftmq.store import message as fmt
 
@@ -207,7 +208,7 @@ def test_undecodable_stored_bytes() -> None:
     with pytest.raises(ValueError):
         fmt.decode(b"\x00\x00", fmt.AMQP100)
     with pytest.raises(ValueError):
-        fmt.decode(n.pack(0, b"\x00\x53\x70\xc0\x09", b""), fmt.AMQP100)
+        fmt.decode(stored.pack(0, b"\x00\x53\x70\xc0\x09", b""), fmt.AMQP100)
     assert fmt.headers_of(b"\x09", fmt.AMQP100) == {}
     # a delivery of bytes that do not decode: the message goes out, without its properties
     assert p.decode_sections(cv.encode_delivery(b"junk", b"b", "", "q", False))[-1] == p.Data(b"b")
@@ -333,7 +334,7 @@ def test_garbage_stored_sections_read_as_no_headers_and_raise_only_value_error(r
     """As the other codecs (tests/unit/protocol/test_neutral.py): a message whose stored properties do
     not decode routes as one without headers on every node, and delivering it raises nothing (stored
     octets come from our own encoders: the bare part is sent as stored, unchecked)."""
-    for candidate in (raw, n.pack(flags, raw[:cut], raw[cut:])):
+    for candidate in (raw, stored.pack(flags, raw[:cut], raw[cut:])):
         assert isinstance(fmt.headers_of(candidate, fmt.AMQP100), dict)
         try:
             fmt.decode(candidate, fmt.AMQP100)
@@ -341,7 +342,7 @@ def test_garbage_stored_sections_read_as_no_headers_and_raise_only_value_error(r
             pass
         assert isinstance(cv.encode_delivery(candidate, b"body", "", "q", False), bytes)
     # header and annotations that do not decode: the delivery goes out without them
-    assert p.decode_sections(cv.encode_delivery(n.pack(0, raw, b""), b"body", "", "q", False))[-1] == p.Data(b"body")
+    assert p.decode_sections(cv.encode_delivery(stored.pack(0, raw, b""), b"body", "", "q", False))[-1] == p.Data(b"body")
 
 
 def test_amqp10_to_0_10() -> None:
