@@ -30,9 +30,10 @@ recomputes once the reply -- which follows every transfer assigned before it -- 
 
 *Incoming* (the client attaches as sender; :class:`IncomingLink`): each complete delivery (its
 transfer frames joined, at most ``max_message_size``) is stored as sent (format AMQP100,
-``protocol/amqp10/convert.py``) and submitted as ``PUBLISH``.  Pre-settled deliveries are submitted; unsettled ones are requested,
-and the outcome is sent once the core has applied it (committed in a cluster): accepted when routed,
-released when unroutable (as RabbitMQ 4), rejected when a queue refused it (reject-publish).
+``protocol/amqp10/convert.py``) and submitted as ``PUBLISH``.  Pre-settled deliveries are submitted;
+unsettled ones are requested, and the outcome is sent once the core has applied it (committed in a
+cluster): accepted when routed, released when unroutable (as RabbitMQ 4), rejected when a queue
+refused it (reject-publish).
 """
 
 from __future__ import annotations
