@@ -47,6 +47,12 @@ PRE_OPEN_FRAME_SIZE = 4096  # open frames carry client properties: a bound above
 MAX_FRAME_SIZE = 131072  # what we announce in open
 SASL_OK, SASL_AUTH, SASL_SYS_TEMP = 0, 1, 4
 CLOSE_TIMEOUT = 2.0
+# Settlements (client dispositions) go to the core in batches: each MESSAGE_SETTLE is a log entry, and
+# proton sends a disposition per message, read ~30 at a time.  A batch goes once it holds
+# SETTLE_BATCH settlements or SETTLE_DELAY after the first; a client's settlement is final when it
+# sends it (first mode), so the delay only keeps the message unacked in the core a little longer.
+SETTLE_BATCH = 256
+SETTLE_DELAY = 0.005
 RABBITMQ_COMPAT_VERSION = "4.0.0"  # what amqp10_rabbitmq_compat announces (the /management v2 API level)
 
 
@@ -70,6 +76,7 @@ class Amqp10Connection(asyncio.Protocol):
         self.sessions: dict[int, Session] = {}
         self.links_by_core: dict[int, object] = {}  # core channel number -> link (session.py)
         self.settle_due: dict[int, object] = {}  # links with settlements to submit at the next flush
+        self.settles_pending = 0  # settlements in settle_due (links.py adds; flush decides when they go)
         self.next_core_channel = 1
         self.assembling = 0  # octets of unfinished incoming deliveries, all links (links.py bounds it)
         self.pending: dict[int, object] = {}  # token -> callback(result)
@@ -198,11 +205,22 @@ class Amqp10Connection(asyncio.Protocol):
     def _send_sasl(self, body) -> None:
         self._wbuf.append(encode_frame(body, 0, frame_type=TYPE_SASL))
 
+    def flush_settles(self) -> None:
+        """Submit the settlements read so far: one MESSAGE_SETTLE per link and outcome."""
+        timer = self._timers.pop("settle", None)
+        if timer is not None:
+            timer.cancel()
+        due, self.settle_due = self.settle_due, {}
+        self.settles_pending = 0
+        for link in due.values():
+            link.flush_settles()
+
     def flush(self) -> None:
         if self.settle_due:
-            due, self.settle_due = self.settle_due, {}
-            for link in due.values():
-                link.flush_settles()
+            if self.settles_pending >= SETTLE_BATCH or self.state != OPEN:
+                self.flush_settles()
+            elif "settle" not in self._timers:
+                self._timers["settle"] = self._loop.call_later(SETTLE_DELAY, self.flush_settles)
         for session in self.sessions.values():
             session.flush_dispositions()
         if self._wbuf and self.state != CLOSED:

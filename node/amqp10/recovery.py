@@ -28,7 +28,6 @@ return to the queue); a detach without ``closed`` or a lost connection keeps it.
 
 from __future__ import annotations
 
-from raftmq.protocol.amqp10 import convert
 from raftmq.protocol.amqp10 import performatives as p
 from raftmq.store import ranges as rs
 from raftmq.store.commands import (
@@ -39,7 +38,6 @@ from raftmq.store.commands import (
     SessionTimeout,
     err,
 )
-from raftmq.store.message import AMQP091, properties_in
 from raftmq.store.sessions import (
     MAX_SESSION_TIMEOUT,
     SETTLE_ACCEPT,
@@ -48,7 +46,7 @@ from raftmq.store.sessions import (
     SETTLE_RELEASE_REDELIVERED,
 )
 
-from .links import SERIAL, OutgoingLink
+from .links import SERIAL, OutgoingLink, delivery_octets
 
 UNSETTLED_STATE = 2  # terminus-durability unsettled-state (3.5.5)
 DEFAULT_TIMEOUT = 60  # seconds a durable link outlives its connection when the source says 0
@@ -79,6 +77,7 @@ def _outcome(state) -> int | None:
 class DurableOutgoingLink(OutgoingLink):
     def __init__(self, session, attach) -> None:
         super().__init__(session, attach)
+        self.readahead = False  # its unsettled deliveries are the client's to resume: none held here
         self.resuming = False
         self.early: list[tuple] = []  # core transfers that arrived while resuming
         self.replays: list[tuple[int, object, bytes, bool]] = []  # (transfer id, message, body, resume) owed
@@ -155,8 +154,7 @@ class DurableOutgoingLink(OutgoingLink):
         while self.replays and self._credit() > 0:
             transfer_id, message, body, resume = self.replays.pop(0)
             self.delivery_count = (self.delivery_count + 1) % SERIAL
-            data = convert.encode_delivery(properties_in(message, AMQP091, b"\x00\x00"), body, message.exchange, message.routing_key,
-                                           True)
+            data = delivery_octets(message, body, True)
             self.session.send_delivery(self, transfer_id, self.settled, data, transfer_id.to_bytes(8, "big"),
                                        resume)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from raftmq.protocol.amqp010.neutral import FORMAT as AMQP010_FORMAT
 from raftmq.protocol.amqp091.neutral import FORMAT as AMQP091_FORMAT
+from raftmq.protocol.amqp10.neutral import FORMAT as AMQP100_FORMAT
 from raftmq.store.message import register
 
-for _format in (AMQP091_FORMAT, AMQP010_FORMAT):
+for _format in (AMQP091_FORMAT, AMQP010_FORMAT, AMQP100_FORMAT):
     register(_format)

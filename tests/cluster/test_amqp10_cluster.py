@@ -74,6 +74,50 @@ def test_failover_list_and_redirect_to_leader(tmp_path) -> None:
             raw.close()
 
 
+def test_redirect_followed_by_a_client(tmp_path) -> None:
+    """2.8.16 amqp:connection:redirect, followed: a client that connects to a follower is sent to the
+    leader (network-host, port of the close's info), follows, and works there -- 20 unsettled sends
+    accepted, received back.  After the leader is killed -9 the same client, connecting to a node that
+    is now a follower, is sent to the new leader and gets the messages there.
+
+    proton's Python reactor and rhea do not follow redirects (tests/support/amqp10_client.py says where
+    we looked), so the client is our own small one."""
+    from tests.support.amqp10_client import RedirectingClient
+
+    with Cluster(3, tmp_path, extra_config="amqp10_redirect_to_leader = true") as cluster:
+        leader = cluster.leader()
+        follower = cluster.followers()[0]
+        admin = pika.BlockingConnection(pika.ConnectionParameters(port=leader.port))
+        admin.channel().queue_declare("a10-redirect", durable=True)
+        admin.close()
+        client = RedirectingClient("127.0.0.1", follower.port, timeout=20).connect()
+        try:
+            assert client.redirects == [("127.0.0.1", leader.port)] and client.port == leader.port
+            servers = client.opened.properties["failover-server-list"]
+            assert sorted(s["port"] for s in servers) == sorted(n.port for n in cluster.nodes)
+            bodies = [f"m{i}".encode() for i in range(20)]
+            outcomes = client.send("/queues/a10-redirect", bodies)
+            assert all(o.__class__.__name__ == "Accepted" for o in outcomes), outcomes
+            assert client.receive("/queues/a10-redirect", 10) == bodies[:10]
+        finally:
+            client.close()
+        leader.kill9()
+        new_leader = cluster.leader(timeout=20, exclude=leader)
+        survivor = next(n for n in cluster.nodes if n is not leader and n is not new_leader)
+        deadline = time.monotonic() + 20
+        while True:  # the survivor redirects once it knows the new leader; until then it may open itself
+            again = RedirectingClient("127.0.0.1", survivor.port, timeout=20).connect()
+            if again.redirects or time.monotonic() > deadline:
+                break
+            again.close()
+            time.sleep(0.2)
+        try:
+            assert again.redirects == [("127.0.0.1", new_leader.port)]
+            assert again.receive("/queues/a10-redirect", 10) == bodies[10:]
+        finally:
+            again.close()
+
+
 def p_encode_begin() -> bytes:
     from raftmq.protocol.amqp10 import performatives as p
     from raftmq.protocol.amqp10.frames import encode_frame

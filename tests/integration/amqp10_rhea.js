@@ -1,10 +1,10 @@
 // AMQP 1.0 scenarios with rhea (Node), driven by test_amqp10_rhea.py.
-// Usage: node amqp10_rhea.js PORT QUEUE DLQ ; prints one JSON object with what each step saw.
+// Usage: node amqp10_rhea.js PORT QUEUE DLQ KEPT ; prints one JSON object with what each step saw.
 // Every step is bounded: the whole script exits with code 2 after 20 s.
 'use strict';
 const rhea = require('rhea');
 
-const [port, queue, dlq] = [Number(process.argv[2]), process.argv[3], process.argv[4]];
+const [port, queue, dlq, kept] = [Number(process.argv[2]), process.argv[3], process.argv[4], process.argv[5]];
 const out = {};
 setTimeout(() => { out.timeout = true; console.log(JSON.stringify(out)); process.exit(2); }, 20000);
 
@@ -78,6 +78,31 @@ async function main() {
   anonymous.send({ to: replyTo, body: 'pong', correlation_id: 'c9' });
   const reply = await once(replies, 'message');
   out.reply = [reply.message.body, reply.message.correlation_id];
+
+  // 6. what 0-9-1 cannot carry, 1.0 -> 1.0 (stored as sent, format AMQP100): typed application-properties,
+  //    absolute-expiry-time, group-sequence, reply-to-group-id, subject.  Two copies: one read back here,
+  //    one left in KEPT for the Python side to read with proton (which sees the types).
+  const typed = () => ({ body: 'typed', subject: 'subj', group_id: 'g', group_sequence: 7, reply_to_group_id: 'rg',
+    absolute_expiry_time: new Date(1900000000123), message_annotations: { 'x-opt-a': 'b' },
+    application_properties: { u8: rhea.types.wrap_ubyte(200), ts: rhea.types.wrap_timestamp(1600000000321),
+                              sym: rhea.types.wrap_symbol('s'), plain: 'v' } });
+  const keptSender = conn.open_sender(`/queues/${kept}`);
+  await once(keptSender, 'sendable');
+  let keptAccepted = 0;
+  keptSender.on('accepted', () => { keptAccepted += 1; });
+  keptSender.send(typed());
+  keptSender.send(typed());
+  while (keptAccepted < 2) await sleep(10);
+  const r3 = conn.open_receiver({ source: `/queues/${kept}`, credit_window: 0 });
+  await once(r3, 'receiver_open');
+  r3.add_credit(1);
+  const t = (await once(r3, 'message')).message;
+  out.typed = { subject: t.subject, group_sequence: t.group_sequence, reply_to_group_id: t.reply_to_group_id,
+    absolute_expiry_time: t.absolute_expiry_time && t.absolute_expiry_time.getTime(),
+    annotation: t.message_annotations && t.message_annotations['x-opt-a'],
+    u8: t.application_properties.u8, ts: t.application_properties.ts && Number(t.application_properties.ts),
+    sym: t.application_properties.sym, plain: t.application_properties.plain };
+  r3.close();
 
   conn.close();
   await once(conn, 'connection_close');

@@ -57,7 +57,9 @@ def _queue(channel, **arguments) -> str:
 
 
 def _pump(amqp) -> bool:
-    """Let proton write what it holds (pre-settled sends return before their frames are written)."""
+    """Let proton write what it holds (pre-settled sends return before their frames are written); its
+    I/O wait bounded (BlockingConnection.wait sets the container's timeout the same way)."""
+    amqp.container.timeout = 0.05
     amqp.container.process()
     return True
 
@@ -268,6 +270,143 @@ def test_pika_to_amqp10_and_back(channel, amqp) -> None:
         "text/plain", 2, 3, "mid-2", "corr-2", "/queues/rr")
     assert p.timestamp == 1_700_000_123
     assert p.headers == {"k": "v", "n": 2, "x-opt-z": "z"} and p.type is None
+
+
+def _typed_message(body=b"bin"):
+    """A message with what 0-9-1 cannot carry: typed application-properties (3.2.5), non-x and typed
+    annotations, absolute-expiry-time, group-sequence, reply-to-group-id, subject, creation-time in ms."""
+    return Message(body=body, inferred=True, durable=True, priority=6, ttl=120.0, id=proton.ulong(99),
+                   subject="subj", group_id="g", group_sequence=7, reply_to_group_id="rg",
+                   expiry_time=1_900_000_000.123, creation_time=1_700_000_000.456,
+                   properties={"u8": proton.ubyte(200), "i16": proton.short(-3), "sym": proton.symbol("s"),
+                               "c": proton.char("é"), "f": proton.float32(1.5),
+                               "ts": proton.timestamp(1_600_000_000_321), "id": uuid.UUID(int=7), "plain": "v"},
+                   annotations={"x-opt-partition": proton.symbol("p1"), "x-opt-n": proton.uint(5)})
+
+
+def _assert_typed(got) -> None:
+    assert type(got.properties["u8"]) is proton.ubyte and got.properties["u8"] == 200
+    assert type(got.properties["i16"]) is proton.short and got.properties["i16"] == -3
+    assert type(got.properties["sym"]) is proton.symbol and type(got.properties["c"]) is proton.char
+    assert type(got.properties["f"]) is proton.float32 and got.properties["f"] == 1.5
+    assert type(got.properties["ts"]) is proton.timestamp and got.properties["ts"] == 1_600_000_000_321
+    assert got.properties["id"] == uuid.UUID(int=7) and got.properties["plain"] == "v"
+    assert got.id == 99  # a ulong id (proton hands ids back as int)
+    assert (got.subject, got.group_id, got.group_sequence, got.reply_to_group_id) == ("subj", "g", 7, "rg")
+    assert got.expiry_time == pytest.approx(1_900_000_000.123) and got.creation_time == pytest.approx(1_700_000_000.456)
+    assert got.durable and got.priority == 6 and got.ttl == 120.0
+    assert got.annotations["x-opt-partition"] == "p1" and type(got.annotations["x-opt-n"]) is proton.uint
+
+
+def test_amqp10_to_amqp10_keeps_what_0_9_1_cannot_carry(channel, amqp) -> None:
+    """1.0 -> 1.0 (format AMQP100, docs/message-mapping.md): the bare message (3.2: properties,
+    application-properties) comes back as sent, every value with its type; the annotations too."""
+    queue = _queue(channel)
+    amqp.create_sender(f"/queues/{queue}").send(_typed_message())
+    receiver = amqp.create_receiver(f"/queues/{queue}", credit=1)
+    got = receiver.receive(timeout=TIMEOUT)
+    receiver.accept()
+    assert bytes(got.body) == b"bin"
+    _assert_typed(got)
+    assert got.annotations["x-routing-key"] == queue and got.annotations["x-exchange"] == ""
+
+
+def test_amqp10_via_0_9_1_and_back(channel, amqp) -> None:
+    """1.0 -> 0-9-1 -> 1.0: a pika consumer gets RabbitMQ 4's conversion, republishes the message as it
+    got it, and a 1.0 consumer gets back what 0-9-1 carries (values as plain types)."""
+    first, second = _queue(channel), _queue(channel)
+    amqp.create_sender(f"/queues/{first}").send(_typed_message())
+    method, props, body = None, None, None
+    deadline = time.monotonic() + TIMEOUT
+    while method is None and time.monotonic() < deadline:
+        method, props, body = channel.basic_get(first, auto_ack=True)
+    assert body == b"bin" and props.message_id == "99" and props.app_id == "g"
+    assert (props.delivery_mode, props.priority, props.expiration, props.timestamp) == (2, 6, "120000", 1_700_000_000)
+    assert props.headers["u8"] == 200 and props.headers["sym"] == "s" and props.headers["x-opt-partition"] == "p1"
+    channel.basic_publish("", second, body, props)
+    receiver = amqp.create_receiver(f"/queues/{second}", credit=1)
+    got = receiver.receive(timeout=TIMEOUT)
+    receiver.accept()
+    assert bytes(got.body) == b"bin" and got.id == "99" and got.group_id == "g"
+    assert got.durable and got.priority == 6 and got.ttl == 120.0 and got.creation_time == 1_700_000_000
+    assert got.properties["u8"] == 200 and got.properties["sym"] == "s" and got.properties["plain"] == "v"
+    assert got.annotations["x-opt-partition"] == "p1" and got.annotations["x-opt-n"] == 5
+
+
+def test_headers_exchange_and_dead_letters_read_amqp10_messages(channel, amqp) -> None:
+    """The core reads a 1.0 message's application-properties as its headers (headers exchange, x-match
+    all) and writes x-death into its message-annotations when it dead-letters it; the bare message
+    still comes back as sent."""
+    exchange, dlx = uniq("a10h"), uniq("a10dlx")
+    channel.exchange_declare(exchange, "headers")
+    channel.exchange_declare(dlx, "fanout")
+    dead = _queue(channel)
+    channel.queue_bind(dead, dlx)
+    queue = _queue(channel, **{"x-dead-letter-exchange": dlx})
+    channel.queue_bind(queue, exchange, arguments={"x-match": "all", "plain": "v", "u8": 200})
+    sender = amqp.create_sender(f"/exchanges/{exchange}")
+    assert sender.send(_typed_message()).remote_state == Delivery.ACCEPTED
+    with pytest.raises(SendException):  # no binding matches: released (unroutable)
+        sender.send(Message(body="other", properties={"plain": "w"}))
+    receiver = amqp.create_receiver(f"/queues/{queue}", credit=1)
+    got = receiver.receive(timeout=TIMEOUT)
+    receiver.reject()  # dead-lettered (3.4.3: rejected)
+    dead_receiver = amqp.create_receiver(f"/queues/{dead}", credit=1)
+    again = dead_receiver.receive(timeout=TIMEOUT)
+    dead_receiver.accept()
+    assert bytes(got.body) == bytes(again.body) == b"bin"
+    _assert_typed(again)
+    death = again.annotations["x-death"][0]
+    assert death["queue"] == queue and death["reason"] == "rejected" and death["count"] == 1
+    assert again.annotations["x-first-death-reason"] == "rejected"
+    assert again.annotations["x-exchange"] == dlx
+
+
+def test_quorum_redeliveries_and_deduplication_of_amqp10_messages(channel, amqp) -> None:
+    """A quorum queue's x-delivery-count (written into a 1.0 message's annotations by the core) is
+    header.delivery-count for a 1.0 consumer (3.2.1: unsuccessful previous delivery attempts) and the
+    x-delivery-count header for a 0-9-1 one; the delivery limit dead-letters it.  A deduplicating
+    queue reads x-deduplication-header from application-properties."""
+    dlq = _queue(channel)
+    queue = uniq("a10q")
+    channel.queue_declare(queue, durable=True, arguments={
+        "x-queue-type": "quorum", "x-delivery-limit": 2, "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": dlq})
+    amqp.create_sender(f"/queues/{queue}").send(Message(body=b"poison", inferred=True, durable=True,
+                                                                properties={"k": "v"}))
+    receiver = amqp.create_receiver(f"/queues/{queue}", credit=1)
+    counts = []
+    for _ in range(2):
+        got = receiver.receive(timeout=TIMEOUT)
+        counts.append(got.delivery_count)
+        delivery = receiver.fetcher.unsettled.popleft()
+        delivery.local.failed = True
+        delivery.update(Delivery.MODIFIED)  # 3.4.5 modified{delivery-failed}: counted
+        delivery.settle()
+    receiver.close()
+    method, props, body = None, None, None
+    deadline = time.monotonic() + TIMEOUT
+    while method is None and time.monotonic() < deadline:
+        _pump(amqp)
+        method, props, body = channel.basic_get(queue, auto_ack=False)
+    assert counts == [0, 1] and body == b"poison" and props.headers["x-delivery-count"] == 2
+    assert props.headers["k"] == "v"
+    channel.basic_nack(method.delivery_tag, requeue=True)  # the third failure: over the limit
+    wait_until(lambda: _count(channel, dlq) == 1, what="dead-lettered after the delivery limit")
+    dedup = uniq("a10dd")
+    channel.queue_declare(dedup, durable=True, arguments={"x-message-deduplication": True})
+    sender = amqp.create_sender(f"/queues/{dedup}")
+    for body in (b"a", b"again", b"b"):
+        key = "k2" if body == b"b" else "k1"
+        assert sender.send(Message(body=body, inferred=True, properties={"x-deduplication-header": key})).remote_state \
+            == Delivery.ACCEPTED
+    dedup_receiver = amqp.create_receiver(f"/queues/{dedup}", credit=10)
+    got = []
+    for _ in range(2):
+        message = dedup_receiver.receive(timeout=TIMEOUT)  # (kept: its body is a view of its buffer)
+        got.append(bytes(message.body))
+        dedup_receiver.accept()
+    assert got == [b"a", b"b"] and _count(channel, dedup) == 0
 
 
 def test_amqp_value_body_round_trip(channel, amqp) -> None:

@@ -460,3 +460,53 @@ def test_durable_link_recovery(broker) -> None:
     finally:
         second.close()
         admin.close()
+
+
+def test_read_ahead_never_exceeds_credit_and_releases_what_it_held(broker) -> None:
+    """node/amqp10/links.py read-ahead (client credit >= 32): the core is given more than the client's
+    credit, yet the client gets exactly its credit (2.6.7: the sender MUST NOT send more); drain (2.6.7)
+    sends what is available up to the credit and ends with the credit used; on detach the deliveries
+    held on the node, never sent, go back to the queue not marked redelivered."""
+    import pika
+
+    queue = f"a10-readahead-{os.getpid()}-{time.monotonic_ns()}"
+    admin = pika.BlockingConnection(pika.ConnectionParameters(port=broker.port))
+    channel = admin.channel()
+    channel.queue_declare(queue)
+    for i in range(100):
+        channel.basic_publish("", queue, str(i).encode())
+    raw = Raw(broker.port)
+    try:
+        raw.login("readahead")
+        raw.send(encode_frame(p.Begin(next_outgoing_id=0, incoming_window=1000, outgoing_window=1000)))
+        assert isinstance(raw.performative(), p.Begin)
+        raw.send(encode_frame(p.Attach(name="ra", handle=0, role=True, snd_settle_mode=0, rcv_settle_mode=0,
+                                       source=p.Source(address=f"/queues/{queue}"), target=p.Target())))
+        assert isinstance(raw.performative(), p.Attach)
+        raw.send(encode_frame(p.Flow(next_incoming_id=0, incoming_window=1000, next_outgoing_id=0,
+                                     outgoing_window=1000, handle=0, delivery_count=0, link_credit=40)))
+        first = _transfers(raw, 40)
+        assert [body for _t, _d, body, _r in first] == [str(i).encode() for i in range(40)]
+        with pytest.raises((TimeoutError, socket.timeout)):
+            raw.frame(timeout=0.5)  # not one more than the credit, though the core was given more
+        raw.send(encode_frame(p.Flow(next_incoming_id=40, incoming_window=1000, next_outgoing_id=0,
+                                     outgoing_window=1000, handle=0, delivery_count=40, link_credit=40,
+                                     drain=True)))
+        second = _transfers(raw, 40)
+        assert [body for _t, _d, body, _r in second] == [str(i).encode() for i in range(40, 80)]
+        flow = raw.performative()
+        assert isinstance(flow, p.Flow) and flow.drain and flow.link_credit == 0 and flow.delivery_count == 80
+        raw.send(encode_frame(p.Disposition(role=True, first=first[0][1], last=second[-1][1], settled=True,
+                                            state=p.Accepted())))
+        raw.send(encode_frame(p.Detach(handle=0, closed=True)))
+        assert isinstance(raw.performative(), p.Detach)
+        rest = []
+        deadline = time.monotonic() + 5
+        while len(rest) < 20 and time.monotonic() < deadline:
+            method, _props, body = channel.basic_get(queue, auto_ack=True)
+            if method is not None:
+                rest.append((body, method.redelivered))
+        assert rest == [(str(i).encode(), False) for i in range(80, 100)]
+    finally:
+        raw.close()
+        admin.close()
