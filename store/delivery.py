@@ -118,23 +118,13 @@ class Delivery:
         # holds them for as long as it is queued (100 B of the ~650 B a queued 256 B message took;
         # a size above 256 is an int object of 28 B).
         shared = m._shared_props
+        if len(shared) >= 1024:
+            shared.clear()
         if len(props) <= 64:
-            known = shared.get(props)
-            if known is None:
-                if len(shared) >= 1024:
-                    shared.clear()
-                shared[props] = props
-            else:
-                props = known
+            props = shared.setdefault(props, props)
         size = len(body)
         if size > 256:
-            known = shared.get(size)
-            if known is None:
-                if len(shared) >= 1024:
-                    shared.clear()
-                shared[size] = size
-            else:
-                size = known
+            size = shared.setdefault(size, size)
         # live=1: the publish's own hold while it is routed, so that a queue dropping it at once
         # (drop-head at length 0) does not release a body another queue is about to take.
         message = Message(m.next_msg_id, exchange.name, intern(routing_key), props, size, bool(persistent),

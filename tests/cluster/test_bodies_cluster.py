@@ -13,6 +13,7 @@ import pika
 import pytest
 
 from raftmq.ops.local.cluster import Cluster
+from tests.integration.helpers import consume_acked
 
 pytestmark = pytest.mark.cluster
 
@@ -39,20 +40,9 @@ def publish_backlog(cluster, node, queue: str, first: int, count: int) -> None:
     conn.close()
 
 
-def consume_all(cluster, node, queue: str, expected: int, timeout: float = 30.0) -> list[bytes]:
+def consume_all(cluster, node, queue: str, expected: int) -> list[bytes]:
     conn = cluster.connection(node)
-    ch = conn.channel()
-    ch.basic_qos(prefetch_count=64)
-    got: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    for method, _props, data in ch.consume(queue, inactivity_timeout=5):
-        if method is None or time.monotonic() > deadline:
-            break
-        got.append(data)
-        ch.basic_ack(method.delivery_tag)
-        if len(got) == expected:
-            break
-    ch.cancel()
+    got = consume_acked(conn.channel(), queue, expected)
     conn.close()
     return got
 

@@ -58,6 +58,23 @@ def get_bodies(ch: BlockingChannel, queue: str, limit: int = 10_000) -> list[byt
     return out
 
 
+def consume_acked(ch: BlockingChannel, queue: str, expected: int, prefetch: int = 64,
+                  inactivity: float = 5.0) -> list[bytes]:
+    """Consume ``queue`` with manual acks until ``expected`` bodies came or none for
+    ``inactivity`` seconds; the bodies in order."""
+    ch.basic_qos(prefetch_count=prefetch)
+    got: list[bytes] = []
+    for method, _props, data in ch.consume(queue, inactivity_timeout=inactivity):
+        if method is None:
+            break
+        got.append(data)
+        ch.basic_ack(method.delivery_tag)
+        if len(got) == expected:
+            break
+    ch.cancel()
+    return got
+
+
 def message_count(ch: BlockingChannel, queue: str) -> int:
     """The message count reported by a passive queue.declare (reference 1.7.2.2 declare-ok)."""
     return ch.queue_declare(queue, passive=True).method.message_count

@@ -11,6 +11,7 @@ import pika
 import pytest
 
 from raftmq.ops.local.node import RaftmqNode, free_port
+from tests.integration.helpers import consume_acked
 from tests.integration.test_metrics import scrape, value
 
 CACHE = 64 << 10
@@ -35,19 +36,6 @@ def status(node: RaftmqNode) -> dict:
             return data
         time.sleep(0.05)
     raise AssertionError("no fresh status.json")
-
-
-def drain(ch, queue: str, expected: int) -> list[bytes]:
-    got = []
-    for method, _props, data in ch.consume(queue, inactivity_timeout=3):
-        if method is None:
-            break
-        got.append(data)
-        ch.basic_ack(method.delivery_tag)
-        if len(got) == expected:
-            break
-    ch.cancel()
-    return got
 
 
 @pytest.fixture
@@ -81,7 +69,7 @@ def test_a_backlog_spills_to_disk_and_transient_messages_do_not_survive_a_restar
     assert value(samples, "raftmq_body_cache_limit_bytes") == CACHE
     # Read back from disk, in order, both kinds.
     expected = [b for i in range(COUNT) for b in (body("p", i), body("t", i))]
-    assert drain(ch, "spill", 40) == expected[:40]
+    assert consume_acked(ch, "spill", 40) == expected[:40]
     assert value(scrape(node.metrics_port), "raftmq_bodies_read_total") > 0  # some came from disk
     conn.close()
 
@@ -90,7 +78,7 @@ def test_a_backlog_spills_to_disk_and_transient_messages_do_not_survive_a_restar
     ch = conn.channel()
     st = status(node)
     assert st["bodies_lost"] == 0
-    got = drain(ch, "spill", COUNT)
+    got = consume_acked(ch, "spill", COUNT, inactivity=3)
     # The 20 persistent ones delivered before the restart were acked; transient ones are gone.
     assert got == [body("p", i) for i in range(20, COUNT)]
     conn.close()
