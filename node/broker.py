@@ -131,6 +131,9 @@ class Broker:
                 self.machine.event_seq = max(self.machine.event_seq, self.events.last_seq)
         self.auth = Authenticator(config.users, lambda: self.machine.users)
         self.endpoints: dict[str, Endpoint] = {}
+        # Messages published and delivered through this node, per protocol (ops/metrics.py):
+        # front ends count into their protocol's [published, delivered] pair.
+        self.message_counts: dict[str, list[int]] = {}
         self._conn_ids = itertools.count(1)
         self.alarm: str | None = None
         self._disk_paths = [data_dir] + [os.path.join(data_dir, sub) for sub in ("state", "raft", "events", "bodies")]
@@ -171,6 +174,10 @@ class Broker:
             self.events.close()
         self.log.close()
         self.bodies.store.close()
+
+    def counts_for(self, protocol: str) -> list[int]:
+        """The [published, delivered] counters of ``protocol`` (shared by its connections)."""
+        return self.message_counts.setdefault(protocol, [0, 0])
 
     @property
     def boot(self) -> str:

@@ -68,6 +68,16 @@ class BrokerCollector:
         for protocol in ("AMQP 0-9-1", "AMQP 0-10", "AMQP 1-0"):
             by_protocol.add_metric([node, protocol], counts.get(protocol, 0))
         yield by_protocol
+        published = CounterMetricFamily("raftmq_messages_published_by_protocol",
+                                        "messages published through this node's connections", labels=["node", "protocol"])
+        delivered = CounterMetricFamily("raftmq_messages_delivered_by_protocol",
+                                        "messages delivered to this node's connections", labels=["node", "protocol"])
+        for protocol in ("AMQP 0-9-1", "AMQP 0-10", "AMQP 1-0"):
+            counts = broker.message_counts.get(protocol, (0, 0))
+            published.add_metric([node, protocol], counts[0])
+            delivered.add_metric([node, protocol], counts[1])
+        yield published
+        yield delivered
         yield _gauge("raftmq_sessions", "AMQP 0-10 sessions in the cluster", node, len(machine.sessions))
         yield _gauge("raftmq_resource_alarm", "1 while a resource alarm blocks publishers", node,
                      1 if broker.alarm else 0)

@@ -54,6 +54,7 @@ PENDING_MARGIN = 64 * 1024  # unfinished assemblies once open: max_message_size 
 class Amqp010Connection(asyncio.Protocol):
     def __init__(self, broker: Broker, transport: asyncio.Transport) -> None:
         self.broker = broker
+        self.counts = broker.counts_for("AMQP 0-10")  # [published, delivered]
         self.config = broker.config
         self.transport = transport
         self.peer, self.peer_host = peer_of(transport)
@@ -224,6 +225,7 @@ class Amqp010Connection(asyncio.Protocol):
     def on_transfer(self, channel_no: int, destination: str, transfer: tuple) -> None:
         session = self.sessions.get(channel_no)
         if session is not None:
+            self.counts[1] += 1
             if self._parking.holding:
                 settled = (session.accept_modes.get(destination) == ACCEPT_NONE
                            and session.acquire_modes.get(destination, PRE_ACQUIRED) == PRE_ACQUIRED)

@@ -290,6 +290,7 @@ class ServerSession:
         vhost = self.conn.vhost
         head = [None, None, None]
         if isinstance(cmd, c.MessageTransfer):
+            self.conn.counts[0] += 1
             routing_key, props, persistent, priority, ttl = to_core(cmd.headers)
             return Publish(*head, vhost, cmd.destination or "", routing_key, False, props,
                            bytes(cmd.body or b""), persistent, priority, ttl, AMQP010)

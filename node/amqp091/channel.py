@@ -519,6 +519,7 @@ class Channel:
                 self._tx_returns.append(None)
             return
         size = 32 + len(props) + len(body)
+        conn.counts[0] += 1
         if self.confirm_mode:
             self._publish_seq += 1
             seq = self._publish_seq
@@ -599,6 +600,7 @@ class Channel:
                 self._fill(slot, encode_method_frame(self.number, m.BasicGetEmpty()))
                 return
             qid, seq, redelivered, message, remaining, body = value
+            self.conn.counts[1] += 1
             tag = self._track(qid, seq, no_ack)
             self._fill(slot, encode_content(
                 self.number,

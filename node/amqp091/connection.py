@@ -71,6 +71,7 @@ SERVER_CAPABILITIES = {
 class Amqp091Connection(asyncio.Protocol):
     def __init__(self, broker: Broker, transport: asyncio.Transport) -> None:
         self.broker = broker
+        self.counts = broker.counts_for("AMQP 0-9-1")  # [published, delivered]
         self.config = broker.config
         self.transport = transport
         self.peer, self.peer_host = peer_of(transport)
@@ -300,6 +301,7 @@ class Amqp091Connection(asyncio.Protocol):
     def on_deliver(self, channel_no: int, consumer_tag: str, delivery: tuple) -> None:
         channel = self.channels.get(channel_no)
         if channel is not None:
+            self.counts[1] += 1
             if self._parking.holding and channel.is_open:
                 size = len(delivery[4])
                 owned = size if channel.consumer_no_ack(consumer_tag) else 0

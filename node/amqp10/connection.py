@@ -60,6 +60,7 @@ class Amqp10Connection(asyncio.Protocol):
     PROTOCOL = "AMQP 1-0"  # how the HTTP API lists it (RabbitMQ's name for 1.0 connections)
     def __init__(self, broker: Broker, transport: asyncio.Transport, sasl: bool = True) -> None:
         self.broker = broker
+        self.counts = broker.counts_for(self.PROTOCOL)  # [published, delivered]
         self.config = broker.config
         self.transport = transport
         self.peer, self.peer_host = peer_of(transport)
@@ -248,6 +249,7 @@ class Amqp10Connection(asyncio.Protocol):
     def on_transfer(self, channel_no: int, destination: str, transfer: tuple) -> None:
         link = self.links_by_core.get(channel_no)
         if link is not None and self.state == OPEN:
+            self.counts[1] += 1
             link.on_core_transfer(transfer)
 
     def on_session_detached(self, channel_no: int, name: bytes) -> None:

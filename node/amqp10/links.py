@@ -571,6 +571,7 @@ class IncomingLink(Link):
                                  p.Rejected(error=error("amqp:unauthorized-access", exc.text)))
         except _NotFound as exc:
             return self._outcome(delivery_id, settled, p.Rejected(error=error("amqp:not-found", str(exc))))
+        self.conn.counts[0] += 1
         command = Publish(self.conn.conn_id, None, self.core, self.conn.vhost, target.exchange, routing_key,
                    False, message.properties, message.body, message.persistent, message.priority or 0,
                    message.ttl, AMQP100)

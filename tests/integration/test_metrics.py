@@ -54,3 +54,35 @@ def test_counters_and_queue_gauges_follow_traffic(node):
     assert value(samples, "raftmq_messages_acked_total") == 3
     assert value(samples, "raftmq_queue_messages_ready", vhost="/", queue="metered") == 4
     assert value(samples, "raftmq_connections") == 1
+
+
+def test_messages_are_counted_per_protocol(node):
+    """issue 19, "metrics per protocol": publishes and deliveries through each front end."""
+    from proton import Message
+    from proton.utils import BlockingConnection
+
+    conn = pika.BlockingConnection(pika.URLParameters(node.url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("by-protocol")
+    for i in range(5):
+        ch.basic_publish("", "by-protocol", str(i).encode())
+    amqp10 = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{node.port}", timeout=10)
+    sender = amqp10.create_sender("/queues/by-protocol")
+    for i in range(3):
+        sender.send(Message(body=f"one-{i}".encode()))
+    receiver = amqp10.create_receiver("/queues/by-protocol", credit=4)
+    for _ in range(4):
+        receiver.receive(timeout=10)
+        receiver.accept()
+    amqp10.close()
+    for _ in range(4):
+        method, _p, _b = ch.basic_get("by-protocol", auto_ack=True)
+        assert method is not None
+    conn.close()
+    samples = scrape(node.metrics_port)
+    assert value(samples, "raftmq_messages_published_by_protocol_total", protocol="AMQP 0-9-1") == 5
+    assert value(samples, "raftmq_messages_published_by_protocol_total", protocol="AMQP 1-0") == 3
+    assert value(samples, "raftmq_messages_delivered_by_protocol_total", protocol="AMQP 1-0") == 4
+    assert value(samples, "raftmq_messages_delivered_by_protocol_total", protocol="AMQP 0-9-1") == 4
+    assert value(samples, "raftmq_messages_published_by_protocol_total", protocol="AMQP 0-10") == 0
