@@ -59,13 +59,16 @@ def make_body(seq: int, size: int) -> bytes:
     return (head + digest * (size // 32 + 1))[:size]
 
 
-def rss_mb(pids: list[int]) -> float:
+def rss_mb(pids: list[int], field: str = "VmRSS:") -> float:
+    """Resident MB of ``pids``: ``VmRSS`` (all), or ``RssAnon`` (memory the processes own,
+    without the pages of files they map -- LMDB reads through mmap, and the kernel takes those
+    pages back when it needs them)."""
     total = 0
     for pid in pids:
         try:
             with open(f"/proc/{pid}/status") as fh:
                 for line in fh:
-                    if line.startswith("VmRSS:"):
+                    if line.startswith(field):
                         total += int(line.split()[1]) * 1024
         except OSError:
             continue
@@ -204,6 +207,9 @@ class RaftmqTarget:
     def rss(self) -> list[float]:
         return [rss_mb([n.pid]) if n.is_alive() else 0.0 for n in self.cluster.nodes]
 
+    def anon(self) -> list[float]:
+        return [rss_mb([n.pid], "RssAnon:") if n.is_alive() else 0.0 for n in self.cluster.nodes]
+
     def disk(self) -> list[float]:
         return [disk_mb(n.data_dir) for n in self.cluster.nodes]
 
@@ -255,6 +261,9 @@ class RabbitTarget:
     def rss(self) -> list[float]:
         return [rss_mb(self.rc.pids(i)) for i in range(3)]
 
+    def anon(self) -> list[float]:
+        return [rss_mb(self.rc.pids(i), "RssAnon:") for i in range(3)]
+
     def disk(self) -> list[float]:
         return [disk_mb(self.rc.base / f"r{i + 1}") for i in range(3)]
 
@@ -289,7 +298,8 @@ def run(target, args) -> None:
         snap = target.snapshots()
         snap_text = "" if snap is None else f"  snapshots {snap[0]}, longest {snap[1]:.2f} s"
         print(f"  step {step}: {published * args.size / MB:6.0f} MB queued  confirm {acked / seconds:7.0f} msg/s "
-              f"({acked} in {seconds:.1f} s)  RSS MB {fmt(target.rss())}  disk MB {fmt(target.disk())}{snap_text}",
+              f"({acked} in {seconds:.1f} s)  RSS MB {fmt(target.rss())} (anon {fmt(target.anon())})  "
+              f"disk MB {fmt(target.disk())}{snap_text}",
               flush=True)
         if acked < n:
             print(f"  step {step} confirmed {acked} of {n}: stopping the publish phase", flush=True)
@@ -299,7 +309,7 @@ def run(target, args) -> None:
     missing = published - len(result.seen)
     print(f"  consume: {result.got} in {result.seconds:.1f} s = {result.got / result.seconds:.0f} msg/s; "
           f"checked: {missing} missing, {result.bad} corrupt, {result.duplicates} duplicates; "
-          f"RSS MB {fmt(target.rss())}", flush=True)
+          f"RSS MB {fmt(target.rss())} (anon {fmt(target.anon())})", flush=True)
     snap = target.snapshots()
     if snap is not None:
         print(f"  snapshots over the run (all nodes): {snap[0]}, longest {snap[1]:.2f} s", flush=True)

@@ -131,6 +131,7 @@ class Broker:
                 self.machine.event_seq = max(self.machine.event_seq, self.events.last_seq)
         self.auth = Authenticator(config.users, lambda: self.machine.users)
         self.endpoints: dict[str, Endpoint] = {}
+        self.log.is_local = self.endpoints.__contains__  # outputs for other nodes' connections get no body
         # Messages published and delivered through this node, per protocol (ops/metrics.py):
         # front ends count into their protocol's [published, delivered] pair.
         self.message_counts: dict[str, list[int]] = {}

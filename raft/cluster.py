@@ -77,6 +77,9 @@ class ClusterLog:
         self.bodies = bodies if bodies is not None else machine.own_bodies
         self._upcoming = upcoming_ids(machine)
         self._catching_up = False  # fetching bodies after a snapshot install: entries wait
+        # Whether a connection id is this node's (the broker's endpoints): only those outputs get
+        # their bodies (fill_bodies).  None: every output (tests without a broker).
+        self.is_local: Callable[[str], bool] | None = None
         self._partners = partners
         self._secret = secret
         self._on_outputs = on_outputs
@@ -123,6 +126,8 @@ class ClusterLog:
         """Start Raft (its tick thread); committed entries will flow into ``loop``."""
         self._loop = loop
         self.replica = Replica(*self._args, sink=self._from_raft, **self._replica_options)
+        machine = self.machine
+        self.replica.compaction_floor = lambda: machine.message_bytes // 4  # see Replica.compaction_floor
         if isinstance(self.bodies, Bodies):
             serve_bodies(self.replica, self.bodies)  # members that installed a snapshot ask here
         self._retry_handle = loop.call_later(self.retry_after, self._retry_stale)
@@ -329,7 +334,7 @@ class ClusterLog:
                 # Bodies before the outputs and the audit events (both read them), deletes after.
                 bodies.put(effects.body_puts)
                 if outputs:
-                    fill_bodies(outputs, bodies, self._upcoming)
+                    fill_bodies(outputs, bodies, self._upcoming, self.is_local)
                 if effects.events:
                     machine.carry_out(effects, bodies.get)  # the audit history (no LMDB mirror here)
                 self.batches_applied += 1

@@ -37,6 +37,7 @@ class LocalLog:
         # The node's message bodies (store/bodies.py); without one, the machine's own dict.
         self.bodies = bodies if bodies is not None else machine.own_bodies
         self._upcoming = upcoming_ids(machine)
+        self.is_local: Callable[[str], bool] | None = None  # see ClusterLog.is_local
         self._on_outputs = on_outputs
         self._clock = clock
         self._pending: list[list] = []
@@ -112,7 +113,7 @@ class LocalLog:
             # Bodies first: the outputs read them, and so do the commit's message records (which
             # may also delete a record the outputs still need: they are filled before it).
             bodies.put(effects.body_puts)
-            fill_bodies(outputs, bodies, self._upcoming)
+            fill_bodies(outputs, bodies, self._upcoming, self.is_local)
             self.machine.carry_out(effects, bodies.get)  # the LMDB commit and the audit events
             if effects.persistence and isinstance(bodies, Bodies):
                 # Persistent messages in durable queues: their bodies are in the message records now.

@@ -127,6 +127,12 @@ class Replica(SyncObj):
         self._led_term = -1
         self._installs = 0
         self.snapshot_bytes = snapshot_bytes
+        # A floor under snapshot_bytes that grows with the model (ClusterLog: a quarter of the bytes
+        # queued).  A snapshot's cost grows with the messages it holds; compacting every
+        # snapshot_bytes whatever the backlog made that cost per published message grow with
+        # the backlog too: 59 snapshots of up to 5.6 s while 5 GB of 4 KB messages were queued,
+        # their child processes competing with the nodes for two cores (docs/benchmarks.md).
+        self.compaction_floor: Callable[[], int] | None = None
         # Pre-vote (raft/prevote.py).  The lease: a node that heard from a leader within the
         # minimum election timeout refuses pre-votes.
         self.pre_vote = pre_vote
@@ -217,7 +223,8 @@ class Replica(SyncObj):
         against p50 333 ms, max 447 ms with a 5 ms tick, which costs an idle node twice the CPU).
         """
         if (self.snapshot_bytes and self.journal.size_bytes > self.snapshot_bytes
-                and self._snapshot_state == SERIALIZER_STATE.NOT_SERIALIZING):
+                and self._snapshot_state == SERIALIZER_STATE.NOT_SERIALIZING
+                and (self.compaction_floor is None or self.journal.size_bytes > self.compaction_floor())):
             self.forceLogCompaction()
         now = _syncobj_module.monotonicTime()
         may_campaign = False

@@ -298,17 +298,26 @@ def upcoming_ids(machine, n: int = READ_AHEAD) -> Upcoming:
     return upcoming
 
 
-def fill_bodies(outputs: list, bodies: Bodies | DictBodies, upcoming: Upcoming | None = None) -> None:
+def fill_bodies(outputs: list, bodies: Bodies | DictBodies, upcoming: Upcoming | None = None,
+                local: Callable[[str], bool] | None = None) -> None:
     """Give the batch's deliveries, transfers and basic.get answers their bodies, in place.
 
     The model holds no bodies: apply's outputs name the message, the node appends its body before
     a front end sees them (a delivery's tuple gets it as its last item, ``GotMessage.body``).
     Deliveries whose bodies are only on disk are read together, with the next ids of their queues
-    (read-ahead), so that a consumer working through a backlog reads the store in batches."""
+    (read-ahead), so that a consumer working through a backlog reads the store in batches.
+
+    ``local`` (the connections of this node): every node applies every delivery, but only the
+    node of its connection sends it; the others read no body for it."""
+    if local is not None:
+        indexes = [i for i, out in enumerate(outputs) if local(out[0])]
+    else:
+        indexes = range(len(outputs))
     missing: list[int] = []
     qids: list[int] = []
     in_memory = bodies.in_memory
-    for out in outputs:
+    for i in indexes:
+        out = outputs[i]
         kind = out[1]
         if kind == OUT_DELIVER:
             delivery = out[4]
@@ -331,7 +340,8 @@ def fill_bodies(outputs: list, bodies: Bodies | DictBodies, upcoming: Upcoming |
         body = get(msg_id)
         return body if body is not None else _lost(bodies, msg_id)
 
-    for i, out in enumerate(outputs):
+    for i in indexes:
+        out = outputs[i]
         kind = out[1]
         if kind == OUT_DELIVER:
             delivery = out[4]
