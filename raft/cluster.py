@@ -127,7 +127,8 @@ class ClusterLog:
         self._loop = loop
         self.replica = Replica(*self._args, sink=self._from_raft, **self._replica_options)
         machine = self.machine
-        self.replica.compaction_floor = lambda: machine.message_bytes // 4  # see Replica.compaction_floor
+        # See Replica.compaction_floor; at most 1 GiB of journal (disk, and what a restart replays).
+        self.replica.compaction_floor = lambda: min(machine.message_bytes // 4, 1 << 30)
         if isinstance(self.bodies, Bodies):
             serve_bodies(self.replica, self.bodies)  # members that installed a snapshot ask here
         self._retry_handle = loop.call_later(self.retry_after, self._retry_stale)
