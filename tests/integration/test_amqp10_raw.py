@@ -412,19 +412,26 @@ def _durable_receiver(raw: Raw, queue: str, unsettled=None) -> p.Attach:
     return attach
 
 
+def _queue_with(broker, prefix: str, count: int):
+    """A fresh queue holding ``count`` messages b"0", b"1"... published with pika:
+    (connection, channel, queue name)."""
+    import pika
+
+    queue = f"{prefix}-{os.getpid()}-{time.monotonic_ns()}"
+    admin = pika.BlockingConnection(pika.ConnectionParameters(port=broker.port))
+    channel = admin.channel()
+    channel.queue_declare(queue)
+    for i in range(count):
+        channel.basic_publish("", queue, str(i).encode())
+    return admin, channel, queue
+
+
 def test_durable_link_recovery(broker) -> None:
     """2.6.13: a receiver with a durable source (unsettled-state) loses its connection with 3 deliveries
     unsettled; re-attached by name on a new connection, it is told their tags, the outcome it reports for
     one (accepted) is applied without a resend, the other two are sent again with the same tags, and
     nothing else (the two settled before the loss are not repeated)."""
-    import pika
-
-    queue = f"a10-durable-{os.getpid()}-{time.monotonic_ns()}"
-    admin = pika.BlockingConnection(pika.ConnectionParameters(port=broker.port))
-    channel = admin.channel()
-    channel.queue_declare(queue)
-    for i in range(5):
-        channel.basic_publish("", queue, str(i).encode())
+    admin, channel, queue = _queue_with(broker, "a10-durable", 5)
     first = Raw(broker.port)
     first.login("container-durable")
     _durable_receiver(first, queue)
@@ -467,14 +474,7 @@ def test_read_ahead_never_exceeds_credit_and_releases_what_it_held(broker) -> No
     credit, yet the client gets exactly its credit (2.6.7: the sender MUST NOT send more); drain (2.6.7)
     sends what is available up to the credit and ends with the credit used; on detach the deliveries
     held on the node, never sent, go back to the queue not marked redelivered."""
-    import pika
-
-    queue = f"a10-readahead-{os.getpid()}-{time.monotonic_ns()}"
-    admin = pika.BlockingConnection(pika.ConnectionParameters(port=broker.port))
-    channel = admin.channel()
-    channel.queue_declare(queue)
-    for i in range(100):
-        channel.basic_publish("", queue, str(i).encode())
+    admin, channel, queue = _queue_with(broker, "a10-readahead", 100)
     raw = Raw(broker.port)
     try:
         raw.login("readahead")
