@@ -184,8 +184,17 @@ class AppendJournal(Journal):
                         break
                     previous = idx
                     live = True
-                    self._entries.append((body[_IDX_TERM.size:], idx, term))
+                    entries = self._entries
+                    entries.append((body[_IDX_TERM.size:], idx, term))
                     self._offsets.append(base + pos)
+                    # Only the newest KEEP_RESIDENT (and the head) stay in memory, as after
+                    # _evict: a restart read up to the whole journal (1 GiB with a large
+                    # backlog, Replica.compaction_floor) and held it until it was committed.
+                    old = len(entries) - 1 - KEEP_RESIDENT
+                    if old >= HEAD_RESIDENT:
+                        _command, old_idx, old_term = entries[old]
+                        entries[old] = (None, old_idx, old_term)
+                        self._evicted = old + 1
                 pos += _HEAD.size + length
             if pos != len(data):
                 ended = True

@@ -279,3 +279,24 @@ def test_entries_not_yet_on_disk_stay_in_memory(tmp_path):
     j.setRaftCommitIndex(200)
     assert sum(command is None for command, _idx, _term in j._entries) == 200 - KEEP_RESIDENT - 2
     assert entries(j) == [(b"y", i, 1) for i in range(1, 201)]
+
+
+def test_a_reopened_journal_keeps_only_its_head_and_newest_entries_in_memory(tmp_path):
+    """A restart does not read the whole journal into memory (up to 1 GiB with a large backlog):
+    as after a commit, only the first two and the newest KEEP_RESIDENT commands stay; the others are
+    read back from disk, and a conflict or a compaction still works on them."""
+    j = AppendJournal(str(tmp_path), segment_bytes=4096)
+    for i in range(1, 201):
+        j.add(b"body-%d" % i, i, 1)
+    j.flush()
+    expected = [(b"body-%d" % i, i, 1) for i in range(1, 201)]
+    again = AppendJournal(str(tmp_path), segment_bytes=4096)
+    resident = [command is not None for command, _idx, _term in again._entries]
+    assert resident == [True] * 2 + [False] * (200 - KEEP_RESIDENT - 2) + [True] * KEEP_RESIDENT
+    assert entries(again) == expected and list(again[3:]) == expected[3:]
+    again._cut(150)  # a conflict inside the part left on disk
+    again.add(b"new-151", 151, 2)
+    again.flush()
+    again.deleteEntriesTo(50)
+    assert entries(again) == expected[50:150] + [(b"new-151", 151, 2)]
+    assert entries(AppendJournal(str(tmp_path), segment_bytes=4096)) == entries(again)
