@@ -81,6 +81,21 @@ def _seq_of(entry: Entry) -> int:
     return entry.seq
 
 
+#: Entries a ready list level freezes at once into a FrozenRun (store/frozen.py), once the list
+#: holds more than four times as many.
+FREEZE_BATCH = 4096
+
+
+def _expanded(level: deque) -> list[Entry]:
+    out: list[Entry] = []
+    for item in level:
+        if item.__class__ is FrozenRun:
+            out.extend(item.thaw())
+        else:
+            out.append(item)
+    return out
+
+
 class ReadyList:
     """Ready entries of one queue, highest priority first, then by sequence.
 
@@ -89,19 +104,64 @@ class ReadyList:
     its original position").
     """
 
-    __slots__ = ("_levels", "_returned", "_count")
+    __slots__ = ("_levels", "_returned", "_count", "_plain")
 
     def __init__(self, max_priority: int = 0) -> None:
-        self._levels: list[deque[Entry]] = [deque() for _ in range(max_priority + 1)]
+        # A level's deque holds Entry objects and, deep in a long queue, FrozenRuns of them
+        # (store/frozen.py), thawed when the head reaches them.
+        self._levels: list[deque[Entry | FrozenRun]] = [deque() for _ in range(max_priority + 1)]
         self._returned: list[list[tuple[int, Entry]]] = [[] for _ in range(max_priority + 1)]
         self._count = 0
+        self._plain = [0] * (max_priority + 1)  # entries appended to each level since it last froze
+
+    def __setstate__(self, state: tuple) -> None:
+        """Unpickle (snapshot formats 1 and 2, and pickled ready lists in tests): no ``_plain``."""
+        _no_dict, slots = state
+        for name, value in slots.items():
+            setattr(self, name, value)
+        self._plain = [0] * len(self._levels)
 
     def __len__(self) -> int:
         return self._count
 
     def append(self, entry: Entry) -> None:
-        self._levels[entry.priority].append(entry)
+        level = entry.priority
+        self._levels[level].append(entry)
         self._count += 1
+        plain = self._plain[level] + 1
+        if plain >= FREEZE_BATCH and self._count > 4 * FREEZE_BATCH:
+            self._freeze(level)
+        else:
+            self._plain[level] = plain
+
+    def _freeze(self, level: int) -> None:
+        """The newest FREEZE_BATCH entries of a level become one FrozenRun, if they all can."""
+        self._plain[level] = 0
+        fresh = self._levels[level]
+        batch = [fresh.pop() for _ in range(FREEZE_BATCH)]
+        batch.reverse()
+        run = FrozenRun.freeze(batch, level)
+        if run is None:
+            fresh.extend(batch)
+        else:
+            fresh.append(run)
+
+    @staticmethod
+    def _thaw_at(fresh: deque, i: int) -> None:
+        """Replace the FrozenRun at position ``i`` by its entries."""
+        fresh.rotate(-i)
+        run = fresh.popleft()
+        fresh.extendleft(reversed(run.thaw()))
+        fresh.rotate(i)
+
+    @staticmethod
+    def _head(fresh: deque) -> Entry:
+        head = fresh[0]
+        if head.__class__ is FrozenRun:
+            fresh.popleft()
+            fresh.extendleft(reversed(head.thaw()))
+            head = fresh[0]
+        return head
 
     def requeue(self, entry: Entry) -> None:
         heapq.heappush(self._returned[entry.priority], (entry.seq, entry))
@@ -113,7 +173,7 @@ class ReadyList:
             if returned and (not fresh or returned[0][0] < fresh[0].seq):
                 return returned[0][1]
             if fresh:
-                return fresh[0]
+                return self._head(fresh)
         return None
 
     def pop(self) -> Entry | None:
@@ -124,6 +184,8 @@ class ReadyList:
                 return heapq.heappop(returned)[1]
             if fresh:
                 self._count -= 1
+                if fresh[0].__class__ is FrozenRun:
+                    self._head(fresh)
                 return fresh.popleft()
         return None
 
@@ -140,6 +202,7 @@ class ReadyList:
         fresh, returned = self._levels[best_level], self._returned[best_level]
         self._count -= 1
         if fresh and fresh[0].seq == best_seq:
+            self._head(fresh)
             return fresh.popleft()
         return heapq.heappop(returned)[1]
 
@@ -148,6 +211,11 @@ class ReadyList:
         best = None
         for fresh, returned in zip(self._levels, self._returned, strict=True):
             i = bisect_right(fresh, seq, key=_seq_of)
+            if i > 0 and fresh[i - 1].__class__ is FrozenRun and fresh[i - 1].last_seq > seq:
+                self._thaw_at(fresh, i - 1)  # the next entry is inside that run
+                i = bisect_right(fresh, seq, key=_seq_of)
+            if i < len(fresh) and fresh[i].__class__ is FrozenRun:
+                self._thaw_at(fresh, i)
             if i < len(fresh) and (best is None or fresh[i].seq < best.seq):
                 best = fresh[i]
             for item_seq, entry in returned:
@@ -159,6 +227,9 @@ class ReadyList:
         """Take the entry with sequence ``seq`` out of the list, wherever it is (0-10 message.acquire)."""
         for fresh, returned in zip(self._levels, self._returned, strict=True):
             i = bisect_right(fresh, seq, key=_seq_of) - 1
+            if i >= 0 and fresh[i].__class__ is FrozenRun and seq <= fresh[i].last_seq:
+                self._thaw_at(fresh, i)
+                i = bisect_right(fresh, seq, key=_seq_of) - 1
             if i >= 0 and fresh[i].seq == seq:
                 entry = fresh[i]
                 del fresh[i]
@@ -176,7 +247,7 @@ class ReadyList:
     def take_all(self) -> list[Entry]:
         """Remove every entry; they come back in delivery order (a queue being deleted)."""
         if len(self._levels) == 1 and not self._returned[0]:
-            entries = list(self._levels[0])
+            entries = _expanded(self._levels[0])
             self._levels[0].clear()
             self._count = 0
             return entries
@@ -186,10 +257,30 @@ class ReadyList:
         """Every entry, without taking any (not in delivery order: fresh ones level by level,
         then the requeued ones)."""
         for level in self._levels:
-            yield from level
+            yield from _expanded(level)
         for returned in self._returned:
             for _seq, entry in returned:
                 yield entry
+
+    def id_sizes(self) -> Iterator[tuple[int, int]]:
+        """(message id, body size) of every entry, frozen ones without thawing them."""
+        for level in self._levels:
+            for item in level:
+                if item.__class__ is FrozenRun:
+                    yield from item.id_sizes()
+                else:
+                    yield item.message.id, item.message.size
+        for returned in self._returned:
+            for _seq, entry in returned:
+                yield entry.message.id, entry.message.size
+
+    def fresh_seq_ids(self, level: int) -> Iterator[tuple[int, int]]:
+        """(seq, message id) of a level's fresh entries in order, frozen ones without thawing."""
+        for item in self._levels[level]:
+            if item.__class__ is FrozenRun:
+                yield from item.seq_ids()
+            else:
+                yield item.seq, item.message.id
 
     def drain(self) -> Iterator[Entry]:
         """Remove and yield every entry in delivery order."""
@@ -367,3 +458,6 @@ class VHost:
     name: str
     exchanges: dict[str, Exchange] = field(default_factory=dict)
     queues: dict[str, Queue] = field(default_factory=dict)
+
+
+from .frozen import FrozenRun  # noqa: E402 - frozen.py builds Entry and Message objects

@@ -23,8 +23,9 @@ def next_ids(ready: ReadyList, n: int) -> list[int]:
         if len(out) >= n:
             break
         want = n - len(out)
-        fresh = islice(ready._levels[level], want)
-        returned = heapq.nsmallest(want, ready._returned[level], key=lambda item: item[0])
-        merged = heapq.merge(((e.seq, e) for e in fresh), returned, key=lambda item: item[0])
-        out.extend(entry.message.id for _, entry in islice(merged, want))
+        fresh = islice(ready.fresh_seq_ids(level), want)  # (seq, id), frozen runs not thawed
+        returned = [(seq, entry.message.id) for seq, entry in
+                    heapq.nsmallest(want, ready._returned[level], key=lambda item: item[0])]
+        merged = heapq.merge(fresh, returned, key=lambda item: item[0])
+        out.extend(msg_id for _, msg_id in islice(merged, want))
     return out

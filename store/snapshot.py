@@ -36,6 +36,7 @@ from operator import attrgetter
 import lmdb
 import msgpack
 
+from .frozen import FrozenRun
 from .machine import StateMachine
 from .model import LEGACY_BODIES, Entry, Message, ReadyList
 from .versions import SNAPSHOT_FORMAT, check
@@ -82,8 +83,13 @@ def _ready_rows(ready: ReadyList, messages: dict[int, Message]) -> list:
     """[fresh entries per level, requeued entries per level (heap order)], each entry a row."""
     fresh, returned = [], []
     for level in ready._levels:
-        fresh.append(list(map(_ENTRY_ROW, level)))
-        held = list(map(_ENTRY_MESSAGE, level))
+        if any(item.__class__ is FrozenRun for item in level):
+            # Frozen runs (store/frozen.py) go as their columns' bytes; their messages are in them.
+            fresh.append([item.to_row() if item.__class__ is FrozenRun else _ENTRY_ROW(item) for item in level])
+            held = [item.message for item in level if item.__class__ is not FrozenRun]
+        else:
+            fresh.append(list(map(_ENTRY_ROW, level)))
+            held = list(map(_ENTRY_MESSAGE, level))
         messages.update(zip(map(_ID, held), held, strict=True))
     for heap in ready._returned:
         entries = [entry for _seq, entry in heap]
@@ -106,11 +112,13 @@ def export_model(machine: StateMachine) -> bytes:
 def _ready_from_rows(rows: list, messages: dict[int, Message]) -> ReadyList:
     fresh, returned = rows
     ready = ReadyList.__new__(ReadyList)
-    ready._levels = [deque([Entry(seq, messages[mid], expires, prio, durable, count)
-                            for seq, mid, expires, prio, durable, count in level]) for level in fresh]
+    ready._levels = [deque([FrozenRun.from_row(row) if row[0] == "run" else
+                            Entry(row[0], messages[row[1]], *row[2:]) for row in level]) for level in fresh]
     ready._returned = [[(seq, Entry(seq, messages[mid], expires, prio, durable, count))
                         for seq, mid, expires, prio, durable, count in heap] for heap in returned]
-    ready._count = sum(map(len, ready._levels)) + sum(map(len, ready._returned))
+    ready._count = sum(len(item) if item.__class__ is FrozenRun else 1 for level in ready._levels for item in level) \
+        + sum(map(len, ready._returned))
+    ready._plain = [0] * len(ready._levels)
     return ready
 
 
@@ -160,9 +168,9 @@ def import_model(machine: StateMachine, blob: bytes) -> list[tuple[int, bytes]]:
     return legacy
 
 
-def holders(machine: StateMachine):
+def holders(machine: StateMachine, ready: bool = True):
     """Every message held, once per holder: queue entries (ready and unacked) and delayed holds."""
-    for queue in machine.queues_by_id.values():
+    for queue in machine.queues_by_id.values() if ready else ():
         for entry in queue.ready.entries():
             yield entry.message
     seen: set[int] = set()
@@ -189,7 +197,12 @@ def count_holders(machine: StateMachine) -> None:
 
 def live_bodies(machine: StateMachine) -> dict[int, int]:
     """Message id -> body size of every message the model holds: the bodies a node needs."""
-    return {message.id: message.size for message in holders(machine)}
+    live = {}
+    for queue in machine.queues_by_id.values():
+        live.update(queue.ready.id_sizes())  # frozen runs without thawing them
+    for message in holders(machine, ready=False):
+        live[message.id] = message.size
+    return live
 
 
 def write_snapshot(path: str, machine: StateMachine, meta: bytes) -> None:
@@ -258,6 +271,10 @@ def digest(machine: StateMachine) -> str:
             # Walk the ready list without consuming it.
             for level in range(len(ready._levels) - 1, -1, -1):
                 for entry in ready._levels[level]:
+                    if entry.__class__ is FrozenRun:  # rendered as its entries would be
+                        for row in entry.digest_rows():
+                            put("ready", *row)
+                        continue
                     put("ready", entry.seq, entry.message.id, entry.expires_at, entry.priority, entry.delivery_count,
                         entry.message.size, entry.message.live, entry.message.properties,
                         entry.message.format)
