@@ -82,7 +82,9 @@ class _Segment:
         return i if i < len(ids) and ids[i] == msg_id and self.alive[i] else -1
 
 
-def _encode(items: list[tuple[int, bytes]]) -> bytes:
+def _encode(items: list[tuple[int, bytes]]) -> tuple[bytes, bytes]:
+    """(header, segment): the segment starts with its header, also kept apart (``heads``) so that
+    opening the store reads headers only -- reading a segment's first bytes maps the whole value."""
     count = len(items)
     offsets = array("I", [0]) * (count + 1)
     total = 0
@@ -91,7 +93,7 @@ def _encode(items: list[tuple[int, bytes]]) -> bytes:
         offsets[i + 1] = total
     ids = array("Q", [msg_id for msg_id, _ in items])
     header = _COUNT.pack(count) + ids.tobytes() + offsets.tobytes()
-    return b"".join([header, *(body for _, body in items)])
+    return header, b"".join([header, *(body for _, body in items)])
 
 
 def _decode_header(value) -> tuple[array, array]:
@@ -125,6 +127,7 @@ class BodyStore:
         self.env = lmdb.open(path, map_size=map_size, max_dbs=4, sync=False, metasync=False,
                              readahead=False, max_readers=64)
         self.segments_db = self.env.open_db(b"segments")
+        self.heads_db = self.env.open_db(b"heads")  # segment key -> its header (see _encode)
         self.loose_db = self.env.open_db(b"loose")
         self.dead_db = self.env.open_db(b"dead")  # segment key -> its alive bytearray, once one died
         self._lock = threading.Lock()
@@ -135,7 +138,7 @@ class BodyStore:
         self._load_index()
 
     def _load_index(self) -> None:
-        with self.env.begin(db=self.segments_db, buffers=True) as txn:
+        with self.env.begin(db=self.heads_db, buffers=True) as txn:
             for key, value in txn.cursor():
                 ids, offsets = _decode_header(value)
                 sizes = array("I", [offsets[i + 1] - offsets[i] for i in range(len(ids))])
@@ -197,7 +200,9 @@ class BodyStore:
             for run in runs:
                 key = self._next_key
                 self._next_key += 1
-                txn.put(_KEY.pack(key), _encode(run), db=self.segments_db)
+                header, segment = _encode(run)
+                txn.put(_KEY.pack(key), segment, db=self.segments_db)
+                txn.put(_KEY.pack(key), header, db=self.heads_db)
                 sizes = array("I", [len(body) for _, body in run])
                 self._insert(_Segment(key, array("Q", [msg_id for msg_id, _ in run]), sizes))
                 written += len(run)
@@ -266,6 +271,7 @@ class BodyStore:
         for segment in emptied:
             if segment.live == 0 and segment in self._segments:
                 txn.delete(_KEY.pack(segment.key), db=self.segments_db)
+                txn.delete(_KEY.pack(segment.key), db=self.heads_db)
                 txn.delete(_KEY.pack(segment.key), db=self.dead_db)
                 self._remove(segment)
                 touched.pop(segment.key, None)
@@ -285,7 +291,9 @@ class BodyStore:
                 value = txn.get(key, db=self.segments_db)
                 count = len(segment.ids)
                 keep = [(segment.ids[i], _body_at(value, count, i)) for i in range(count) if segment.alive[i]]
-                txn.put(key, _encode(keep), db=self.segments_db)
+                header, value = _encode(keep)
+                txn.put(key, value, db=self.segments_db)
+                txn.put(key, header, db=self.heads_db)
                 txn.delete(key, db=self.dead_db)
                 fresh = _Segment(segment.key, array("Q", [msg_id for msg_id, _ in keep]),
                                  array("I", [len(body) for _, body in keep]))
