@@ -91,3 +91,21 @@ def test_a_queued_message_costs_a_fraction_of_its_objects_once_frozen(monkeypatc
     objects, frozen = per_message(1 << 30), per_message(4096)
     # (60,000 in one queue: the newest ~16,000-20,000 stay objects, below the freezing threshold)
     assert objects > 250 and frozen < 0.45 * objects, (objects, frozen)
+
+
+def test_a_run_in_a_snapshot_takes_a_few_bytes_a_message(freeze_batch):
+    """Sequences and ids go up by one, sizes, flags and expiries are the same: such columns are
+    written as [first, step, length] (publish times, which differ, as bytes)."""
+    import msgpack
+
+    from raftmq.store.model import Entry, Message
+
+    entries = [Entry(100 + i, Message(500 + i, "ex", "rk", b"\x00\x00", 4096, True, 0, NOW + i * 7, 0, 0, 1),
+                     None, 0, True) for i in range(1000)]
+    run = FrozenRun.freeze(entries, 0)
+    row = run.to_row()
+    assert len(msgpack.packb(row, use_bin_type=True)) < 1000 * 10
+    back = FrozenRun.from_row(msgpack.unpackb(msgpack.packb(row, use_bin_type=True), raw=False, use_list=False))
+    assert [(e.seq, e.message.id, e.message.size, e.message.published_at, e.expires_at, e.durable)
+            for e in back.thaw()] == [(e.seq, e.message.id, 4096, e.message.published_at, None, True)
+                                      for e in entries]
