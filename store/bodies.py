@@ -111,9 +111,11 @@ class Bodies:
                     self.stats.lost += 1
                     log.error("no body for message %d: its copy %d is stored without one", source, msg_id)
                     continue
-            if msg_id not in pending:
-                pending[msg_id] = body
-                added += len(body)
+            previous = pending.get(msg_id)
+            if previous is not None:
+                added -= len(previous)  # the last apply's body for this id wins (BodyStore._plan)
+            pending[msg_id] = body
+            added += len(body)
         self.pending_bytes += added
         if self.pending_bytes > self.write_behind_bytes:
             self._write_pending(self.write_behind_bytes // 2)

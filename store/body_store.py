@@ -196,7 +196,8 @@ class BodyStore:
         """Puts then deletes in one transaction (one batch of write-behind); the puts written."""
         written = 0
         with self._lock, self.env.begin(write=True) as txn:
-            runs, loose = self._plan(sorted(puts, key=lambda item: item[0]), txn)
+            runs, loose, stale = self._plan(sorted(puts, key=lambda item: item[0]), txn)
+            self._delete(stale, txn)  # replaced: the loose copy below is the one found
             for run in runs:
                 key = self._next_key
                 self._next_key += 1
@@ -213,11 +214,20 @@ class BodyStore:
             self._delete(deletes, txn)
         return written
 
-    def _plan(self, items: list[tuple[int, bytes]], txn) -> tuple[list[list[tuple[int, bytes]]], list]:
+    def _plan(self, items: list[tuple[int, bytes]], txn) -> tuple[list[list[tuple[int, bytes]]], list, list[int]]:
         """Split sorted puts into new segments (runs between existing segments, cut at
-        SEGMENT_BYTES) and loose bodies (ids inside an existing segment's range); drop repeats."""
+        SEGMENT_BYTES), loose bodies (ids inside an existing segment's range) and the stored ids
+        they replace.
+
+        A put of an id already stored with the same body is dropped (a journal replay re-puts
+        what it had).  With another body it replaces it: the model is what the last apply made
+        of that id.  (A chaos run with full-cluster restarts found a node whose store kept, under
+        an id, the body of another message that the node had applied under it before a restart,
+        while every model agreed on the right one.)"""
         runs: list[list[tuple[int, bytes]]] = []
         loose: list[tuple[int, bytes]] = []
+        stale: list[int] = []
+        values: dict[int, object] = {}
         run: list[tuple[int, bytes]] = []
         run_gap = -1  # index of the existing segment after which the run lies
         run_bytes = 0
@@ -228,10 +238,28 @@ class BodyStore:
             previous = msg_id
             gap = bisect_right(self._firsts, msg_id) - 1
             if gap >= 0 and msg_id <= self._segments[gap].last:  # inside a segment's range
-                if self._segments[gap].position(msg_id) < 0 and txn.get(_KEY.pack(msg_id), db=self.loose_db) is None:
-                    loose.append((msg_id, body))
+                segment = self._segments[gap]
+                pos = segment.position(msg_id)
+                if pos >= 0:
+                    value = values.get(segment.key)
+                    if value is None:
+                        value = values[segment.key] = txn.get(_KEY.pack(segment.key), db=self.segments_db)
+                    if _body_at(value, len(segment.ids), pos) == body:
+                        continue
+                    stale.append(msg_id)
+                else:
+                    held = txn.get(_KEY.pack(msg_id), db=self.loose_db)
+                    if held == body:
+                        continue
+                    if held is not None:
+                        stale.append(msg_id)
+                loose.append((msg_id, body))
                 continue
-            if txn.get(_KEY.pack(msg_id), db=self.loose_db) is not None:
+            held = txn.get(_KEY.pack(msg_id), db=self.loose_db)
+            if held is not None:
+                if held != body:
+                    stale.append(msg_id)
+                    loose.append((msg_id, body))
                 continue
             if run and (gap != run_gap or run_bytes >= SEGMENT_BYTES):
                 runs.append(run)
@@ -241,7 +269,7 @@ class BodyStore:
             run_bytes += len(body)
         if run:
             runs.append(run)
-        return runs, loose
+        return runs, loose, stale
 
     def delete_many(self, ids: Iterable[int]) -> int:
         """Delete bodies; an id that is absent is ignored.  Returns the number deleted."""

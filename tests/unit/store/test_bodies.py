@@ -168,9 +168,12 @@ def test_a_batch_is_one_segment_and_a_4k_body_takes_4k_of_disk(store):
 
 def test_an_id_inside_a_segments_range_is_stored_loose(store):
     store.put_many([(1, b"a"), (2, b"b"), (4, b"d")])
-    assert store.put_many([(3, b"c"), (2, b"again"), (9, b"i")]) == 2  # 2 is kept as it was
+    assert store.put_many([(3, b"c"), (1, b"a"), (9, b"i")]) == 2  # the same body again: kept as it is
+    # Another body for a stored id replaces it: what the last apply made of the id counts.
+    assert store.put_many([(2, b"again")]) == 1
     assert store.ids() == [1, 2, 3, 4, 9]
-    assert store.get_many(range(10)) == {1: b"a", 2: b"b", 3: b"c", 4: b"d", 9: b"i"}
+    assert store.get_many(range(10)) == {1: b"a", 2: b"again", 3: b"c", 4: b"d", 9: b"i"}
+    assert store.put_many([(2, b"third")]) == 1 and store.get(2) == b"third" and len(store) == 5
     assert store.delete_many([3, 9, 7]) == 2 and store.ids() == [1, 2, 4]
 
 
