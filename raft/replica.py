@@ -275,6 +275,18 @@ class Replica(SyncObj):
         flight was sent again at the next period (the journal skips the copies, but each was
         pickled, sealed and sent once more per follower).  Raft only moves nextIndex back on a
         rejection, which pysyncobj marks ``reset``.
+
+        And: an AppendEntries that carries no ``prevLogIdx`` (the leader is sending a snapshot,
+        chunk by chunk, or has none ready yet) does not move this follower's commit index.
+        pysyncobj set it to ``min(leader's commit, own last index)`` after every such message,
+        although nothing in it matched this node's log against the leader's: a node restarted
+        with entries the cluster never committed (appended as a leader that then died) applied
+        them as soon as the leader began sending it a snapshot, before the snapshot replaced
+        the model.  Raft (§5.3) advances a follower's commit index only over entries that a
+        successful consistency check has matched.  Seen as a chaos run's replica whose body
+        store held, under a message id, the body of a message the cluster never had (the
+        snapshot install replaced the model but kept that node's bodies); the node's outputs
+        for those entries (confirms, deliveries) went out too.
         """
         kind = message.get("type")
         if kind == KEEPALIVE:
@@ -287,6 +299,8 @@ class Replica(SyncObj):
             return
         if kind == "append_entries":
             self._heard_append_entries(message["term"])
+            if "prevLogIdx" not in message and message.get("commit_index", 0) > self._SyncObj__raftCommitIndex:
+                message = dict(message, commit_index=self._SyncObj__raftCommitIndex)
         if kind == "next_node_idx" and message.get("success") and not message.get("reset"):
             next_index = self._SyncObj__raftNextIndex
             sent_up_to = next_index.get(node)
