@@ -50,7 +50,7 @@ from raftmq.store.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
 
 from .body_peer import ask, serve_bodies
 from .log import Compaction, OutputsCallback, RaftStatus
-from .replica import ENTRY, INSTALL, SNAPSHOT, Replica
+from .replica import ENTRY, INSTALL, SNAPSHOT, Replica, raft_clock
 from .snapshot_child import fork_snapshot
 
 log = logging.getLogger(__name__)
@@ -363,11 +363,13 @@ class ClusterLog:
 
     def _take_snapshot(self, path: str, meta: bytes) -> None:
         replica = self.replica
+        reached = raft_clock()
         if isinstance(self.bodies, Bodies):
             # Every body the snapshot refers to on disk before the snapshot lets the journal go.
             self.bodies.checkpoint()
+        checkpoint = raft_clock() - reached
         if self.use_fork:  # a frozen copy of the model, written by a child without our sockets
-            replica.snapshot_started(fork_snapshot(path, self.machine, meta))
+            replica.snapshot_started(fork_snapshot(path, self.machine, meta), reached=reached, checkpoint=checkpoint)
             return
         try:
             write_snapshot(path, self.machine, meta)
