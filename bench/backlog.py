@@ -49,7 +49,8 @@ from raftmq.ops.local.node import NodeStartError  # noqa: E402
 
 QUEUE = "backlog"
 MB = 1 << 20
-_SNAPSHOT_LINE = re.compile(rb"snapshot at index (\d+) written in ([0-9.]+) s")
+_SNAPSHOT_LINE = re.compile(rb"snapshot at index (\d+) written in ([0-9.]+) s(?: \(marker reached after ([0-9.]+) s, "
+                            rb"bodies checkpoint ([0-9.]+) s, child ([0-9.]+) s\))?")
 
 
 def make_body(seq: int, size: int) -> bytes:
@@ -179,9 +180,11 @@ def consume(url: str, expected: int, size: int, limit: float) -> Consumed:
     return out
 
 
-def snapshots(logs: list[Path]) -> tuple[int, float]:
-    """Snapshots written so far on every node and the longest, from their logs."""
-    count, longest = 0, 0.0
+def snapshots(logs: list[Path]) -> tuple[int, float, str]:
+    """Snapshots written so far on every node, the longest, and where its time went (the time
+    from the marker's proposal until the loop reached it, the bodies' checkpoint on the loop,
+    the forked child), from their logs."""
+    count, longest, phases = 0, 0.0, ""
     for path in logs:
         try:
             data = path.read_bytes()
@@ -189,8 +192,12 @@ def snapshots(logs: list[Path]) -> tuple[int, float]:
             continue
         for m in _SNAPSHOT_LINE.finditer(data):
             count += 1
-            longest = max(longest, float(m.group(2)))
-    return count, longest
+            if float(m.group(2)) > longest:
+                longest = float(m.group(2))
+                if m.group(3) is not None:
+                    phases = f" (reached {float(m.group(3)):.2f}, checkpoint {float(m.group(4)):.2f}, " \
+                             f"child {float(m.group(5)):.2f})"
+    return count, longest, phases
 
 
 class RaftmqTarget:
@@ -296,7 +303,7 @@ def run(target, args) -> None:
         published += acked
         step += 1
         snap = target.snapshots()
-        snap_text = "" if snap is None else f"  snapshots {snap[0]}, longest {snap[1]:.2f} s"
+        snap_text = "" if snap is None else f"  snapshots {snap[0]}, longest {snap[1]:.2f} s{snap[2]}"
         print(f"  step {step}: {published * args.size / MB:6.0f} MB queued  confirm {acked / seconds:7.0f} msg/s "
               f"({acked} in {seconds:.1f} s)  RSS MB {fmt(target.rss())} (anon {fmt(target.anon())})  "
               f"disk MB {fmt(target.disk())}{snap_text}",
@@ -312,7 +319,7 @@ def run(target, args) -> None:
           f"RSS MB {fmt(target.rss())} (anon {fmt(target.anon())})", flush=True)
     snap = target.snapshots()
     if snap is not None:
-        print(f"  snapshots over the run (all nodes): {snap[0]}, longest {snap[1]:.2f} s", flush=True)
+        print(f"  snapshots over the run (all nodes): {snap[0]}, longest {snap[1]:.2f} s{snap[2]}", flush=True)
 
 
 def fmt(values: list[float]) -> str:
