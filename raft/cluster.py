@@ -125,7 +125,8 @@ class ClusterLog:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start Raft (its tick thread); committed entries will flow into ``loop``."""
         self._loop = loop
-        self.replica = Replica(*self._args, sink=self._from_raft, **self._replica_options)
+        self.replica = Replica(*self._args, sink=self._from_raft, sink_backlog=self._inbox.__len__,
+                               **self._replica_options)
         machine = self.machine
         # See Replica.compaction_floor; at most 1 GiB of journal (disk, and what a restart replays).
         self.replica.compaction_floor = lambda: min(machine.message_bytes // 4, 1 << 30)

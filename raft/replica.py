@@ -65,8 +65,9 @@ PYSYNCOBJ_INTERNALS = {
         "transport", "generateRaftTimeout",
         # written
         "raftElectionDeadline",  # held while isolated; set past to campaign after a won pre-vote
+        "raftCommitIndex",  # lowered during applyLogEntries (a cap on entries handed over per tick)
         # overridden
-        "onMessageReceived", "setState", "doApplyCommand",
+        "onMessageReceived", "setState", "doApplyCommand", "applyLogEntries",
     ),
     "TcpConnection": (  # raft/wire.py
         "socket", "fileno", "poller", "readBuffer", "writeBuffer", "trySendBuffer",
@@ -99,6 +100,10 @@ ENTRY, SNAPSHOT, INSTALL = 0, 1, 2
 BATCH_COMMAND = 0x10
 _BATCH_HEAD = struct.Struct("<BqQH")
 
+# Committed entries handed to the sink and not yet applied by it, at most (see
+# Replica._SyncObj__applyLogEntries): an entry is a batch of up to 1 MiB.
+APPLY_AHEAD = 64
+
 # A message every member sends every other connected member, so that no link is ever idle.
 KEEPALIVE = "raftmq_keepalive"
 KEEPALIVE_PERIOD = 1.0
@@ -118,11 +123,13 @@ class Replica(SyncObj):
                  append_entries_period: float = 0.05, tick_period: float = 0.02,
                  election_timeout: tuple[float, float] = (0.25, 0.5), batch_append_entries: bool = False,
                  message_bytes: int = 4 << 20, leader_fallback: float = 1.0, pre_vote: bool = True,
-                 on_state_changed: Callable[[int, int], None] | None = None) -> None:
+                 on_state_changed: Callable[[int, int], None] | None = None,
+                 sink_backlog: Callable[[], int] | None = None) -> None:
         os.makedirs(data_dir, exist_ok=True)
         self.data_dir = data_dir
         self.snapshot_path = os.path.join(data_dir, "snapshot.lmdb")
         self._sink = sink
+        self.sink_backlog = sink_backlog  # entries handed to the sink and not yet applied
         self._snapshot_state = SERIALIZER_STATE.NOT_SERIALIZING
         self._snapshot_pid: int | None = None
         self._snapshot_asked = (0, 0.0)  # (index, monotonic time) of the snapshot last asked for
@@ -434,6 +441,28 @@ class Replica(SyncObj):
         origin_bytes = origin.encode()
         head = _BATCH_HEAD.pack(BATCH_COMMAND, now, seq, len(origin_bytes))
         self._applyCommand(b"".join((head, origin_bytes, blob)), callback)
+
+    def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802 (pysyncobj's name)
+        """Hand committed entries to the sink at most until it holds ``APPLY_AHEAD`` unapplied.
+
+        pysyncobj read every entry between the last applied and the commit index from the
+        journal and handed them all over in one tick: a node restarting on a journal of 512 MB
+        (a 2 GB backlog: compaction waits for a quarter of the bytes queued) put all of it into
+        the loop's inbox at once, and its RSS went from ~220 to ~900 MB, which the allocator then
+        kept (bench/backlog.py).  The loop applies no faster for having them queued, so the rest
+        waits in the journal for the next ticks.  Capped by lowering the commit index pysyncobj
+        sees during the call (only this thread uses it meanwhile).
+        """
+        backlog = self.sink_backlog() if self.sink_backlog is not None else 0
+        commit = self._SyncObj__raftCommitIndex
+        cap = self._SyncObj__raftLastApplied + max(0, APPLY_AHEAD - backlog)
+        if commit <= cap:
+            return super()._SyncObj__applyLogEntries()
+        self._SyncObj__raftCommitIndex = cap
+        try:
+            return super()._SyncObj__applyLogEntries()
+        finally:
+            self._SyncObj__raftCommitIndex = commit
 
     def _SyncObj__doApplyCommand(self, command: bytes) -> object:  # noqa: N802 (pysyncobj's name)
         """Runs in the tick thread once an entry is committed: pass a batch on, in order."""
