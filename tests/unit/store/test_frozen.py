@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import tracemalloc
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from raftmq.store import model
 from raftmq.store.commands import ChannelOpen, Op, Publish, QueueDeclare, VhostAdd
 from raftmq.store.frozen import FrozenRun
@@ -109,3 +112,17 @@ def test_a_run_in_a_snapshot_takes_a_few_bytes_a_message(freeze_batch):
     assert [(e.seq, e.message.id, e.message.size, e.message.published_at, e.expires_at, e.durable)
             for e in back.thaw()] == [(e.seq, e.message.id, 4096, e.message.published_at, None, True)
                                       for e in entries]
+
+
+@given(st.lists(st.integers(0, 255), min_size=1, max_size=40), st.sampled_from("qB"))
+def test_a_column_is_written_as_a_progression_exactly_when_it_is_one(values, typecode):
+    """The quick checks of ``_progression`` (last value first, constant columns by their bytes)
+    decide as the plain definition does; a run written and read back has the same columns."""
+    from array import array
+
+    from raftmq.store.frozen import _progression
+
+    column = array(typecode, values)
+    step = values[1] - values[0] if len(values) > 1 else 0
+    plain = step >= 0 and values == [values[0] + step * i for i in range(len(values))]
+    assert _progression(column) == ([values[0], step, len(values)] if plain else None)
