@@ -246,8 +246,8 @@ def test_write_behind_spills_oldest_past_its_bound(store):
     b.carry_out(BodyEffects(puts=[(i, body_of(i, 100)) for i in range(6)]))
     # 600 pending > 400: the oldest written until 200 remain
     assert store.ids() == [0, 1, 2, 3] and b.pending_bytes == 200
-    assert b.cache.bytes == 200  # admitted the oldest that fit, nothing evicted
-    assert b.held_bytes == 400
+    assert b.cache.bytes == 0  # written, not cached: the cache is for what consumers read next
+    assert b.held_bytes == 200
     assert all(b.get(i) == body_of(i, 100) for i in range(6))
 
 
