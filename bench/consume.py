@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import struct
 import sys
@@ -54,7 +55,8 @@ def connection(broker: Broker, product: str) -> tuple[Amqp091Connection, Recordi
 
 
 async def one_run(args) -> tuple[float, float, dict]:
-    config = Config(data_dir=tempfile.mkdtemp(prefix="raftmq-consume-"), port=0,
+    data_dir = tempfile.mkdtemp(prefix="raftmq-consume-")
+    config = Config(data_dir=data_dir, port=0,
                     body_cache_bytes=args.cache_mib << 20, body_write_behind_bytes=args.write_behind_mib << 20)
     broker = Broker(config)
     await broker.start()
@@ -93,6 +95,7 @@ async def one_run(args) -> tuple[float, float, dict]:
              "loaded": broker.bodies.cache.loaded, "written": broker.bodies.stats.written,
              "median_round_us": statistics.median(rounds) * 1e6 if rounds else 0.0}
     await broker.stop()
+    shutil.rmtree(data_dir, ignore_errors=True)
     return cpu / max(delivered, 1), wall, stats
 
 
