@@ -90,7 +90,8 @@ def bodies_status(broker: Broker) -> dict:
             "body_cache_hits": cache.hits, "body_cache_misses": cache.misses, "body_cache_loaded": cache.loaded,
             "bodies_written": stats.written, "bodies_cancelled": stats.cancelled,
             "bodies_deleted": stats.deleted, "body_checkpoints": stats.checkpoints,
-            "bodies_fetched": stats.fetched, "bodies_lost": stats.lost}
+            "bodies_fetched": stats.fetched, "bodies_lost": stats.lost,
+            "bodies_gone_unsent": stats.gone}
 
 
 def bodies_digest(broker: Broker) -> str:

@@ -12,7 +12,8 @@ What a connection does (docs/design.md, "Back-pressure towards consumers"):
   so that the transport can say "pause" in the middle of a large batch of outputs (one apply may
   assign a whole backlog) instead of after all of it was encoded into the buffer;
 * while paused, deliveries the state machine assigned are *parked* here, as the references the
-  outputs carry (the ``Message`` objects the queue holds): no body is copied or encoded again;
+  outputs carry (the ``Message`` objects the queue holds): nothing is encoded, and a delivery
+  whose consumer holds its message (manual ack) carries no body until it is written;
 * once one channel has parked ``stop_after`` bytes (the high-water mark), the connection asks the
   state machine, through the log, to stop assigning to it (``Op.FLOW`` active=false, the command
   channel.flow uses). The pause is node-local knowledge; only a command in the log may change what
@@ -49,10 +50,10 @@ def set_write_limits(transport, high: int) -> None:
 class Parking:
     """Deliveries held while the client's socket is full, in arrival order.
 
-    ``owned_bytes`` counts only bodies that nothing else holds any more: an auto-ack delivery left
-    its queue when it was assigned, so the node holds it only here; a manual-ack delivery is still
-    an unacked message of its queue (counted there by the memory alarm) and is held here by
-    reference.
+    ``owned_bytes`` counts the bodies parked deliveries carry, which nothing else holds any more:
+    an auto-ack delivery left its queue when it was assigned, so the node holds its body only
+    here; a manual-ack delivery is still an unacked message of its queue and is parked without its
+    body, which is read when it is written (store/bodies.fill_bodies).
     """
 
     stop_after: int = DEFAULT_HIGH  # parked bytes of one channel before its assignment is stopped

@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import NoReturn
 
-from raftmq.store.bodies import Bodies, DictBodies, fill_bodies, upcoming_ids
+from raftmq.store.bodies import Bodies, DictBodies, consumer_holds, fill_bodies, upcoming_ids
 from raftmq.store.body_fetch import catch_up
 from raftmq.store.commands import Command, decode_batch, encode_batch
 from raftmq.store.machine import StateMachine
@@ -76,6 +76,7 @@ class ClusterLog:
         # The node's message bodies (store/bodies.py); without one (tests), the machine's own dict.
         self.bodies = bodies if bodies is not None else machine.own_bodies
         self._upcoming = upcoming_ids(machine)
+        self._holds = consumer_holds(machine)  # deliveries read their bodies when sent (fill_bodies)
         self._catching_up = False  # fetching bodies after a snapshot install: entries wait
         # Whether a connection id is this node's (the broker's endpoints): only those outputs get
         # their bodies (fill_bodies).  None: every output (tests without a broker).
@@ -336,7 +337,7 @@ class ClusterLog:
                 # Bodies before the outputs and the audit events (both read them), deletes after.
                 bodies.put(effects.body_puts)
                 if outputs:
-                    fill_bodies(outputs, bodies, self._upcoming, self.is_local)
+                    fill_bodies(outputs, bodies, self._upcoming, self.is_local, self._holds)
                 if effects.events:
                     machine.carry_out(effects, bodies.get)  # the audit history (no LMDB mirror here)
                 self.batches_applied += 1

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from raftmq.store.bodies import Bodies, DictBodies, fill_bodies, upcoming_ids
+from raftmq.store.bodies import Bodies, DictBodies, consumer_holds, fill_bodies, upcoming_ids
 from raftmq.store.commands import Command
 from raftmq.store.effects import PUT_WITH_BODY
 from raftmq.store.machine import StateMachine
@@ -37,6 +37,7 @@ class LocalLog:
         # The node's message bodies (store/bodies.py); without one, the machine's own dict.
         self.bodies = bodies if bodies is not None else machine.own_bodies
         self._upcoming = upcoming_ids(machine)
+        self._holds = consumer_holds(machine)  # deliveries read their bodies when sent (fill_bodies)
         self.is_local: Callable[[str], bool] | None = None  # see ClusterLog.is_local
         self._on_outputs = on_outputs
         self._clock = clock
@@ -113,7 +114,7 @@ class LocalLog:
             # Bodies first: the outputs read them, and so do the commit's message records (which
             # may also delete a record the outputs still need: they are filled before it).
             bodies.put(effects.body_puts)
-            fill_bodies(outputs, bodies, self._upcoming, self.is_local)
+            fill_bodies(outputs, bodies, self._upcoming, self.is_local, self._holds)
             self.machine.carry_out(effects, bodies.get)  # the LMDB commit and the audit events
             if effects.persistence and isinstance(bodies, Bodies):
                 # Persistent messages in durable queues: their bodies are in the message records now.

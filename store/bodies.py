@@ -56,6 +56,7 @@ class BodyStats:
     checkpoints: int = 0
     lost: int = 0  # puts whose shared source this node did not have (logged: a bug or a lost store)
     fetched: int = 0  # bodies fetched from other members after a snapshot install
+    gone: int = 0  # deliveries read when sent whose message no longer existed (dropped unsent)
 
 
 class Bodies:
@@ -147,8 +148,12 @@ class Bodies:
                 cache.admit(msg_id, body)
 
     def _write_pending(self, keep_bytes: int) -> None:
-        """Write the oldest pending bodies until at most ``keep_bytes`` remain pending; those
-        written enter the cache if it has free room (they are the oldest: consumed first)."""
+        """Write the oldest pending bodies until at most ``keep_bytes`` remain pending.
+
+        They do not enter the cache: the cache holds what consumers are about to read
+        (``read_ahead``).  Admitting a growing backlog's oldest bodies filled the 256 MiB cache on
+        every node while nobody consumed (~480 MB of RSS per node with 5 GB queued, against
+        the issue's 400), for a head start that read-ahead gives a consumer anyway."""
         pending, out = self._pending, []
         while pending and self.pending_bytes > keep_bytes:
             msg_id, body = pending.popitem(last=False)
@@ -161,8 +166,6 @@ class Bodies:
             self.store.commit(out, deletes)
             self.stats.written += len(out)
             self.stats.deleted += len(deletes)
-            for msg_id, body in out:
-                self.cache.admit(msg_id, body)
 
     # ------------------------------------------------------------------ reads (deliveries)
 
@@ -171,6 +174,22 @@ class Bodies:
         if body is not None:
             return body
         return self.cache.get(msg_id)
+
+    def for_send(self, msg_id: int, following: Callable[[], Iterable[int]] | None = None) -> bytes | None:
+        """The body of a delivery being written to its client (``fill_bodies``: left to be read
+        when sent).  When it is only on disk, ``following`` -- the ids the front end sends next --
+        are read with it in one transaction.  None (counted in ``stats.gone``): no such body."""
+        body = self._pending.get(msg_id)
+        if body is not None:
+            return body
+        cache = self.cache
+        if following is not None and msg_id not in cache:
+            self.read_ahead([msg_id, *following()])
+        body = cache.get(msg_id)
+        if body is None:
+            self.stats.gone += 1
+            log.info("message %d was gone when its delivery was to be sent: not sent", msg_id)
+        return body
 
     def in_memory(self, msg_id: int) -> bool:
         return msg_id in self._pending or msg_id in self.cache
@@ -278,6 +297,9 @@ class DictBodies:
     def in_memory(self, msg_id: int) -> bool:
         return True
 
+    def for_send(self, msg_id: int, following: Callable[[], Iterable[int]] | None = None) -> bytes | None:
+        return self.get(msg_id)
+
     def read_ahead(self, ids: Iterable[int]) -> int:
         return 0
 
@@ -285,24 +307,44 @@ class DictBodies:
 #: The ids a queue (by qid) delivers next, for read-ahead (store/ready_peek.next_ids).
 Upcoming = Callable[[int], list[int]]
 
+#: Whether the consumer ``(conn, channel, consumer tag)`` holds what it is assigned until it settles
+#: it (manual ack, 0-10 explicit accept of acquired transfers, an unsettled 1.0 link): its deliveries
+#: may get their bodies when they are sent.  See ``fill_bodies``.
+Holds = Callable[[str, int, str], bool]
+
 #: How many of a queue's next messages a delivery that missed the cache reads ahead.
 READ_AHEAD = 64
 
 
 def upcoming_ids(machine, n: int = READ_AHEAD) -> Upcoming:
-    """``Upcoming`` for ``machine``'s queues (read outside apply, on the node's loop)."""
-    queues = machine.queues_by_id
+    """``Upcoming`` for ``machine``'s queues (read outside apply, on the node's loop; the model's
+    dicts are looked up at each call: installing a snapshot replaces them)."""
 
     def upcoming(qid: int) -> list[int]:
-        queue = queues.get(qid)
+        queue = machine.queues_by_id.get(qid)
         return next_ids(queue.ready, n) if queue is not None else []
 
     return upcoming
 
 
+def consumer_holds(machine) -> Holds:
+    """``Holds`` for ``machine``'s consumers, read after the batch was applied.  A consumer gone by
+    then (cancelled in the same batch) answers False: its deliveries get their bodies at once."""
+
+    def holds(conn: str, number: int, tag: str) -> bool:
+        ch = machine.channels.get(conn)
+        ch = ch.get(number) if ch is not None else None
+        consumer = ch.consumers.get(tag) if ch is not None else None
+        return consumer is not None and not consumer.no_ack and not consumer.browse
+
+    return holds
+
+
 def fill_bodies(outputs: list, bodies: Bodies | DictBodies, upcoming: Upcoming | None = None,
-                local: Callable[[str], bool] | None = None) -> None:
-    """Give the batch's deliveries, transfers and basic.get answers their bodies, in place.
+                local: Callable[[str], bool] | None = None, holds: Holds | None = None) -> None:
+    """Give the batch's deliveries, transfers and basic.get answers their bodies, in place -- or,
+    with ``holds``, leave a delivery whose consumer holds its message to read its body when it is
+    sent (``body_to_send``).
 
     The model holds no bodies: apply's outputs name the message, the node appends its body before
     a front end sees them (a delivery's tuple gets it as its last item, ``GotMessage.body``).
@@ -310,27 +352,75 @@ def fill_bodies(outputs: list, bodies: Bodies | DictBodies, upcoming: Upcoming |
     (read-ahead), so that a consumer working through a backlog reads the store in batches.
 
     ``local`` (the connections of this node): every node applies every delivery, but only the
-    node of its connection sends it; the others read no body for it."""
+    node of its connection sends it; the others read no body for it.
+
+    **Bodies when sent, not when assigned** (``holds`` given: the nodes' logs).  A consumer without
+    a prefetch limit that attaches to a backlog is assigned all of it in one apply; most of those
+    deliveries then wait on the node, parked behind a full socket (node/writeflow.py) or held
+    beyond the client's window (node/amqp091/window.py, the 1.0 link's read-ahead).  Given their
+    bodies here, they would read the whole backlog from disk into memory that nothing bounds
+    or counts (+95 MB for a 64 MiB backlog in tests/integration/test_backpressure.py).  So:
+
+    * a delivery whose consumer *holds* its message (``holds``: manual ack, 0-10 explicit accept,
+      an unsettled 1.0 link) is left as apply made it, without a body item: ``(qid, seq,
+      redelivered, Message)``, a transfer ``(transfer_id, qid, seq, redelivered, Message)``; the
+      front end reads the body when it writes it (``body_to_send``).  That is safe because the
+      unsettled delivery is itself a holder of the message (``Message.live``): its body is not
+      deleted before the client settles it, and the client can only settle what it was sent
+      (0-9-1 delivery tags and 1.0 delivery ids are given at send time).  What else releases an
+      unsettled delivery also makes the front end drop it unsent: channel or connection close,
+      basic.cancel and queue deletion (its consumer is cancelled, or for 0-10 its session's
+      transfers are dropped with it), basic.recover.  Should a body be gone all the same (a 0-10
+      client accepting transfer ids it has not received yet), ``body_to_send`` says None and the
+      front end drops that delivery: its message no longer exists;
+    * every other delivery gets its body here, as before: auto-ack (0-9-1 no-ack, 0-10
+      accept-mode none, a pre-settled 1.0 link) and browse (0-10 not-acquired) deliveries do not
+      hold their message, so its body is deleted after this batch's outputs (a single node's
+      commit, right after this call, may delete a persistent message's record) or by another
+      consumer's ack.  Parked, they count in the memory alarm (``Parking.owned_bytes``), as
+      before; so do 0-10 replays and basic.get answers, which are sent at once.
+
+    Misses of deliveries left to be read later are still read ahead here (at most ``READ_AHEAD``
+    per queue, into the bounded cache, which the alarm counts), so that a consumer keeping up
+    with a backlog on disk reads it in batches; the front ends read ahead the deliveries they
+    hold or park when they send them (``Bodies.read_ahead``)."""
     if local is not None:
         indexes = [i for i, out in enumerate(outputs) if local(out[0])]
     else:
         indexes = range(len(outputs))
     missing: list[int] = []
     qids: list[int] = []
+    fill: list[int] = []  # indexes of the outputs given their bodies now
+    lazy_misses: dict[int, int] = {}  # qid -> misses of deliveries to be read later, read ahead
     in_memory = bodies.in_memory
+    last_key = None  # (conn, channel, tag) of the last delivery: its consumer's answer, memoized
+    later = False
     for i in indexes:
         out = outputs[i]
         kind = out[1]
         if kind == OUT_DELIVER:
-            delivery = out[4]
-            if not in_memory(delivery[3].id):
-                missing.append(delivery[3].id)
-                qids.append(delivery[0])
+            message, qid = out[4][3], out[4][0]
         elif kind == OUT_TRANSFER:
-            transfer = out[4]
-            if not in_memory(transfer[4].id):
-                missing.append(transfer[4].id)
-                qids.append(transfer[1])
+            message, qid = out[4][4], out[4][1]
+        else:
+            if kind == OUT_REPLY:
+                fill.append(i)
+            continue
+        if holds is not None and (last_key is None or out[3] != last_key[2] or out[0] != last_key[0]
+                                  or out[2] != last_key[1]):
+            last_key = (out[0], out[2], out[3])
+            later = holds(out[0], out[2], out[3])
+        if not later:
+            fill.append(i)
+        msg_id = message.id
+        if not in_memory(msg_id):
+            if later:
+                n = lazy_misses.get(qid, 0)
+                if n >= READ_AHEAD:
+                    continue
+                lazy_misses[qid] = n + 1
+            missing.append(msg_id)
+            qids.append(qid)
     if missing:
         if upcoming is not None:
             for qid in dict.fromkeys(qids):
@@ -342,7 +432,7 @@ def fill_bodies(outputs: list, bodies: Bodies | DictBodies, upcoming: Upcoming |
         body = get(msg_id)
         return body if body is not None else _lost(bodies, msg_id)
 
-    for i in indexes:
+    for i in fill:
         out = outputs[i]
         kind = out[1]
         if kind == OUT_DELIVER:
@@ -351,7 +441,7 @@ def fill_bodies(outputs: list, bodies: Bodies | DictBodies, upcoming: Upcoming |
         elif kind == OUT_TRANSFER:
             transfer = out[4]
             outputs[i] = (out[0], kind, out[2], out[3], (*transfer, body_of(transfer[4].id)))
-        elif kind == OUT_REPLY:
+        else:
             result = out[3]
             if result.__class__ is Ok:
                 value = result[1]
@@ -363,6 +453,18 @@ def fill_bodies(outputs: list, bodies: Bodies | DictBodies, upcoming: Upcoming |
                 else:
                     continue
                 outputs[i] = (out[0], kind, out[2], Ok(OK, value), out[4])
+
+
+def body_to_send(bodies: Bodies | DictBodies, message, carried: tuple, at: int,
+                 following: Callable[[], Iterable[int]] | None = None) -> bytes | None:
+    """The body of a delivery the front end writes now: ``carried[at]`` if ``fill_bodies`` gave it
+    one, else read from the node's bodies (``following``: the ids the front end will send next, read
+    ahead together when this one is only on disk).  None: the message is gone (see
+    ``fill_bodies``); the caller drops the delivery."""
+    if len(carried) > at:
+        return carried[at]
+    return bodies.for_send(message.id, following)
+
 
 def _lost(bodies: Bodies | DictBodies, msg_id: int) -> bytes:
     """A delivery whose body this node does not have: a bug or a lost body store, never expected

@@ -6,10 +6,9 @@ used bodies go first.
 
 Two admission rules make a backlog cheap to consume:
 
-* ``admit`` (a body just published) never evicts: it takes only free room.  While consumers keep
-  up, acked bodies leave the cache and the new ones find room; while a backlog grows, the cache
-  fills with its *oldest* bodies -- the ones consumers will ask for first -- and the newer ones go
-  only to disk, instead of each publish pushing out a body that is about to be delivered.
+* ``admit`` (a body a single node has just committed in its durable store) never evicts: it
+  takes only free room.  A cluster node's write-behind does not admit what it writes: the
+  cache is for what consumers read next.
 * ``read_ahead`` (the next ids of a queue, in delivery order) loads the missing ones from the
   store in one transaction, in key order (ids grow with publication), evicting older entries,
   but stops when the cache is full of entries it has itself just brought in: reading further

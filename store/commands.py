@@ -93,7 +93,9 @@ REJECTED = 2  # a queue with x-overflow=reject-publish refused it: nack the publ
 OUT_REPLY = 0  # (conn, OUT_REPLY, token, result, channel)
 # A delivery leaves apply as (qid, seq, redelivered, Message) and a transfer as (transfer_id, qid,
 # seq, redelivered, Message); the node appends the body (store/bodies.fill_bodies) before they
-# reach a front end, which reads it as the tuple's last item.
+# reach a front end, which reads it as the tuple's last item -- except when the consumer holds the
+# message until it settles it: then the tuple stays without one, and the front end reads the body
+# when it writes the delivery (store/bodies.body_to_send).
 OUT_DELIVER = 1  # (conn, OUT_DELIVER, channel, consumer_tag, (qid, seq, redelivered, Message[, body]))
 OUT_CANCEL = 2  # (conn, OUT_CANCEL, channel, consumer_tag): server-side consumer cancel
 OUT_CLOSE = 3  # (conn, OUT_CLOSE, reply_code, reply_text): the cluster closed this connection

@@ -23,19 +23,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from raftmq import __version__
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.protocol.amqp010.errors import FramingError
 from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER, FrameReader, encode_assembly
+from raftmq.store.bodies import READ_AHEAD
 from raftmq.store.commands import OK, Command, Flow, Result
 
 from ..auth import AuthError, Principal
 from ..core.access import Access, AccessRefused
 from ..peer import peer_of
 from ..writeflow import DEFAULT_HIGH, Parking, ReadGate, peer_closed, reader_bytes, set_write_limits
-from .session import ACCEPT_NONE, PRE_ACQUIRED, ServerSession
+from .session import ServerSession
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -163,7 +166,11 @@ class Amqp010Connection(asyncio.Protocol):
         channel, destination, transfer, _owned = item
         session = self.sessions.get(channel)
         if session is not None:
-            self._transfer_now(session, destination, transfer)
+            self._transfer_now(session, destination, transfer, self._parked_next)
+
+    def _parked_next(self) -> list[int]:
+        """Ids of the next parked transfers without a body: read with one that missed the cache."""
+        return [item[2][4].id for item in islice(self._parking.items, READ_AHEAD) if len(item[2]) == 5]
 
     def _restart_flow(self, channel: int) -> None:
         if channel in self.sessions:
@@ -227,20 +234,21 @@ class Amqp010Connection(asyncio.Protocol):
         if session is not None:
             self.counts[1] += 1
             if self._parking.holding:
-                settled = (session.accept_modes.get(destination) == ACCEPT_NONE
-                           and session.acquire_modes.get(destination, PRE_ACQUIRED) == PRE_ACQUIRED)
-                size = len(transfer[5])
-                owned = size if settled else 0  # settled on assignment: held only here
+                size = transfer[4].size
+                # Parked with its body (accept-mode none, or browsed: store/bodies.fill_bodies), it
+                # is held only here; without one (to be accepted), it is read when written.
+                owned = size if len(transfer) > 5 else 0
                 if self._parking.park(channel_no, destination, transfer, owned, size):
                     self._submit_flow(channel_no, False)
                 return
             self._transfer_now(session, destination, transfer)
 
-    def _transfer_now(self, session: ServerSession, destination: str, transfer: tuple) -> None:
+    def _transfer_now(self, session: ServerSession, destination: str, transfer: tuple,
+                      following: Callable[[], list[int]] | None = None) -> None:
         """Write a transfer; flush once a high-water mark's worth is written, so that the
         transport can pause us in the middle of a large batch (writeflow.py)."""
-        session.on_transfer(destination, transfer)
-        if self._parking.wrote(len(transfer[5])):
+        session.on_transfer(destination, transfer, following)
+        if self._parking.wrote(transfer[4].size):
             self.flush()
 
     def on_session_detached(self, channel_no: int, name: bytes) -> None:

@@ -9,10 +9,12 @@ writes the transfers the state machine assigns (with their replicated ids) to th
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.store import ranges as rs
+from raftmq.store.bodies import body_to_send
 from raftmq.store.commands import (
     Cancel,
     Command,
@@ -423,9 +425,16 @@ class ServerSession:
         self.conn.send(self.channel, command)
         self.out_next += 1
 
-    def on_transfer(self, destination: str, transfer: tuple) -> None:
-        transfer_id, _qid, _seq, redelivered, message, body = transfer
-        self._send_transfer(transfer_id, destination, redelivered, message, body)
+    def on_transfer(self, destination: str, transfer: tuple,
+                    following: Callable[[], list[int]] | None = None) -> None:
+        """A transfer assigned to one of our subscriptions.  One to be accepted carries no body
+        (store/bodies.fill_bodies): it is read now, with ``following`` when it is only on disk."""
+        if not self.attached:
+            return
+        message = transfer[4]
+        body = body_to_send(self.conn.broker.bodies, message, transfer, 5, following)
+        if body is not None:  # None: its message is gone
+            self._send_transfer(transfer[0], destination, transfer[3], message, body)
 
     def _window_mode(self, destination: str) -> bool:
         """The subscription's flow mode, from this node's replica (applied before its transfers were

@@ -13,12 +13,14 @@ from __future__ import annotations
 import base64
 import os
 from collections import deque
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from raftmq.protocol.amqp091 import methods as m
 from raftmq.protocol.amqp091.errors import AMQPError
 from raftmq.protocol.amqp091.frames import WholePublish, encode_content, encode_delivery, encode_method_frame
 from raftmq.protocol.amqp091.properties import decode_content_header, peek_properties
+from raftmq.store.bodies import READ_AHEAD
 from raftmq.store.commands import (
     OK,
     REJECTED,
@@ -617,8 +619,10 @@ class Channel:
             self._unacked[tag] = (qid, seq)
         return tag
 
-    def deliver(self, consumer_tag: str, delivery: tuple) -> None:
-        """A delivery the state machine assigned: send it, or hold it until the client's window has room."""
+    def deliver(self, consumer_tag: str, delivery: tuple,
+                following: Callable[[], Iterable[int]] | None = None) -> None:
+        """A delivery the state machine assigned: send it, or hold it until the client's window has
+        room (``following``: see ``_send_delivery``)."""
         if self.state != OPEN:
             return
         no_ack = self._consumers.get(consumer_tag, False)
@@ -626,7 +630,7 @@ class Channel:
         if not no_ack and (self._paused or window.holds(consumer_tag) or not window.has_room(consumer_tag)):
             window.hold(consumer_tag, delivery)
             return
-        self._send_delivery(consumer_tag, delivery, no_ack)
+        self._send_delivery(consumer_tag, delivery, no_ack, following)
 
     # Read by the connection's write back-pressure (node/writeflow.py).
 
@@ -659,8 +663,14 @@ class Channel:
     def _send_held(self) -> None:
         if self._paused or self.state != OPEN:
             return
-        for consumer_tag, delivery in self._window.releasable():
-            self._send_delivery(consumer_tag, delivery, False)
+        releasable = self._window.releasable()
+        at = 0
+
+        def following() -> list[int]:  # the next ones, read with one that missed the cache
+            return [d[3].id for _, d in releasable[at + 1:at + READ_AHEAD] if len(d) == 4]
+
+        for at, (consumer_tag, delivery) in enumerate(releasable):  # noqa: B007 (read by following)
+            self._send_delivery(consumer_tag, delivery, False, following)
 
     def _return_held(self, consumer_tag: str) -> None:
         """A cancelled consumer's held deliveries go back to their queues, as never delivered."""
@@ -668,8 +678,17 @@ class Channel:
         if held:
             self.return_unsent(held)
 
-    def _send_delivery(self, consumer_tag: str, delivery: tuple, no_ack: bool) -> None:
-        qid, seq, redelivered, message, body = delivery
+    def _send_delivery(self, consumer_tag: str, delivery: tuple, no_ack: bool,
+                       following: Callable[[], Iterable[int]] | None = None) -> None:
+        """Write one delivery.  A manual-ack delivery carries no body (store/bodies.fill_bodies): it
+        is read now, with ``following`` (the ids sent next) when it is only on disk."""
+        if len(delivery) == 5:
+            qid, seq, redelivered, message, body = delivery
+        else:
+            qid, seq, redelivered, message = delivery
+            body = self.conn.broker.bodies.for_send(message.id, following)
+            if body is None:
+                return  # its message is gone (fill_bodies): nothing to send
         self._next_delivery_tag += 1
         tag = self._next_delivery_tag
         if not no_ack:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from raftmq import __version__
@@ -30,6 +32,7 @@ from raftmq.protocol.amqp091.frames import (
     frames_at,
 )
 from raftmq.protocol.amqp091.methods import decode_method
+from raftmq.store.bodies import READ_AHEAD
 from raftmq.store.commands import OK, Command, Flow, Publish, Result
 
 from ..auth import MECHANISMS, AuthError, Principal
@@ -204,7 +207,11 @@ class Amqp091Connection(asyncio.Protocol):
         if channel.consumer_no_ack(consumer_tag) is None:
             channel.return_unsent([delivery])  # cancelled meanwhile (auto-ack ones are gone)
             return
-        self._deliver_now(channel, consumer_tag, delivery)
+        self._deliver_now(channel, consumer_tag, delivery, self._parked_next)
+
+    def _parked_next(self) -> list[int]:
+        """Ids of the next parked deliveries without a body: read with one that missed the cache."""
+        return [item[2][3].id for item in islice(self._parking.items, READ_AHEAD) if len(item[2]) == 4]
 
     def _restart_flow(self, number: int) -> None:
         channel = self.channels.get(number)
@@ -303,8 +310,10 @@ class Amqp091Connection(asyncio.Protocol):
         if channel is not None:
             self.counts[1] += 1
             if self._parking.holding and channel.is_open:
-                size = len(delivery[4])
-                owned = size if channel.consumer_no_ack(consumer_tag) else 0
+                size = delivery[3].size
+                # Parked with its body (auto-ack: store/bodies.fill_bodies), it is held only here;
+                # without one (manual ack), it is read when written.
+                owned = size if len(delivery) > 4 else 0
                 # A channel under a basic.qos limit parks at most its credit: no stop needed.
                 counted = 0 if channel.assignment_bounded else size
                 if self._parking.park(channel_no, consumer_tag, delivery, owned, counted):
@@ -312,11 +321,12 @@ class Amqp091Connection(asyncio.Protocol):
                 return
             self._deliver_now(channel, consumer_tag, delivery)
 
-    def _deliver_now(self, channel: Channel, consumer_tag: str, delivery: tuple) -> None:
+    def _deliver_now(self, channel: Channel, consumer_tag: str, delivery: tuple,
+                     following: Callable[[], list[int]] | None = None) -> None:
         """Hand a delivery to its channel; flush once a high-water mark's worth is written, so
         that the transport can pause us in the middle of a large batch (writeflow.py)."""
-        channel.deliver(consumer_tag, delivery)
-        if self._parking.wrote(len(delivery[4])):
+        channel.deliver(consumer_tag, delivery, following)
+        if self._parking.wrote(delivery[3].size):
             self.flush()
 
     def on_cancel(self, channel_no: int, consumer_tag: str) -> None:

@@ -41,6 +41,8 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import deque
+from collections.abc import Callable
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from raftmq.protocol.amqp10 import convert
@@ -49,6 +51,7 @@ from raftmq.protocol.amqp10 import types as t
 from raftmq.protocol.amqp10.errors import Amqp10Error, DecodeError
 from raftmq.protocol.amqp10.stored import EMPTY
 from raftmq.store import ranges as rs
+from raftmq.store.bodies import READ_AHEAD, body_to_send
 from raftmq.store.commands import (
     REJECTED,
     ROUTED,
@@ -340,8 +343,13 @@ class OutgoingLink(Link):
             conn.broker.submit(MessageFlow(conn.conn_id, None, self.core, self.destination, 0, target - have))
 
     def _send_held(self) -> None:
-        while self.held and self._credit() > 0:
-            self._send(self.held.popleft())
+        held = self.held
+
+        def following() -> list[int]:  # the next held ones, read with one that missed the cache
+            return [t[4].id for t in islice(held, READ_AHEAD) if len(t) == 5]
+
+        while held and self._credit() > 0:
+            self._send(held.popleft(), following)
 
     def send_replays(self) -> None:
         """Deliveries a resumed durable link owes the client before new ones (recovery.py)."""
@@ -390,8 +398,13 @@ class OutgoingLink(Link):
             return
         self._send(transfer)
 
-    def _send(self, transfer: tuple) -> None:
-        transfer_id, _qid, _seq, redelivered, message, body = transfer
+    def _send(self, transfer: tuple, following: Callable[[], list[int]] | None = None) -> None:
+        """One core transfer to the client.  An unsettled one carries no body
+        (store/bodies.fill_bodies): it is read now, with ``following`` when it is only on disk."""
+        transfer_id, redelivered, message = transfer[0], transfer[3], transfer[4]
+        body = body_to_send(self.conn.broker.bodies, message, transfer, 5, following)
+        if body is None:
+            return  # its message is gone: nothing to send
         self.delivery_count = (self.delivery_count + 1) % SERIAL
         data = delivery_octets(message, body, redelivered)
         self.session.send_delivery(self, transfer_id, self.settled, data, transfer_id.to_bytes(8, "big"))

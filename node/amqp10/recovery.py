@@ -80,7 +80,7 @@ class DurableOutgoingLink(OutgoingLink):
         self.readahead = False  # its unsettled deliveries are the client's to resume: none held here
         self.resuming = False
         self.early: list[tuple] = []  # core transfers that arrived while resuming
-        self.replays: list[tuple[int, object, bytes, bool]] = []  # (transfer id, message, body, resume) owed
+        self.replays: list[tuple[int, object, bytes | None, bool]] = []  # (transfer id, message, body, resume) owed
         self.offered: list[int] = []  # the transfer ids listed in our attach's unsettled map
         source = attach.source
         self.timeout = min(MAX_SESSION_TIMEOUT, max(int(source.timeout or 0), DEFAULT_TIMEOUT))
@@ -124,7 +124,9 @@ class DurableOutgoingLink(OutgoingLink):
         if result[0] != 0:
             return self._subscribed(result)
         known = {replay[0] for replay in self.replays}
-        self.replays += [(t, m, b, False) for t, _q, _s, _r, m, b in self.early if t not in known]
+        # (a core transfer to be settled carries no body: read when sent, store/bodies.fill_bodies)
+        self.replays += [(t[0], t[4], t[5] if len(t) > 5 else None, False) for t in self.early
+                         if t[0] not in known]
         self.early = []
         client = {}
         for tag, state in (self.attach_frame.unsettled or {}).items():
@@ -153,6 +155,10 @@ class DurableOutgoingLink(OutgoingLink):
     def send_replays(self) -> None:
         while self.replays and self._credit() > 0:
             transfer_id, message, body, resume = self.replays.pop(0)
+            if body is None:
+                body = self.conn.broker.bodies.for_send(message.id)
+                if body is None:
+                    continue  # its message is gone
             self.delivery_count = (self.delivery_count + 1) % SERIAL
             data = delivery_octets(message, body, True)
             self.session.send_delivery(self, transfer_id, self.settled, data, transfer_id.to_bytes(8, "big"),

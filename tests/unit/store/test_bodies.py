@@ -268,8 +268,8 @@ def test_write_behind_spills_oldest_past_its_bound(store):
     b.carry_out(BodyEffects(puts=[(i, body_of(i, 100)) for i in range(6)]))
     # 600 pending > 400: the oldest written until 200 remain
     assert store.ids() == [0, 1, 2, 3] and b.pending_bytes == 200
-    assert b.cache.bytes == 200  # admitted the oldest that fit, nothing evicted
-    assert b.held_bytes == 400
+    assert b.cache.bytes == 0  # written, not cached: the cache is for what consumers read next
+    assert b.held_bytes == 200
     assert all(b.get(i) == body_of(i, 100) for i in range(6))
 
 
@@ -358,6 +358,49 @@ def test_fill_bodies_gives_each_output_its_body_reading_the_disk_once(store):
 
 
 # ---------------------------------------------------------------------------- follower catch-up
+
+
+def test_fill_bodies_leaves_deliveries_whose_consumer_holds_them_to_be_read_when_sent(store):
+    """A manual-ack consumer assigned a backlog on disk: its deliveries get no body at assignment
+    (only the first READ_AHEAD of a queue's misses are read ahead, into the bounded cache); an
+    auto-ack consumer's get theirs at once (their bodies are deleted after the batch)."""
+    from raftmq.store.bodies import READ_AHEAD, body_to_send, fill_bodies
+    from raftmq.store.commands import OUT_DELIVER, OUT_TRANSFER
+    from raftmq.store.model import Message
+
+    n = 3 * READ_AHEAD
+    b = Bodies(store, cache_bytes=1 << 20, write_behind_bytes=0)
+    b.put([(i, body_of(i)) for i in range(n + 2)])  # all written (no write-behind room)
+    b.cache.clear()
+    msgs = {i: Message(i, "", "q", b"", 100, True, 0, 0) for i in range(n + 2)}
+    outputs = [("c", OUT_DELIVER, 1, "manual", (9, i, False, msgs[i])) for i in range(n)]
+    outputs.append(("c", OUT_DELIVER, 2, "auto", (8, n, False, msgs[n])))
+    outputs.append(("c", OUT_TRANSFER, 3, "accept", (7, 6, n + 1, False, msgs[n + 1])))
+    holds = {("c", 1, "manual"): True, ("c", 2, "auto"): False, ("c", 3, "accept"): True}
+    asked = []
+
+    def holds_of(conn, channel, tag):
+        asked.append(tag)
+        return holds[conn, channel, tag]
+
+    fill_bodies(outputs, b, upcoming=lambda qid: [], holds=holds_of)
+    assert asked == ["manual", "auto", "accept"]  # one question per run of one consumer's deliveries
+    assert all(len(o[4]) == 4 for o in outputs[:n])  # no body: read when sent
+    assert outputs[n][4][4] == body_of(n)  # auto-ack: its body now
+    assert len(outputs[n + 1][4]) == 5  # a transfer to be accepted: none either
+    assert b.cache.loaded == READ_AHEAD + 2  # the backlog's first READ_AHEAD read ahead, not all of it
+    # Sent later: a miss reads the ids the front end sends next in one go.
+    last = outputs[n - 1][4]
+    following = [o[4][3].id for o in outputs[READ_AHEAD + 1:2 * READ_AHEAD]]
+    loaded = b.cache.loaded
+    assert body_to_send(b, msgs[READ_AHEAD], outputs[READ_AHEAD][4], 4, lambda: following) == body_of(READ_AHEAD)
+    assert b.cache.loaded == loaded + READ_AHEAD and (2 * READ_AHEAD - 1) in b.cache
+    assert body_to_send(b, last[3], last, 4) == body_of(n - 1)
+    # A message gone meanwhile (its queue deleted): None, and the front end does not send it.
+    b.drop([n - 1])
+    b.checkpoint()
+    b.checkpoint()  # (a cluster's deletes leave the disk at the checkpoint after next)
+    assert body_to_send(b, last[3], last, 4) is None and b.stats.gone == 1
 
 
 def test_request_and_answer_round_trip_and_refuse_garbage():
