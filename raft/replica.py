@@ -228,6 +228,10 @@ class Replica(SyncObj):
         Also: compact the log once the journal holds ``snapshot_bytes``.  pysyncobj counts only
         entries and time, and an entry is a batch of up to ``max_batch_bytes`` (1 MiB): 20,000
         entries of large messages would be gigabytes on disk, and as much to replay at a restart.
+        Not while this node is applying a long stretch of committed entries (a restart replaying
+        its journal): the model is about to change by all of them, and the floor below, read from
+        the model, is still the old one.  Seen at 5 GB queued: a restarted node asked for a
+        snapshot at once, whose marker then waited 1.95 s behind the replay.
 
         And: sleep no later than the next timer.  pysyncobj looks at its election deadline and
         heartbeat time only when a tick runs, so with a 20 ms tick an election started up to 20 ms
@@ -237,6 +241,7 @@ class Replica(SyncObj):
         """
         if (self.snapshot_bytes and self.journal.size_bytes > self.snapshot_bytes
                 and self._snapshot_state == SERIALIZER_STATE.NOT_SERIALIZING
+                and self._SyncObj__raftCommitIndex - self._SyncObj__raftLastApplied <= APPLY_AHEAD
                 and (self.compaction_floor is None or self.journal.size_bytes > self.compaction_floor())):
             self.forceLogCompaction()
         now = _syncobj_module.monotonicTime()
