@@ -259,7 +259,7 @@ def test_consumer_that_stops_reading_does_not_grow_the_node(memory_node: RaftmqN
     try:
         time.sleep(0.5)
         baseline = rss(memory_node.pid)
-        publisher.run(max_messages=FLOOD_CAP, seconds=90, until=lambda p: p.blocked)
+        publisher.run(max_messages=FLOOD_CAP, seconds=90, until=lambda p: p.blocked or p.sent >= FLOOD_CAP)
         assert not publisher.events, f"the publisher was blocked after {publisher.sent * BODY // MiB} MiB"
         assert publisher.sent == FLOOD_CAP, f"only {publisher.sent} of {FLOOD_CAP} messages sent in 90 s"
         published = publisher.sent
@@ -342,7 +342,7 @@ def test_0_10_subscriber_that_stops_reading_does_not_grow_the_node(memory_node: 
             try:
                 await asyncio.sleep(0.5)
                 baseline = rss(memory_node.pid)
-                publisher.run(max_messages=FLOOD_CAP, seconds=90, until=lambda p: p.blocked)
+                publisher.run(max_messages=FLOOD_CAP, seconds=90, until=lambda p: p.blocked or p.sent >= FLOOD_CAP)
                 assert not publisher.events, f"the publisher was blocked after {publisher.sent * BODY // MiB} MiB"
                 assert publisher.sent == FLOOD_CAP, f"only {publisher.sent} of {FLOOD_CAP} messages sent in 90 s"
                 published = publisher.sent
