@@ -239,6 +239,16 @@ def memory_node(tmp_path: Path) -> Iterator[RaftmqNode]:
     node.terminate()
 
 
+def flood_unblocked(node: RaftmqNode, publisher: RawPublisher, queue: str) -> int:
+    """Offer FLOOD_CAP messages (twice the watermark): all are sent, the publisher is never
+    blocked, and all but what left the queue unread (48 MiB at most) are queued.  Returns the count."""
+    publisher.run(max_messages=FLOOD_CAP, seconds=90, until=lambda p: p.blocked or p.sent >= FLOOD_CAP)
+    assert not publisher.events, f"the publisher was blocked after {publisher.sent * BODY // MiB} MiB"
+    assert publisher.sent == FLOOD_CAP, f"only {publisher.sent} of {FLOOD_CAP} messages sent in 90 s"
+    wait_until(lambda: queued(node, queue) + 48 * MiB // BODY >= FLOOD_CAP, timeout=30, what="the messages queued")
+    return FLOOD_CAP
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("no_ack", [True, False], ids=["auto-ack", "manual-ack-no-prefetch"])
 def test_consumer_that_stops_reading_does_not_grow_the_node(memory_node: RaftmqNode, no_ack: bool) -> None:
@@ -259,12 +269,7 @@ def test_consumer_that_stops_reading_does_not_grow_the_node(memory_node: RaftmqN
     try:
         time.sleep(0.5)
         baseline = rss(memory_node.pid)
-        publisher.run(max_messages=FLOOD_CAP, seconds=90, until=lambda p: p.blocked or p.sent >= FLOOD_CAP)
-        assert not publisher.events, f"the publisher was blocked after {publisher.sent * BODY // MiB} MiB"
-        assert publisher.sent == FLOOD_CAP, f"only {publisher.sent} of {FLOOD_CAP} messages sent in 90 s"
-        published = publisher.sent
-        wait_until(lambda: queued(memory_node, queue) + 48 * MiB // BODY >= published, timeout=30,
-                   what="the messages queued")
+        published = flood_unblocked(memory_node, publisher, queue)
         time.sleep(1.0)  # whatever the node read is applied
         grown = rss(memory_node.pid) - baseline
         ready = queued(memory_node, queue)
@@ -342,12 +347,7 @@ def test_0_10_subscriber_that_stops_reading_does_not_grow_the_node(memory_node: 
             try:
                 await asyncio.sleep(0.5)
                 baseline = rss(memory_node.pid)
-                publisher.run(max_messages=FLOOD_CAP, seconds=90, until=lambda p: p.blocked or p.sent >= FLOOD_CAP)
-                assert not publisher.events, f"the publisher was blocked after {publisher.sent * BODY // MiB} MiB"
-                assert publisher.sent == FLOOD_CAP, f"only {publisher.sent} of {FLOOD_CAP} messages sent in 90 s"
-                published = publisher.sent
-                wait_until(lambda: queued(memory_node, queue) + 48 * MiB // BODY >= published, timeout=30,
-                           what="the messages queued")
+                published = flood_unblocked(memory_node, publisher, queue)
                 await asyncio.sleep(1.0)
                 grown = rss(memory_node.pid) - baseline
                 print(f"published {published * BODY / MiB:.0f} MiB, RSS grew {grown / MiB:.0f} MiB")
