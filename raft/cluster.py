@@ -375,10 +375,10 @@ class ClusterLog:
             return
         try:
             write_snapshot(path, self.machine, meta)
-            replica.snapshot_started(None, ok=True)
+            replica.snapshot_started(None, ok=True, reached=reached, checkpoint=checkpoint)
         except Exception:
             log.exception("snapshot failed")
-            replica.snapshot_started(None, ok=False)
+            replica.snapshot_started(None, ok=False, reached=reached, checkpoint=checkpoint)
 
     def _install(self, path: str) -> None:
         _, model = read_snapshot(path)

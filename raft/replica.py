@@ -453,8 +453,8 @@ class Replica(SyncObj):
         pysyncobj read every entry between the last applied and the commit index from the
         journal and handed them all over in one tick: a node restarting on a journal of 512 MB
         (a 2 GB backlog: compaction waits for a quarter of the bytes queued) put all of it into
-        the loop's inbox at once, and its RSS went from ~220 to ~900 MB, which the allocator then
-        kept (bench/backlog.py).  The loop applies no faster for having them queued, so the rest
+        the loop's inbox at once, and held 876-931 MB of RSS after the restart against ~440 MB on
+        the other nodes (bench/backlog.py).  The loop applies no faster for having them queued, so the rest
         waits in the journal for the next ticks.  Capped by lowering the commit index pysyncobj
         sees during the call (only this thread uses it meanwhile).
         """
