@@ -37,19 +37,23 @@ heartbeats past the election timeout.  Offsets are global, as if the segments we
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
+import shutil
 import struct
 import threading
 import time
 import zlib
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pysyncobj.journal import Journal
 from pysyncobj.syncobj import _COMMAND_TYPE
+
+from raftmq.store.integrity import Damage
+
+from .journal_files import MetaFile, MetaUnreadable, SyncedMark
 
 log = logging.getLogger(__name__)
 
@@ -121,12 +125,133 @@ class _LazyRun(Sequence):
         return self._journal[self._start + item]
 
 
+@dataclass
+class ScanResult:
+    """What :func:`scan` found in a journal directory (nothing is changed on disk)."""
+
+    entries: list = field(default_factory=list)  # (command or None when evicted, index, term)
+    offsets: list[int] = field(default_factory=list)
+    segments: list[_Segment] = field(default_factory=list)  # kept, sizes cut to their intact records
+    evicted: int = 0
+    numbers: list[int] = field(default_factory=list)  # segment files found
+    cut: tuple[int, int] | None = None  # (segment number, offset) where the journal stops
+    unlink: list[int] = field(default_factory=list)  # segments after the cut (or compacted away)
+    damage: list[str] = field(default_factory=list)  # why this is damage, not a torn tail
+    claimed: int = 0  # the highest index this node may have acknowledged (mark, records past a cut)
+
+
+def _records(data: bytes):
+    """(offset, idx, term, body) of each intact record from the start, then (offset, None, ...)
+    at the first bad one (or the end)."""
+    pos = 0
+    while pos + _HEAD.size <= len(data):
+        length, crc = _HEAD.unpack_from(data, pos)
+        body = data[pos + _HEAD.size:pos + _HEAD.size + length]
+        if length < _IDX_TERM.size or len(body) < length or zlib.crc32(body) != crc:
+            break
+        idx, term = _IDX_TERM.unpack_from(body, 0)
+        yield pos, idx, term, body
+        pos += _HEAD.size + length
+    yield pos, None, None, None
+
+
+def scan(directory: str, first_index: int, mark: SyncedMark | None, *, keep_commands: bool = True) -> ScanResult:
+    """Read a journal's segments in order and tell a torn tail from damage.
+
+    Entries from ``first_index`` on (below it: compacted, whatever segment holds them) must run
+    without a gap.  The journal stops at the first bad record or break.  That stop is a torn
+    tail when it lies beyond the synced mark (a crash tears only unsynced writes); it is damage
+    when it lies inside what was fsynced, when a segment is shorter than the mark says, when the
+    journal ends before the mark's index, when it starts after ``first_index`` (its head segment
+    is gone), or when a later segment still holds intact records past the stop.
+    """
+    result = ScanResult()
+    numbers = sorted(int(name[4:-4]) for name in os.listdir(directory)
+                     if name.startswith("seg-") and name.endswith(".log"))
+    result.numbers = numbers
+    synced = mark.mark if mark is not None else None
+    if mark is not None and mark.damaged:
+        result.damage.append("the synced mark (journal.synced) is damaged: how far the journal was "
+                             "fsynced is unknown")
+    base, previous, ended = 0, None, False
+    entries, offsets = result.entries, result.offsets
+    for number in numbers:
+        path = _Segment(number, base, 0).path(directory)
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            continue  # a compacted segment being deleted meanwhile
+        if ended:
+            result.unlink.append(number)
+            for _pos, idx, _term, _body in _records(data):
+                if idx is not None and idx > (previous or 0):
+                    result.claimed = max(result.claimed, idx)
+            continue
+        if synced is not None and number == synced.segment and len(data) < synced.size:
+            result.damage.append(f"segment {number} holds {len(data)} bytes, {synced.size} were fsynced")
+        live = False
+        stop = len(data)
+        for pos, idx, term, body in _records(data):
+            if idx is None:
+                stop = pos
+                break
+            if idx < first_index:
+                continue
+            if previous is not None and idx != previous + 1:
+                stop = pos
+                break
+            if previous is None and first_index and idx != first_index:
+                result.damage.append(f"the journal starts at entry {idx}, not at its first index "
+                                     f"{first_index}: its head is missing")
+            previous = idx
+            live = True
+            entries.append((body[_IDX_TERM.size:] if keep_commands else None, idx, term))
+            offsets.append(base + pos)
+            # Only the newest KEEP_RESIDENT (and the head) stay in memory, as after _evict: a
+            # restart read up to the whole journal (1 GiB with a large backlog,
+            # Replica.compaction_floor) and held it until it was committed.
+            old = len(entries) - 1 - KEEP_RESIDENT
+            if old >= HEAD_RESIDENT and keep_commands:
+                _command, old_idx, old_term = entries[old]
+                entries[old] = (None, old_idx, old_term)
+                result.evicted = old + 1
+        if stop != len(data):
+            ended = True
+            result.cut = (number, stop)
+            if synced is not None and (number < synced.segment or (number == synced.segment and stop < synced.size)):
+                result.damage.append(f"segment {number}: a bad record at offset {stop}, inside what was "
+                                     f"fsynced ({synced.size} bytes of segment {synced.segment})")
+            if stop == 0 and result.segments:
+                result.unlink.append(number)  # nothing in it continues the journal
+                continue
+        elif not live and not entries and number != numbers[-1]:
+            result.unlink.append(number)  # wholly before first_index: compacted away
+            continue
+        result.segments.append(_Segment(number, base, stop))
+        base += stop
+    last = entries[-1][1] if entries else 0
+    if synced is not None and synced.index:
+        if synced.segment not in numbers:
+            result.damage.append(f"segment {synced.segment}, fsynced up to entry {synced.index}, is missing")
+        elif last < synced.index and not result.damage:
+            result.damage.append(f"the journal ends at entry {last}; entries up to {synced.index} were fsynced")
+    if first_index and not entries and synced is not None and synced.index >= first_index:
+        result.damage.append(f"no entry from the first index {first_index} on is left")
+    if result.claimed > last and not result.damage:
+        result.damage.append(f"intact entries up to {result.claimed} follow the stop at entry {last}")
+    result.claimed = max(result.claimed, last, synced.index if synced is not None else 0)
+    return result
+
+
 class AppendJournal(Journal):
     def __init__(self, path: str, segment_bytes: int = SEGMENT_BYTES) -> None:
         os.makedirs(path, exist_ok=True)
         self.path = path
         self.segment_bytes = segment_bytes
-        self._meta_path = os.path.join(path, "journal.meta")
+        self._meta_file = MetaFile(path)
+        self._mark = SyncedMark(path)
+        self.damage: str | None = None  # what _load found damaged (None: intact, or a torn tail)
         self._entries: list[tuple[bytes, int, int]] = []
         self._offsets: list[int] = []  # global offset of each entry's record
         self._segments: list[_Segment] = []
@@ -143,78 +268,95 @@ class AppendJournal(Journal):
         self._evicted = 0
         self._readers: dict[int, int] = {}  # segment number -> fd for reading evicted entries
         self.reads = 0  # evicted entries read back
-        if os.path.exists(self._meta_path):
-            with open(self._meta_path) as fh:
-                self._meta = json.load(fh)
+        try:
+            self._meta = self._meta_file.load()
+        except MetaUnreadable as exc:
+            # Term and vote lost: the term is recovered from the log (pysyncobj takes the larger of
+            # the two), the vote is not -- so this node votes for no one until repaired, which is
+            # what keeps it from voting twice in a term it cannot remember.
+            self._meta = {}
+            self._meta_lost = str(exc)
+        else:
+            self._meta_lost = ""
         self._end = self._load()
         self._fd = os.open(self._segments[-1].path(path), os.O_RDWR | os.O_CREAT, 0o600)
 
     def _load(self) -> int:
-        """Read the segments in order: entries from the meta's ``first_index`` on; a torn record,
-        or a break in the run of indexes (a cut across segments interrupted by a crash), ends the
-        journal there and whatever follows is removed."""
+        """Read the segments (:func:`scan`); cut a torn tail, or move damage aside (issue 29).
+
+        A bad record or a break in the run of indexes *after* the synced mark is a torn tail --
+        written but never fsynced, so never acknowledged -- and is cut off as before.  Anything
+        else that :func:`scan` calls damage (a bad record inside what was fsynced, a segment
+        shorter than what was fsynced, a missing segment) means entries this node may have
+        acknowledged are gone: the segments from the damaged one on are kept aside in
+        ``damaged-<n>/`` (for a person to look at), the verified entries before the damage are
+        kept, and the journal records a pending *repair* in its meta: the node takes part in no
+        election until it has caught up with a leader past ``repair_until``
+        (:class:`raft.replica.Replica`, Protocol-Aware Recovery's rule, FAST 2018).
+        """
         legacy = os.path.join(self.path, "journal.log")  # the single file of earlier versions
         if os.path.exists(legacy):
             os.replace(legacy, _Segment(0, 0, 0).path(self.path))
             _fsync_dir(self.path)
-        numbers = sorted(int(name[4:-4]) for name in os.listdir(self.path)
-                         if name.startswith("seg-") and name.endswith(".log"))
-        first_index = int(self._meta.get("first_index", 0))
-        base, previous, ended = 0, None, False
-        for number in numbers:
-            segment = _Segment(number, base, 0)
-            path = segment.path(self.path)
-            if ended:
-                os.unlink(path)
-                continue
-            try:
-                with open(path, "rb") as fh:
-                    data = fh.read()
-            except FileNotFoundError:
-                continue  # a compacted segment being deleted meanwhile
-            pos, live = 0, False
-            while pos + _HEAD.size <= len(data):
-                length, crc = _HEAD.unpack_from(data, pos)
-                body = data[pos + _HEAD.size:pos + _HEAD.size + length]
-                if length < _IDX_TERM.size or len(body) < length or zlib.crc32(body) != crc:
-                    break
-                idx, term = _IDX_TERM.unpack_from(body, 0)
-                if idx >= first_index:  # (below it: compacted, whatever segment it is in)
-                    if previous is not None and idx != previous + 1:
-                        break
-                    previous = idx
-                    live = True
-                    entries = self._entries
-                    entries.append((body[_IDX_TERM.size:], idx, term))
-                    self._offsets.append(base + pos)
-                    # Only the newest KEEP_RESIDENT (and the head) stay in memory, as after
-                    # _evict: a restart read up to the whole journal (1 GiB with a large
-                    # backlog, Replica.compaction_floor) and held it until it was committed.
-                    old = len(entries) - 1 - KEEP_RESIDENT
-                    if old >= HEAD_RESIDENT:
-                        _command, old_idx, old_term = entries[old]
-                        entries[old] = (None, old_idx, old_term)
-                        self._evicted = old + 1
-                pos += _HEAD.size + length
-            if pos != len(data):
-                ended = True
-                if pos == 0 and self._segments:
-                    os.unlink(path)  # nothing in it continues the journal (a cut left it behind)
-                    continue
-                os.truncate(path, pos)  # a torn tail, never acknowledged, or what a cut left behind
-            if not live and not self._entries and number != numbers[-1] and not ended:
-                os.unlink(path)  # wholly before first_index: compacted away
-                continue
-            segment.size = pos
-            self._segments.append(segment)
-            base += pos
-        if ended or (numbers and len(self._segments) < len(numbers)):
+        result = scan(self.path, int(self._meta.get("first_index", 0)), self._mark)
+        if self._meta_lost:
+            result.damage.insert(0, f"term and vote unreadable ({self._meta_lost})")
+        self._entries, self._offsets, self._evicted = result.entries, result.offsets, result.evicted
+        self._segments = result.segments
+        changed = False
+        if result.damage:
+            changed = self._set_aside(result)
+        else:
+            for number in result.unlink:
+                os.unlink(_Segment(number, 0, 0).path(self.path))
+                changed = True
+            if result.cut is not None and result.cut[0] not in result.unlink:
+                number, pos = result.cut
+                os.truncate(_Segment(number, 0, 0).path(self.path), pos)  # a torn tail, never acknowledged
+                changed = True
+        if changed:
             _fsync_dir(self.path)
         if not self._segments:
+            numbers = result.numbers
             self._segments.append(_Segment(numbers[-1] + 1 if numbers else 0, 0, 0))
             open(self._segments[0].path(self.path), "ab").close()
             _fsync_dir(self.path)
-        return base
+        if result.damage:
+            until = max(result.claimed, int(self._meta.get("commit", 0)),
+                        int((self._meta.get("repair") or {}).get("until", 0)))
+            reason = "; ".join(result.damage)
+            self.damage = reason
+            self._meta["repair"] = {"until": until, "reason": reason}
+            log.error("raft journal damaged: %s.  Entries up to %d may have been acknowledged and are "
+                      "not all here: this node takes part in no election until it has them from a leader",
+                      reason, until)
+            self._write_meta()
+        last = self._segments[-1]
+        self._mark.record(last.number, last.size, self._entries[-1][1] if self._entries else 0, sync=True)
+        return sum(segment.size for segment in self._segments)
+
+    def _set_aside(self, result: ScanResult) -> bool:
+        """Keep the damaged segment (a copy) and every later one (moved) in ``damaged-<n>/``; the
+        damaged segment keeps its verified prefix in place.  Segments before it that were
+        compacted away are deleted as usual."""
+        n = 1 + sum(1 for name in os.listdir(self.path) if name.startswith("damaged-"))
+        aside = os.path.join(self.path, f"damaged-{n}")
+        os.makedirs(aside, exist_ok=True)
+        cut_number = result.cut[0] if result.cut is not None else None
+        for number in result.numbers:
+            path = _Segment(number, 0, 0).path(self.path)
+            kept = os.path.join(aside, os.path.basename(path))
+            if cut_number is not None and number >= cut_number:
+                if number in result.unlink:
+                    os.replace(path, kept)
+                else:  # the segment the journal stops in: its verified prefix stays
+                    shutil.copy2(path, kept)
+                    os.truncate(path, result.cut[1])
+            elif number in result.unlink:
+                os.unlink(path)
+        _fsync_dir(aside)
+        log.error("raft journal: the damaged segments are kept in %s", aside)
+        return True
 
     # ------------------------------------------------------------------ pysyncobj's interface
 
@@ -251,9 +393,10 @@ class AppendJournal(Journal):
         self._evicted = 0
         self._close_readers(self._segments)
         os.close(self._fd)
+        fresh = _Segment(self._segments[-1].number + 1, 0, 0)
+        self._mark.record(fresh.number, 0, 0, sync=True)  # nothing is claimed any more
         for segment in self._segments:
             os.unlink(segment.path(self.path))
-        fresh = _Segment(self._segments[-1].number + 1, 0, 0)
         self._segments = [fresh]
         self._fd = os.open(fresh.path(self.path), os.O_RDWR | os.O_CREAT, 0o600)
         _fsync_dir(self.path)
@@ -423,6 +566,7 @@ class AppendJournal(Journal):
     def _destroy(self) -> None:
         self.flush()
         os.close(self._fd)
+        self._mark.close()
         self._close_readers(self._segments)
         if self.reaper is not None:
             self.reaper.join(5.0)
@@ -434,7 +578,10 @@ class AppendJournal(Journal):
         self._evict(raftCommitIndex)
 
     def getRaftCommitIndex(self) -> int:  # noqa: N802
-        return int(self._meta.get("commit", 1))
+        """The commit hint, but never past the last entry held (a journal cut by damage or a lost
+        snapshot: pysyncobj would try to apply entries it does not have)."""
+        commit = int(self._meta.get("commit", 1))
+        return min(commit, self._entries[-1][1]) if self._entries else commit
 
     def setCurrentTerm(self, term: int, votedForNodeId) -> None:  # noqa: N802, N803
         self._meta["term"] = term
@@ -484,6 +631,7 @@ class AppendJournal(Journal):
         last.size += len(data)
         os.fdatasync(self._fd)
         self.flushes += 1
+        self._mark.record(last.number, last.size, self._entries[-1][1] if self._entries else 0)
 
     def _roll(self) -> _Segment:
         """Start a new segment; its directory entry is durable before any record in it is."""
@@ -500,6 +648,11 @@ class AppendJournal(Journal):
         durable before anything new is written (a deleted segment that came back after a crash
         could otherwise continue the new records' indexes with the old ones)."""
         cut = self._end
+        kept = len(self._entries) - len(self._buffer)  # the entries before the cut
+        holder = [seg for seg in self._segments if seg.base <= cut][-1]
+        # The mark goes down first, durably: a crash after the cut must not read as damage.
+        self._mark.record(holder.number, cut - holder.base, self._entries[kept - 1][1] if kept > 0 else 0,
+                          sync=True)
         doomed = [seg for seg in self._segments[1:] if seg.base >= cut]
         if doomed:
             self._close_readers(doomed)
@@ -520,11 +673,47 @@ class AppendJournal(Journal):
             _stop_node("writing the meta file", exc)
 
     def _replace_meta(self) -> None:
-        tmp = self._meta_path + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(self._meta, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self._meta_path)
-        _fsync_dir(self.path)
+        self._meta_file.write(self._meta)
         self._meta_dirty = False
+
+    # ------------------------------------------------------------------ repair (issue 29)
+
+    @property
+    def repair(self) -> dict | None:
+        """{"until": index, "reason": text} while this node's log is missing entries it may have
+        acknowledged (kept in the meta file, so a restart before the repair keeps it)."""
+        repair = self._meta.get("repair")
+        return dict(repair) if repair else None
+
+    def repaired(self) -> None:
+        """The node has caught up with a leader past ``repair['until']``: it may vote again."""
+        if self._meta.pop("repair", None) is not None:
+            self.damage = None
+            self._write_meta()
+
+
+def verify_journal(directory: str) -> list[Damage]:
+    """Check a stopped node's journal without changing it (``raftmq verify``): both meta copies,
+    the synced mark, and every record of every segment, by the rules of :func:`scan`."""
+    found: list[Damage] = []
+    meta_file = MetaFile(directory)
+    try:
+        meta = meta_file.load(mend=False)
+    except MetaUnreadable as exc:
+        found.append(Damage("journal-meta", directory, "journal.meta, journal.meta.copy", f"both damaged: {exc}"))
+        meta = {}
+    else:
+        found.extend(Damage("journal-meta", directory, problem.split(":")[0], problem.split(": ", 1)[-1])
+                     for problem in meta_file.problems)
+    repair = meta.get("repair")
+    if repair:
+        found.append(Damage("journal", directory, "meta", f"repair pending until entry {repair.get('until')}: "
+                            f"{repair.get('reason')}"))
+    mark = SyncedMark(directory, readonly=True)
+    try:
+        result = scan(directory, int(meta.get("first_index", 0)), mark, keep_commands=False)
+    finally:
+        mark.close()
+    where = f"segment {result.cut[0]}, offset {result.cut[1]}" if result.cut is not None else "segments"
+    found.extend(Damage("journal", directory, where, what) for what in result.damage)
+    return found

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from raftmq.raft.journal import KEEP_RESIDENT, AppendJournal
@@ -34,15 +32,17 @@ def test_torn_tail_is_cut_at_load(tmp_path):
     j.add(b"a", 1, 1)
     j.add(b"b", 2, 1)
     j.flush()
+    j.add(b"c", 3, 1)
+    record = b"".join(j._buffer)
     segment = segments(tmp_path)[-1]
-    size = os.path.getsize(segment)
-    with open(segment, "r+b") as fh:
-        fh.truncate(size - 3)  # the last record was half written when the node died
+    with open(segment, "ab") as fh:
+        fh.write(record[:-3])  # the last record was half written when the node died, never fsynced
     reopened = AppendJournal(str(tmp_path))
-    assert entries(reopened) == [(b"a", 1, 1)]
-    reopened.add(b"c", 2, 2)
+    assert entries(reopened) == [(b"a", 1, 1), (b"b", 2, 1)]
+    assert reopened.damage is None and reopened.repair is None  # a torn tail is not damage
+    reopened.add(b"c", 3, 2)
     reopened.flush()
-    assert entries(AppendJournal(str(tmp_path))) == [(b"a", 1, 1), (b"c", 2, 2)]
+    assert entries(AppendJournal(str(tmp_path))) == [(b"a", 1, 1), (b"b", 2, 1), (b"c", 3, 2)]
 
 
 def test_delete_from_and_to(tmp_path):
