@@ -75,6 +75,8 @@ def status_of(broker: Broker) -> dict:
             member_lags=raft.lags,
             prevote_rounds=raft.prevote[0], prevote_won=raft.prevote[1],
             prevote_granted=raft.prevote[2], prevote_refused=raft.prevote[3],
+            # Issue 29: null, or why this node takes part in no election until repaired.
+            storage_repair=raft.repair, snapshots_damaged=raft.snapshots_damaged,
         )
     else:
         status.update(role="single", leader=None, leader_node=broker.config.node_id, ready=True)

@@ -91,6 +91,13 @@ class BrokerCollector:
             yield _gauge("raftmq_raft_is_leader", "1 on the Raft leader", node, 1 if broker.log.is_leader else 0)
             yield _gauge("raftmq_raft_term", "current Raft term", node, raft.term)
             yield _gauge("raftmq_raft_commit_index", "Raft commit index", node, raft.commit_index)
+            yield _gauge("raftmq_storage_repair_pending",
+                         "1 while this node's storage lost entries it may have acknowledged: it does not vote",
+                         node, 0 if raft.repair is None else 1)
+            damaged = CounterMetricFamily("raftmq_snapshots_damaged", "snapshots found damaged at start",
+                                          labels=["node"])
+            damaged.add_metric([node], raft.snapshots_damaged)
+            yield damaged
             yield _gauge("raftmq_raft_applied_index", "Raft index applied", node, raft.applied_index)
             avg = raft.commit_latency_total / raft.commit_latency_count if raft.commit_latency_count else 0.0
             yield _gauge("raftmq_raft_commit_latency_seconds_avg",

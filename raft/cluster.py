@@ -45,7 +45,7 @@ from raftmq.store.bodies import Bodies, DictBodies, consumer_holds, fill_bodies,
 from raftmq.store.body_fetch import catch_up
 from raftmq.store.commands import Command, decode_batch, encode_batch
 from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import import_model, live_bodies, read_snapshot, write_snapshot
+from raftmq.store.snapshot import SnapshotDamaged, import_model, live_bodies, read_snapshot, write_snapshot
 from raftmq.store.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
 
 from .body_peer import ask, serve_bodies
@@ -183,7 +183,10 @@ class ClusterLog:
             batches_proposed=self.batches_proposed, commands_proposed=self.commands_proposed,
             commit_latency_total=self.commit_latency_total, commit_latency_count=self.commit_latency_count,
             lags=r.member_lags() if r.is_leader else {},
-            prevote=(r.prevote_rounds, r.prevote_won, r.prevote_granted, r.prevote_refused))
+            prevote=(r.prevote_rounds, r.prevote_won, r.prevote_granted, r.prevote_refused),
+            repair=None if r.repair is None else {"until": r.repair.until, "reason": r.repair.reason,
+                                                  "votes_withheld": r.repair.votes_withheld},
+            snapshots_damaged=r.snapshot_damaged)
 
     def compact(self, timeout: float = 60.0) -> Compaction:
         """Blocking (the admin API's worker thread): force a snapshot at the applied index and wait
@@ -361,6 +364,11 @@ class ClusterLog:
                     self._install(item[2])
                 except FormatTooNew as exc:
                     stop_for_newer_format("a snapshot from the leader", exc)
+                except SnapshotDamaged as exc:
+                    # Never installed: the node stops, and at its restart the damaged file is set
+                    # aside and the node is a learner until a leader sends an intact one (issue 29).
+                    log.critical("stopping: %s", exc)
+                    raise SystemExit(70) from exc
             inbox.popleft()
 
     def _take_snapshot(self, path: str, meta: bytes) -> None:

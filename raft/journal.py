@@ -685,6 +685,35 @@ class AppendJournal(Journal):
         repair = self._meta.get("repair")
         return dict(repair) if repair else None
 
+    def lost_base(self, reason: str) -> None:
+        """The snapshot this journal was compacted to is gone (damaged): set every segment aside and
+        start empty, with a pending repair up to the last entry held (see Replica)."""
+        until = max(self._entries[-1][1] if self._entries else 0,
+                    self._mark.mark.index if self._mark.mark is not None else 0,
+                    int(self._meta.get("commit", 0)), int((self._meta.get("repair") or {}).get("until", 0)))
+        n = 1 + sum(1 for name in os.listdir(self.path) if name.startswith("damaged-"))
+        aside = os.path.join(self.path, f"damaged-{n}")
+        os.makedirs(aside, exist_ok=True)
+        self._close_readers(self._segments)
+        os.close(self._fd)
+        fresh = _Segment(self._segments[-1].number + 1, 0, 0)
+        self._mark.record(fresh.number, 0, 0, sync=True)
+        for segment in self._segments:
+            os.replace(segment.path(self.path), os.path.join(aside, os.path.basename(segment.path(self.path))))
+        self._segments = [fresh]
+        self._fd = os.open(fresh.path(self.path), os.O_RDWR | os.O_CREAT, 0o600)
+        _fsync_dir(aside)
+        _fsync_dir(self.path)
+        self._entries, self._offsets, self._buffer = [], [], []
+        self._buffered, self._evicted, self._end, self._truncate = 0, 0, 0, False
+        self.damage = reason if self.damage is None else f"{self.damage}; {reason}"
+        self._meta["first_index"] = 0
+        self._meta["commit"] = 0
+        self._meta["repair"] = {"until": until, "reason": self.damage}
+        self._write_meta()
+        log.error("raft journal: %s; its %d segments are kept in %s, entries up to %d must come from a leader",
+                  reason, len(os.listdir(aside)), aside, until)
+
     def repaired(self) -> None:
         """The node has caught up with a leader past ``repair['until']``: it may vote again."""
         if self._meta.pop("repair", None) is not None:

@@ -43,6 +43,10 @@ class RaftStatus:
     lags: dict[str, int] = field(default_factory=dict)  # leader only: member -> entries behind commit
     # Pre-vote rounds this node started and won, pre-votes it granted and refused (raft/prevote.py).
     prevote: tuple[int, int, int, int] = (0, 0, 0, 0)
+    # Issue 29 (raft/repair.py): while this node's storage lost entries it may have acknowledged,
+    # {"until", "reason", "votes_withheld"}: it takes part in no election until repaired.
+    repair: dict | None = None
+    snapshots_damaged: int = 0  # snapshots found damaged at start and set aside
 
 
 @dataclass(frozen=True, slots=True)

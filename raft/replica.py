@@ -50,6 +50,7 @@ from pysyncobj.syncobj import _RAFT_STATE
 
 from . import prevote, wire
 from .journal import AppendJournal
+from .repair import Repair
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ PYSYNCOBJ_INTERNALS = {
         # read
         "connectedNodes", "otherNodes", "raftState", "raftNextIndex", "raftCommitIndex",
         "raftLastApplied", "raftMatchIndex", "newAppendEntriesTime", "transferInProgress",
-        "transport", "generateRaftTimeout",
+        "transport", "generateRaftTimeout", "raftLeader",
         # written
         "raftElectionDeadline",  # held while isolated; set past to campaign after a won pre-vote
         "raftCommitIndex",  # lowered during applyLogEntries (a cap on entries handed over per tick)
@@ -139,6 +140,7 @@ class Replica(SyncObj):
         self.majority_lost = 0  # times this node stopped leading in its own term (see __setState)
         self._led_term = -1
         self._installs = 0
+        self.snapshot_damaged = 0  # snapshots found damaged and set aside (issue 29)
         self.snapshot_bytes = snapshot_bytes
         # A floor under snapshot_bytes that grows with the model (ClusterLog: a quarter of the bytes
         # queued).  A snapshot's cost grows with the messages it holds; compacting every
@@ -159,6 +161,14 @@ class Replica(SyncObj):
         self.prevote_granted = 0  # pre-votes this node granted to others
         self.prevote_refused = 0  # ... and refused
         self.journal = AppendJournal(os.path.join(data_dir, "journal"))
+        self._check_snapshot_at_start()
+        pending = self.journal.repair
+        # Issue 29 (raft/repair.py): a node whose disk lost entries it may have acknowledged is a
+        # learner until it has them again: no vote, no pre-vote, no campaign.
+        self.repair: Repair | None = Repair(int(pending["until"]), str(pending["reason"])) if pending else None
+        if self.repair is not None:
+            log.error("storage damaged (%s): this node takes part in no election until it has caught up "
+                      "with a leader past entry %d", self.repair.reason, self.repair.until)
         self._align_journal_with_snapshot()
         self._sealer = wire.Sealer(secret) if secret else None
         conf = SyncObjConf(
@@ -246,7 +256,12 @@ class Replica(SyncObj):
             self.forceLogCompaction()
         now = _syncobj_module.monotonicTime()
         may_campaign = False
-        if not self._SyncObj__connectedNodes and self._SyncObj__otherNodes:
+        if self.repair is not None:
+            self._check_repair()
+        if self.repair is not None:
+            # A learner never campaigns (raft/repair.py): its timer is held, like an isolated node's.
+            self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+        elif not self._SyncObj__connectedNodes and self._SyncObj__otherNodes:
             self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
         elif (self._SyncObj__raftElectionDeadline < now and self.selfNode is not None
               and self._SyncObj__raftState != _RAFT_STATE.LEADER):
@@ -309,6 +324,10 @@ class Replica(SyncObj):
         kind = message.get("type")
         if kind == KEEPALIVE:
             return  # reading it was the point (see _keep_links_warm)
+        if self.repair is not None and kind in ("request_vote", "timeout_now"):
+            self.repair.votes_withheld += kind == "request_vote"
+            log.debug("storage damaged: %s from %s ignored until repaired", kind, node.id)
+            return
         if kind == prevote.PRE_VOTE:
             self._answer_pre_vote(node, message)
             return
@@ -317,6 +336,8 @@ class Replica(SyncObj):
             return
         if kind == "append_entries":
             self._heard_append_entries(message["term"])
+            if self.repair is not None and message["term"] >= self.raftCurrentTerm:
+                self.repair.heard_leader(message["term"], message.get("commit_index", 0))
             if "prevLogIdx" not in message and message.get("commit_index", 0) > self._SyncObj__raftCommitIndex:
                 message = dict(message, commit_index=self._SyncObj__raftCommitIndex)
         if kind == "next_node_idx" and message.get("success") and not message.get("reset"):
@@ -370,6 +391,9 @@ class Replica(SyncObj):
             leader_heard_ago=None if heard is None else _syncobj_module.monotonicTime() - heard)
         refusal = prevote.pre_vote_refusal(voter, message["term"], message["last_log_term"],
                                            message["last_log_index"])
+        if self.repair is not None:
+            refusal = "storage damaged: no votes until repaired"
+            self.repair.votes_withheld += 1
         if refusal is None:
             self.prevote_granted += 1
         else:
@@ -393,6 +417,42 @@ class Replica(SyncObj):
             log.info("pre-vote for term %d won (%s): starting an election", pending.term,
                      ", ".join(sorted(pending.granted)))
             self._SyncObj__raftElectionDeadline = 0.0  # the next tick campaigns
+
+    def _check_repair(self) -> None:
+        """A learner that has everything it may have acknowledged votes again (raft/repair.py)."""
+        repair = self.repair
+        leader = self._SyncObj__raftLeader
+        if repair is None or leader is None:
+            return
+        following = self._SyncObj__raftState == _RAFT_STATE.FOLLOWER
+        if repair.done(following=following, current_term=self.raftCurrentTerm,
+                       commit_index=self._SyncObj__raftCommitIndex, last_log_term=self.journal[-1][2]):
+            self.journal.repaired()
+            self.repair = None
+            log.warning("storage repaired: this node holds every entry up to %d again (commit index %d, "
+                        "leader %s, term %d); it takes part in elections again", repair.until,
+                        self._SyncObj__raftCommitIndex, leader.address, self.raftCurrentTerm)
+
+    def _check_snapshot_at_start(self) -> None:
+        """A damaged snapshot is set aside before pysyncobj reads it, and so is the journal.
+
+        The journal was compacted to the snapshot: without the snapshot's state its entries cannot
+        be applied, and pysyncobj would clear them anyway.  The node starts empty, keeps its term
+        and vote, and is a learner (raft/repair.py) until the leader has sent it a snapshot and
+        the entries up to the highest index it held.
+        """
+        from raftmq.store.snapshot import SnapshotDamaged, read_snapshot
+
+        if not os.path.exists(self.snapshot_path):
+            return
+        try:
+            read_snapshot(self.snapshot_path)
+        except SnapshotDamaged as exc:
+            aside = f"{self.snapshot_path}.damaged"
+            os.replace(self.snapshot_path, aside)
+            log.error("%s; set aside as %s", exc, aside)
+            self.journal.lost_base(f"snapshot damaged ({exc.what})")
+            self.snapshot_damaged += 1
 
     def _heard_append_entries(self, term: int) -> None:
         """A current leader's AppendEntries renews the lease and ends any pre-vote round; one

@@ -10,6 +10,8 @@ A snapshot is an LMDB file (``subdir=False``) with two records:
 
 * ``meta``: opaque bytes owned by the Raft layer (the last applied entries and the membership);
 * ``format``: the snapshot format version (``store/versions.py``; absent in version 1 files);
+* ``check`` (format 4 on): CRC32C of ``format`` + ``meta`` and of ``model`` (two u32), checked on
+  every read (issue 29): a snapshot that fails it is :class:`SnapshotDamaged`, never installed;
 * ``model``: the model without message bodies, as msgpack ``[FLAT, pickle, message rows, ready
   rows]``: the object graph (channels, consumers, unacked entries, sessions...) pickled, with every
   ``Message`` and every queue's ``ReadyList`` replaced by a reference into flat rows.  The rows
@@ -30,6 +32,7 @@ import hashlib
 import io
 import os
 import pickle
+import struct
 from collections import deque
 from operator import attrgetter
 
@@ -37,9 +40,10 @@ import lmdb
 import msgpack
 
 from .frozen import FrozenRun
+from .integrity import Damage, checksum
 from .machine import StateMachine
 from .model import LEGACY_BODIES, Entry, Message, ReadyList
-from .versions import SNAPSHOT_FORMAT, check
+from .versions import SNAPSHOT_FORMAT, FormatTooNew, check
 
 #: The attributes of StateMachine that make up the replicated state.
 MODEL_FIELDS = (
@@ -205,6 +209,18 @@ def live_bodies(machine: StateMachine) -> dict[int, int]:
     return live
 
 
+_CHECK = struct.Struct("<II")  # crc32c of format + meta, of model
+CHECKED_FORMAT = 4  # the first format that carries ``check``
+
+
+class SnapshotDamaged(Exception):
+    """A snapshot file failed its checksum, or LMDB could not read it."""
+
+    def __init__(self, path: str, what: str) -> None:
+        super().__init__(f"snapshot {path} is damaged: {what}")
+        self.path, self.what = path, what
+
+
 def write_snapshot(path: str, machine: StateMachine, meta: bytes) -> None:
     """Write a snapshot file atomically (a temporary file, fsynced, then renamed over ``path``)."""
     tmp = f"{path}.writing.{os.getpid()}"
@@ -215,9 +231,11 @@ def write_snapshot(path: str, machine: StateMachine, meta: bytes) -> None:
     env = lmdb.open(tmp, subdir=False, map_size=max(1 << 24, 2 * len(model) + (1 << 20)), lock=False,
                     sync=True, metasync=True)
     try:
+        version = str(SNAPSHOT_FORMAT).encode()
         with env.begin(write=True) as txn:
             txn.put(b"meta", meta)
-            txn.put(b"format", str(SNAPSHOT_FORMAT).encode())
+            txn.put(b"format", version)
+            txn.put(b"check", _CHECK.pack(checksum(version + meta), checksum(model)))
             txn.put(b"model", model)
         env.sync(True)
     finally:
@@ -226,17 +244,54 @@ def write_snapshot(path: str, machine: StateMachine, meta: bytes) -> None:
 
 
 def read_snapshot(path: str, with_model: bool = True) -> tuple[bytes, bytes | None]:
-    """(meta, model); FormatTooNew for a snapshot written by a newer raftmq."""
-    env = lmdb.open(path, subdir=False, readonly=True, lock=False)
+    """(meta, model), each checked against its checksum; FormatTooNew for a snapshot written by a
+    newer raftmq, SnapshotDamaged for one that fails its check (or that LMDB cannot read)."""
+    try:
+        env = lmdb.open(path, subdir=False, readonly=True, lock=False)
+    except lmdb.Error as exc:
+        raise SnapshotDamaged(path, f"LMDB cannot open it ({exc})") from exc
     try:
         with env.begin() as txn:
-            version = txn.get(b"format")
-            check(f"snapshot {path}", int(bytes(version)) if version is not None else 1, SNAPSHOT_FORMAT)
-            meta = bytes(txn.get(b"meta"))
-            model = bytes(txn.get(b"model")) if with_model else None
+            raw_version = txn.get(b"format")
+            try:
+                version = int(bytes(raw_version)) if raw_version is not None else 1
+            except ValueError as exc:
+                raise SnapshotDamaged(path, f"format record {bytes(raw_version)!r}") from exc
+            check(f"snapshot {path}", version, SNAPSHOT_FORMAT)
+            raw_meta = txn.get(b"meta")
+            if raw_meta is None:
+                raise SnapshotDamaged(path, "no meta record")
+            meta = bytes(raw_meta)
+            model = txn.get(b"model") if with_model else None
+            if model is not None:
+                model = bytes(model)
+            elif with_model:
+                raise SnapshotDamaged(path, "no model record")
+            if version >= CHECKED_FORMAT:
+                sums = txn.get(b"check")
+                if sums is None or len(sums) != _CHECK.size:
+                    raise SnapshotDamaged(path, "no intact check record")
+                meta_sum, model_sum = _CHECK.unpack(bytes(sums))
+                if checksum(bytes(raw_version) + meta) != meta_sum:
+                    raise SnapshotDamaged(path, "meta fails its checksum")
+                if model is not None and checksum(model) != model_sum:
+                    raise SnapshotDamaged(path, "model fails its checksum")
+    except lmdb.Error as exc:
+        raise SnapshotDamaged(path, f"LMDB cannot read it ({exc})") from exc
     finally:
         env.close()
     return meta, model
+
+
+def verify_snapshot(path: str) -> list[Damage]:
+    """Check a snapshot file whole (``raftmq verify``, the scrubber, a node's start)."""
+    try:
+        read_snapshot(path)
+    except SnapshotDamaged as exc:
+        return [Damage("snapshot", path, "file", exc.what)]
+    except FormatTooNew as exc:
+        return [Damage("snapshot", path, "format", str(exc))]
+    return []
 
 
 def digest(machine: StateMachine) -> str:

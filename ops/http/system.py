@@ -152,6 +152,8 @@ def _nodes(broker) -> list[dict]:
             # Entries behind the leader's commit index; known on the leader only.
             "lag": (0 if leading else raft.lags.get(raft_address)) if log.is_leader else None,
         }
+        if is_me:  # issue 29: why this node does not vote, if it does not (known to itself only)
+            view["raft"]["storage_repair"] = raft.repair
         nodes.append(view)
     return nodes
 
