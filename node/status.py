@@ -77,6 +77,8 @@ def status_of(broker: Broker) -> dict:
             prevote_granted=raft.prevote[2], prevote_refused=raft.prevote[3],
             # Issue 29: null, or why this node takes part in no election until repaired.
             storage_repair=raft.repair, snapshots_damaged=raft.snapshots_damaged,
+            storage_scrub_passes=raft.scrub[0], storage_scrub_bytes=raft.scrub[1],
+            storage_damage_found=raft.scrub[2], storage_last_damage=raft.scrub[3],
         )
     else:
         status.update(role="single", leader=None, leader_node=broker.config.node_id, ready=True)

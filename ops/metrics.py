@@ -98,6 +98,14 @@ class BrokerCollector:
                                           labels=["node"])
             damaged.add_metric([node], raft.snapshots_damaged)
             yield damaged
+            found = CounterMetricFamily("raftmq_storage_damage_found",
+                                        "damaged journal records or snapshots the scrubber found", labels=["node"])
+            found.add_metric([node], raft.scrub[2])
+            yield found
+            scrubbed = CounterMetricFamily("raftmq_storage_scrub_bytes",
+                                           "journal and snapshot bytes read back and verified", labels=["node"])
+            scrubbed.add_metric([node], raft.scrub[1])
+            yield scrubbed
             yield _gauge("raftmq_raft_applied_index", "Raft index applied", node, raft.applied_index)
             avg = raft.commit_latency_total / raft.commit_latency_count if raft.commit_latency_count else 0.0
             yield _gauge("raftmq_raft_commit_latency_seconds_avg",

@@ -139,6 +139,7 @@ class ClusterLog:
         if self._retry_handle is not None:
             self._retry_handle.cancel()
         if self.replica is not None:
+            self.replica.scrubber.stop()
             self.replica.destroy()
             self.replica.journal.flush()
 
@@ -186,7 +187,8 @@ class ClusterLog:
             prevote=(r.prevote_rounds, r.prevote_won, r.prevote_granted, r.prevote_refused),
             repair=None if r.repair is None else {"until": r.repair.until, "reason": r.repair.reason,
                                                   "votes_withheld": r.repair.votes_withheld},
-            snapshots_damaged=r.snapshot_damaged)
+            snapshots_damaged=r.snapshot_damaged,
+            scrub=(r.scrubber.passes, r.scrubber.bytes, r.damage_found, r.last_damage))
 
     def compact(self, timeout: float = 60.0) -> Compaction:
         """Blocking (the admin API's worker thread): force a snapshot at the applied index and wait

@@ -685,6 +685,20 @@ class AppendJournal(Journal):
         repair = self._meta.get("repair")
         return dict(repair) if repair else None
 
+    def scrub_targets(self) -> list[tuple[str, int]]:
+        """(path, bytes fsynced) of every segment, oldest first, for the scrubber (raft/scrub.py;
+        called from its thread: a copy of the list, and the newest segment only up to the mark)."""
+        mark = self._mark.mark
+        out = []
+        for segment in list(self._segments):
+            size = segment.size
+            if mark is not None and segment.number == mark.segment:
+                size = min(size, mark.size)
+            elif mark is not None and segment.number > mark.segment:
+                continue  # nothing in it is fsynced yet
+            out.append((segment.path(self.path), size))
+        return out
+
     def lost_base(self, reason: str) -> None:
         """The snapshot this journal was compacted to is gone (damaged): set every segment aside and
         start empty, with a pending repair up to the last entry held (see Replica)."""

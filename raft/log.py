@@ -47,6 +47,8 @@ class RaftStatus:
     # {"until", "reason", "votes_withheld"}: it takes part in no election until repaired.
     repair: dict | None = None
     snapshots_damaged: int = 0  # snapshots found damaged at start and set aside
+    # The storage scrubber (raft/scrub.py): passes, bytes verified, damage found, the last one.
+    scrub: tuple[int, int, int, str] = (0, 0, 0, "")
 
 
 @dataclass(frozen=True, slots=True)

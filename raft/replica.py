@@ -51,6 +51,7 @@ from pysyncobj.syncobj import _RAFT_STATE
 from . import prevote, wire
 from .journal import AppendJournal
 from .repair import Repair
+from .scrub import StorageScrubber, scrub_segment
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ class Replica(SyncObj):
                  election_timeout: tuple[float, float] = (0.25, 0.5), batch_append_entries: bool = False,
                  message_bytes: int = 4 << 20, leader_fallback: float = 1.0, pre_vote: bool = True,
                  on_state_changed: Callable[[int, int], None] | None = None,
-                 sink_backlog: Callable[[], int] | None = None) -> None:
+                 sink_backlog: Callable[[], int] | None = None, scrub_bytes_per_second: int = 8 << 20) -> None:
         os.makedirs(data_dir, exist_ok=True)
         self.data_dir = data_dir
         self.snapshot_path = os.path.join(data_dir, "snapshot.lmdb")
@@ -219,6 +220,15 @@ class Replica(SyncObj):
         self._next_keepalive = 0.0
         self.addOnTickCallback(self._flush_journal)
         self.addOnTickCallback(self._keep_links_warm)
+        from raftmq.store.snapshot import verify_snapshot
+
+        self.damage_found = 0  # damaged places the scrubber found on this running node (issue 29)
+        self.last_damage = ""
+        self._scrub_reports: list = []  # from the scrubber's thread to the tick (list.append is atomic)
+        self.scrubber = StorageScrubber(self.journal.scrub_targets, self.snapshot_path, verify_snapshot,
+                                        self._scrub_reports.append, scrub_bytes_per_second)
+        self.addOnTickCallback(self._handle_scrub_reports)
+        self.scrubber.start()
 
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803 (pysyncobj's names)
         """Hold the election clock while this node is connected to no one.
@@ -432,6 +442,31 @@ class Replica(SyncObj):
             log.warning("storage repaired: this node holds every entry up to %d again (commit index %d, "
                         "leader %s, term %d); it takes part in elections again", repair.until,
                         self._SyncObj__raftCommitIndex, leader.address, self.raftCurrentTerm)
+
+    def _handle_scrub_reports(self) -> None:
+        """Damage the scrubber found: checked again here (the tick thread is the journal's only
+        writer, so a segment cut or compacted meanwhile is not mistaken for damage), logged,
+        counted, and repaired by a new snapshot: it replaces a damaged snapshot file and drops the
+        journal's records up to the applied index, so no one needs a damaged committed record."""
+        if not self._scrub_reports:
+            return
+        from raftmq.store.snapshot import verify_snapshot
+
+        reports, self._scrub_reports[:] = list(self._scrub_reports), []
+        for damage in reports:
+            if damage.store == "snapshot":
+                still = verify_snapshot(damage.path) if os.path.exists(damage.path) else []
+            else:
+                limits = dict(self.journal.scrub_targets())
+                still = [d for d in [scrub_segment(damage.path, limits[damage.path])] if d] \
+                    if damage.path in limits else []
+            if not still:
+                continue
+            self.damage_found += 1
+            self.last_damage = str(still[0])
+            log.error("scrubber: %s; taking a snapshot so that nothing needs it", still[0])
+            if self._snapshot_state == SERIALIZER_STATE.NOT_SERIALIZING:
+                self.forceLogCompaction()
 
     def _check_snapshot_at_start(self) -> None:
         """A damaged snapshot is set aside before pysyncobj reads it, and so is the journal.
