@@ -45,7 +45,7 @@ import threading
 import time
 import zlib
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pysyncobj.journal import Journal
@@ -123,6 +123,10 @@ class _LazyRun(Sequence):
         if not 0 <= item < len(self):
             raise IndexError(item)
         return self._journal[self._start + item]
+
+
+class EntryDamaged(RuntimeError):
+    """An entry read back from its segment failed its checksum (a running node's disk)."""
 
 
 @dataclass
@@ -252,6 +256,7 @@ class AppendJournal(Journal):
         self._meta_file = MetaFile(path)
         self._mark = SyncedMark(path)
         self.damage: str | None = None  # what _load found damaged (None: intact, or a torn tail)
+        self.on_read_damage: Callable[[Damage], None] | None = None  # an evicted entry read back damaged
         self._entries: list[tuple[bytes, int, int]] = []
         self._offsets: list[int] = []  # global offset of each entry's record
         self._segments: list[_Segment] = []
@@ -529,7 +534,11 @@ class AppendJournal(Journal):
         body = os.pread(fd, length, local + _HEAD.size)
         idx, term = _IDX_TERM.unpack_from(body, 0)
         if zlib.crc32(body) != crc or idx != self._entries[pos][1]:
-            raise RuntimeError(f"raft journal: the record of entry {self._entries[pos][1]} is damaged")
+            damage = Damage("journal", segment.path(self.path), f"offset {local}",
+                            f"the record of entry {self._entries[pos][1]} fails its checksum")
+            if self.on_read_damage is not None:
+                self.on_read_damage(damage)  # Replica: a snapshot past it, so no one needs it
+            raise EntryDamaged(str(damage))
         self.reads += 1
         return body[_IDX_TERM.size:], idx, term
 

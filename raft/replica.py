@@ -227,6 +227,7 @@ class Replica(SyncObj):
         self._scrub_reports: list = []  # from the scrubber's thread to the tick (list.append is atomic)
         self.scrubber = StorageScrubber(self.journal.scrub_targets, self.snapshot_path, verify_snapshot,
                                         self._scrub_reports.append, scrub_bytes_per_second)
+        self.journal.on_read_damage = self._scrub_reports.append
         self.addOnTickCallback(self._handle_scrub_reports)
         self.scrubber.start()
 

@@ -223,3 +223,23 @@ def test_commit_hint_never_points_past_the_journal(tmp_path):
     os.truncate(segments(tmp_path)[-1], w._offsets[10])
     j = AppendJournal(str(tmp_path))
     assert j.getRaftCommitIndex() <= j[-1][1]
+
+
+def test_an_evicted_entry_read_back_damaged_is_reported_not_returned(tmp_path):
+    """A running node: an entry no longer in memory is read from its segment for a follower far
+    behind; damaged, it raises and is reported (Replica then takes a snapshot past it)."""
+    from raftmq.raft.journal import KEEP_RESIDENT, EntryDamaged
+
+    j = AppendJournal(str(tmp_path))
+    count = KEEP_RESIDENT + 20
+    for i in range(1, count + 1):
+        j.add(b"entry %d " % i * 10, i, 1)
+    j.flush()
+    j.setRaftCommitIndex(count)  # committed: the oldest are evicted from memory
+    flip(segments(tmp_path)[-1], j._offsets[5] + 30)
+    reported: list = []
+    j.on_read_damage = reported.append
+    with pytest.raises(EntryDamaged):
+        j[5]
+    assert reported and reported[0].store == "journal" and "entry 6" in reported[0].what
+    assert j[6] == (b"entry 7 " * 10, 7, 1)  # the others still read
