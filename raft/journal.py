@@ -658,11 +658,11 @@ class AppendJournal(Journal):
         could otherwise continue the new records' indexes with the old ones)."""
         cut = self._end
         kept = len(self._entries) - len(self._buffer)  # the entries before the cut
-        holder = [seg for seg in self._segments if seg.base <= cut][-1]
+        doomed = [seg for seg in self._segments[1:] if seg.base >= cut]
+        holder = self._segments[-1 - len(doomed)]  # the segment the journal will end in
         # The mark goes down first, durably: a crash after the cut must not read as damage.
         self._mark.record(holder.number, cut - holder.base, self._entries[kept - 1][1] if kept > 0 else 0,
                           sync=True)
-        doomed = [seg for seg in self._segments[1:] if seg.base >= cut]
         if doomed:
             self._close_readers(doomed)
             os.close(self._fd)

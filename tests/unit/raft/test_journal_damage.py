@@ -243,3 +243,21 @@ def test_an_evicted_entry_read_back_damaged_is_reported_not_returned(tmp_path):
         j[5]
     assert reported and reported[0].store == "journal" and "entry 6" in reported[0].what
     assert j[6] == (b"entry 7 " * 10, 7, 1)  # the others still read
+
+
+def test_a_cut_at_a_segment_boundary_then_a_crash_is_not_damage(tmp_path):
+    """The cut removes a whole segment: the lowered mark points at the one before it."""
+    j = AppendJournal(str(tmp_path), segment_bytes=600)
+    i = 0
+    while len(segments(tmp_path)) < 3:
+        i += 1
+        j.add(b"y%d" % i * 40, i, 1)
+        j.flush()
+    first_of_last = next(pos for pos, off in enumerate(j._offsets) if off >= j._segments[-1].base)
+    j.setCurrentTerm(2, None)
+    j.add(b"conflict", j._entries[first_of_last][1], 2)  # cuts exactly at the newest segment's start
+    j.flush()
+    j._destroy()
+    reopened = AppendJournal(str(tmp_path))
+    assert reopened.damage is None, reopened.damage
+    assert reopened[-1] == (b"conflict", j._entries[-1][1], 2)
