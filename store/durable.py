@@ -69,32 +69,28 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import crc32c
 import lmdb
 import msgpack
 
 from .effects import DELETE, DELETE_PREFIX, PUT, PUT_WITH_BODY
 from .integrity import Damage
+from .sealed import EXIT_STORE_DAMAGED, SEAL_HEAD, BadRecord, StoreDamaged, seal, unseal
 from .versions import STORE_FORMAT, check
 
 log = logging.getLogger(__name__)
 
 _U64 = struct.Struct(">Q")
 _QID_SEQ = struct.Struct(">QQ")
-_CRC = struct.Struct(">I")
 
 TABLES = ("meta", "vhosts", "exchanges", "queues", "bindings", "messages", "entries", "users", "delayed")
 EMPTY_VALUE_TABLES = frozenset(("vhosts", "bindings"))  # the key is the record; the value is b""
 
-SEALED = 0xC1  # msgpack's never-used byte: the first byte of a sealed record, of no unsealed one
-_SEAL_HEAD = b"\xc1"
-HEADER = 5  # marker + CRC32C
 FIRST_CHECKED_FORMAT = 3  # the store format from which every record is sealed
 UPGRADE_CHUNK = 10_000  # records rewritten per transaction when an older store is upgraded
-EXIT_STATE_DAMAGED = 74  # EX_IOERR: the node's own state on disk is damaged; it does not start
+EXIT_STATE_DAMAGED = EXIT_STORE_DAMAGED
 
 
-class StateDamaged(Exception):
+class StateDamaged(StoreDamaged):
     """The single-node state has damaged records: the node does not start on it."""
 
     def __init__(self, path: str, damages: list[Damage]) -> None:
@@ -102,33 +98,9 @@ class StateDamaged(Exception):
         more = f" (and {len(damages) - 20} more)" if len(damages) > 20 else ""
         super().__init__(f"the single-node state in {path} has {len(damages)} damaged record(s): {shown}{more}. "
                          f"Not starting on it: nothing is dropped silently. `raftmq verify --data-dir` lists "
-                         f"them; restore the data directory from a backup or remove the records by hand")
-        self.path, self.damages = path, damages
-
-
-def seal(key: bytes, payload: bytes) -> bytes:
-    """The stored form of ``payload`` under ``key``: marker, CRC32C over key then payload, payload.
-    (``crc32c(payload, crc32c(key))`` is ``integrity.checksum(key + payload)`` without the copy.)"""
-    return _SEAL_HEAD + _CRC.pack(crc32c.crc32c(payload, crc32c.crc32c(key))) + payload
-
-
-class BadRecord(ValueError):
-    """A stored value that does not prove itself intact (the text says why)."""
-
-
-def unseal(key: bytes, value: bytes | memoryview, sealed_only: bool = True) -> bytes | memoryview:
-    """The payload of a stored value, checked; BadRecord if it is damaged.  ``sealed_only`` False
-    (an older store being upgraded or verified) passes an unsealed value through unchanged."""
-    if value[:1] != _SEAL_HEAD:
-        if sealed_only:
-            raise BadRecord("no checksum header (every record of this store format has one)")
-        return value
-    if len(value) < HEADER:
-        raise BadRecord(f"truncated: {len(value)} bytes, shorter than the {HEADER}-byte header")
-    payload = value[HEADER:]
-    if crc32c.crc32c(payload, crc32c.crc32c(key)) != _CRC.unpack_from(value, 1)[0]:
-        raise BadRecord("checksum mismatch")
-    return payload
+                         f"them; restore the data directory from a backup or remove the records by hand",
+                         damages)
+        self.path = path
 
 
 def describe_key(table: str, key: bytes) -> str:
@@ -243,7 +215,7 @@ class DurableStore:
                     chunk: list[tuple[bytes, bytes]] = []
                     while positioned and len(chunk) < UPGRADE_CHUNK:
                         key, value = bytes(cursor.key()), cursor.value()
-                        if not (after is not None and key == after) and value[:1] != _SEAL_HEAD \
+                        if not (after is not None and key == after) and value[:1] != SEAL_HEAD \
                                 and not (table == "meta" and key == b"format"):
                             chunk.append((key, bytes(value)))
                         after = key

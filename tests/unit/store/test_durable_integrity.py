@@ -17,18 +17,16 @@ import pytest
 
 from raftmq.store.durable import (
     FIRST_CHECKED_FORMAT,
-    SEALED,
     TABLES,
     DurableStore,
     StateDamaged,
     binding_key,
     entry_key,
-    seal,
-    unseal,
     verify_state,
 )
 from raftmq.store.effects import PUT, PUT_WITH_BODY
 from raftmq.store.integrity import checksum
+from raftmq.store.sealed import SEALED, seal, unseal
 from raftmq.store.versions import STORE_FORMAT
 
 FIXTURE_2 = Path(__file__).parent / "fixtures" / "state-format-2.lmdb"
