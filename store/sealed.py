@@ -23,7 +23,10 @@ from .integrity import Damage
 SEALED = 0xC1  # msgpack's never-used byte: the first byte of a sealed record, of no unsealed one
 SEAL_HEAD = b"\xc1"
 HEADER = 5  # marker + CRC32C
-_CRC = struct.Struct(">I")
+_HEAD = struct.Struct(">BI")  # marker, CRC32C
+_pack_head = _HEAD.pack
+_read_crc = struct.Struct(">I").unpack_from
+_crc = crc32c.crc32c
 
 
 class BadRecord(ValueError):
@@ -45,24 +48,24 @@ EXIT_STORE_DAMAGED = 74  # EX_IOERR: the node's own files are damaged; it does n
 def seal(key: bytes, payload: bytes) -> bytes:
     """The stored form of ``payload`` under ``key``: marker, CRC32C over key then payload, payload.
     (``crc32c(payload, crc32c(key))`` is ``integrity.checksum(key + payload)`` without the copy.)"""
-    return SEAL_HEAD + _CRC.pack(crc32c.crc32c(payload, crc32c.crc32c(key))) + payload
+    return _pack_head(SEALED, _crc(payload, _crc(key))) + payload
 
 
 def is_sealed(value: bytes | memoryview) -> bool:
-    return value[:1] == SEAL_HEAD
+    return len(value) > 0 and value[0] == SEALED
 
 
 def unseal(key: bytes, value: bytes | memoryview, sealed_only: bool = True) -> bytes | memoryview:
     """The payload of a stored value, checked; BadRecord if it is damaged.  ``sealed_only`` False
     (a store written before checksums) passes an unsealed value through unchanged (the same object:
     ``unseal(k, v, False) is v`` tells the caller it was not checked)."""
-    if value[:1] != SEAL_HEAD:
+    if not value or value[0] != SEALED:
         if sealed_only:
             raise BadRecord("no checksum header (every record of this store format has one)")
         return value
     if len(value) < HEADER:
         raise BadRecord(f"truncated: {len(value)} bytes, shorter than the {HEADER}-byte header")
     payload = value[HEADER:]
-    if crc32c.crc32c(payload, crc32c.crc32c(key)) != _CRC.unpack_from(value, 1)[0]:
+    if _crc(payload, _crc(key)) != _read_crc(value, 1)[0]:
         raise BadRecord("checksum mismatch")
     return payload
