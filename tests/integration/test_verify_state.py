@@ -3,7 +3,8 @@
 A real node, persistent messages published with pika and confirmed, the node stopped; ``raftmq verify``
 calls its files clean; one byte flipped inside one stored body; verify names the damaged message (exit
 1); the node then refuses to start (exit 74, a CRITICAL log line naming the record) instead of serving a
-state its disk does not have.  And a state written before checksums (format 2, by a real node of that
+state its disk does not have.  A damaged audit history stops the node too, until it is moved aside.
+And a state written before checksums (format 2, by a real node of that
 code: the unit fixture) still opens, is served whole and verifies clean once sealed.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import lmdb
 import pika
 import pytest
 
@@ -105,3 +107,44 @@ def test_a_state_written_before_checksums_is_served_and_then_checked(node_factor
     after = raftmq("verify", "--data-dir", str(data))
     assert after.returncode == 0, after.stdout
     assert "note: state" not in after.stdout and "clean (checked: state, events" in after.stdout
+
+
+def test_a_damaged_history_stops_the_node_until_it_is_moved_aside(node_factory, tmp_path):
+    """The audit history's last_seq damaged (one bit of the stored value): verify names it (exit 1),
+    the node refuses to start (exit 74, CRITICAL, the way out in the line); with the history moved
+    aside it starts a new one and serves every confirmed message (the state is intact)."""
+    data = tmp_path / "node"
+    node = node_factory(data).start()
+    conn = connect(node.url)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("audited", durable=True)
+    for i in range(10):
+        ch.basic_publish("", "audited", _body(i), pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    assert node.terminate() == 0
+    assert raftmq("verify", "--data-dir", str(data)).returncode == 0
+
+    env = lmdb.open(str(data / "events"), max_dbs=8)
+    meta = env.open_db(b"meta")
+    with env.begin(write=True, db=meta) as txn:
+        value = bytearray(txn.get(b"last_seq"))
+        value[-1] ^= 0x02
+        txn.put(b"last_seq", bytes(value))
+    env.close()
+
+    damaged = raftmq("verify", "--data-dir", str(data))
+    assert damaged.returncode == 1
+    assert f"events: {data / 'events'} at meta/'last_seq': checksum mismatch" in damaged.stdout.splitlines()
+    with pytest.raises(NodeStartError, match=f"exited with code {EXIT_STORE_DAMAGED}"):
+        node.start()
+    critical = [line for line in node.log_path.read_text().splitlines() if " CRITICAL " in line]
+    assert critical and "audit history" in critical[-1] and "meta/'last_seq'" in critical[-1]
+    assert "aside" in critical[-1]
+
+    (data / "events").rename(tmp_path / "events.damaged")
+    node.start()
+    conn = connect(node.url)
+    assert get_bodies(conn.channel(), "audited") == [_body(i) for i in range(10)]
+    conn.close()
+    assert node.terminate() == 0
