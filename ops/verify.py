@@ -31,7 +31,7 @@ import os
 import pickle
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from raftmq.store.integrity import Damage
 
@@ -193,7 +193,8 @@ def run_isolated(check: Check, target: Target) -> list[Damage]:
 class Report:
     damages: list[Damage]
     checked: list[str]
-    not_checked: list[str]
+    not_checked: list[str]  # the lines to print
+    skipped: list[str] = field(default_factory=list)  # the stores those lines name
 
 
 def verify(data_dir: str) -> Report:
@@ -202,6 +203,7 @@ def verify(data_dir: str) -> Report:
         if target.check is None:
             report.not_checked.append(f"not checked: {target.store} ({target.path}): "
                                       f"{target.provider} is not in this build")
+            report.skipped.append(target.store)
             continue
         report.damages.extend(run_isolated(target.check, target))
         report.checked.append(target.store)
@@ -266,6 +268,8 @@ def main(data_dir: str, force: bool = False, out=None, err=None) -> int:
     for line in notes if kind == "ok" else ():
         print(line, file=out)
     stores = ", ".join(report.checked) or "nothing"
+    if report.skipped:
+        stores += f"; not checked: {', '.join(report.skipped)}"
     if report.damages:
         print(f"DAMAGED: {len(report.damages)} problem(s) found (checked: {stores})", file=out)
         return EXIT_DAMAGED

@@ -15,6 +15,7 @@ import lmdb
 import msgpack
 import pytest
 
+from raftmq.store import durable
 from raftmq.store.durable import (
     FIRST_CHECKED_FORMAT,
     TABLES,
@@ -260,3 +261,18 @@ def test_an_upgrade_cut_short_is_resumed_and_its_sealed_records_are_checked(tmp_
     assert sorted(store.load().messages) == [1, 2, 3, 4, 5]
     store.close()
     assert all(v[0] == SEALED for _, v in _raw_records(path, "messages"))
+
+
+def test_the_upgrade_seals_in_chunks_and_misses_no_record(tmp_path, monkeypatch):
+    """With transactions of 2 records (the fixture has 5 messages, 5 entries, 2 bindings...), every
+    record of every table is sealed exactly once and reads back unchanged."""
+    path = _copy_fixture(tmp_path)
+    before = {t: dict(_raw_records(path, t)) for t in TABLES}
+    monkeypatch.setattr(durable, "UPGRADE_CHUNK", 2)
+    DurableStore(path).close()
+    for table in TABLES:
+        after = dict(_raw_records(path, table))
+        assert after.keys() == before[table].keys()
+        for key, value in after.items():
+            if (table, key) != ("meta", b"format"):
+                assert unseal(key, value) == before[table][key], (table, key)
