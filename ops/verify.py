@@ -215,9 +215,9 @@ def _notes(data_dir: str) -> list[str]:
     notes = []
     history = os.path.join(data_dir, "events")
     if os.path.exists(os.path.join(history, "data.mdb")):
-        from raftmq.store.events import scan_history
+        from raftmq.store.events import may_hold_unchecked, scan_history
 
-        unchecked = scan_history(history)[1]
+        unchecked = scan_history(history)[1] if may_hold_unchecked(history) else 0
         if unchecked:
             notes.append(f"note: events: {unchecked} record(s) written before checksums: their structure "
                          f"was checked, their bytes cannot be")

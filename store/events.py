@@ -332,6 +332,20 @@ def scan_history(path: str) -> tuple[list[Damage], int]:
     return damages, unchecked
 
 
+def may_hold_unchecked(path: str) -> bool:
+    """Whether a history may hold records written before checksums (format 1, or a legacy mark):
+    only then is a second scan (``scan_history``'s count) worth its time."""
+    env = open_history(path)
+    try:
+        with env.begin() as txn:
+            check_ = checker(txn, open_tables(env, create=False, txn=txn), path)
+            return check_.format < HISTORY_FORMAT or check_.legacy is not None
+    except (StoreDamaged, lmdb.Error):
+        return False  # reported as damage by the check itself
+    finally:
+        env.close()
+
+
 def verify_history(path: str) -> list[Damage]:
     """``scan_history``'s damaged records (``raftmq verify`` runs this on ``<data>/events``)."""
     return scan_history(path)[0]

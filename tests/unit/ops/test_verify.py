@@ -195,3 +195,14 @@ def test_an_older_state_is_noted_not_damaged(tmp_path):
     code, out, _ = _run(data)
     assert code == V.EXIT_CLEAN
     assert "note: state: format 2, written before checksums" in out
+
+
+def test_an_older_history_is_noted_not_damaged(tmp_path):
+    """A history written before checksums (format 1 fixture): clean, with a note of how many records
+    could only be checked for structure; a history with checksums gets no note."""
+    data = tmp_path / "data"
+    shutil.copytree(FIXTURE_2.parent / "history-format-1.lmdb", data / "events")
+    code, out, _ = _run(data)
+    assert code == V.EXIT_CLEAN and out.splitlines()[-1] == "clean (checked: events)"
+    assert "note: events: 49 record(s) written before checksums" in out
+    assert "note:" not in _run(_single_node_dir(tmp_path / "new"))[1]
