@@ -16,6 +16,7 @@ from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER as AMQP010_HEADER
 from raftmq.protocol.amqp091.constants import PROTOCOL_HEADER as AMQP091_HEADER
 from raftmq.protocol.amqp10.frames import AMQP_HEADER as AMQP10_HEADER
 from raftmq.protocol.amqp10.frames import SASL_HEADER as AMQP10_SASL_HEADER
+from raftmq.store.sealed import EXIT_STORE_DAMAGED, StoreDamaged
 from raftmq.store.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
 
 from .amqp010.connection import Amqp010Connection
@@ -195,3 +196,6 @@ def run(config: Config, services: Sequence[Service] = ()) -> None:
     except FormatTooNew as exc:  # its data was written by a newer raftmq (store/versions.py)
         log.critical("stopping: %s", exc)
         raise SystemExit(EXIT_FORMAT_TOO_NEW) from exc
+    except StoreDamaged as exc:  # its state or audit history failed their checksums (store/sealed.py)
+        log.critical("stopping: %s", exc)
+        raise SystemExit(EXIT_STORE_DAMAGED) from exc

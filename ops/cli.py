@@ -71,6 +71,12 @@ def _snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from .verify import main as verify
+
+    return verify(args.data_dir, force=args.force)
+
+
 def _chaos_run(args: argparse.Namespace) -> int:
     import tempfile
 
@@ -164,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--data-dir", required=True, help="the node's data directory")
     snap.add_argument("--out", required=True, help="an empty directory for the copy")
     snap.set_defaults(func=_snapshot)
+
+    verify = sub.add_parser("verify", help="check a stopped node's files for damage (exit 0 clean, 1 damaged, 2 usage)")
+    verify.add_argument("--data-dir", required=True, help="the node's data directory")
+    verify.add_argument("--force", action="store_true", help="check even if the node seems to be running")
+    verify.set_defaults(func=_verify)
 
     audit = sub.add_parser("audit", help="audit a message history snapshot with Spark (pip install raftmq[spark])")
     audit.add_argument("job", choices=["summary", "unconsumed", "redelivered", "dead-letters", "latency",

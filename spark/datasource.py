@@ -25,6 +25,12 @@ anti-join of ``kind = 'routed'`` against ``kind = 'delivered'`` of one DataFrame
 Load the table once per scan (as ``raftmq.spark.audit`` does), or turn pushdown off for that
 load with ``option("pushdown", "false")``.
 
+**Damaged records fail the read** (issue 29): every record is checked against its checksum
+(``raftmq.store.events.Checker``; snapshots written before checksums are read unchecked, as
+before) and a damaged one raises ``HistoryDamaged`` naming the snapshot, table and key -- the
+Spark job fails with that message instead of returning a damaged row or a silently shorter
+answer.  ``raftmq verify --data-dir`` lists every damaged record of a stopped node's history.
+
 Each ``read()`` opens the snapshot itself (an ``lmdb.Environment`` cannot be pickled, and one
 process may not open the same environment twice) and closes it before returning.  Workers import
 this module, so raftmq must be installed where Spark's Python workers run (``PYSPARK_PYTHON``).
@@ -36,7 +42,6 @@ import datetime as dt
 import os
 
 import lmdb
-import msgpack
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -198,9 +203,11 @@ class RaftmqReader(DataSourceReader):
         env = EV.open_history(self.path)
         try:
             with env.begin() as txn:
-                db = EV.open_tables(env, create=False, txn=txn).get(self.table)
+                tables = EV.open_tables(env, create=False, txn=txn)
+                db = tables.get(self.table)
                 if db is None:
                     return [self._partition(0, 0)]
+                check = EV.checker(txn, tables, self.path)
                 cursor = txn.cursor(db=db)
                 if not cursor.first():
                     return [self._partition(0, 0)]
@@ -211,9 +218,9 @@ class RaftmqReader(DataSourceReader):
                 if self.key_high is not None:
                     high = min(high, self.key_high)
                 if self.time_low is not None:
-                    low = max(low, _first_key_at(cursor, low, high, self.time_low))
+                    low = max(low, _first_key_at(cursor, low, high, self.time_low, check, self.table))
                 if self.time_high is not None:
-                    high = min(high, _first_key_at(cursor, low, high, self.time_high))
+                    high = min(high, _first_key_at(cursor, low, high, self.time_high, check, self.table))
                 rows = txn.stat(db)["entries"]
         finally:
             env.close()
@@ -242,16 +249,18 @@ class RaftmqReader(DataSourceReader):
         env = EV.open_history(self.path)
         try:
             with env.begin() as txn:
-                db = EV.open_tables(env, create=False, txn=txn).get(self.table)
+                tables = EV.open_tables(env, create=False, txn=txn)
+                db = tables.get(self.table)
                 if db is None:
                     return
+                self.check = EV.checker(txn, tables, self.path)
                 rows = _ROWS[self.table](self, txn.cursor(db=db), start, stop)
                 yield from _batches(rows, arrow_schema, self.batch_rows)
         finally:
             env.close()
 
     def _event_rows(self, cursor: lmdb.Cursor, start: int, stop: int):
-        unpack, key_of = msgpack.unpackb, EV.U64.unpack
+        decode, key_of = self.check.decode, EV.U64.unpack
         kinds, equal = self.kinds, list(self.equal.items())
         t_low, t_high = self.time_low, self.time_high
         if kinds is not None and not kinds:
@@ -261,7 +270,7 @@ class RaftmqReader(DataSourceReader):
         for key, value in cursor:
             if key_of(key)[0] >= stop:
                 return
-            r = unpack(value, raw=False)
+            r = decode("events", key, value)
             if kinds is not None and r[2] not in kinds:
                 continue
             if equal and any(r[pos] != want for pos, want in equal):
@@ -275,14 +284,14 @@ class RaftmqReader(DataSourceReader):
     def _message_rows(self, cursor: lmdb.Cursor, start: int, stop: int):
         from raftmq.protocol.amqp091.properties import decode_properties
 
-        unpack, key_of = msgpack.unpackb, EV.U64.unpack
+        decode, key_of = self.check.decode, EV.U64.unpack
         t_low, t_high = self.time_low, self.time_high
         if not cursor.set_range(EV.U64.pack(start)):
             return
         for key, value in cursor:
             if key_of(key)[0] >= stop:
                 return
-            mid, t, vhost, exchange, rk, size, publisher, props, body, seq = unpack(value, raw=False)
+            mid, t, vhost, exchange, rk, size, publisher, props, body, seq = decode("messages", key, value)
             if (t_low is not None and t < t_low) or (t_high is not None and t >= t_high):
                 continue
             try:
@@ -298,8 +307,8 @@ class RaftmqReader(DataSourceReader):
                    headers, body]
 
     def _catalog_rows(self, cursor: lmdb.Cursor, _start: int, _stop: int):
-        for _key, value in cursor:
-            yield msgpack.unpackb(value, raw=False)
+        for key, value in cursor:
+            yield self.check.decode(self.table, key, value)
 
 
 _ROWS = {"events": RaftmqReader._event_rows, "messages": RaftmqReader._message_rows,
@@ -313,7 +322,7 @@ def _text(value) -> str:
     return str(value)
 
 
-def _first_key_at(cursor: lmdb.Cursor, low: int, high: int, time_us: int) -> int:
+def _first_key_at(cursor: lmdb.Cursor, low: int, high: int, time_us: int, check: EV.Checker, table: str) -> int:
     """The first key in [low, high) whose record's time is >= time_us, else high (binary search:
     time never decreases along the key; keys may have gaps, hence set_range)."""
     while low < high:
@@ -324,7 +333,7 @@ def _first_key_at(cursor: lmdb.Cursor, low: int, high: int, time_us: int) -> int
         key = EV.U64.unpack(cursor.key())[0]
         if key >= high:
             high = mid
-        elif msgpack.unpackb(cursor.value())[1] < time_us:
+        elif check.decode(table, cursor.key(), cursor.value())[1] < time_us:
             low = key + 1
         else:
             high = mid

@@ -11,6 +11,15 @@ the vhost's setting, else the node's (``none`` / ``metadata`` / ``body``).  Cata
 (declare, delete, bind, unbind) are always kept.  Age and size limits are enforced by the same
 thread in small delete transactions between appends (``compact``), oldest events first, so
 trimming never blocks the broker either.
+
+Checksums (issue 29, ``events.py`` "Checksums"): every value written is sealed.  At open the
+writer stamps the history (``HISTORY_FORMAT``; a history written before checksums gets a
+``legacy`` mark so its old records stay readable, and its meta records are sealed) and checks
+what it reads back there -- the meta records and the queue records its retention policy comes
+from.  A damaged one stops the node (``HistoryDamaged``, exit status 74): the writer would number
+and extend the history from values it cannot trust.  Records read back later (a catalog record
+rewritten at delete, events trimmed) are checked too; a damaged one stops the writer with an
+error in the log (the history then stops, as on any writer failure) rather than write on top of it.
 """
 
 from __future__ import annotations
@@ -26,8 +35,10 @@ import lmdb
 import msgpack
 
 from . import events as EV
-from .events import U64, name_key
+from .events import U64, meta_put, name_key
 from .message import AMQP091, convert
+from .sealed import is_sealed, seal
+from .versions import HISTORY_FORMAT
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +100,15 @@ class EventStore:
         self.tables = EV.open_tables(self.env, create=True)
         self.written = 0  # events written by this process
         self.trimmed = 0  # events removed by retention limits
-        with self.env.begin() as txn:
-            state = EV.info(txn, self.tables)
-            self._load_queue_policies(txn)
+        try:
+            self.checker = self._stamp_format()
+            with self.env.begin() as txn:
+                self._check_at_open(txn)
+                state = EV.info(txn, self.tables, self.checker)
+                self._load_queue_policies(txn)
+        except BaseException:
+            self.env.close()
+            raise
         self.last_seq = state.last_seq
         self.first_seq = state.first_seq
         self.raft_index = state.raft_index
@@ -107,9 +124,52 @@ class EventStore:
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
         self._thread.start()
 
+    def _stamp_format(self) -> EV.Checker:
+        """Stamp HISTORY_FORMAT (FormatTooNew for a newer history).  A history written before
+        checksums is marked ``legacy`` (its events and messages below the next keys, and its catalog
+        records, may be unsealed) and its meta records are sealed."""
+        path = self.env.path()
+        with self.env.begin(write=True) as txn:
+            found = EV.checker(txn, self.tables, path)
+            if found.format < HISTORY_FORMAT:
+                meta = self.tables["meta"]
+                legacy = {}
+                for table in ("events", "messages"):
+                    cursor = txn.cursor(db=self.tables[table])
+                    legacy[table] = U64.unpack(cursor.key())[0] + 1 if cursor.last() else 0
+                old_meta = [(bytes(k), bytes(v)) for k, v in txn.cursor(db=meta)
+                            if k != EV.FORMAT_KEY and not is_sealed(v)]
+                for key, value in old_meta:
+                    found.decode("meta", key, value)  # HistoryDamaged if it does not decode
+                    txn.put(key, seal(key, value), db=meta)
+                populated = any(txn.stat(self.tables[t])["entries"] for t in ("events", "messages", *EV.CATALOG_TABLES))
+                if populated or old_meta:
+                    meta_put(txn.put, meta, EV.LEGACY_KEY, legacy)
+                    log.warning("audit history %s was written before checksums: its %d events and %d messages "
+                                "stay readable unchecked; everything written from now on is checked", path,
+                                txn.stat(self.tables["events"])["entries"], txn.stat(self.tables["messages"])["entries"])
+                txn.put(EV.FORMAT_KEY, msgpack.packb(HISTORY_FORMAT), db=meta)
+                found = EV.checker(txn, self.tables, path)
+        return found
+
+    def _check_at_open(self, txn: lmdb.Transaction) -> None:
+        """Check every record the writer reads at open (meta, queues); HistoryDamaged names all the
+        damaged ones."""
+        damages = []
+        for table in ("meta", "queues"):
+            for key, value in txn.cursor(db=self.tables[table]):
+                if table == "meta" and key == EV.FORMAT_KEY:
+                    continue
+                try:
+                    self.checker.decode(table, key, value)
+                except EV.HistoryDamaged as exc:
+                    damages.extend(exc.damages)
+        if damages:
+            raise EV.HistoryDamaged(self.env.path(), damages, at_start=True)
+
     def _load_queue_policies(self, txn: lmdb.Transaction) -> None:
-        for _key, value in txn.cursor(db=self.tables["queues"]):
-            vhost, name, *_rest, retention, _declared, deleted = msgpack.unpackb(value, raw=False)
+        for key, value in txn.cursor(db=self.tables["queues"]):
+            vhost, name, *_rest, retention, _declared, deleted = self.checker.decode("queues", key, value)
             if deleted is None and retention is not None:
                 self.policy.queues[(vhost, name)] = retention
 
@@ -164,7 +224,7 @@ class EventStore:
 
     def info(self) -> EV.HistoryInfo:
         with self.env.begin() as txn:
-            return EV.info(txn, self.tables)
+            return EV.info(txn, self.tables, self.checker)
 
     # ------------------------------------------------------------------ the writer thread
 
@@ -239,18 +299,19 @@ class EventStore:
                     if not level:
                         continue
                     event[10] = index
-                    put(U64.pack(seq), packb(event, use_bin_type=True), db=events_db, append=True)
+                    key = U64.pack(seq)
+                    put(key, seal(key, packb(event, use_bin_type=True)), db=events_db, append=True)
                     if not self.first_seq:
                         self.first_seq = seq
                     written += 1
                 if index is not None:
                     raft_index = index
             meta = t["meta"]
-            put(b"last_seq", packb(last_seq), db=meta)
-            put(b"first_seq", packb(self.first_seq), db=meta)
-            put(b"raft_index", packb(raft_index), db=meta)
+            meta_put(put, meta, b"last_seq", last_seq)
+            meta_put(put, meta, b"first_seq", self.first_seq)
+            meta_put(put, meta, b"raft_index", raft_index)
             if self._gaps:
-                put(b"gaps", packb(self._gaps), db=meta)
+                meta_put(put, meta, b"gaps", self._gaps)
         self.last_seq = last_seq
         self.raft_index = raft_index
         self.written += written
@@ -269,7 +330,8 @@ class EventStore:
         record = [message.id, message.published_at, event[3], message.exchange, message.routing_key,
                   message.size, publisher, properties, body if level >= 2 else None,
                   event[0]]
-        put(U64.pack(message.id), msgpack.packb(record, use_bin_type=True), db=db)
+        key = U64.pack(message.id)
+        put(key, seal(key, msgpack.packb(record, use_bin_type=True)), db=db)
 
     def _catalog(self, txn: lmdb.Transaction, event: list) -> None:
         seq, now, kind, vhost, queue, _mid, exchange, routing_key, _size, detail, definition = event
@@ -279,19 +341,22 @@ class EventStore:
             durable, exclusive, auto_delete, arguments = definition
             retention = self.policy.queue_declared(vhost, queue, arguments)
             record = [vhost, queue, durable, exclusive, auto_delete, _json(arguments), retention, now, None]
-            txn.put(name_key(vhost, queue), packb(record, use_bin_type=True), db=t["queues"])
+            key = name_key(vhost, queue)
+            txn.put(key, seal(key, packb(record, use_bin_type=True)), db=t["queues"])
         elif kind == EV.EXCHANGE_DECLARED:
             durable, auto_delete, internal, arguments = definition
             record = [vhost, exchange, detail, durable, auto_delete, internal, _json(arguments), now, None]
-            txn.put(name_key(vhost, exchange), packb(record, use_bin_type=True), db=t["exchanges"])
+            key = name_key(vhost, exchange)
+            txn.put(key, seal(key, packb(record, use_bin_type=True)), db=t["exchanges"])
         elif kind in (EV.QUEUE_DELETED, EV.EXCHANGE_DELETED):
-            db = t["queues"] if kind == EV.QUEUE_DELETED else t["exchanges"]
+            table = "queues" if kind == EV.QUEUE_DELETED else "exchanges"
+            db = t[table]
             key = name_key(vhost, queue if kind == EV.QUEUE_DELETED else exchange)
             value = txn.get(key, db=db)
             if value is not None:
-                record = msgpack.unpackb(value, raw=False)
+                record = self.checker.decode(table, key, value)
                 record[-1] = now
-                txn.put(key, packb(record, use_bin_type=True), db=db)
+                txn.put(key, seal(key, packb(record, use_bin_type=True)), db=db)
             if kind == EV.QUEUE_DELETED:
                 self.policy.queues.pop((vhost, queue), None)
         else:  # BOUND / UNBOUND
@@ -305,9 +370,9 @@ class EventStore:
                 value = txn.get(key, db=t["bindings"])
                 if value is None:
                     return
-                record = msgpack.unpackb(value, raw=False)
+                record = self.checker.decode("bindings", key, value)
                 record[-1] = now
-            txn.put(key, packb(record, use_bin_type=True), db=t["bindings"])
+            txn.put(key, seal(key, packb(record, use_bin_type=True)), db=t["bindings"])
 
     # ------------------------------------------------------------------ retention limits
 
@@ -347,8 +412,8 @@ class EventStore:
             chunk_end = first + COMPACT_CHUNK
             if self.max_age_us:
                 cursor.last()
-                threshold = msgpack.unpackb(cursor.value())[1] - self.max_age_us
-                if msgpack.unpackb(first_value)[1] < threshold:
+                threshold = self.checker.decode("events", cursor.key(), cursor.value())[1] - self.max_age_us
+                if self.checker.decode("events", first_key, first_value)[1] < threshold:
                     return self._first_young(txn, first, threshold)
         if self.max_bytes and self.live_bytes() > self.max_bytes:
             return chunk_end
@@ -361,7 +426,7 @@ class EventStore:
         high = low + COMPACT_CHUNK
         while low < high:
             mid = (low + high) // 2
-            if cursor.set_range(U64.pack(mid)) and msgpack.unpackb(cursor.value())[1] < threshold:
+            if cursor.set_range(U64.pack(mid)) and self.checker.decode("events", cursor.key(), cursor.value())[1] < threshold:
                 low = U64.unpack(cursor.key())[0] + 1
             else:
                 high = mid
@@ -374,7 +439,7 @@ class EventStore:
             cursor = txn.cursor(db=t["events"])
             last_message = None
             while cursor.first() and U64.unpack(cursor.key())[0] < stop:
-                event = msgpack.unpackb(cursor.value())
+                event = self.checker.decode("events", cursor.key(), cursor.value())
                 if event[2] == EV.PUBLISHED and event[5] is not None:
                     last_message = event[5]
                 cursor.delete()
@@ -384,7 +449,7 @@ class EventStore:
                 while messages.first() and U64.unpack(messages.key())[0] <= last_message:
                     messages.delete()
             first = U64.unpack(cursor.key())[0] if cursor.first() else self.last_seq + 1
-            txn.put(b"first_seq", msgpack.packb(first), db=t["meta"])
+            meta_put(txn.put, t["meta"], b"first_seq", first)
         self.first_seq = first
         self.trimmed += removed
         return removed

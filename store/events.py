@@ -29,6 +29,22 @@ The environment holds six tables (keys big-endian so that LMDB order is numeric 
 
 A snapshot (:func:`snapshot`) is ``env.copy(compact=True)`` inside one read transaction: it holds
 every event of every batch up to its ``raft_index`` and none after, even while the node writes.
+
+**Checksums (history format 2, issue 29).**  Every value is sealed (``store/sealed.py``: 0xC1,
+CRC32C over key and payload, the msgpack payload above); ``meta`` also holds ``format`` (plain
+msgpack, ``HISTORY_FORMAT``: an older raftmq reads it to refuse) and, in a history that was
+written before checksums and continued after, ``legacy`` = ``{"events": seq, "messages": id}``:
+records of those two tables below those keys, and catalog records, may be unsealed -- they were
+written unchecked and are read as such (msgpack must still decode).  Every other unsealed value is
+damage.  A history without ``format`` (written before checksums) is read as it is, unchecked.
+
+*Readers verify every record they return* (:class:`Checker`): ``records``/``read_table``, the
+writer (what it reads back: meta, catalog records, events it trims) and the Spark data source.
+A damaged record is never returned as if intact and never skipped silently: reading stops with
+:class:`HistoryDamaged`, which names the history, the table and the key (``raftmq verify`` lists
+every damaged record of a stopped node's history).  Skipping would make an audit job's answer
+("unconsumed", "lost") silently wrong; failing loudly lets the operator decide (verify, then audit
+a range without the damaged record, or accept it).
 """
 
 from __future__ import annotations
@@ -40,6 +56,10 @@ from dataclasses import dataclass
 
 import lmdb
 import msgpack
+
+from .integrity import Damage
+from .sealed import BadRecord, StoreDamaged, is_sealed, seal, unseal
+from .versions import HISTORY_FORMAT, check
 
 # Message events
 PUBLISHED, DELIVERED, ACKED, REQUEUED, REJECTED, EXPIRED, DEAD_LETTERED, DROPPED, PURGED, DELETED = range(1, 11)
@@ -74,8 +94,85 @@ EXCHANGE_FIELDS = ("vhost", "name", "type", "durable", "auto_delete", "internal"
 BINDING_FIELDS = ("vhost", "source", "destination", "destination_type", "routing_key", "arguments",
                   "bound_us", "unbound_us")
 TABLES = ("events", "messages", "queues", "exchanges", "bindings", "meta")
+CATALOG_TABLES = ("queues", "exchanges", "bindings")
 
 U64 = struct.Struct(">Q")
+FORMAT_KEY, LEGACY_KEY = b"format", b"legacy"
+
+
+class HistoryDamaged(StoreDamaged):
+    """Damaged records in an audit history (never returned as if intact)."""
+
+    def __init__(self, path: str, damages: list[Damage], at_start: bool = False) -> None:
+        shown = "; ".join(f"{d.where}: {d.what}" for d in damages[:20])
+        more = f" (and {len(damages) - 20} more)" if len(damages) > 20 else ""
+        advice = (f"Not starting on it: move {path} aside to start a new history (the old one stays readable "
+                  f"up to the damage)" if at_start else "`raftmq verify --data-dir` lists every damaged record")
+        super().__init__(f"the audit history in {path} has {len(damages)} damaged record(s): {shown}{more}. "
+                         f"{advice}", damages)
+        self.path = path
+
+
+def describe_key(table: str, key: bytes) -> str:
+    if table in ("events", "messages") and len(key) == 8:
+        return f"{table}/{'seq' if table == 'events' else 'message'} {U64.unpack(key)[0]}"
+    try:
+        return f"{table}/{key.decode()!r}"
+    except UnicodeDecodeError:
+        return f"{table}/key {key.hex()}"
+
+
+@dataclass(frozen=True)
+class Checker:
+    """How the records of one history are checked (see "Checksums" in the module docstring)."""
+
+    path: str
+    format: int  # 1: written before checksums, nothing sealed
+    legacy: dict | None = None  # {"events": seq, "messages": id}: unsealed below these keys are old records
+
+    def unchecked_allowed(self, table: str, key: bytes) -> bool:
+        if self.format < 2:
+            return True
+        if self.legacy is None or table == "meta":
+            return False
+        if table in CATALOG_TABLES:
+            return True
+        return len(key) == 8 and U64.unpack(key)[0] < self.legacy.get(table, 0)
+
+    def payload(self, table: str, key: bytes, value) -> bytes | memoryview:
+        """The checked payload; BadRecord if damaged.  An allowed old record is returned unchanged."""
+        if is_sealed(value) or not self.unchecked_allowed(table, key):
+            return unseal(key, value)
+        return value
+
+    def decode(self, table: str, key: bytes, value) -> object:
+        """The record, checked and decoded; HistoryDamaged names it if it is damaged."""
+        try:
+            return msgpack.unpackb(self.payload(table, key, value), raw=False)
+        except BadRecord as exc:
+            raise HistoryDamaged(self.path, [Damage("events", self.path, describe_key(table, bytes(key)),
+                                                    str(exc))]) from exc
+        except Exception as exc:  # noqa: BLE001 - an unchecked old record that does not decode
+            raise HistoryDamaged(self.path, [Damage("events", self.path, describe_key(table, bytes(key)),
+                                                    f"does not decode ({exc.__class__.__name__})")]) from exc
+
+
+def checker(txn: lmdb.Transaction, tables: dict, path: str) -> Checker:
+    """The checker of a history, from its meta table; FormatTooNew for a newer history."""
+    meta = tables.get("meta")
+    raw = txn.get(FORMAT_KEY, db=meta) if meta is not None else None
+    if raw is None:
+        return Checker(path, 1)
+    try:
+        found = msgpack.unpackb(raw)
+    except Exception:  # noqa: BLE001 - msgpack raises several types for bad input
+        found = None
+    if not isinstance(found, int) or isinstance(found, bool) or found < 1:
+        raise HistoryDamaged(path, [Damage("events", path, "meta/'format'", f"not a format number: {bytes(raw).hex()}")])
+    check(f"the audit history in {path}", found, HISTORY_FORMAT)
+    legacy = txn.get(LEGACY_KEY, db=meta)
+    plain = Checker(path, found)
+    return Checker(path, found, plain.decode("meta", LEGACY_KEY, legacy) if legacy is not None else None)
 
 
 def name_key(*parts: str) -> bytes:
@@ -105,21 +202,27 @@ class HistoryInfo:
     gaps: list
 
 
-def _meta(txn: lmdb.Transaction, db, key: bytes, default):
+def _meta(txn: lmdb.Transaction, db, key: bytes, default, check_: Checker):
     value = txn.get(key, db=db) if db is not None else None
-    return msgpack.unpackb(value) if value is not None else default
+    return check_.decode("meta", key, value) if value is not None else default
 
 
-def info(txn: lmdb.Transaction, tables: dict) -> HistoryInfo:
+def info(txn: lmdb.Transaction, tables: dict, check_: Checker) -> HistoryInfo:
     meta = tables.get("meta")
 
     def count(name: str) -> int:
         db = tables.get(name)
         return txn.stat(db)["entries"] if db is not None else 0
 
-    return HistoryInfo(raft_index=_meta(txn, meta, b"raft_index", 0), first_seq=_meta(txn, meta, b"first_seq", 0),
-                       last_seq=_meta(txn, meta, b"last_seq", 0), events=count("events"),
-                       messages=count("messages"), gaps=_meta(txn, meta, b"gaps", []))
+    return HistoryInfo(raft_index=_meta(txn, meta, b"raft_index", 0, check_),
+                       first_seq=_meta(txn, meta, b"first_seq", 0, check_),
+                       last_seq=_meta(txn, meta, b"last_seq", 0, check_), events=count("events"),
+                       messages=count("messages"), gaps=_meta(txn, meta, b"gaps", [], check_))
+
+
+def meta_put(put, db, key: bytes, value: object) -> None:
+    """Write one meta record, sealed (``put``: a transaction's put)."""
+    put(key, seal(key, msgpack.packb(value, use_bin_type=True)), db=db)
 
 
 def open_history(path: str) -> lmdb.Environment:
@@ -133,7 +236,8 @@ def history_info(path: str) -> HistoryInfo:
     env = open_history(path)
     try:
         with env.begin() as txn:
-            return info(txn, open_tables(env, create=False, txn=txn))
+            tables = open_tables(env, create=False, txn=txn)
+            return info(txn, tables, checker(txn, tables, path))
     finally:
         env.close()
 
@@ -156,16 +260,18 @@ def read_table(path: str, table: str, start: int = 0, stop: int | None = None) -
 def records(env: lmdb.Environment, table: str, start: int = 0, stop: int | None = None) -> Iterator[list]:
     """``read_table`` on an environment already open (LMDB allows one handle per process)."""
     with env.begin() as txn:
-        db = open_tables(env, create=False, txn=txn).get(table)
+        tables = open_tables(env, create=False, txn=txn)
+        db = tables.get(table)
         if db is None:
             return
+        check_ = checker(txn, tables, env.path())
         cursor = txn.cursor(db=db)
         if not (cursor.set_range(U64.pack(start)) if start else cursor.first()):
             return
         for key, value in cursor:
             if stop is not None and U64.unpack(key)[0] >= stop:
                 return
-            yield msgpack.unpackb(value, raw=False)
+            yield check_.decode(table, key, value)
 
 
 def snapshot(path: str, destination: str) -> HistoryInfo:
@@ -185,4 +291,61 @@ def copy_snapshot(env: lmdb.Environment, destination: str) -> HistoryInfo:
     with env.begin() as txn:
         tables = open_tables(env, create=False, txn=txn)
         env.copy(destination, compact=True, txn=txn)
-        return info(txn, tables)
+        return info(txn, tables, checker(txn, tables, env.path()))
+
+
+def scan_history(path: str) -> tuple[list[Damage], int]:
+    """Check every record of a (stopped node's, or snapshot) history without writing: the damaged
+    records, and how many old records were read unchecked (written before checksums)."""
+    if not os.path.exists(os.path.join(path, "data.mdb")):
+        return [], 0
+    try:
+        env = lmdb.open(path, readonly=True, lock=False, max_dbs=len(TABLES) + 1, map_size=0)
+    except lmdb.Error as exc:
+        return [Damage("events", path, "data.mdb", f"LMDB cannot open it: {exc}")], 0
+    damages: list[Damage] = []
+    unchecked = 0
+    try:
+        with env.begin() as txn:
+            try:
+                tables = open_tables(env, create=False, txn=txn)
+                check_ = checker(txn, tables, path)
+            except HistoryDamaged as exc:
+                return exc.damages, 0
+            except lmdb.Error as exc:
+                return [Damage("events", path, "tables", f"LMDB cannot open them: {exc}")], 0
+            for table, db in tables.items():
+                try:
+                    for key, value in txn.cursor(db=db):
+                        if table == "meta" and key == FORMAT_KEY:
+                            continue
+                        try:
+                            check_.decode(table, key, value)
+                        except HistoryDamaged as exc:
+                            damages.extend(exc.damages)
+                            continue
+                        unchecked += not is_sealed(value)
+                except lmdb.Error as exc:
+                    damages.append(Damage("events", path, f"table {table}", f"LMDB cannot read it: {exc}"))
+    finally:
+        env.close()
+    return damages, unchecked
+
+
+def may_hold_unchecked(path: str) -> bool:
+    """Whether a history may hold records written before checksums (format 1, or a legacy mark):
+    only then is a second scan (``scan_history``'s count) worth its time."""
+    env = open_history(path)
+    try:
+        with env.begin() as txn:
+            check_ = checker(txn, open_tables(env, create=False, txn=txn), path)
+            return check_.format < HISTORY_FORMAT or check_.legacy is not None
+    except (StoreDamaged, lmdb.Error):
+        return False  # reported as damage by the check itself
+    finally:
+        env.close()
+
+
+def verify_history(path: str) -> list[Damage]:
+    """``scan_history``'s damaged records (``raftmq verify`` runs this on ``<data>/events``)."""
+    return scan_history(path)[0]

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 COMMAND_FORMAT = 2  # the commands of a batch (store/commands.py, encode_batch); 2: typed, op last
 SNAPSHOT_FORMAT = 4  # the model pickled into a snapshot (store/snapshot.py); 2: Message.format; 3: no bodies; 4: checksums
-STORE_FORMAT = 2  # the tables of the single-node LMDB store (store/durable.py); 2: message records' format
+STORE_FORMAT = 3  # the tables of the single-node LMDB store (store/durable.py); 2: message records' format; 3: checksums
+HISTORY_FORMAT = 2  # the audit history (store/events.py); 1: no format key; 2: checksums
 
 EXIT_FORMAT_TOO_NEW = 78  # EX_CONFIG: the node's software is older than its data
 

@@ -1,0 +1,277 @@
+"""``raftmq verify --data-dir DIR``: check a stopped node's files and print what is damaged (issue 29).
+
+One checker per store found in the data directory; each returns ``store.integrity.Damage`` items
+and ``verify`` prints one line per item.  Layouts differ: a single node has ``state/`` (the LMDB
+state), a cluster node ``raft/journal/`` and ``raft/snapshot.lmdb``; both may have ``bodies/`` and
+``events/`` (the audit history, when it is on).  Only what exists is checked.
+
+Exit status: 0 clean, 1 damage found (or a checker could not finish: what cannot be proved intact
+is not called clean), 2 usage errors -- no such directory, nothing raftmq in it, or the node is
+running.
+
+**A running node is refused**: its files change under the check (a torn read looks like damage),
+and LMDB's own lock would be bypassed.  It is recognised by LMDB's lock (a process that has an
+environment open holds a POSIX read lock on byte 0 of ``lock.mdb``: a write lock cannot be taken)
+and by ``status.json``'s pid (node/status.py) naming a live process.  ``--force`` checks anyway,
+with a warning that what it prints may be wrong.
+
+**Each checker runs in a forked child**: LMDB trusts its B-tree pages (no page checksums) and a
+damaged page can crash the reading process; a child that dies is reported as damage of that store
+("the checker died of signal 11 ...") and the other stores are still checked.
+"""
+
+from __future__ import annotations
+
+import errno
+import faulthandler
+import fcntl
+import importlib
+import json
+import os
+import pickle
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from raftmq.store.integrity import Damage
+
+EXIT_CLEAN, EXIT_DAMAGED, EXIT_USAGE = 0, 1, 2
+
+Check = Callable[[str], list[Damage]]
+
+
+# The checkers other stores provide.  Until every one of them is merged, a missing one is reported
+# as "not checked" (this one function is the whole fallback: remove it once all exist).
+def _optional_checker(module: str, name: str) -> Check | None:
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+
+
+def _verify_state(path: str) -> list[Damage]:
+    from raftmq.store.durable import verify_state
+
+    return verify_state(path)
+
+
+def _verify_history(path: str) -> list[Damage]:
+    from raftmq.store.events import verify_history
+
+    return verify_history(path)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One store to check: its name, where it is, and its checker (None: not available here)."""
+
+    store: str
+    path: str
+    check: Check | None
+    provider: str  # the checker's dotted name, for the "not checked" line
+
+
+def targets(data_dir: str) -> list[Target]:
+    """The stores found in ``data_dir`` (single node or cluster node), each with its checker."""
+    found: list[Target] = []
+
+    def add(store: str, sub: str, marker: str | None, module: str, name: str, check: Check | None = None) -> None:
+        path = os.path.join(data_dir, sub)
+        if not os.path.exists(os.path.join(path, marker) if marker else path):
+            return
+        found.append(Target(store, path, check if check is not None else _optional_checker(module, name),
+                            f"{module}.{name}"))
+
+    add("state", "state", "data.mdb", "raftmq.store.durable", "verify_state", _verify_state)
+    add("events", "events", "data.mdb", "raftmq.store.events", "verify_history", _verify_history)
+    add("journal", os.path.join("raft", "journal"), None, "raftmq.raft.journal", "verify_journal")
+    add("snapshot", os.path.join("raft", "snapshot.lmdb"), None, "raftmq.store.snapshot", "verify_snapshot")
+    add("bodies", "bodies", "data.mdb", "raftmq.store.body_store", "verify_body_store")
+    return found
+
+
+def lmdb_lock_held(env_dir: str) -> bool:
+    """True when some process has the LMDB environment in ``env_dir`` open (see the module
+    docstring).  Call it before this process opens that environment: POSIX locks are per process."""
+    lock_path = os.path.join(env_dir, "lock.mdb")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            return True
+        raise
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"raftmq" in fh.read()  # a reused pid of another program is not the node
+    except OSError:
+        return True
+
+
+def running_reasons(data_dir: str) -> list[str]:
+    """Why the node of ``data_dir`` seems to be running (empty: it does not)."""
+    reasons = []
+    for sub in ("state", "events", "bodies"):
+        if lmdb_lock_held(os.path.join(data_dir, sub)):
+            reasons.append(f"the LMDB lock of {os.path.join(data_dir, sub)} is held by a running process")
+    try:
+        with open(os.path.join(data_dir, "status.json")) as fh:
+            pid = json.load(fh).get("pid")
+    except (OSError, ValueError, AttributeError):
+        pid = None
+    if isinstance(pid, int) and pid != os.getpid() and _pid_alive(pid):
+        reasons.append(f"status.json names pid {pid}, which is running")
+    return reasons
+
+
+def in_child(fn: Callable, arg: str) -> tuple[str, object]:
+    """``fn(arg)`` in a forked child: ("ok", result), ("error", text), ("signal", number) or
+    ("no answer", wait status)."""
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: run it, send back (kind, value), never return
+        code = 0
+        try:
+            os.close(read_fd)
+            faulthandler.disable()  # a crash is the parent's to report, as damage, in one line
+            try:
+                result = ("ok", fn(arg))
+            except BaseException as exc:  # noqa: BLE001 - reported by the parent
+                result = ("error", f"{exc.__class__.__name__}: {exc}")
+            with os.fdopen(write_fd, "wb") as fh:
+                fh.write(pickle.dumps(result))
+        except BaseException:  # noqa: BLE001
+            code = 3
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as fh:
+        data = fh.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return "signal", os.WTERMSIG(status)
+    try:
+        return pickle.loads(data)  # noqa: S301 - from our own child process
+    except Exception:  # noqa: BLE001
+        return "no answer", status
+
+
+def run_isolated(check: Check, target: Target) -> list[Damage]:
+    """``check(target.path)`` in a forked child; its death or failure is reported as damage."""
+    kind, value = in_child(check, target.path)
+    if kind == "ok":
+        return list(value)
+    if kind == "signal":
+        what = f"the checker died of signal {value} reading it: its structure is damaged"
+    elif kind == "error":
+        what = f"could not be checked to the end: {value}"
+    else:
+        what = f"the checker exited (wait status {value}) without an answer"
+    return [Damage(target.store, target.path, "-", what)]
+
+
+@dataclass
+class Report:
+    damages: list[Damage]
+    checked: list[str]
+    not_checked: list[str]  # the lines to print
+    skipped: list[str] = field(default_factory=list)  # the stores those lines name
+
+
+def verify(data_dir: str) -> Report:
+    report = Report([], [], [])
+    for target in targets(data_dir):
+        if target.check is None:
+            report.not_checked.append(f"not checked: {target.store} ({target.path}): "
+                                      f"{target.provider} is not in this build")
+            report.skipped.append(target.store)
+            continue
+        report.damages.extend(run_isolated(target.check, target))
+        report.checked.append(target.store)
+    return report
+
+
+def _notes(data_dir: str) -> list[str]:
+    """What was read unchecked (written before checksums): said, not counted as damage."""
+    notes = []
+    history = os.path.join(data_dir, "events")
+    if os.path.exists(os.path.join(history, "data.mdb")):
+        from raftmq.store.events import may_hold_unchecked, scan_history
+
+        unchecked = scan_history(history)[1] if may_hold_unchecked(history) else 0
+        if unchecked:
+            notes.append(f"note: events: {unchecked} record(s) written before checksums: their structure "
+                         f"was checked, their bytes cannot be")
+    state = os.path.join(data_dir, "state")
+    if os.path.exists(os.path.join(state, "data.mdb")):
+        import lmdb
+
+        from raftmq.store.durable import FIRST_CHECKED_FORMAT, StateDamaged, read_format
+
+        env = lmdb.open(state, readonly=True, lock=False, max_dbs=16, map_size=0)
+        try:
+            meta = env.open_db(b"meta", create=False)
+            with env.begin() as txn:
+                found = read_format(txn, meta, state)
+            if found < FIRST_CHECKED_FORMAT:
+                notes.append(f"note: state: format {found}, written before checksums: its records' structure "
+                             f"was checked; the node adds checksums at its next start")
+        except (lmdb.Error, StateDamaged):
+            pass
+        finally:
+            env.close()
+    return notes
+
+
+def main(data_dir: str, force: bool = False, out=None, err=None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if not os.path.isdir(data_dir):
+        print(f"raftmq verify: {data_dir} is not a directory", file=err)
+        return EXIT_USAGE
+    if not targets(data_dir):
+        print(f"raftmq verify: {data_dir} holds no raftmq store (state/, raft/, bodies/, events/)", file=err)
+        return EXIT_USAGE
+    reasons = running_reasons(data_dir)
+    if reasons:
+        if not force:
+            print(f"raftmq verify: the node of {data_dir} seems to be running ({'; '.join(reasons)}): stop it "
+                  f"first (a running node's files change under the check), or pass --force", file=err)
+            return EXIT_USAGE
+        print(f"raftmq verify: WARNING: checking a running node's files ({'; '.join(reasons)}): what is "
+              f"printed may be damage or may be a write in progress", file=err)
+    report = verify(data_dir)
+    for damage in report.damages:
+        print(damage, file=out)
+    for line in report.not_checked:
+        print(line, file=out)
+    kind, notes = in_child(_notes, data_dir)
+    for line in notes if kind == "ok" else ():
+        print(line, file=out)
+    stores = ", ".join(report.checked) or "nothing"
+    if report.skipped:
+        stores += f"; not checked: {', '.join(report.skipped)}"
+    if report.damages:
+        print(f"DAMAGED: {len(report.damages)} problem(s) found (checked: {stores})", file=out)
+        return EXIT_DAMAGED
+    print(f"clean (checked: {stores})", file=out)
+    return EXIT_CLEAN
