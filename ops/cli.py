@@ -103,7 +103,7 @@ def _chaos_run(args: argparse.Namespace) -> int:
     for item in r["availability"]:
         print(f"  {item['fault']}: longest time without a confirm {item['longest_gap_s']} s; "
               f"first confirm {item['first_confirm_after_s']} s after the heal")
-    for key in ("fault_errors", "drain_errors", "node_exits"):
+    for key in ("damaged_examples", "fault_errors", "drain_errors", "node_exits"):
         for item in r[key]:
             print(f"  {key}: {item}")
     if r["settle_error"]:

@@ -46,6 +46,7 @@ class Operation:
     time: float = 0.0  # seconds since the start of the run, when the outcome was known
     latency: float = 0.0  # seconds from the publish to its confirm (confirmed enqueues)
     damaged: bool = False  # dequeues: the body was not what was published
+    note: str = ""  # damaged dequeues: how the body differs (workload.body_difference)
 
 
 @dataclass(slots=True)
@@ -69,6 +70,7 @@ class Report:
     damaged: list[int] = field(default_factory=list)  # numbers carried by damaged deliveries
     damaged_count: int = 0  # damaged deliveries (the list is cut to a limit)
     lost_count: int = 0  # lost messages (the list is cut to a limit)
+    damaged_examples: list[str] = field(default_factory=list)  # how the first damaged bodies differ
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -87,6 +89,7 @@ def check(history: list[Operation], faults: list[Fault] | None = None, limit: in
     unknown: set[int] = set()
     received: Counter[int] = Counter()
     damaged: list[int] = []
+    examples: list[str] = []
     deliveries = 0
     enqueued_ok_times: list[float] = []
     for op in history:
@@ -102,6 +105,8 @@ def check(history: list[Operation], faults: list[Fault] | None = None, limit: in
             deliveries += 1
             if op.damaged:
                 damaged.append(op.value)
+                if len(examples) < 10:
+                    examples.append(f"{op.client} t={op.time:.1f}: {op.note or op.value}")
             else:
                 received[op.value] += 1
         else:
@@ -127,7 +132,7 @@ def check(history: list[Operation], faults: list[Fault] | None = None, limit: in
                   lost=lost[:limit], unexpected=unexpected[:limit],
                   duplicated={k: v[:limit] for k, v in duplicated.items()}, recovered=recovered,
                   availability=availability, damaged=sorted(damaged)[:limit], damaged_count=len(damaged),
-                  lost_count=len(lost))
+                  lost_count=len(lost), damaged_examples=examples)
 
 
 def _longest_gap(times: list[float], start: float, end: float) -> float:

@@ -69,9 +69,24 @@ def read_body(body: bytes, size: int = BODY_BYTES) -> tuple[int, bool]:
     return value, body == make_body(value, size)
 
 
+def body_difference(body: bytes, value: int, size: int = BODY_BYTES) -> str:
+    """How a damaged ``body`` differs from what message ``value`` was published with."""
+    if value < 0:
+        return f"unreadable number: {len(body)} B, starts {body[:24]!r}"
+    expected = make_body(value, size)
+    first = next((i for i, (a, b) in enumerate(zip(body, expected, strict=False)) if a != b),
+                 min(len(body), len(expected)))
+    differing = sum(a != b for a, b in zip(body, expected, strict=False))
+    return (f"message {value}: {len(body)} B (published {len(expected)} B), {differing} bytes differ, "
+            f"the first at offset {first}")
+
+
 def _dequeued(body: bytes, client: str, clock, size: int) -> Operation:
     value, intact = read_body(body, size)
-    return Operation("dequeue", value, "ok", client, time=clock(), damaged=not intact)
+    if intact:
+        return Operation("dequeue", value, "ok", client, time=clock())
+    return Operation("dequeue", value, "ok", client, time=clock(), damaged=True,
+                     note=body_difference(body, value, size))
 
 
 class Clock:

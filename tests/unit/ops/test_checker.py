@@ -95,3 +95,19 @@ def test_workload_bodies_check_themselves():
     assert read_body(b"garbage", 512) == (-1, False)
     assert read_body(make_body(8, 512), 512) == (8, True)
     assert read_body(make_body(8, 64), 512) == (8, False)  # the wrong length is damage too
+
+
+def test_a_damaged_body_is_described():
+    """The report says how a damaged body differs (length, bytes differing, the first offset), so a
+    damaged delivery can be traced to the bytes flipped on disk."""
+    from raftmq.ops.chaos.workload import body_difference, make_body, read_body
+
+    body = bytearray(make_body(42, 256))
+    body[100] ^= 1
+    body[200] ^= 4
+    value, intact = read_body(bytes(body), 256)
+    assert (value, intact) == (42, False)
+    note = body_difference(bytes(body), 42, 256)
+    assert note == f"message 42: {len(body)} B (published {len(body)} B), 2 bytes differ, the first at offset 100"
+    report = check([enq(42), Operation("dequeue", 42, "ok", "c091", time=3.0, damaged=True, note=note)])
+    assert report.damaged_examples == [f"c091 t=3.0: {note}"]
