@@ -88,7 +88,9 @@ def _chaos_run(args: argparse.Namespace) -> int:
                                         small_disks=512 << 20 if "disk-full" in nemeses else 0,
                                         extra_config=nemesis.DAMAGE_CONFIG if damaging else "")
     else:
-        backend = backends.ComposeBackend(args.compose_file)
+        damaging = any(n.strip() in nemesis.DAMAGE_NEMESES for n in args.nemesis.split(","))
+        backend = backends.ComposeBackend(args.compose_file,
+                                          environment=nemesis.DAMAGE_ENVIRONMENT if damaging else None)
     config = runner.RunConfig(duration=args.duration, nemeses=[n.strip() for n in args.nemesis.split(",") if n.strip()],
                               fault_seconds=args.fault_seconds, quiet_seconds=args.quiet_seconds, seed=args.seed,
                               out_dir=args.out)

@@ -218,15 +218,29 @@ class ComposeBackend:
     name = "compose"
 
     def __init__(self, compose_file: str = "docker-compose.yml", project: str = "raftmqchaos",
-                 size: int = 3, amqp_base: int = 5672, admin_base: int = 15680) -> None:
+                 size: int = 3, amqp_base: int = 5672, admin_base: int = 15680,
+                 environment: dict[str, str] | None = None) -> None:
+        """``environment``: RAFTMQ_* settings for every node, in a compose override file next to the
+        run (e.g. ``nemesis.DAMAGE_ENVIRONMENT``)."""
         self.compose_file = str(Path(compose_file).resolve())
         self.project = project
         self.size = size
         self.amqp_base, self.admin_base = amqp_base, admin_base
         self._rules: list[list[str]] = []
+        self._files = [self.compose_file]
+        if environment:
+            import json
+            import tempfile
+
+            override = Path(tempfile.mkdtemp(prefix="raftmq-compose-")) / "environment.yml"
+            services = {f"n{i + 1}": {"environment": dict(environment)} for i in range(size)}
+            # JSON is YAML: the override adds to each service's environment (compose merges maps).
+            override.write_text(json.dumps({"version": "2.4", "services": services}, indent=1))
+            self._files.append(str(override))
 
     def _compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        return _run("docker-compose", "-p", self.project, "-f", self.compose_file, *args, timeout=timeout)
+        files = [arg for path in self._files for arg in ("-f", path)]
+        return _run("docker-compose", "-p", self.project, *files, *args, timeout=timeout)
 
     def container(self, i: int) -> str:
         return f"{self.project}_n{i + 1}_1"

@@ -43,8 +43,10 @@ NEMESES = ("kill", "leader-kill", "pause", "partition", "bridge", "loss", "resta
 # Node configuration for runs with damage nemeses: bodies reach the body store (a small write-behind)
 # and are read back from it (a small cache), and snapshots (with journal compaction) happen within a
 # short run, so that there is a body store, a snapshot and several segments to damage.
-DAMAGE_CONFIG = ("body_write_behind_bytes = 262144\nbody_cache_bytes = 1048576\n"
-                 "snapshot_bytes = 8388608\nsnapshot_entries = 2000\n")
+DAMAGE_SETTINGS = {"body_write_behind_bytes": 256 << 10, "body_cache_bytes": 1 << 20,
+                   "snapshot_bytes": 8 << 20, "snapshot_entries": 2000}
+DAMAGE_CONFIG = "".join(f"{key} = {value}\n" for key, value in DAMAGE_SETTINGS.items())  # netns: TOML
+DAMAGE_ENVIRONMENT = {f"RAFTMQ_{key.upper()}": str(value) for key, value in DAMAGE_SETTINGS.items()}  # compose
 LAG_SECONDS = 1.5  # -and-kill: how long Z is cut off before X is killed
 LOSS_PROBABILITY = 0.2
 DISK_LEFT = 25 * 1024 * 1024  # bytes left free by disk-full: half the default disk_free_limit
