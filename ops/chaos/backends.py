@@ -301,8 +301,10 @@ class ComposeBackend:
     # ------------------------------------------------------------------ faults
 
     def kill(self, i: int, children: bool = False) -> None:
-        """kill -9 the container's process (its children die with the container's PID namespace)."""
+        """kill -9 the container's process (its children die with the container's PID namespace), and
+        wait until the container has stopped (``docker kill`` returns before)."""
         _run("docker", "kill", "-s", "KILL", self.container(i), check=False)
+        _run("docker", "wait", self.container(i), check=False, timeout=60)
 
     def data_dir(self, i: int) -> Path:
         """The host path of the container's /data volume (root reads it under /var/lib/docker)."""
