@@ -320,7 +320,7 @@ class ComposeBackend:
         return damages.damage_dir(self.data_dir(i), spec, rng)
 
     def start_node(self, i: int) -> None:
-        _run("docker", "start", self.container(i))
+        _run("docker", "start", self.container(i), timeout=180)
         self._wait_amqp([i], timeout=60)
 
     def pause(self, i: int) -> None:
