@@ -10,6 +10,10 @@ was published), nothing unexpected, no 0-10 or deduplicated duplicate, and ident
 nodes run with a small body write-behind and cache and frequent snapshots (``nemesis.DAMAGE_CONFIG``),
 so that bodies are on disk and read back from it, and there is a snapshot to damage.  Every fault
 names what it damaged (file, offsets, bytes; sizes), printed here for a failing run.
+
+Seen on the broker before issue 29's fixes (two runs): 13,046 confirmed, 400 lost, 3 damaged
+deliveries, a node dying with SIGBUS on a truncated snapshot, replicas different; 32,029 confirmed,
+1,185 lost, a node stuck applying a damaged snapshot (UnicodeDecodeError), replicas different.
 """
 
 from __future__ import annotations
