@@ -49,11 +49,11 @@ proto: $(STAMP)
 	sed -i 's/^import admin_pb2 as/from . import admin_pb2 as/' ops/proto/admin_pb2_grpc.py
 
 chaos: $(STAMP) system-packages
-	$(BIN)/raftmq chaos run --backend netns --duration 300 --nemesis kill,leader-kill,pause,partition,bridge,loss,restart-all --out chaos-run
+	$(BIN)/raftmq chaos run --backend netns --duration 300 --nemesis kill,leader-kill,pause,partition,bridge,loss,restart-all,corrupt,truncate,corrupt-and-kill,truncate-and-kill --out chaos-run
 
 chaos-compose: $(STAMP)
 	docker/make-base-image.sh
-	RAFTMQ_BASE_IMAGE=raftmq-base:bookworm $(BIN)/raftmq chaos run --backend compose --duration 300 --nemesis kill,leader-kill,pause,partition,bridge,loss,restart-all --fault-seconds 5 --quiet-seconds 5 --out chaos-run
+	RAFTMQ_BASE_IMAGE=raftmq-base:bookworm $(BIN)/raftmq chaos run --backend compose --duration 300 --nemesis kill,leader-kill,pause,partition,bridge,loss,restart-all,corrupt,truncate,corrupt-and-kill,truncate-and-kill --fault-seconds 5 --quiet-seconds 5 --out chaos-run
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py $(ARGS)

@@ -80,7 +80,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _chaos_run(args: argparse.Namespace) -> int:
     import tempfile
 
-    from .chaos import backends, runner
+    from .chaos import backends, nemesis, runner
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("pika").setLevel(logging.WARNING)
@@ -89,23 +89,33 @@ def _chaos_run(args: argparse.Namespace) -> int:
             print("raftmq chaos: the netns backend needs root and iproute2", file=sys.stderr)
             return 2
         nemeses = [n.strip() for n in args.nemesis.split(",")]
+        damaging = any(n in nemesis.DAMAGE_NEMESES for n in nemeses)
         backend = backends.NetnsBackend(tempfile.mkdtemp(prefix="raftmq-chaos-"),
-                                        small_disks=512 << 20 if "disk-full" in nemeses else 0)
+                                        small_disks=512 << 20 if "disk-full" in nemeses else 0,
+                                        extra_config=nemesis.DAMAGE_CONFIG if damaging else "")
     else:
-        backend = backends.ComposeBackend(args.compose_file)
+        damaging = any(n.strip() in nemesis.DAMAGE_NEMESES for n in args.nemesis.split(","))
+        backend = backends.ComposeBackend(args.compose_file,
+                                          environment=nemesis.DAMAGE_ENVIRONMENT if damaging else None)
     config = runner.RunConfig(duration=args.duration, nemeses=[n.strip() for n in args.nemesis.split(",") if n.strip()],
                               fault_seconds=args.fault_seconds, quiet_seconds=args.quiet_seconds, seed=args.seed,
                               out_dir=args.out)
     result = runner.run_on_fresh(backend, config)
     r = result.report
     print(f"{'VALID' if result.valid else 'INVALID'}: {len(result.faults)} faults; confirmed {r['confirmed']} "
-          f"({r['confirmed_by_kind']}), received {r['received']}, lost {len(r['lost'])}, "
+          f"({r['confirmed_by_kind']}), received {r['received']}, lost {r['lost_count']}, "
+          f"damaged {r['damaged_count']}, "
           f"unexpected {len(r['unexpected'])}, duplicated 0-9-1 {len(r['duplicated']['0-9-1'])} "
           f"0-10 {len(r['duplicated']['0-10'])} 0-9-1-dedup {len(r['duplicated']['0-9-1-dedup'])} "
           f"(resent after a lost confirm: {r['dedup_resent']}), replicas identical {r['replicas_identical']}")
     for item in r["availability"]:
         print(f"  {item['fault']}: longest time without a confirm {item['longest_gap_s']} s; "
               f"first confirm {item['first_confirm_after_s']} s after the heal")
+    for key in ("damaged_examples", "fault_errors", "drain_errors", "node_exits"):
+        for item in r[key]:
+            print(f"  {key}: {item}")
+    if r["settle_error"]:
+        print(f"  settle_error: {r['settle_error']}")
     print(f"report: {args.out}/report.json, timeline: {args.out}/timeline.png")
     return 0 if result.valid else 1
 
@@ -196,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="netns: node processes in network namespaces (root); compose: docker-compose.yml")
     chaos_run.add_argument("--duration", type=float, default=120.0, help="seconds of faults (default 120)")
     chaos_run.add_argument("--nemesis", default="kill,partition,pause,leader-kill",
-                           help="comma-separated: kill, leader-kill, pause, partition, bridge, loss, restart-all")
+                           help="comma-separated: kill, leader-kill, pause, partition, bridge, loss, restart-all, "
+                                "disk-full, corrupt, truncate, corrupt-and-kill, truncate-and-kill")
     chaos_run.add_argument("--fault-seconds", type=float, default=4.0, help="how long each fault lasts")
     chaos_run.add_argument("--quiet-seconds", type=float, default=4.0, help="recovery time between faults")
     chaos_run.add_argument("--seed", type=int, default=1)

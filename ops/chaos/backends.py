@@ -5,7 +5,9 @@ Both backends offer the same operations on node indexes 0..n-1: ``kill`` (SIGKIL
 between pairs of nodes, both ways), ``loss`` (drop a fraction of a node's incoming packets),
 ``heal`` (undo cuts and loss), ``restart_all``, ``leader`` and ``settle`` (wait until the nodes
 agree again); the netns backend also ``fill_disk`` / ``free_disk`` (a ballast file on a node's
-small store filesystem, ``small_disks``).
+small store filesystem, ``small_disks``).  ``damage(i, spec, rng)`` flips bits in, cuts or deletes
+files of a stopped node (``damage.py``: the pure functions, the file layout): on the host's data
+directory (netns) or the container's data volume (compose, the container stopped).
 
 * ``NetnsBackend``: node processes in network namespaces (``netns.py``); cuts are blackhole
   routes, loss is ``iptables -m statistic`` inside the node's namespace.  Runs in CI (root).
@@ -22,6 +24,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from . import damage as damages
 from . import netns
 
 GUEST_ANYWHERE = '[users.guest]\npassword = "guest"\nloopback_only = false\n'
@@ -29,6 +32,31 @@ GUEST_ANYWHERE = '[users.guest]\npassword = "guest"\nloopback_only = false\n'
 
 class Unsupported(RuntimeError):
     """This backend cannot make that fault."""
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux: /proc/<pid>/task/*/children)."""
+    kids: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                kids += [int(k) for k in fh.read().split()]
+    except OSError:
+        pass
+    return kids
+
+
+def _wait_gone(pids: list[int], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            try:  # reaped by init once re-parented; a zombie still has /proc/<pid>: check its state
+                with open(f"/proc/{pid}/stat") as fh:
+                    if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        break
+            except OSError:
+                break
+            time.sleep(0.02)
 
 
 def _run(*cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -50,6 +78,8 @@ class NetnsBackend:
         self.small_disks = small_disks
         self._mounts: list[Path] = []
         self._lossy: set[int] = set()
+        self._killed: set[int] = set()  # nodes down because a nemesis killed them
+        self.exits: list[str] = []  # nodes found dead that no nemesis killed (a crash after damage...)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -90,15 +120,43 @@ class NetnsBackend:
 
     # ------------------------------------------------------------------ faults
 
-    def kill(self, i: int) -> None:
+    def kill(self, i: int, children: bool = False) -> None:
+        """kill -9 node ``i``; with ``children`` its child processes too (a snapshot being written in a
+        forked child outlives its parent and renames the snapshot into place after it died: a
+        nemesis that damages the files kills it first, as a power cut would)."""
         node = self.cluster.nodes[i]
+        self.note_exits()
         if node.is_alive():
+            kids = _children(node.pid) if children else []
             os.kill(node.pid, signal.SIGCONT)  # a paused process dies as well, but be explicit
             node.kill9()
+            for pid in kids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            _wait_gone(kids)
+        self._killed.add(i)
 
     def start_node(self, i: int) -> None:
+        self.note_exits()
         if not self.cluster.nodes[i].is_alive():
+            self._killed.discard(i)
             self.cluster.nodes[i].start()
+
+    def note_exits(self) -> None:
+        """Record nodes that died by themselves (not killed by a nemesis): e.g. on reading damaged files."""
+        for i, node in enumerate(self.cluster.nodes):
+            if i not in self._killed and node.proc is not None and node.proc.poll() is not None:
+                self.exits.append(f"{node.node_id} exited with status {node.proc.returncode}")
+                self._killed.add(i)  # reported once; start_node clears it
+
+    def damage(self, i: int, spec: damages.DamageSpec, rng) -> list[damages.Damage]:
+        """Damage node ``i``'s files as ``spec`` says; the node must be down."""
+        node = self.cluster.nodes[i]
+        if node.is_alive():
+            raise RuntimeError(f"{node.node_id} is running: damage only a stopped node")
+        return damages.damage_dir(node.data_dir, spec, rng)
 
     def pause(self, i: int) -> None:
         os.kill(self.cluster.nodes[i].pid, signal.SIGSTOP)
@@ -125,8 +183,8 @@ class NetnsBackend:
     def restart_all(self) -> None:
         for i in range(self.size):
             self.kill(i)
-        for node in self.cluster.nodes:
-            node.start()
+        for i in range(self.size):
+            self.start_node(i)
 
     def fill_disk(self, i: int, leave: int) -> None:
         """Leave ``leave`` bytes free on node ``i``'s small store filesystem (a ballast file)."""
@@ -160,15 +218,29 @@ class ComposeBackend:
     name = "compose"
 
     def __init__(self, compose_file: str = "docker-compose.yml", project: str = "raftmqchaos",
-                 size: int = 3, amqp_base: int = 5672, admin_base: int = 15680) -> None:
+                 size: int = 3, amqp_base: int = 5672, admin_base: int = 15680,
+                 environment: dict[str, str] | None = None) -> None:
+        """``environment``: RAFTMQ_* settings for every node, in a compose override file next to the
+        run (e.g. ``nemesis.DAMAGE_ENVIRONMENT``)."""
         self.compose_file = str(Path(compose_file).resolve())
         self.project = project
         self.size = size
         self.amqp_base, self.admin_base = amqp_base, admin_base
         self._rules: list[list[str]] = []
+        self._files = [self.compose_file]
+        if environment:
+            import json
+            import tempfile
+
+            override = Path(tempfile.mkdtemp(prefix="raftmq-compose-")) / "environment.yml"
+            services = {f"n{i + 1}": {"environment": dict(environment)} for i in range(size)}
+            # JSON is YAML: the override adds to each service's environment (compose merges maps).
+            override.write_text(json.dumps({"version": "2.4", "services": services}, indent=1))
+            self._files.append(str(override))
 
     def _compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        return _run("docker-compose", "-p", self.project, "-f", self.compose_file, *args, timeout=timeout)
+        files = [arg for path in self._files for arg in ("-f", path)]
+        return _run("docker-compose", "-p", self.project, *files, *args, timeout=timeout)
 
     def container(self, i: int) -> str:
         return f"{self.project}_n{i + 1}_1"
@@ -228,11 +300,27 @@ class ComposeBackend:
 
     # ------------------------------------------------------------------ faults
 
-    def kill(self, i: int) -> None:
+    def kill(self, i: int, children: bool = False) -> None:
+        """kill -9 the container's process (its children die with the container's PID namespace), and
+        wait until the container has stopped (``docker kill`` returns before)."""
         _run("docker", "kill", "-s", "KILL", self.container(i), check=False)
+        _run("docker", "wait", self.container(i), check=False, timeout=60)
+
+    def data_dir(self, i: int) -> Path:
+        """The host path of the container's /data volume (root reads it under /var/lib/docker)."""
+        done = _run("docker", "inspect", "-f",
+                    '{{range .Mounts}}{{if eq .Destination "/data"}}{{.Source}}{{end}}{{end}}', self.container(i))
+        return Path(done.stdout.strip())
+
+    def damage(self, i: int, spec: damages.DamageSpec, rng) -> list[damages.Damage]:
+        """Damage node ``i``'s files in its data volume; the container must be stopped."""
+        state = _run("docker", "inspect", "-f", "{{.State.Running}}", self.container(i)).stdout.strip()
+        if state != "false":
+            raise RuntimeError(f"{self.container(i)} is running: damage only a stopped node")
+        return damages.damage_dir(self.data_dir(i), spec, rng)
 
     def start_node(self, i: int) -> None:
-        _run("docker", "start", self.container(i))
+        _run("docker", "start", self.container(i), timeout=180)
         self._wait_amqp([i], timeout=60)
 
     def pause(self, i: int) -> None:

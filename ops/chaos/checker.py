@@ -8,7 +8,11 @@ A *history* is the list of operations the workload's clients performed, each wit
 
 Verdict:
 
-* **lost**: confirmed, never received. Always an error.
+* **lost**: confirmed, never received intact. Always an error.
+* **damaged**: a delivery whose body is not what was published (the workload's bodies check
+  themselves, ``workload.read_body``; issue 29). Always an error: a broker must refuse to deliver
+  bytes it cannot prove intact rather than send them.  Listed by the number the body carries
+  (-1 when even that is unreadable); a damaged delivery does not count as the message received.
 * **unexpected**: received, never attempted. Always an error.
 * **duplicated**: received more than once. Allowed for plain 0-9-1 publishers (at-least-once: a
   publisher that lost its connection before the confirm publishes again), an error for 0-10
@@ -41,6 +45,8 @@ class Operation:
     client_kind: str = "0-9-1"  # the protocol of the client that *published* the value (for enqueues)
     time: float = 0.0  # seconds since the start of the run, when the outcome was known
     latency: float = 0.0  # seconds from the publish to its confirm (confirmed enqueues)
+    damaged: bool = False  # dequeues: the body was not what was published
+    note: str = ""  # damaged dequeues: how the body differs (workload.body_difference)
 
 
 @dataclass(slots=True)
@@ -61,6 +67,10 @@ class Report:
     duplicated: dict[str, list[int]]
     recovered: int
     availability: list[dict] = field(default_factory=list)
+    damaged: list[int] = field(default_factory=list)  # numbers carried by damaged deliveries
+    damaged_count: int = 0  # damaged deliveries (the list is cut to a limit)
+    lost_count: int = 0  # lost messages (the list is cut to a limit)
+    damaged_examples: list[str] = field(default_factory=list)  # how the first damaged bodies differ
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -68,7 +78,7 @@ class Report:
     def summary(self) -> str:
         dups = ", ".join(f"{k}: {len(v)}" for k, v in self.duplicated.items())
         return (f"{'VALID' if self.valid else 'INVALID'}: confirmed {self.confirmed}, received {self.received}, "
-                f"lost {len(self.lost)}, unexpected {len(self.unexpected)}, duplicated ({dups}), "
+                f"lost {self.lost_count}, damaged {self.damaged_count}, unexpected {len(self.unexpected)}, duplicated ({dups}), "
                 f"recovered {self.recovered}")
 
 
@@ -78,6 +88,9 @@ def check(history: list[Operation], faults: list[Fault] | None = None, limit: in
     attempted: dict[int, str] = {}  # value -> kind of the publishing client
     unknown: set[int] = set()
     received: Counter[int] = Counter()
+    damaged: list[int] = []
+    examples: list[str] = []
+    deliveries = 0
     enqueued_ok_times: list[float] = []
     for op in history:
         if op.kind == "enqueue":
@@ -89,7 +102,13 @@ def check(history: list[Operation], faults: list[Fault] | None = None, limit: in
             elif op.status == "info":
                 unknown.add(op.value)
         elif op.kind == "dequeue" and op.status == "ok":
-            received[op.value] += 1
+            deliveries += 1
+            if op.damaged:
+                damaged.append(op.value)
+                if len(examples) < 10:
+                    examples.append(f"{op.client} t={op.time:.1f}: {op.note or op.value}")
+            else:
+                received[op.value] += 1
         else:
             raise ValueError(f"unknown operation {op!r}")
     lost = sorted(confirmed - set(received))
@@ -107,11 +126,13 @@ def check(history: list[Operation], faults: list[Fault] | None = None, limit: in
                              "longest_gap_s": _longest_gap(enqueued_ok_times, fault.start,
                                                            max(fault.end, min(fault.end + RECOVERY_WINDOW,
                                                                               horizon)))})
-    valid = not lost and not unexpected and not any(duplicated[kind] for kind in EXACTLY_ONCE)
-    return Report(valid=valid, confirmed=len(confirmed), attempted=len(attempted), received=sum(received.values()),
+    valid = (not lost and not unexpected and not damaged
+             and not any(duplicated[kind] for kind in EXACTLY_ONCE))
+    return Report(valid=valid, confirmed=len(confirmed), attempted=len(attempted), received=deliveries,
                   lost=lost[:limit], unexpected=unexpected[:limit],
                   duplicated={k: v[:limit] for k, v in duplicated.items()}, recovered=recovered,
-                  availability=availability)
+                  availability=availability, damaged=sorted(damaged)[:limit], damaged_count=len(damaged),
+                  lost_count=len(lost), damaged_examples=examples)
 
 
 def _longest_gap(times: list[float], start: float, end: float) -> float:

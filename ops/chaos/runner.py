@@ -4,7 +4,10 @@ Schedule: a quiet period, then faults in turn (round robin over the chosen nemes
 targets from ``seed``) -- each held for ``fault_seconds`` and followed by ``quiet_seconds`` of
 recovery -- until ``duration`` is up.  Then every fault is healed, the workload stops, the
 cluster settles (replica digests must be equal on the netns backend), both queues are drained
-and ``checker.check`` judges the history.  Outputs in ``out_dir``: ``history.jsonl``,
+and ``checker.check`` judges the history.  A fault that cannot be ended (a damaged node that does not
+start again), a cluster that does not settle or a queue that cannot be drained is recorded in the
+report (``fault_errors``, ``settle_error``, ``drain_errors``; nodes that died by themselves in
+``node_exits``) and makes the run invalid, but the run goes on to its verdict.  Outputs in ``out_dir``: ``history.jsonl``,
 ``report.json`` and ``timeline.png``.
 """
 
@@ -20,7 +23,18 @@ from pathlib import Path
 
 from . import nemesis as nemeses
 from .checker import Fault, Operation, check
-from .workload import Q010, Q091, Q091_DEDUP, Clock, Consumer091, Publisher010, Publisher091, drain
+from .workload import (
+    BODY_BYTES,
+    LIMIT,
+    Q010,
+    Q091,
+    Q091_DEDUP,
+    Clock,
+    Consumer091,
+    Publisher010,
+    Publisher091,
+    drain,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +47,8 @@ class RunConfig:
     quiet_seconds: float = 4.0
     seed: int = 1
     out_dir: str = "chaos-run"
+    body_bytes: int = BODY_BYTES  # payload of every message (bodies check themselves)
+    limit: int = LIMIT  # messages per publisher, at most
 
 
 @dataclass
@@ -63,9 +79,13 @@ def run(backend, config: RunConfig) -> RunResult:
     history: list[Operation] = []
     faults: list[Fault] = []
     skipped: list[str] = []
-    dedup_publisher = Publisher091(backend.urls()[1:] + backend.urls()[:1], history, clock, "p091d", dedup=True)
-    workers = [Publisher091(backend.urls(), history, clock), Publisher010(backend.hosts(), history, clock),
-               Consumer091(backend.urls(), history, clock), dedup_publisher]
+    fault_errors: list[str] = []
+    size, limit = config.body_bytes, config.limit
+    dedup_publisher = Publisher091(backend.urls()[1:] + backend.urls()[:1], history, clock, "p091d", dedup=True,
+                                   body_bytes=size, limit=limit)
+    workers = [Publisher091(backend.urls(), history, clock, body_bytes=size, limit=limit),
+               Publisher010(backend.hosts(), history, clock, body_bytes=size, limit=limit),
+               Consumer091(backend.urls(), history, clock, body_bytes=size), dedup_publisher]
     for worker in workers:
         worker.start()
     try:
@@ -83,7 +103,11 @@ def run(backend, config: RunConfig) -> RunResult:
                 continue
             log.info("fault: %s", description)
             time.sleep(config.fault_seconds)
-            end_fault()
+            try:
+                end_fault()
+            except Exception as exc:  # noqa: BLE001 - e.g. a damaged node that does not start again
+                log.warning("fault %s did not end: %s", description, exc)
+                fault_errors.append(f"{description}: {str(exc).splitlines()[0] if str(exc) else repr(exc)}")
             faults.append(Fault(description, start, clock()))
             time.sleep(config.quiet_seconds)
     finally:
@@ -93,19 +117,33 @@ def run(backend, config: RunConfig) -> RunResult:
         for worker in workers:
             worker.join(timeout=120)
     errors = [f"{w.name}: {w.error!r}" for w in workers if getattr(w, "error", None) is not None]
-    digests = backend.settle()
+    settle_error = None
+    try:
+        digests = backend.settle()
+    except Exception as exc:  # noqa: BLE001 - judged below: the run is invalid, the history still checked
+        log.warning("the cluster did not settle: %s", exc)
+        settle_error, digests = str(exc).splitlines()[0] if str(exc) else repr(exc), {}
     leader = backend.leader()
     url = backend.urls()[leader if leader is not None else 0]
+    drain_errors = []
     for queue in (Q091, Q010, Q091_DEDUP):
-        drain(url, queue, history, clock)
+        try:
+            drain(url, queue, history, clock, body_bytes=size)
+        except Exception as exc:  # noqa: BLE001 - what was not drained counts as lost
+            drain_errors.append(f"{queue}: {exc!r}")
     report = check(history, faults)
     # Digests come from the nodes' data directories (netns); compose checks equal applied indexes.
     converged = len(set(digests.values())) == 1 if digests else None
-    valid = report.valid and converged is not False and not errors
+    if settle_error is not None:
+        converged = False
+    exits = list(getattr(backend, "exits", []))
+    valid = report.valid and converged is not False and not errors and not fault_errors and not drain_errors
     result = dataclasses.asdict(report)
     result.update(valid=valid, backend=backend.name, duration=config.duration, seed=config.seed,
                   nemeses=config.nemeses, faults=[dataclasses.asdict(f) for f in faults], skipped=skipped,
                   client_errors=errors, replicas_identical=converged, digests=digests,
+                  fault_errors=fault_errors, settle_error=settle_error, drain_errors=drain_errors,
+                  node_exits=exits, body_bytes=size,
                   confirmed_by_kind=_confirmed_by_kind(history), dedup_resent=dedup_publisher.resent)
     with open(out / "history.jsonl", "w") as fh:
         for op in history:

@@ -37,7 +37,8 @@ def plot_timeline(history: list[Operation], faults: list[Fault], path: str | Pat
     for fault in faults:
         for ax in (latency_ax, rate_ax):
             ax.axvspan(fault.start, fault.end, color="tab:red", alpha=0.12)
-        latency_ax.text(fault.start, latency_ax.get_ylim()[1], fault.name, rotation=90, va="top", fontsize=7)
+        label = fault.name.split(":", 1)[0]  # damage nemeses list what they damaged after the colon
+        latency_ax.text(fault.start, latency_ax.get_ylim()[1], label, rotation=90, va="top", fontsize=7)
     rate_ax.set_xlim(0, end)
     if title:
         fig.suptitle(title)

@@ -16,6 +16,13 @@
   publisher's exactly-once check.
 * ``drain``: after the faults are healed, read everything left in a queue.
 
+Bodies check themselves (issue 29): ``make_body(value)`` is ``b"<value>:<crc32c of payload, hex>:"``
+followed by a payload derived from the value alone (a BLAKE2b stream), so every consumer checks each
+delivered body against what was published (``read_body``: the exact bytes ``make_body`` gives for the
+number it carries) and records a body that differs as a *damaged* delivery -- the checker counts them.
+
+Every publisher stops after ``limit`` messages as well as when told to (a bounded load).
+
 Operations carry the time their outcome was known (seconds since the run's start) and, for
 confirmed publishes, the confirm latency: the timeline plot shows both.
 """
@@ -23,8 +30,11 @@ confirmed publishes, the confirm latency: the timeline plot shows both.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 import time
+
+import crc32c
 
 from .checker import Operation
 
@@ -33,6 +43,50 @@ Q091, Q010, Q091_DEDUP = "chaos-091", "chaos-010", "chaos-091-dedup"
 # any resend, within a cache that holds every message of a long run.
 DEDUP_ARGUMENTS = {"x-message-deduplication": True, "x-cache-ttl": 600_000, "x-cache-size": 2_000_000}
 DEDUP_FIRST = 2_000_000_000  # its message numbers (0-9-1 from 1, 0-10 from 1e9)
+BODY_BYTES = 512  # payload bytes of each message
+LIMIT = 1_000_000  # messages per publisher, at most
+
+
+def make_body(value: int, size: int = BODY_BYTES) -> bytes:
+    """The body of message ``value``: its number, the CRC32C of its payload, the payload (``size``
+    bytes that depend on the number only)."""
+    seed = value.to_bytes(8, "little")
+    stream = b"".join(hashlib.blake2b(seed + block.to_bytes(4, "little")).digest()
+                      for block in range(-(-size // 64)))
+    payload = stream[:size]
+    return b"%d:%08x:" % (value, crc32c.crc32c(payload)) + payload
+
+
+def read_body(body: bytes, size: int = BODY_BYTES) -> tuple[int, bool]:
+    """(the number a delivered body carries, -1 if unreadable; whether it is exactly what was published)."""
+    head = body.split(b":", 1)[0]
+    try:
+        value = int(head)
+    except ValueError:
+        return -1, False
+    if not head.isdigit() or value < 0:
+        return -1, False
+    return value, body == make_body(value, size)
+
+
+def body_difference(body: bytes, value: int, size: int = BODY_BYTES) -> str:
+    """How a damaged ``body`` differs from what message ``value`` was published with."""
+    if value < 0:
+        return f"unreadable number: {len(body)} B, starts {body[:24]!r}"
+    expected = make_body(value, size)
+    first = next((i for i, (a, b) in enumerate(zip(body, expected, strict=False)) if a != b),
+                 min(len(body), len(expected)))
+    differing = sum(a != b for a, b in zip(body, expected, strict=False))
+    return (f"message {value}: {len(body)} B (published {len(expected)} B), {differing} bytes differ, "
+            f"the first at offset {first}")
+
+
+def _dequeued(body: bytes, client: str, clock, size: int) -> Operation:
+    value, intact = read_body(body, size)
+    if intact:
+        return Operation("dequeue", value, "ok", client, time=clock())
+    return Operation("dequeue", value, "ok", client, time=clock(), damaged=True,
+                     note=body_difference(body, value, size))
 
 
 class Clock:
@@ -45,9 +99,10 @@ class Clock:
 
 class Publisher091(threading.Thread):
     def __init__(self, urls: list[str], history: list[Operation], clock: Clock, name: str = "p091",
-                 dedup: bool = False) -> None:
+                 dedup: bool = False, body_bytes: int = BODY_BYTES, limit: int = LIMIT) -> None:
         super().__init__(daemon=True, name=name)
         self.urls, self.history, self.clock = urls, history, clock
+        self.body_bytes, self.limit = body_bytes, limit
         self.stop = threading.Event()
         self.client = name
         self.dedup = dedup
@@ -58,10 +113,11 @@ class Publisher091(threading.Thread):
     def run(self) -> None:
         import pika
 
-        seq, i = DEDUP_FIRST if self.dedup else 0, 0
+        first = seq = DEDUP_FIRST if self.dedup else 0
+        i = 0
         unconfirmed: int | None = None  # dedup: the number whose confirm was lost, to publish again
         kind = self.kind
-        while not self.stop.is_set():
+        while not self.stop.is_set() and (seq - first < self.limit or unconfirmed is not None):
             url = self.urls[i % len(self.urls)]
             i += 1
             try:
@@ -71,6 +127,8 @@ class Publisher091(threading.Thread):
                 ch.confirm_delivery()
                 ch.queue_declare(self.queue, durable=True, arguments=DEDUP_ARGUMENTS if self.dedup else None)
                 while not self.stop.is_set():
+                    if unconfirmed is None and seq - first >= self.limit:
+                        break
                     if unconfirmed is not None:
                         value, unconfirmed = unconfirmed, None
                         self.resent += 1
@@ -80,7 +138,7 @@ class Publisher091(threading.Thread):
                     headers = {"x-deduplication-header": str(value)} if self.dedup else None
                     started = self.clock()
                     try:
-                        ch.basic_publish("", self.queue, str(value).encode(),
+                        ch.basic_publish("", self.queue, make_body(value, self.body_bytes),
                                          pika.BasicProperties(delivery_mode=2, headers=headers))
                     except (pika.exceptions.UnroutableError, pika.exceptions.NackError):
                         self.history.append(Operation("enqueue", value, "fail", self.client, kind, self.clock()))
@@ -98,9 +156,11 @@ class Publisher091(threading.Thread):
 
 
 class Publisher010(threading.Thread):
-    def __init__(self, hosts: list[str], history: list[Operation], clock: Clock, name: str = "p010") -> None:
+    def __init__(self, hosts: list[str], history: list[Operation], clock: Clock, name: str = "p010",
+                 body_bytes: int = BODY_BYTES, limit: int = LIMIT) -> None:
         super().__init__(daemon=True, name=name)
         self.hosts, self.history, self.clock = hosts, history, clock
+        self.body_bytes, self.limit = body_bytes, limit
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self.client = name
@@ -117,20 +177,22 @@ class Publisher010(threading.Thread):
         conn = await Connection.connect(self.hosts, reconnect_timeout=120)
         session = await conn.session(f"chaos-{self.client}".encode(), timeout=300)
         await session.queue_declare(Q010, durable=True)
-        seq = 1_000_000_000
-        while not self.stop.is_set():
+        first = seq = 1_000_000_000
+        while not self.stop.is_set() and seq - first < self.limit:
             seq += 1
             started = self.clock()
-            await session.publish("", Q010, str(seq).encode(), persistent=True)
+            await session.publish("", Q010, make_body(seq, self.body_bytes), persistent=True)
             done = self.clock()
             self.history.append(Operation("enqueue", seq, "ok", self.client, "0-10", done, done - started))
         await conn.close()
 
 
 class Consumer091(threading.Thread):
-    def __init__(self, urls: list[str], history: list[Operation], clock: Clock, name: str = "c091") -> None:
+    def __init__(self, urls: list[str], history: list[Operation], clock: Clock, name: str = "c091",
+                 body_bytes: int = BODY_BYTES) -> None:
         super().__init__(daemon=True, name=name)
         self.urls, self.history, self.clock = urls, history, clock
+        self.body_bytes = body_bytes
         self.stop = threading.Event()
         self.client = name
 
@@ -151,14 +213,15 @@ class Consumer091(threading.Thread):
                         break
                     if method is None:
                         continue
-                    self.history.append(Operation("dequeue", int(body), "ok", self.client, time=self.clock()))
+                    self.history.append(_dequeued(body, self.client, self.clock, self.body_bytes))
                     ch.basic_ack(method.delivery_tag)
                 conn.close()
             except Exception:  # noqa: BLE001 - any failure: try the next node
                 time.sleep(0.1)
 
 
-def drain(url: str, queue: str, history: list[Operation], clock: Clock, timeout: float = 300.0) -> int:
+def drain(url: str, queue: str, history: list[Operation], clock: Clock, timeout: float = 300.0,
+          body_bytes: int = BODY_BYTES) -> int:
     """Read everything left in ``queue``; the number of messages read.
 
     A consumer with a deep prefetch and batched acks (one ``basic.get`` per message would be one
@@ -187,7 +250,7 @@ def drain(url: str, queue: str, history: list[Operation], clock: Clock, timeout:
             if ch.queue_declare(queue, passive=True).method.message_count == 0 or time.monotonic() > deadline:
                 break
             continue
-        history.append(Operation("dequeue", int(body), "ok", "drain", time=clock()))
+        history.append(_dequeued(body, "drain", clock, body_bytes))
         count += 1
         last_tag = method.delivery_tag
         if count % 200 == 0:

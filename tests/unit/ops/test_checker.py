@@ -61,3 +61,53 @@ def test_duplicates_are_invalid_for_the_deduplicating_0_9_1_publisher():
     assert resent_once.valid and resent_once.duplicated["0-9-1-dedup"] == []
     twice = check([enq(1, "info", kind="0-9-1-dedup"), enq(1, kind="0-9-1-dedup"), deq(1), deq(1)])
     assert not twice.valid and twice.duplicated["0-9-1-dedup"] == [1]
+
+
+def test_damaged_deliveries_are_counted_and_invalid():
+    """Issue 29: a delivery whose body is not what was published is counted as damaged (next to lost),
+    makes the run invalid, and does not count as the message received: a confirmed message received
+    only damaged is lost as well."""
+    damaged = Operation("dequeue", 2, "ok", damaged=True)
+    report = check([enq(1), enq(2), deq(1), damaged])
+    assert not report.valid and report.damaged == [2] and report.damaged_count == 1
+    assert report.lost == [2] and report.lost_count == 1 and report.received == 2
+    assert "damaged 1" in report.summary()
+    # received intact too (a redelivery from an intact copy): not lost, still invalid for the bad one
+    again = check([enq(1), deq(1), Operation("dequeue", 1, "ok", damaged=True), deq(1)])
+    assert not again.valid and again.lost == [] and again.damaged == [1] and again.unexpected == []
+    # an unreadable number (-1) is damaged, not unexpected
+    garbled = check([enq(1), deq(1), Operation("dequeue", -1, "ok", damaged=True)])
+    assert not garbled.valid and garbled.damaged == [-1] and garbled.unexpected == []
+
+
+def test_workload_bodies_check_themselves():
+    """The workload's bodies carry their number and a CRC32C of a payload that depends on the number
+    only; any flipped bit (in the number, the CRC or the payload), a cut or a wrong length is damage."""
+    from raftmq.ops.chaos.workload import make_body, read_body
+
+    body = make_body(1_000_000_007, 512)
+    assert read_body(body, 512) == (1_000_000_007, True)
+    for offset in (0, 5, len(body) // 2, len(body) - 1):
+        flipped = bytearray(body)
+        flipped[offset] ^= 0x10
+        assert read_body(bytes(flipped), 512)[1] is False
+    assert read_body(body[:-1], 512) == (1_000_000_007, False)
+    assert read_body(b"garbage", 512) == (-1, False)
+    assert read_body(make_body(8, 512), 512) == (8, True)
+    assert read_body(make_body(8, 64), 512) == (8, False)  # the wrong length is damage too
+
+
+def test_a_damaged_body_is_described():
+    """The report says how a damaged body differs (length, bytes differing, the first offset), so a
+    damaged delivery can be traced to the bytes flipped on disk."""
+    from raftmq.ops.chaos.workload import body_difference, make_body, read_body
+
+    body = bytearray(make_body(42, 256))
+    body[100] ^= 1
+    body[200] ^= 4
+    value, intact = read_body(bytes(body), 256)
+    assert (value, intact) == (42, False)
+    note = body_difference(bytes(body), 42, 256)
+    assert note == f"message 42: {len(body)} B (published {len(body)} B), 2 bytes differ, the first at offset 100"
+    report = check([enq(42), Operation("dequeue", 42, "ok", "c091", time=3.0, damaged=True, note=note)])
+    assert report.damaged_examples == [f"c091 t=3.0: {note}"]
