@@ -71,3 +71,13 @@ def test_a_file_that_is_not_lmdb_is_damage(tmp_path):
     shutil.copy(written(tmp_path), path)
     path.write_bytes(b"\x00" * 100)
     assert verify_snapshot(str(path))
+
+
+def test_a_snapshot_cut_short_is_damage_not_a_crash(tmp_path):
+    """LMDB maps the file: reading a page past a cut end would be SIGBUS."""
+    import os
+
+    path = written(tmp_path)
+    os.truncate(path, os.path.getsize(path) // 2)
+    with pytest.raises(SnapshotDamaged, match="cut short"):
+        read_snapshot(str(path))
