@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from raftmq.store.sealed import EXIT_STORE_DAMAGED
 from raftmq.store.versions import EXIT_FORMAT_TOO_NEW
 
 BACKOFF_FIRST = 0.5  # seconds before the first restart of a node that died
@@ -55,6 +56,11 @@ class Supervised:
             if self.process.returncode == EXIT_FORMAT_TOO_NEW:  # its data needs a newer raftmq: no retry helps
                 print(f"node {self.node_id} exited: its data was written by a newer raftmq; not restarting it",
                       file=sys.stderr, flush=True)
+                self.given_up = True
+                return
+            if self.process.returncode == EXIT_STORE_DAMAGED:  # a damaged store: a person must look
+                print(f"node {self.node_id} exited: a store of its own is damaged (its log names it; "
+                      f"`raftmq verify --data-dir` lists it); not restarting it", file=sys.stderr, flush=True)
                 self.given_up = True
                 return
             if now - self.started_at >= HEALTHY_AFTER:
