@@ -51,6 +51,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -439,8 +440,8 @@ def main() -> None:
                 print(f"--max-minutes {args.max_minutes} reached: {number} rounds", flush=True)
                 break
             order = orders[number % len(orders)]
-            print(f"round {number + 1} of {args.rounds} ({time.strftime('%H:%M:%S')}), order {', '.join(order)}",
-                  flush=True)
+            print(f"round {number + 1} of {args.rounds} ({time.strftime('%H:%M:%S')}, load average "
+                  f"{os.getloadavg()[0]:.1f}), order {', '.join(order)}", flush=True)
             try:
                 for scenario in scenarios:
                     for name in order:
