@@ -337,6 +337,13 @@ ORDERS = [("old", "new", "rabbitmq"), ("new", "old", "rabbitmq"), ("rabbitmq", "
           ("rabbitmq", "new", "old"), ("old", "rabbitmq", "new"), ("new", "rabbitmq", "old")]
 
 
+def commit(checkout: Path) -> str:
+    """The checkout's commit, and whether its tracked files differ from it."""
+    run = subprocess.run(["git", "-C", str(checkout), "describe", "--always", "--dirty", "--abbrev=10"],
+                         capture_output=True, text=True, timeout=30)
+    return run.stdout.strip() or "not a git checkout"
+
+
 def fmt(metric: str, value: float) -> str:
     return f"{value:.2f}" if "(ms)" in metric else f"{value:,.0f}"
 
@@ -386,7 +393,8 @@ def main() -> None:
 
     started = time.monotonic()
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}: scenarios {','.join(scenarios)}, {args.rounds} rounds; "
-          f"old {args.old}, new {args.new}{', rabbitmq 3 nodes' if args.rabbitmq else ''}", flush=True)
+          f"old {args.old} ({commit(args.old)}), new {args.new} ({commit(args.new)})"
+          f"{', rabbitmq 3 nodes' if args.rabbitmq else ''}", flush=True)
     configs = {"default": "disk_free_limit = 1\n"}
     if "consume" in scenarios:
         configs["disk"] = (f"disk_free_limit = 1\nbody_cache_bytes = {args.disk_cache_mib << 20}\n"
