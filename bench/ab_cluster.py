@@ -40,6 +40,8 @@ range of the per-round ratios.  For the latency rows lower is better (a ratio ab
 Usage::
 
     git worktree add /tmp/base <old commit> && (make the venv there, e.g. /work/mkworktree.sh)
+    # a checkout others commit to meanwhile runs whatever it holds when each node starts: pin it,
+    # e.g. git clone -q /work/main /tmp/new && git -C /tmp/new checkout --detach <commit> (+ its venv)
     python bench/ab_cluster.py --old /tmp/base --new . --rounds 6
     python bench/ab_cluster.py --old /tmp/base --new . --rabbitmq --rounds 4 \\
         --scenarios confirm256,confirm4k,latency,consume --count 10000
@@ -392,8 +394,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     started = time.monotonic()
+    commits = {"old": commit(args.old), "new": commit(args.new)}
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}: scenarios {','.join(scenarios)}, {args.rounds} rounds; "
-          f"old {args.old} ({commit(args.old)}), new {args.new} ({commit(args.new)})"
+          f"old {args.old} ({commits['old']}), new {args.new} ({commits['new']})"
           f"{', rabbitmq 3 nodes' if args.rabbitmq else ''}", flush=True)
     configs = {"default": "disk_free_limit = 1\n"}
     if "consume" in scenarios:
@@ -465,6 +468,10 @@ def main() -> None:
             except (RuntimeError, pika.exceptions.AMQPError, OSError) as exc:
                 print(f"round {number + 1} failed ({exc!r}): the summary covers the rounds before it", flush=True)
                 break
+    for name, checkout in (("old", args.old), ("new", args.new)):
+        if commit(checkout) != commits[name]:
+            print(f"WARNING: {checkout} moved from {commits[name]} to {commit(checkout)} during the run: its "
+                  f"nodes may run either; measure a pinned clone instead", flush=True)
     done = min(len(v) for r in results.values() for v in r.values())
     if done:
         summarise({n: {m: v[:done] for m, v in r.items()} for n, r in results.items()}, metrics, names)
