@@ -37,6 +37,10 @@ as a summary: the median per system, the ratios new/old and new/rabbitmq of the 
 range of the per-round ratios.  For the latency rows lower is better (a ratio above 1: new slower).
 ``--max-minutes`` bounds the whole run: no round starts after it.
 
+Flags replaced in issue 29: ``--scenario confirm --size 256`` / ``--size 4096`` are now
+``--scenarios confirm256`` / ``confirm4k``; ``--scenario consume`` is ``--scenarios consume``, which
+now reads the backlog from disk (before, with 256 B bodies, it came from the body cache).
+
 Usage::
 
     git worktree add /tmp/base <old commit> && (make the venv there, e.g. /work/mkworktree.sh)
