@@ -394,7 +394,7 @@ def main() -> None:
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     if unknown := set(scenarios) - set(SCENARIOS):
         parser.error(f"unknown scenarios {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
-    # A SIGTERM ends the run through the finally blocks below: every cluster stopped, by PID.
+    # A SIGTERM (or ^C) ends the rounds; the clusters are stopped (by PID) and the summary printed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     started = time.monotonic()
@@ -469,8 +469,9 @@ def main() -> None:
                         if "rabbitmq" in last:
                             line += f"  new/rabbitmq {last['new'] / last['rabbitmq']:.2f}"
                         print(f"  {metric:34s} {line}", flush=True)
-            except (RuntimeError, pika.exceptions.AMQPError, OSError) as exc:
-                print(f"round {number + 1} failed ({exc!r}): the summary covers the rounds before it", flush=True)
+            except (RuntimeError, pika.exceptions.AMQPError, OSError, KeyboardInterrupt, SystemExit) as exc:
+                print(f"round {number + 1} failed or was interrupted ({exc!r}): the summary covers the rounds "
+                      f"before it", flush=True)
                 break
     for name, checkout in (("old", args.old), ("new", args.new)):
         if commit(checkout) != commits[name]:
