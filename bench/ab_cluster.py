@@ -199,10 +199,6 @@ class RabbitTarget:
         return {}
 
 
-def queue_args(target) -> dict | None:
-    return {"x-queue-type": "quorum"} if target.quorum else None
-
-
 def bench_roundtrip(url: str, queue: str, count: int, size: int, quorum: bool) -> tuple[list[float], list[float]]:
     """Single persistent messages with confirms on a channel that also consumes ``queue``
     (auto-ack); the next is published once the previous is delivered and confirmed.  Returns the
