@@ -150,10 +150,13 @@ async def _confirmed(url: str, count: int, size: int, window: int, quorum: bool)
         return done / elapsed
 
 
-def bench_confirmed_pika(url: str, count: int, size: int, window: int, quorum: bool) -> float:
+def bench_confirmed_pika(url: str, count: int, size: int, window: int, quorum: bool,
+                         queue: str | None = None) -> float:
     """Persistent publishes with confirms through pika's asynchronous ``SelectConnection``: up to
-    ``window`` unconfirmed, topped up from the confirm callback.  Confirmed messages per second."""
-    queue = f"bench-p-{uuid.uuid4().hex[:8]}"
+    ``window`` unconfirmed, topped up from the confirm callback.  Confirmed messages per second.
+    ``queue``: a name to use (declared here too, deleted at the end), e.g. one the caller declared
+    beforehand through another node so that a quorum queue's leader is not on the client's node."""
+    queue = queue or f"bench-p-{uuid.uuid4().hex[:8]}"
     body = b"x" * size
     properties = pika.BasicProperties(delivery_mode=2)
     state = {"sent": 0, "settled": 0, "acked": 0, "start": 0.0, "elapsed": 0.0}
