@@ -227,6 +227,7 @@ class BodyStore:
         self.path = path
         # readahead=False: bodies are read a few pages at a time; the OS's read-ahead of a store
         # larger than memory would fill the page cache with bodies nobody asked for.
+        self.env_map_size = map_size
         self.env = lmdb.open(path, map_size=map_size, max_dbs=5, sync=False, metasync=False,
                              readahead=False, max_readers=64)
         self.segments_db = self.env.open_db(b"segments")
@@ -243,6 +244,10 @@ class BodyStore:
         self.damaged: set[int] = set()  # ids found damaged, not replaced since
         self.damaged_total = 0  # bodies found damaged (each once until replaced)
         self.upgraded = 0  # segments given checksums when a store of the first format was opened
+        self.rebuilt = False  # LMDB's own pages were damaged: the store was copied (``_rebuild``)
+        unreadable = self._walk()
+        if unreadable:
+            self._rebuild(unreadable)
         self._upgrade()
         self._load_index()
         # Background flushes (see BACKGROUND_FLUSH_BYTES): fdatasync through a descriptor of our
@@ -255,6 +260,86 @@ class BodyStore:
         self.background_flushes = 0
 
     # ------------------------------------------------------------------ opening
+
+    def _dbs(self) -> dict[bytes, object]:
+        return {b"segments": self.segments_db, b"heads": self.heads_db, b"loose": self.loose_db,
+                b"dead": self.dead_db, b"meta": self.meta_db}
+
+    def _walk(self) -> str:
+        """Read every key of every table (and the small values: headers, marks, meta), in order:
+        what LMDB's B-tree pages hold.  A damaged page makes LMDB fail (or find nonsense) there;
+        writing through it would fail too, or worse.  Returns what failed, "" if nothing did."""
+        try:
+            with self.env.begin(buffers=True) as txn:
+                for name, db in self._dbs().items():
+                    values = name in (b"heads", b"dead", b"meta")
+                    for _ in txn.cursor(db=db).iternext(keys=True, values=values):
+                        pass
+        except lmdb.Error as exc:
+            return f"{exc}"
+        return ""
+
+    def _rebuild(self, why: str) -> None:
+        """LMDB's own pages are damaged: copy every value that can still be read into a fresh
+        environment and put it in place of the old one (kept beside it as ``data.mdb.damaged``).
+        What could not be read is missing afterwards: a cluster node fetches the bodies its
+        snapshot needs from the members at start (``Bodies.after_install``), as after any
+        snapshot install; the values copied are verified as always when read."""
+        self._found("LMDB pages", f"{why}; copying what can be read into a new store")
+        fresh_dir = os.path.join(self.path, "rebuild")
+        os.makedirs(fresh_dir, exist_ok=True)
+        for name in ("data.mdb", "lock.mdb"):
+            if os.path.exists(os.path.join(fresh_dir, name)):
+                os.unlink(os.path.join(fresh_dir, name))
+        fresh = lmdb.open(fresh_dir, map_size=self.env.info()["map_size"], max_dbs=5, sync=False)
+        copied = lost = 0
+        for name, db in self._dbs().items():
+            target = fresh.open_db(name)
+            keys: list[bytes] = []
+            try:
+                with self.env.begin(db=db) as txn:
+                    for key in txn.cursor().iternext(keys=True, values=False):
+                        keys.append(bytes(key))
+            except lmdb.Error:
+                pass  # the keys after a damaged page are lost with it (segments: probed below)
+            if name in (b"segments", b"heads", b"dead") and keys:
+                # Segment keys are 1, 2, 3...: those on a damaged leaf can still be found by a get
+                # (it fails for the damaged leaf's keys only).
+                known = set(keys)
+                keys.extend(_KEY.pack(k) for k in range(1, _KEY.unpack(max(keys))[0] + 64)
+                            if _KEY.pack(k) not in known)
+                keys.sort()
+            for key in keys:
+                try:
+                    with self.env.begin(db=db) as txn:
+                        value = txn.get(key)
+                except lmdb.Error:
+                    lost += 1
+                    continue
+                if value is not None:
+                    with fresh.begin(write=True, db=target) as txn:
+                        txn.put(key, value)
+                    copied += 1
+        fresh.sync(True)
+        fresh.close()
+        self.env.close()
+        os.replace(os.path.join(self.path, "data.mdb"), os.path.join(self.path, "data.mdb.damaged"))
+        os.replace(os.path.join(fresh_dir, "data.mdb"), os.path.join(self.path, "data.mdb"))
+        for name in ("lock.mdb",):
+            for where in (fresh_dir, self.path):
+                if os.path.exists(os.path.join(where, name)):
+                    os.unlink(os.path.join(where, name))
+        os.rmdir(fresh_dir)
+        self.env = lmdb.open(self.path, map_size=self.env_map_size, max_dbs=5, sync=False, metasync=False,
+                             readahead=False, max_readers=64)
+        self.segments_db = self.env.open_db(b"segments")
+        self.heads_db = self.env.open_db(b"heads")
+        self.loose_db = self.env.open_db(b"loose")
+        self.dead_db = self.env.open_db(b"dead")
+        self.meta_db = self.env.open_db(b"meta")
+        self.rebuilt = True
+        log.error("body store %s rebuilt: %d values copied, %d unreadable (the damaged file is kept as "
+                  "data.mdb.damaged)", self.path, copied, lost)
 
     def _upgrade(self) -> None:
         """Give a store of the first format (no checksums) its checksums, once (module docstring)."""
@@ -430,9 +515,20 @@ class BodyStore:
 
     def commit(self, puts: Iterable[tuple[int, bytes]], deletes: Iterable[int]) -> int:
         """Puts then deletes in one transaction (one batch of write-behind); the puts written."""
+        with self._lock:
+            items = sorted(puts, key=lambda item: item[0])
+            # The compares read in a transaction of their own: a read that fails on a damaged page
+            # leaves that transaction unusable, which must not be the one that writes.
+            with self.env.begin(buffers=True) as reading:
+                runs, loose, stale = self._plan(items, reading)
+            written, nbytes = self._write(runs, loose, stale, deletes)
+        self._written(nbytes)
+        return written
+
+    def _write(self, runs, loose, stale, deletes) -> tuple[int, int]:
+        """The writes of one commit (lock held), in one transaction: (bodies written, bytes)."""
         written = nbytes = 0
-        with self._lock, self.env.begin(write=True) as txn:
-            runs, loose, stale = self._plan(sorted(puts, key=lambda item: item[0]), txn)
+        with self.env.begin(write=True) as txn:
             self._delete(stale, txn)  # replaced: the loose copy below is the one found
             for run in runs:
                 key = self._next_key
@@ -455,8 +551,7 @@ class BodyStore:
                     self.damaged.difference_update(item[0] for item in run)
                 self.damaged.difference_update(item[0] for item in loose)
             self._delete(deletes, txn)
-        self._written(nbytes)
-        return written
+        return written, nbytes
 
     def _plan(self, items: list[tuple[int, bytes]], txn) -> tuple[list[list[tuple[int, bytes, int]]], list, list[int]]:
         """Split sorted puts into new segments (runs between existing segments, cut at
@@ -620,23 +715,22 @@ class BodyStore:
 
     def repair(self, items: Iterable[tuple[int, bytes]]) -> list[int]:
         """Replace damaged bodies with intact copies (fetched from a peer and verified by the
-        caller): only ids still stored here are written (one deleted meanwhile stays deleted).
-        Returns the ids replaced."""
-        with self._lock, self.env.begin(write=True) as txn:
+        caller): only ids still stored here and still known damaged are written (one deleted or
+        replaced meanwhile stays as it is).  Returns the ids replaced."""
+        with self._lock:
             stored = []
-            for msg_id, body in items:
-                segment = self._segment_of(msg_id)
-                if (segment is not None and segment.position(msg_id) >= 0) or \
-                        (self._loose and txn.get(_KEY.pack(msg_id), db=self.loose_db) is not None):
-                    stored.append((msg_id, body))
-            stored.sort(key=lambda item: item[0])
-            runs, loose, stale = self._plan(stored, txn)
-            self._delete(stale, txn)
-            for msg_id, body, crc in loose:
-                txn.put(_KEY.pack(msg_id), _loose_value(body, crc), db=self.loose_db)
-                self._loose += 1
+            with self.env.begin(buffers=True) as reading:
+                for msg_id, body in items:
+                    if msg_id not in self.damaged:
+                        continue  # replaced meanwhile (by a read's repair, the scrubber, a replay)
+                    segment = self._segment_of(msg_id)
+                    if (segment is not None and segment.position(msg_id) >= 0) or \
+                            self._loose_held(msg_id, reading) is not None:
+                        stored.append((msg_id, body))
+                stored.sort(key=lambda item: item[0])
+                runs, loose, stale = self._plan(stored, reading)
             assert not runs, "a stored id is inside a segment or loose"
-            self.damaged.difference_update(msg_id for msg_id, _ in stored)
+            self._write(runs, loose, stale, ())
         return [msg_id for msg_id, _ in stored]
 
     # ------------------------------------------------------------------ reads
@@ -667,6 +761,8 @@ class BodyStore:
                             continue
                         if checksum(body) == segment.crcs[pos]:
                             found[msg_id] = body
+                            if self.damaged:
+                                self.damaged.discard(msg_id)
                         else:
                             bad.append(msg_id)
                         continue
