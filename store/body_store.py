@@ -136,6 +136,11 @@ def _encode(items: list[tuple[int, bytes, int]]) -> tuple[bytes, bytes]:
     return header, b"".join([header, *(item[1] for item in items)])
 
 
+def _key_of(key) -> int | None:
+    """The id or segment number of a stored key; None for a damaged key (not 8 bytes)."""
+    return _KEY.unpack(bytes(key))[0] if len(key) == 8 else None
+
+
 def _header_size(count: int) -> int:
     return 16 * count + 16
 
@@ -273,8 +278,9 @@ class BodyStore:
             with self.env.begin(buffers=True) as txn:
                 for name, db in self._dbs().items():
                     values = name in (b"heads", b"dead", b"meta")
-                    for _ in txn.cursor(db=db).iternext(keys=True, values=values):
-                        pass
+                    for item in txn.cursor(db=db).iternext(keys=True, values=values):
+                        if name != b"meta" and len(item[0] if values else item) != 8:
+                            return f"a key of {len(item[0] if values else item)} bytes in {name.decode()}"
         except lmdb.Error as exc:
             return f"{exc}"
         return ""
@@ -306,10 +312,14 @@ class BodyStore:
                 # Segment keys are 1, 2, 3...: those on a damaged leaf can still be found by a get
                 # (it fails for the damaged leaf's keys only).
                 known = set(keys)
-                keys.extend(_KEY.pack(k) for k in range(1, _KEY.unpack(max(keys))[0] + 64)
-                            if _KEY.pack(k) not in known)
+                # (Up to a bound: a damaged key may read as any number.)
+                top = min(max(_key_of(k) or 0 for k in keys), 4 * len(keys) + 1024)
+                keys.extend(_KEY.pack(k) for k in range(1, top + 64) if _KEY.pack(k) not in known)
                 keys.sort()
             for key in keys:
+                if name != b"meta" and len(key) != 8:
+                    lost += 1
+                    continue
                 try:
                     with self.env.begin(db=db) as txn:
                         value = txn.get(key)
@@ -387,6 +397,10 @@ class BodyStore:
             with self.env.begin(buffers=True) as txn:
                 for key, value in txn.cursor(db=self.heads_db):
                     key = bytes(key)
+                    if _key_of(key) is None:
+                        self._found(f"header key {key.hex()}", "not a segment key; dropped")
+                        unusable.append(key)
+                        continue
                     try:
                         ids, offsets, crcs = _decode_header(value)
                     except (HeaderError, struct.error) as exc:
@@ -407,7 +421,7 @@ class BodyStore:
                     self._segments.append(_Segment(_KEY.unpack(key)[0], ids, sizes, crcs))
                 by_key = {segment.key: segment for segment in self._segments}
                 for key, value in txn.cursor(db=self.dead_db):
-                    segment = by_key.get(_KEY.unpack(bytes(key))[0])
+                    segment = by_key.get(_key_of(key))
                     if segment is None:
                         continue
                     marks = _marks(value, len(segment.ids))
@@ -417,7 +431,7 @@ class BodyStore:
                     segment.alive = marks
                     segment.live = sum(marks)
                     segment.live_bytes = sum(size for size, alive in zip(segment.sizes, marks, strict=True) if alive)
-                self._next_key = 1 + max((_KEY.unpack(bytes(k))[0] for k in
+                self._next_key = 1 + max((_key_of(k) or 0 for k in
                                           txn.cursor(db=self.segments_db).iternext(keys=True, values=False)),
                                          default=0)
         except lmdb.Error as exc:
@@ -816,7 +830,7 @@ class BodyStore:
         """Every stored id, ascending."""
         with self._lock, self.env.begin(db=self.loose_db) as txn:
             out = [msg_id for s in self._segments for msg_id, alive in zip(s.ids, s.alive, strict=True) if alive]
-            out.extend(_KEY.unpack(k)[0] for k in txn.cursor().iternext(keys=True, values=False))
+            out.extend(_KEY.unpack(k)[0] for k in txn.cursor().iternext(keys=True, values=False) if len(k) == 8)
         out.sort()
         return out
 
@@ -876,7 +890,9 @@ class BodyStore:
                     next_position = (0, 0)
                     if cursor.set_range(_KEY.pack(next_id)):
                         for key, value in cursor:
-                            msg_id = _KEY.unpack(bytes(key))[0]
+                            msg_id = _key_of(key)
+                            if msg_id is None:
+                                continue
                             if read >= max_bytes:
                                 next_position = (1, msg_id)
                                 break
@@ -897,10 +913,10 @@ class BodyStore:
 
 def verify_body_store(path: str) -> list[Damage]:
     """Check a stopped node's body store (``raftmq verify --data-dir DIR``): every segment header
-    (in ``heads`` and the segment's own copy), every body against its checksum, every set of dead
-    marks, every loose body.  Opened read-only, without LMDB's lock file.  An absent store is not
-    damaged (the node never stored a body); one of the first format (no checksums) cannot be
-    verified and is reported as such."""
+    (in ``heads`` and the segment's own copy), every live body against its checksum, every set of
+    dead marks, every loose body, and that LMDB can read each table through.  Opened read-only,
+    without LMDB's lock file.  An absent store is not damaged (the node never stored a body); one
+    of the first format (no checksums) cannot be verified and is reported as such."""
     data = os.path.join(path, "data.mdb")
     if not os.path.exists(data):
         return []
@@ -914,59 +930,89 @@ def verify_body_store(path: str) -> list[Damage]:
     except lmdb.Error as exc:
         return [Damage("bodies", data, "environment", f"cannot be opened: {exc}")]
     try:
-        with env.begin(buffers=True) as txn:
-            dbs = {}
+        dbs = {}
+        with env.begin() as txn:
             for name in (b"segments", b"heads", b"loose", b"dead", b"meta"):
                 try:
                     dbs[name] = env.open_db(name, txn=txn, create=False)
                 except lmdb.NotFoundError:
                     dbs[name] = None
+        with env.begin() as txn:
             meta = dbs[b"meta"]
             if meta is None or txn.get(_FORMAT_KEY, db=meta) != FORMAT:
                 if dbs[b"heads"] is not None and txn.stat(dbs[b"heads"])["entries"]:
-                    damage("format", "written before checksums: bodies cannot be verified (upgraded when the node starts)")
+                    damage("format", "written before checksums: bodies cannot be verified "
+                           "(they are given checksums when the node starts)")
                 return found
-            counts: dict[bytes, int] = {}
-            if dbs[b"heads"] is not None:
-                for key, head in txn.cursor(db=dbs[b"heads"]):
-                    key = bytes(key)
-                    where = f"segment {_KEY.unpack(key)[0]}"
-                    value = txn.get(key, db=dbs[b"segments"]) if dbs[b"segments"] is not None else None
-                    try:
-                        ids, offsets, crcs = _decode_header(head)
-                    except (HeaderError, struct.error) as exc:
-                        damage(where, f"header: {exc}")
-                        try:
-                            ids, offsets, crcs = _decode_header(value if value is not None else b"")
-                        except (HeaderError, struct.error) as again:
-                            damage(where, f"the segment's copy of its header: {again}")
+        marks: dict[bytes, bytes] = {}
+        if dbs[b"dead"] is not None:
+            try:
+                with env.begin(db=dbs[b"dead"]) as txn:
+                    marks = {bytes(key): bytes(value) for key, value in txn.cursor()}
+            except lmdb.Error as exc:
+                damage("dead marks", f"LMDB error while reading: {exc}")
+        if dbs[b"heads"] is not None:
+            try:
+                with env.begin(buffers=True) as txn:
+                    for key, head in txn.cursor(db=dbs[b"heads"]):
+                        key = bytes(key)
+                        where = f"segment {_key_of(key)}"
+                        if _key_of(key) is None:
+                            damage(f"header key {key.hex()}", "not a segment key")
                             continue
-                    counts[key] = len(ids)
-                    if value is None:
-                        damage(where, "segment missing")
-                        continue
-                    size = _header_size(len(ids))
-                    try:
-                        _decode_header(value)
-                    except (HeaderError, struct.error) as exc:
-                        damage(where, f"the segment's copy of its header: {exc}")
-                    for i, msg_id in enumerate(ids):
-                        body = value[size + offsets[i]:size + offsets[i + 1]]
-                        if len(body) != offsets[i + 1] - offsets[i]:
-                            damage(f"{where}, message {msg_id}", f"truncated: {len(body)} of "
-                                   f"{offsets[i + 1] - offsets[i]} bytes")
-                        elif checksum(body) != crcs[i]:
-                            damage(f"{where}, message {msg_id}", "checksum mismatch")
-            if dbs[b"dead"] is not None:
-                for key, value in txn.cursor(db=dbs[b"dead"]):
-                    key = bytes(key)
-                    count = counts.get(key)
-                    if count is not None and _marks(value, count) is None:
-                        damage(f"dead marks of segment {_KEY.unpack(key)[0]}", "checksum mismatch")
-            if dbs[b"loose"] is not None:
-                for key, value in txn.cursor(db=dbs[b"loose"]):
-                    if _loose_body(value) is None:
-                        damage(f"loose message {_KEY.unpack(bytes(key))[0]}", "checksum mismatch")
+                        value = txn.get(key, db=dbs[b"segments"]) if dbs[b"segments"] is not None else None
+                        try:
+                            ids, offsets, crcs = _decode_header(head)
+                        except (HeaderError, struct.error) as exc:
+                            damage(where, f"header: {exc}")
+                            try:
+                                ids, offsets, crcs = _decode_header(value if value is not None else b"")
+                            except (HeaderError, struct.error) as again:
+                                damage(where, f"the segment's copy of its header: {again}")
+                                continue
+                        alive = b"\x01" * len(ids)
+                        if key in marks:
+                            checked = _marks(marks[key], len(ids))
+                            if checked is None:
+                                damage(f"dead marks of {where}", "checksum mismatch")
+                            else:
+                                alive = bytes(checked)
+                        if value is None:
+                            damage(where, "segment missing")
+                            continue
+                        try:
+                            _decode_header(value)
+                        except (HeaderError, struct.error) as exc:
+                            damage(where, f"the segment's copy of its header: {exc}")
+                        size = _header_size(len(ids))
+                        for i, msg_id in enumerate(ids):
+                            if not alive[i]:
+                                continue
+                            body = value[size + offsets[i]:size + offsets[i + 1]]
+                            if len(body) != offsets[i + 1] - offsets[i]:
+                                damage(f"{where}, message {msg_id}", f"truncated: {len(body)} of "
+                                       f"{offsets[i + 1] - offsets[i]} bytes")
+                            elif checksum(body) != crcs[i]:
+                                damage(f"{where}, message {msg_id}", "checksum mismatch")
+            except lmdb.Error as exc:
+                damage("segments", f"LMDB error while reading: {exc}")
+        if dbs[b"segments"] is not None:
+            try:
+                with env.begin(db=dbs[b"segments"]) as txn:
+                    for _ in txn.cursor().iternext(keys=True, values=False):
+                        pass
+            except lmdb.Error as exc:
+                damage("segments", f"LMDB error while reading the keys: {exc}")
+        if dbs[b"loose"] is not None:
+            try:
+                with env.begin(db=dbs[b"loose"], buffers=True) as txn:
+                    for key, value in txn.cursor():
+                        if _key_of(key) is None:
+                            damage(f"loose key {bytes(key).hex()}", "not a message id")
+                        elif _loose_body(value) is None:
+                            damage(f"loose message {_key_of(key)}", "checksum mismatch")
+            except lmdb.Error as exc:
+                damage("loose bodies", f"LMDB error while reading: {exc}")
     except lmdb.Error as exc:
         damage("environment", f"LMDB error while reading: {exc}")
     finally:
