@@ -425,9 +425,15 @@ class BodyStore:
                     if segment is None:
                         continue
                     marks = _marks(value, len(segment.ids))
-                    if marks is None:  # kept alive: a restart's sweep deletes what no message needs
-                        self._found(f"dead marks of segment {segment.key}", "checksum mismatch; all kept live")
-                        continue
+                    if marks is None:
+                        # Kept live (a restart's sweep deletes what no message needs), except the
+                        # ids with a loose copy: that one replaced the segment's (``_plan``).
+                        self._found(f"dead marks of segment {segment.key}", "checksum mismatch; "
+                                    "all kept live but those replaced by a loose copy")
+                        marks = bytearray(b"\x01") * len(segment.ids)
+                        for i, msg_id in enumerate(segment.ids):
+                            if txn.get(_KEY.pack(msg_id), db=self.loose_db) is not None:
+                                marks[i] = 0
                     segment.alive = marks
                     segment.live = sum(marks)
                     segment.live_bytes = sum(size for size, alive in zip(segment.sizes, marks, strict=True) if alive)
@@ -931,12 +937,11 @@ def verify_body_store(path: str) -> list[Damage]:
         return [Damage("bodies", data, "environment", f"cannot be opened: {exc}")]
     try:
         dbs = {}
-        with env.begin() as txn:
-            for name in (b"segments", b"heads", b"loose", b"dead", b"meta"):
-                try:
-                    dbs[name] = env.open_db(name, txn=txn, create=False)
-                except lmdb.NotFoundError:
-                    dbs[name] = None
+        for name in (b"segments", b"heads", b"loose", b"dead", b"meta"):
+            try:
+                dbs[name] = env.open_db(name, create=False)
+            except lmdb.NotFoundError:
+                dbs[name] = None
         with env.begin() as txn:
             meta = dbs[b"meta"]
             if meta is None or txn.get(_FORMAT_KEY, db=meta) != FORMAT:
