@@ -76,6 +76,7 @@ class BodyScrubber:
 
     def _run(self) -> None:
         position = (0, 0)
+        pass_bytes = 0
         while not self._stop.is_set():
             began = time.monotonic()
             try:
@@ -87,12 +88,16 @@ class BodyScrubber:
                 self._stop.wait(60)
                 position = (0, 0)
                 continue
+            pass_bytes += read
+            # Keep to the rate; a pass that found nothing to read (an empty store) waits a second.
+            pause = max(read / self.bytes_per_second - (time.monotonic() - began), 0.0)
             if position == (0, 0):
                 self.passes += 1
                 if self.passes == 1 or self.passes % 100 == 0:
                     log.info("scrub: pass %d over the body store done (%d bytes verified in all, "
                              "%d damaged bodies found)", self.passes, self.bytes, self.found)
-            # Keep to the rate; an empty store is looked at again after a second.
-            pause = max(read / self.bytes_per_second - (time.monotonic() - began), 0.0) if read else 1.0
+                if not pass_bytes:
+                    pause = 1.0
+                pass_bytes = 0
             if pause:
                 self._stop.wait(pause)

@@ -98,20 +98,27 @@ def wait_compacted(cluster, node, timeout: float = 30.0) -> None:
     raise AssertionError(f"{node.node_id} did not compact its journal: {cluster.fresh_status(node)}")
 
 
+def damaged_follower(cluster, seed: int):
+    """Publish the queue, let the follower compact, stop it, flip bytes in its body store, start
+    it again.  Returns the follower and how many bytes were flipped."""
+    leader = cluster.leader()
+    follower = next(n for n in cluster.nodes if n is not leader)
+    publish(cluster, leader, "q")
+    cluster.wait_applied_equal()
+    wait_compacted(cluster, follower)
+    follower.terminate()
+    flipped = flip_bytes(follower.data_dir / "bodies" / "data.mdb", seed=seed)
+    follower.start()
+    cluster.wait_caught_up(follower)
+    return follower, flipped
+
+
 def test_bit_flips_in_a_followers_body_store_are_repaired_from_a_peer_never_delivered(tmp_path):
     """Checks: no damaged body is delivered (each checked by the client against its SHA-256), none
-    is missing, the order is kept, and the follower counted bodies damaged and repaired."""
-    with Cluster(3, tmp_path, extra_config=CONFIG) as cluster:
-        leader = cluster.leader()
-        follower = next(n for n in cluster.nodes if n is not leader)
-        publish(cluster, leader, "q")
-        cluster.wait_applied_equal()
-        wait_compacted(cluster, follower)
-        follower.terminate()
-
-        flipped = flip_bytes(follower.data_dir / "bodies" / "data.mdb", seed=29)
-        follower.start()
-        cluster.wait_caught_up(follower)
+    is missing, the order is kept, and the follower counted bodies damaged and repaired.  (The
+    scrubber is off: the consumer's reads meet the damage.)"""
+    with Cluster(3, tmp_path, extra_config=CONFIG + "\nscrub_bytes_per_second = 0") as cluster:
+        follower, flipped = damaged_follower(cluster, seed=29)
 
         got = consume(cluster, follower, "q")
         numbers = [intact(data) for data in got]
@@ -124,3 +131,28 @@ def test_bit_flips_in_a_followers_body_store_are_repaired_from_a_peer_never_deli
         assert status["bodies_damaged"] > 0, status
         assert status["bodies_repaired"] > 0, status
         assert status["bodies_lost"] == 0, status
+
+
+def test_the_scrubber_repairs_a_followers_damaged_bodies_before_anyone_reads_them(tmp_path):
+    """With no consumer, the follower's scrubber (64 MiB/s here) finds the damaged bodies and
+    replaces each from a peer: every body found damaged is repaired; then a consumer on the
+    follower gets every body intact, in order."""
+    with Cluster(3, tmp_path, extra_config=CONFIG + f"\nscrub_bytes_per_second = {64 << 20}") as cluster:
+        follower, flipped = damaged_follower(cluster, seed=7)
+        deadline = time.monotonic() + 40
+        status = cluster.fresh_status(follower)
+        while time.monotonic() < deadline:
+            status = cluster.fresh_status(follower)
+            if status["body_scrub_bytes"] >= COUNT * BODY * 0.5 and status["bodies_damaged"] \
+                    and status["bodies_repaired"] == status["bodies_damaged"]:
+                break
+            time.sleep(0.5)
+        print(f"flipped {flipped} bytes; scrubbed {status['body_scrub_bytes']} bytes; "
+              f"bodies_damaged={status['bodies_damaged']} bodies_repaired={status['bodies_repaired']}")
+        assert status["bodies_damaged"] > 0, status
+        assert status["bodies_repaired"] == status["bodies_damaged"], status
+        assert status["body_cache_loaded"] == 0, status  # no read met them: the scrubber did
+
+        got = consume(cluster, follower, "q")
+        assert [intact(data) for data in got] == list(range(COUNT))
+        assert cluster.fresh_status(follower)["bodies_refused"] == 0
