@@ -58,6 +58,8 @@ async def one_run(args) -> tuple[float, float, dict]:
     data_dir = tempfile.mkdtemp(prefix="raftmq-consume-")
     config = Config(data_dir=data_dir, port=0,
                     body_cache_bytes=args.cache_mib << 20, body_write_behind_bytes=args.write_behind_mib << 20)
+    if args.scrub_mib is not None:  # the body store's scrubber (issue 29): 0 turns it off
+        config.scrub_bytes_per_second = args.scrub_mib << 20
     broker = Broker(config)
     await broker.start()
     await asyncio.sleep(0.01)
@@ -108,6 +110,8 @@ def main() -> None:
     parser.add_argument("--cache-mib", type=int, default=256)
     parser.add_argument("--write-behind-mib", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--scrub-mib", type=int, default=None,
+                        help="scrub_bytes_per_second in MiB/s (default: the config's, 8; 0: off)")
     args = parser.parse_args()
     tune_gc()
     for _ in range(args.repeat):

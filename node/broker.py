@@ -19,6 +19,7 @@ from raftmq.raft.cluster import ClusterLog
 from raftmq.raft.local import LocalLog
 from raftmq.raft.log import Log
 from raftmq.store.bodies import Bodies
+from raftmq.store.body_scrub import BodyScrubber
 from raftmq.store.body_store import BodyStore
 from raftmq.store.commands import (
     OUT_CANCEL,
@@ -116,6 +117,11 @@ class Broker:
             self.log.on_fatal = self._on_disk_failure
             self._configured_members = {}
         self.machine.delayed_limit = config.max_delayed_messages
+        machine = self.machine
+        # A refused delivery of a damaged body names its queue in the log (store/bodies.py).
+        self.bodies.queue_name = lambda qid: getattr(machine.queues_by_id.get(qid), "name", None)
+        # Damaged bodies are found when read and by this scrubber (started with the node).
+        self.scrubber = BodyScrubber(self.bodies, config.scrub_bytes_per_second)
         self.flow_throttled = False
         self.flow_paused: set = set()  # endpoints not read until the backlog is low again
         self.log.on_throttle = self._on_throttle
@@ -162,6 +168,7 @@ class Broker:
         self._tasks.append(asyncio.create_task(self._tick_loop()))
         self._tasks.append(asyncio.create_task(self._alarm_loop()))
         self._tasks.append(asyncio.create_task(status_loop(self, self.config.resolved_data_dir())))
+        self.scrubber.start()
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -173,6 +180,7 @@ class Broker:
                 pass
         if self.events is not None:
             self.events.close()
+        self.scrubber.stop()
         self.log.close()
         self.bodies.store.close()
 

@@ -71,6 +71,9 @@ class Config:
     # bodies kept in memory before they are written (a body acked before that is never written).
     body_cache_bytes: int = 256 << 20
     body_write_behind_bytes: int = 16 << 20
+    # The body store's scrubber (store/body_scrub.py) re-reads and verifies stored bodies at this
+    # rate, repairing damaged ones from a peer; 0 turns it off.
+    scrub_bytes_per_second: int = 8 << 20
     disk_free_limit: int = 50 * 1024 * 1024
     # Resource alarms are re-evaluated as memory and disk use grow (after batches of outputs and
     # submitted commands), at most once per this many seconds, besides the once-a-second check.

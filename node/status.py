@@ -95,7 +95,11 @@ def bodies_status(broker: Broker) -> dict:
             "bodies_written": stats.written, "bodies_cancelled": stats.cancelled,
             "bodies_deleted": stats.deleted, "body_checkpoints": stats.checkpoints,
             "bodies_fetched": stats.fetched, "bodies_lost": stats.lost,
-            "bodies_gone_unsent": stats.gone}
+            "bodies_gone_unsent": stats.gone,
+            # Damaged bodies (issue 29): found (read or scrub), replaced from a member, deliveries refused.
+            "bodies_damaged": bodies.damaged, "bodies_repaired": stats.repaired,
+            "bodies_refused": stats.refused, "body_store_damage_at_open": len(bodies.store.damage),
+            "body_scrub_bytes": broker.scrubber.bytes if hasattr(broker, "scrubber") else 0}
 
 
 def bodies_digest(broker: Broker) -> str:

@@ -130,7 +130,13 @@ def _body_metrics(broker: Broker, node: str):
                 ("raftmq_bodies_fetched", "bodies fetched from other members after a snapshot install",
                  bodies.stats.fetched),
                 ("raftmq_bodies_lost", "deliveries or copies whose body this node lacked (never expected)",
-                 bodies.stats.lost))
+                 bodies.stats.lost),
+                ("raftmq_bodies_damaged", "stored bodies found damaged (checksum mismatch or unreadable)",
+                 bodies.damaged),
+                ("raftmq_bodies_repaired", "damaged bodies replaced by an intact copy from a member",
+                 bodies.stats.repaired),
+                ("raftmq_bodies_refused", "deliveries not sent: body damaged and not repaired",
+                 bodies.stats.refused))
     for name, doc, value in counters:
         family = CounterMetricFamily(name, doc, labels=["node"])
         family.add_metric([node], value)

@@ -8,9 +8,11 @@ listener.  The member answers in its Raft thread from its pending bodies and its
 (``Bodies.peek``: a dict lookup and LMDB read transactions, both safe beside the event loop's
 writes); an answer is at most ``body_fetch.ANSWER_BYTES`` (8 MiB), a few ms of the tick.
 
-Wiring (not done here): ``serve_bodies(replica, bodies)`` once the node has its ``Bodies``;
-after ``_install`` in raft/cluster.py, ``body_fetch.catch_up(bodies, live, [ask(...) for each
-other member])`` in a worker thread before the next entry is applied.
+Wiring (raft/cluster.py): ``serve_bodies(replica, bodies)`` when Raft starts; after ``_install``,
+``body_fetch.catch_up(bodies, live, [ask(...) for each other member])`` in a worker thread before
+the next entry is applied.  The same request repairs damaged bodies (issue 29,
+``body_fetch.fetch_intact``, ``ClusterLog._repair_bodies``): the answer carries each body's CRC32C
+and only bodies the member's store verified, and the asker checks every one.
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import NoReturn
 
-from raftmq.store.bodies import Bodies, DictBodies, consumer_holds, fill_bodies, upcoming_ids
-from raftmq.store.body_fetch import catch_up
+from raftmq.store.bodies import REPAIR_TIMEOUT, Bodies, DictBodies, consumer_holds, fill_bodies, upcoming_ids
+from raftmq.store.body_fetch import catch_up, fetch_intact
 from raftmq.store.commands import Command, decode_batch, encode_batch
 from raftmq.store.machine import StateMachine
 from raftmq.store.snapshot import SnapshotDamaged, import_model, live_bodies, read_snapshot, write_snapshot
@@ -133,6 +133,7 @@ class ClusterLog:
         self.replica.compaction_floor = lambda: min(machine.message_bytes // 4, 1 << 30)
         if isinstance(self.bodies, Bodies):
             serve_bodies(self.replica, self.bodies)  # members that installed a snapshot ask here
+            self.bodies.repairer = self._repair_bodies  # damaged bodies are replaced from members
         self._retry_handle = loop.call_later(self.retry_after, self._retry_stale)
 
     def close(self) -> None:
@@ -429,6 +430,13 @@ class ClusterLog:
             log.error("%d message bodies could not be fetched from any member", len(needed))
         log.info("fetched %d message bodies", fetched)
         self._loop.call_soon_threadsafe(self._caught_up)
+
+    def _repair_bodies(self, ids: list[int]) -> dict[int, bytes]:
+        """Intact copies of damaged bodies from the other members, each checked against its
+        checksum (store/bodies.py "Damaged bodies"): on the loop while the delivery that read the
+        body waits, or in the scrubber's thread."""
+        members = [ask(self._secret, address, timeout=REPAIR_TIMEOUT) for address in self._partners]
+        return fetch_intact(ids, members, self.bodies.store.expected_crc)
 
     def _caught_up(self) -> None:
         self._catching_up = False

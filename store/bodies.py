@@ -20,11 +20,36 @@ here, on every node: the puts before the batch's outputs are sent (deliveries re
   node (``store/body_fetch.py``).  A delete of a body still pending just drops it.
 
 What the node holds for bodies (the memory alarm): ``held_bytes`` = cached + pending.
+
+**Damaged bodies** (issue 29; docs/design.md "Damaged bodies").  The store verifies every body it
+reads against the CRC32C it was written with and never returns one that fails.  A read that meets
+one (``_load``: the cache's misses and read-ahead, which is how every delivery reads a body on
+disk) replaces it from a peer there and then (``repairer``: the body fetch over the Raft port,
+each fetched body checked against its checksum), writes it back (``BodyStore.repair``) and
+returns it, so the delivery that asked simply waited.  Why repair inside the read rather than
+make the delivery wait somewhere: a delivery reads its body either in ``fill_bodies`` (while
+applying: the node's apply waits, as it does for a catch-up) or in the front end when it writes
+it (``body_to_send``), and in both places every later delivery of that channel, session or link
+is behind it; blocking the read keeps each front end's order and contract (a body is intact or
+the message is gone) unchanged, in three protocols, for a fault that should be rare.  The price:
+the loop waits for the fetch (a round trip to a member; at most ``REPAIR_TIMEOUT`` per member
+asked, then no member is asked again for ``REPAIR_RETRY_SECONDS``, so a node whose members are
+down does not stall at every read).
+
+A body that cannot be repaired (one node, or no member has it intact) is *refused*: not sent.  A
+delivery that holds its message (manual ack, 0-10 explicit accept, an unsettled 1.0 link) is
+dropped unsent, as a gone one is: its message stays held by that delivery in the model -- not
+acked, not lost -- and returns to its queue when the consumer's channel, session or link ends;
+logged at ERROR with the message id and queue, counted in ``stats.refused``.  A delivery that
+does not hold its message (auto-ack, a basic.get without ack: ``fill_bodies`` removes it from the
+outputs, a get is answered as if the queue were empty) cannot keep it queued: it is not sent
+either, and the message is lost with the only copy this node could find.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -35,6 +60,15 @@ from .commands import OK, OUT_DELIVER, OUT_REPLY, OUT_TRANSFER, GotMessage, Ok, 
 from .ready_peek import next_ids
 
 log = logging.getLogger(__name__)
+
+#: A member asked to repair a damaged body has this long to answer (the loop waits for it).
+REPAIR_TIMEOUT = 2.0
+#: After a repair that found no intact copy, reads do not ask members again for this long.
+REPAIR_RETRY_SECONDS = 5.0
+
+#: Fetches intact copies of damaged bodies from other members (raft/cluster.py): ids in, the
+#: bodies found (each verified against its checksum) out.
+Repairer = Callable[[list[int]], dict[int, bytes]]
 
 #: A put's source: the body, or the id of the message whose body it shares (a dead-letter copy).
 BodySource = bytes | int
@@ -57,6 +91,8 @@ class BodyStats:
     lost: int = 0  # puts whose shared source this node did not have (logged: a bug or a lost store)
     fetched: int = 0  # bodies fetched from other members after a snapshot install
     gone: int = 0  # deliveries read when sent whose message no longer existed (dropped unsent)
+    repaired: int = 0  # damaged bodies replaced by an intact copy from a member
+    refused: int = 0  # deliveries not sent because their body was damaged and not repaired
 
 
 class Bodies:
@@ -79,14 +115,60 @@ class Bodies:
         self._deleted_now: list[int] = []  # deleted since the last checkpoint (on disk)
         self._deleted_before: list[int] = []  # deleted between the last two checkpoints
         self.stats = BodyStats()
+        self.repairer: Repairer | None = None  # a cluster's members (module docstring)
+        self._repair_after = 0.0  # monotonic: no member is asked before (REPAIR_RETRY_SECONDS)
+        #: Names a queue for the log of a refused delivery: qid -> name.
+        self.queue_name: Callable[[int], str | None] = lambda qid: None
 
-    def _load(self, ids: Iterable[int]) -> dict[int, bytes]:
-        found = self.store.get_many(ids)
+    def _load(self, ids: Iterable[int], repair: bool = True) -> dict[int, bytes]:
+        ids = list(ids)
+        damaged: list[int] = []
+        found = self.store.get_many(ids, damaged)
+        if damaged and repair:
+            found.update(self.repair(damaged))
         if self.fallback is not None:
             rest = [msg_id for msg_id in ids if msg_id not in found]
             if rest:
                 found.update(self.fallback(rest))
         return found
+
+    @property
+    def damaged(self) -> int:
+        """Bodies found damaged on this node (each counted once until replaced)."""
+        return self.store.damaged_total
+
+    def repair(self, ids: list[int], wait: bool = False) -> dict[int, bytes]:
+        """Replace damaged bodies from members (``repairer``) and return the intact copies found;
+        none without a repairer (one node) or while a failed attempt's pause lasts (``wait``:
+        the scrubber's thread, which does not care)."""
+        if self.repairer is None or not ids or (not wait and time.monotonic() < self._repair_after):
+            return {}
+        try:
+            got = self.repairer(ids)
+        except Exception:  # a member answering nonsense must not break the read: the body is refused
+            log.exception("repairing %d damaged message bodies failed", len(ids))
+            got = {}
+        if got:
+            replaced = self.store.repair(got.items())
+            self.stats.repaired += len(replaced)
+            log.warning("repaired %d damaged message bodies from other members", len(replaced))
+        if len(got) < len(ids):
+            self._repair_after = time.monotonic() + REPAIR_RETRY_SECONDS
+            log.error("%d damaged message bodies have no intact copy on any member reached",
+                      len(ids) - len(got))
+        return got
+
+    def refused(self, msg_id: int, qid: int | None) -> bool:
+        """Whether ``msg_id``'s body is damaged here and not repaired: then its delivery is refused
+        (logged at ERROR with the message and queue, counted) rather than sent."""
+        if msg_id not in self.store.damaged:
+            return False
+        self.stats.refused += 1
+        queue = self.queue_name(qid) if qid is not None else None
+        log.error("message %d in queue %s: its body is damaged on this node and no intact copy was "
+                  "found: not delivered (it stays held, not acked)", msg_id,
+                  repr(queue) if queue is not None else "?")
+        return True
 
     @property
     def held_bytes(self) -> int:
@@ -175,10 +257,13 @@ class Bodies:
             return body
         return self.cache.get(msg_id)
 
-    def for_send(self, msg_id: int, following: Callable[[], Iterable[int]] | None = None) -> bytes | None:
+    def for_send(self, msg_id: int, following: Callable[[], Iterable[int]] | None = None,
+                 qid: int | None = None) -> bytes | None:
         """The body of a delivery being written to its client (``fill_bodies``: left to be read
         when sent).  When it is only on disk, ``following`` -- the ids the front end sends next --
-        are read with it in one transaction.  None (counted in ``stats.gone``): no such body."""
+        are read with it in one transaction.  None (counted in ``stats.gone``): no such body; or
+        (counted in ``stats.refused``) its body is damaged and could not be repaired: the front
+        end drops the delivery unsent either way (module docstring)."""
         body = self._pending.get(msg_id)
         if body is not None:
             return body
@@ -187,6 +272,8 @@ class Bodies:
             self.read_ahead([msg_id, *following()])
         body = cache.get(msg_id)
         if body is None:
+            if self.refused(msg_id, qid):
+                return None
             self.stats.gone += 1
             log.info("message %d was gone when its delivery was to be sent: not sent", msg_id)
         return body
@@ -208,10 +295,11 @@ class Bodies:
             else:
                 found[msg_id] = body
         if rest:
-            found.update(self._load(rest))
+            found.update(self._load(rest, repair=False))  # (the Raft thread: no fetch from here)
         return found
 
     def has(self, msg_id: int) -> bool:
+        """Whether this node has an intact body for ``msg_id`` (a damaged one: no, fetch it)."""
         return msg_id in self._pending or msg_id in self.cache or self.store.get(msg_id) is not None
 
     # ------------------------------------------------------------------ snapshots and restart
@@ -297,7 +385,8 @@ class DictBodies:
     def in_memory(self, msg_id: int) -> bool:
         return True
 
-    def for_send(self, msg_id: int, following: Callable[[], Iterable[int]] | None = None) -> bytes | None:
+    def for_send(self, msg_id: int, following: Callable[[], Iterable[int]] | None = None,
+                 qid: int | None = None) -> bytes | None:
         return self.get(msg_id)
 
     def read_ahead(self, ids: Iterable[int]) -> int:
@@ -427,43 +516,62 @@ def fill_bodies(outputs: list, bodies: Bodies | DictBodies, upcoming: Upcoming |
                 missing.extend(upcoming(qid))
         bodies.read_ahead(missing)
     get = bodies.get
+    refused: set[int] = set()  # indexes of outputs not sent: their bodies are damaged, not repaired
 
-    def body_of(msg_id: int) -> bytes:
+    def body_of(msg_id: int, qid: int | None) -> bytes | None:
         body = get(msg_id)
-        return body if body is not None else _lost(bodies, msg_id)
+        if body is not None:
+            return body
+        if isinstance(bodies, Bodies) and bodies.refused(msg_id, qid):
+            return None
+        return _lost(bodies, msg_id)
 
     for i in fill:
         out = outputs[i]
         kind = out[1]
         if kind == OUT_DELIVER:
             delivery = out[4]
-            outputs[i] = (out[0], kind, out[2], out[3], (*delivery, body_of(delivery[3].id)))
+            body = body_of(delivery[3].id, delivery[0])
+            if body is None:
+                refused.add(i)
+                continue
+            outputs[i] = (out[0], kind, out[2], out[3], (*delivery, body))
         elif kind == OUT_TRANSFER:
             transfer = out[4]
-            outputs[i] = (out[0], kind, out[2], out[3], (*transfer, body_of(transfer[4].id)))
+            body = body_of(transfer[4].id, transfer[1])
+            if body is None:
+                refused.add(i)
+                continue
+            outputs[i] = (out[0], kind, out[2], out[3], (*transfer, body))
         else:
             result = out[3]
             if result.__class__ is Ok:
                 value = result[1]
                 if value.__class__ is GotMessage:
-                    value = value._replace(body=body_of(value.message.id))
+                    body = body_of(value.message.id, value.qid)
+                    # Refused: answered as an empty queue (a get with ack leaves it held unsent).
+                    value = value._replace(body=body) if body is not None else None
                 elif value.__class__ is SessionAttached and value.replay:
                     # (transfer_id, destination, qid, seq, Message) -> (..., Message, body)
-                    value = value._replace(replay=[(*r, body_of(r[4].id)) for r in value.replay])
+                    replay = [(*r, body_of(r[4].id, r[2])) for r in value.replay]
+                    value = value._replace(replay=[r for r in replay if r[5] is not None])
                 else:
                     continue
                 outputs[i] = (out[0], kind, out[2], Ok(OK, value), out[4])
+    if refused:
+        outputs[:] = [out for i, out in enumerate(outputs) if i not in refused]
 
 
 def body_to_send(bodies: Bodies | DictBodies, message, carried: tuple, at: int,
-                 following: Callable[[], Iterable[int]] | None = None) -> bytes | None:
+                 following: Callable[[], Iterable[int]] | None = None, qid: int | None = None) -> bytes | None:
     """The body of a delivery the front end writes now: ``carried[at]`` if ``fill_bodies`` gave it
     one, else read from the node's bodies (``following``: the ids the front end will send next, read
     ahead together when this one is only on disk).  None: the message is gone (see
-    ``fill_bodies``); the caller drops the delivery."""
+    ``fill_bodies``), or its body is damaged and could not be repaired (``Bodies.for_send``); the
+    caller drops the delivery unsent (``qid`` names its queue in the log)."""
     if len(carried) > at:
         return carried[at]
-    return bodies.for_send(message.id, following)
+    return bodies.for_send(message.id, following, qid)
 
 
 def _lost(bodies: Bodies | DictBodies, msg_id: int) -> bytes:

@@ -16,9 +16,16 @@ snapshot refers to for one snapshot interval after the snapshot (``Bodies`` defe
 checkpoint after next); a body it no longer has was deleted by an entry after the snapshot, which
 the follower will apply too -- it is reported in ``still_missing`` and the next member asked.
 
-The messages are msgpack: a request ``[1, [id, ...]]``, an answer ``[2, [[id, body], ...]]``.  They
-are meant to travel on the authenticated, encrypted Raft transport (raft/wire.py) as one more
-message kind; that transport hook is not built yet (see the issue 18 report).
+The messages are msgpack: a request ``[1, [id, ...]]``, an answer ``[2, [[id, body, crc], ...]]``.
+They travel on the authenticated, encrypted Raft transport (raft/body_peer.py).
+
+**Checksums** (issue 29).  The serving member sends only bodies its store verified, each with its
+CRC32C; the fetcher checks every body against it (and, repairing a damaged body, against the
+CRC32C its own verified segment header recorded, ``BodyStore.expected_crc``) before it writes it.
+An answer of a member without checksums (``[id, body]``, the previous version) is accepted for a
+catch-up (sizes are still checked) but not for a repair, which needs a checksum to trust a copy.
+The same request also repairs damaged bodies (``fetch_intact``): ask each member in turn for the
+ids still missing.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from .bodies import Bodies
+from .integrity import checksum
 
 REQUEST, ANSWER = 1, 2
 #: An answer carries at most this many body bytes (one body larger than that is sent alone).
@@ -59,10 +67,27 @@ def decode_request(data: bytes) -> list[int]:
 
 
 def encode_answer(items: list[tuple[int, bytes]]) -> bytes:
-    return msgpack.packb([ANSWER, [[msg_id, body] for msg_id, body in items]], use_bin_type=True)
+    """An answer: each body with its CRC32C (computed here from bytes the store just verified, or
+    from a body still in memory)."""
+    return msgpack.packb([ANSWER, [[msg_id, body, checksum(body)] for msg_id, body in items]],
+                         use_bin_type=True)
 
 
-def decode_answer(data: bytes) -> list[tuple[int, bytes]]:
+def decode_answer(data: bytes, verify: bool = True) -> list[tuple[int, bytes]]:
+    """The answer's ``(id, body)`` items; each body is checked against the CRC32C it came with
+    (FetchError if one fails: that member's answer is not trusted).  ``verify=False`` keeps items
+    without a checksum (``decode_answer_items``)."""
+    out = []
+    for msg_id, body, crc in decode_answer_items(data):
+        if crc is not None and checksum(body) != crc:
+            raise FetchError(f"message {msg_id}: the body does not match its checksum")
+        if crc is None and verify:
+            raise FetchError(f"message {msg_id}: answered without a checksum")
+        out.append((msg_id, body))
+    return out
+
+
+def decode_answer_items(data: bytes) -> list[tuple[int, bytes, int | None]]:
     try:
         kind, items = msgpack.unpackb(data, raw=False, max_array_len=REQUEST_IDS)
     except (ValueError, TypeError, msgpack.ExtraData) as exc:
@@ -71,10 +96,10 @@ def decode_answer(data: bytes) -> list[tuple[int, bytes]]:
         raise FetchError("bad body answer")
     out = []
     for item in items:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)
-                and isinstance(item[1], bytes)):
+        if not (isinstance(item, list) and len(item) in (2, 3) and isinstance(item[0], int)
+                and isinstance(item[1], bytes) and (len(item) == 2 or isinstance(item[2], int))):
             raise FetchError("bad body answer item")
-        out.append((item[0], item[1]))
+        out.append((item[0], item[1], item[2] if len(item) == 3 else None))
     return out
 
 
@@ -141,7 +166,7 @@ def catch_up(bodies: Bodies, live: dict[int, int], members: Iterable[Ask],
                 report.requests += 1
                 asked = set(remaining)
                 try:
-                    answer = decode_answer(ask(encode_request(remaining)))
+                    answer = decode_answer(ask(encode_request(remaining)), verify=False)
                 except FetchError as exc:  # the member is down or answered nonsense: the next one
                     report.errors.append(str(exc))
                     member_failed = True
@@ -166,3 +191,39 @@ def catch_up(bodies: Bodies, live: dict[int, int], members: Iterable[Ask],
                 remaining = [msg_id for msg_id in remaining if msg_id > last]
     report.still_missing = sorted(needed)
     return report
+
+
+def fetch_intact(ids: Iterable[int], members: Iterable[Ask], expected: Callable[[int], int | None],
+                 answer_bytes: int = ANSWER_BYTES) -> dict[int, bytes]:
+    """Intact copies of damaged bodies: ask ``members`` in turn for the ids the previous ones did not
+    give.  A body is kept only if it matches the checksum the member sent with it and, when
+    ``expected(id)`` knows the checksum it was written with here, that one too; a member whose
+    answer fails either is not asked further (the next one is)."""
+    needed = sorted(set(ids))
+    found: dict[int, bytes] = {}
+    for ask in members:
+        if not needed:
+            break
+        try:
+            for start in range(0, len(needed), REQUEST_IDS):
+                remaining = needed[start:start + REQUEST_IDS]
+                while remaining:
+                    asked = set(remaining)
+                    answer = decode_answer(ask(encode_request(remaining)))
+                    for msg_id, body in answer:
+                        if msg_id not in asked:
+                            raise FetchError(f"answer carries message {msg_id}, not asked for or twice")
+                        asked.discard(msg_id)
+                        crc = expected(msg_id)
+                        if crc is not None and checksum(body) != crc:
+                            raise FetchError(f"message {msg_id}: the member's body does not match "
+                                             "the checksum it was written with here")
+                        found[msg_id] = body
+                    if not answer:
+                        break
+                    last = answer[-1][0]
+                    remaining = [msg_id for msg_id in remaining if msg_id > last]
+        except FetchError:  # down, answered nonsense or a damaged copy: the next member
+            pass
+        needed = [msg_id for msg_id in needed if msg_id not in found]
+    return found

@@ -432,7 +432,7 @@ class ServerSession:
         if not self.attached:
             return
         message = transfer[4]
-        body = body_to_send(self.conn.broker.bodies, message, transfer, 5, following)
+        body = body_to_send(self.conn.broker.bodies, message, transfer, 5, following, transfer[1])
         if body is not None:  # None: its message is gone
             self._send_transfer(transfer[0], destination, transfer[3], message, body)
 

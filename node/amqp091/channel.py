@@ -686,7 +686,7 @@ class Channel:
             qid, seq, redelivered, message, body = delivery
         else:
             qid, seq, redelivered, message = delivery
-            body = self.conn.broker.bodies.for_send(message.id, following)
+            body = self.conn.broker.bodies.for_send(message.id, following, qid)
             if body is None:
                 return  # its message is gone (fill_bodies): nothing to send
         self._next_delivery_tag += 1

@@ -402,7 +402,7 @@ class OutgoingLink(Link):
         """One core transfer to the client.  An unsettled one carries no body
         (store/bodies.fill_bodies): it is read now, with ``following`` when it is only on disk."""
         transfer_id, redelivered, message = transfer[0], transfer[3], transfer[4]
-        body = body_to_send(self.conn.broker.bodies, message, transfer, 5, following)
+        body = body_to_send(self.conn.broker.bodies, message, transfer, 5, following, transfer[1])
         if body is None:
             return  # its message is gone: nothing to send
         self.delivery_count = (self.delivery_count + 1) % SERIAL
