@@ -101,7 +101,7 @@ class Broker:
                 leader_fallback=config.raft_leader_fallback, pre_vote=config.raft_pre_vote,
                 max_batch_bytes=config.raft_batch_bytes, high_water_bytes=config.raft_backlog_bytes,
                 pipeline_min_bytes=config.raft_pipeline_min_bytes, defer_seconds=config.raft_defer_seconds,
-                bodies=self.bodies,
+                bodies=self.bodies, scrub_bytes_per_second=config.scrub_bytes_per_second,
             )
             self._configured_members = {m.node_id: (m.raft, m.amqp) for m in config.cluster}
         else:

@@ -71,8 +71,9 @@ class Config:
     # bodies kept in memory before they are written (a body acked before that is never written).
     body_cache_bytes: int = 256 << 20
     body_write_behind_bytes: int = 16 << 20
-    # The body store's scrubber (store/body_scrub.py) re-reads and verifies stored bodies at this
-    # rate, repairing damaged ones from a peer; 0 turns it off.
+    # The scrubbers re-read and verify what is stored at this rate each, repairing what they find:
+    # stored bodies from a peer (store/body_scrub.py), and in a cluster the Raft journal's records
+    # and the snapshot (raft/scrub.py); 0 turns them off.
     scrub_bytes_per_second: int = 8 << 20
     disk_free_limit: int = 50 * 1024 * 1024
     # Resource alarms are re-evaluated as memory and disk use grow (after batches of outputs and

@@ -1,6 +1,6 @@
 """``raftmq verify`` (ops/verify.py): one line per Damage, exit 0 clean / 1 damaged / 2 usage, refuses a
 running node (LMDB lock, status.json pid), runs each checker in a child so a crash is reported as damage,
-and says "not checked" for a store whose checker is not in this build."""
+and checks a cluster node's journal, snapshot and bodies with their own checkers."""
 
 from __future__ import annotations
 
@@ -168,24 +168,19 @@ def test_a_checker_that_crashes_or_fails_is_reported_as_damage(tmp_path):
     assert V.run_isolated(lambda _p: found, target) == found
 
 
-def test_a_checker_missing_from_this_build_is_not_checked_and_said(tmp_path, monkeypatch):
-    """Cluster layout (raft/journal, raft/snapshot.lmdb, bodies): each found; a checker that cannot be
-    imported gives a "not checked: <store>" line, never a crash, and does not count as damage."""
+def test_a_cluster_nodes_stores_are_found_and_checked(tmp_path):
+    """Cluster layout (raft/journal, raft/snapshot.lmdb): each found and checked by its own checker;
+    an empty snapshot file is damage, an empty journal directory is not."""
     data = tmp_path / "data"
     (data / "raft" / "journal").mkdir(parents=True)
     (data / "raft" / "snapshot.lmdb").write_bytes(b"")
     stores = {t.store: t.provider for t in V.targets(str(data))}
     assert stores == {"journal": "raftmq.raft.journal.verify_journal",
                       "snapshot": "raftmq.store.snapshot.verify_snapshot"}
-    assert V._optional_checker("raftmq.no_such_module", "verify") is None
-    assert V._optional_checker("raftmq.store.durable", "no_such_function") is None
-    monkeypatch.setattr(V, "_optional_checker", lambda module, name: None)
     code, out, _ = _run(data)
-    assert code == V.EXIT_CLEAN
-    assert f"not checked: journal ({data / 'raft' / 'journal'}): raftmq.raft.journal.verify_journal " \
-           f"is not in this build" in out
-    assert "not checked: snapshot" in out
-    assert out.splitlines()[-1] == "clean (checked: nothing; not checked: journal, snapshot)"
+    assert code == V.EXIT_DAMAGED
+    assert out.splitlines()[-1] == "DAMAGED: 1 problem(s) found (checked: journal, snapshot)"
+    assert out.startswith("snapshot: ")
 
 
 def test_an_older_state_is_noted_not_damaged(tmp_path):
