@@ -138,6 +138,12 @@ class ReadyList:
         """The newest FREEZE_BATCH entries of a level become one FrozenRun, if they all can."""
         self._plain[level] = 0
         fresh = self._levels[level]
+        if len(fresh) < FREEZE_BATCH:
+            # Entries of this level were popped since they were counted (a high priority level is
+            # consumed first): fewer than a batch are left.  Found by hypothesis
+            # (test_ready_peek), an IndexError in apply before.
+            self._plain[level] = len(fresh)
+            return
         batch = [fresh.pop() for _ in range(FREEZE_BATCH)]
         batch.reverse()
         run = FrozenRun.freeze(batch, level)
