@@ -53,7 +53,7 @@ from pysyncobj.syncobj import _COMMAND_TYPE
 
 from raftmq.store.integrity import Damage
 
-from .journal_files import MetaFile, MetaUnreadable, SyncedMark
+from .journal_files import MetaFile, MetaUnreadable, SyncedMark, _fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +81,6 @@ HEAD_RESIDENT = 2
 _MEMBERSHIP = bytes([_COMMAND_TYPE.MEMBERSHIP])
 _HEAD = struct.Struct("<II")  # length, crc32
 _IDX_TERM = struct.Struct("<QQ")
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass

@@ -43,6 +43,7 @@ class MetaUnreadable(Exception):
 
 
 def _fsync_dir(path: str) -> None:
+    """Make a directory's entries (a created, renamed or deleted file) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

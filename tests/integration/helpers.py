@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -125,3 +126,18 @@ def round_trip(url: str) -> None:
         assert method.redelivered is False
     finally:
         conn.close()
+
+
+def fresh_status(node) -> dict:
+    """The node's status.json written after now by its current process (within 5 s)."""
+    start = time.time()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            data = json.loads((node.data_dir / "status.json").read_text())
+        except (OSError, ValueError):
+            data = None
+        if data is not None and data["time"] >= start and data["pid"] == node.pid:
+            return data
+        time.sleep(0.05)
+    raise AssertionError("no fresh status.json")

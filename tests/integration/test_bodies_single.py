@@ -4,14 +4,11 @@ transient across a restart (as RabbitMQ's classic queues v2 page them out), pers
 
 from __future__ import annotations
 
-import json
-import time
-
 import pika
 import pytest
 
 from raftmq.ops.local.node import RaftmqNode, free_port
-from tests.integration.helpers import consume_acked
+from tests.integration.helpers import consume_acked, fresh_status
 from tests.integration.test_metrics import scrape, value
 
 CACHE = 64 << 10
@@ -24,18 +21,6 @@ def body(kind: str, i: int) -> bytes:
     return (f"{kind}-{i:06d}-".encode() * (BODY // 10 + 1))[:BODY]
 
 
-def status(node: RaftmqNode) -> dict:
-    start = time.time()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            data = json.loads((node.data_dir / "status.json").read_text())
-        except (OSError, ValueError):
-            data = None
-        if data is not None and data["time"] >= start and data["pid"] == node.pid:
-            return data
-        time.sleep(0.05)
-    raise AssertionError("no fresh status.json")
 
 
 @pytest.fixture
@@ -58,7 +43,7 @@ def test_a_backlog_spills_to_disk_and_transient_messages_do_not_survive_a_restar
     for i in range(COUNT):
         ch.basic_publish("", "spill", body("p", i), pika.BasicProperties(delivery_mode=2))
         ch.basic_publish("", "spill", body("t", i), pika.BasicProperties(delivery_mode=1))
-    st = status(node)
+    st = fresh_status(node)
     # The transient ones spilled past the write-behind bound; the persistent ones are in the
     # durable store's message records and are not written twice.
     assert COUNT * 0.5 < st["bodies_written"] <= COUNT, st
@@ -76,7 +61,7 @@ def test_a_backlog_spills_to_disk_and_transient_messages_do_not_survive_a_restar
     node.restart(hard=True)  # kill -9: what was confirmed and persistent is what comes back
     conn = pika.BlockingConnection(pika.URLParameters(node.url))
     ch = conn.channel()
-    st = status(node)
+    st = fresh_status(node)
     assert st["bodies_lost"] == 0
     got = consume_acked(ch, "spill", COUNT, inactivity=3)
     # The 20 persistent ones delivered before the restart were acked; transient ones are gone.

@@ -5,14 +5,11 @@ not lost, back in its queue when the consumer goes."""
 
 from __future__ import annotations
 
-import json
-import time
-
 import pika
 import pytest
 
 from raftmq.ops.local.node import RaftmqNode, free_port
-from tests.integration.helpers import message_count
+from tests.integration.helpers import fresh_status, message_count
 from tests.integration.test_metrics import scrape, value
 
 BODY = 4096
@@ -24,18 +21,6 @@ def body(i: int) -> bytes:
     return (f"transient-{i:06d}-".encode() * (BODY // 17 + 1))[:BODY]
 
 
-def status(node: RaftmqNode) -> dict:
-    start = time.time()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            data = json.loads((node.data_dir / "status.json").read_text())
-        except (OSError, ValueError):
-            data = None
-        if data is not None and data["time"] >= start and data["pid"] == node.pid:
-            return data
-        time.sleep(0.05)
-    raise AssertionError("no fresh status.json")
 
 
 @pytest.fixture
@@ -75,7 +60,7 @@ def test_a_damaged_body_is_not_delivered_and_the_message_stays_queued(node):
     for i in range(COUNT):
         ch.basic_publish("", "q", body(i), pika.BasicProperties(delivery_mode=1))
     message_count(ch, "q")  # a round trip: every publish before it was applied
-    assert status(node)["bodies_written"] > DAMAGED
+    assert fresh_status(node)["bodies_written"] > DAMAGED
 
     # Damage the stored body while the node runs (its memory map sees the file's pages).
     path = node.data_dir / "bodies" / "data.mdb"
@@ -98,7 +83,7 @@ def test_a_damaged_body_is_not_delivered_and_the_message_stays_queued(node):
     assert consume(ch, "q", inactivity=2) == []  # refused again: never sent damaged
     conn.close()
 
-    st = status(node)
+    st = fresh_status(node)
     assert st["bodies_damaged"] == 1 and st["bodies_refused"] >= 2 and st["bodies_repaired"] == 0, st
     samples = scrape(node.metrics_port)
     assert value(samples, "raftmq_bodies_damaged_total") == 1
