@@ -126,3 +126,28 @@ def test_a_column_is_written_as_a_progression_exactly_when_it_is_one(values, typ
     step = values[1] - values[0] if len(values) > 1 else 0
     plain = step >= 0 and values == [values[0] + step * i for i in range(len(values))]
     assert _progression(column) == ([values[0], step, len(values)] if plain else None)
+
+
+def test_a_run_among_the_newest_items_is_not_frozen_again(freeze_batch):
+    """0-10 message.acquire (``remove_seq``) can take the entries appended since a level last
+    froze, leaving a FrozenRun among the newest items the next freeze takes: ``FrozenRun.freeze``
+    read its ``message`` (an AttributeError in apply, on every node).  Now that batch stays as it
+    is, and the list still holds and delivers every entry in order."""
+    from raftmq.store.model import Entry, Message, ReadyList
+
+    def entry(seq: int) -> Entry:
+        return Entry(seq, Message(seq, "", "k", b"\x00\x00", 1, False, 0, NOW, 0, 0, 1), None, 0, False)
+
+    ready = ReadyList()
+    seqs = list(range(1, 4 * freeze_batch + 5))
+    for seq in seqs:
+        ready.append(entry(seq))
+    tail = ready._levels[0]
+    while tail[-1].__class__ is not FrozenRun and freeze_batch == 2:
+        seqs.remove(tail[-1].seq)
+        assert ready.remove_seq(tail[-1].seq) is not None
+    for seq in range(100, 100 + 2 * freeze_batch + 1):
+        seqs.append(seq)
+        ready.append(entry(seq))
+    assert len(ready) == len(seqs)
+    assert [e.seq for e in ready.drain()] == seqs
