@@ -189,6 +189,39 @@ def test_a_durable_message_frozen_in_its_queue_leaves_no_lmdb_record(freeze_batc
         again.close()
 
 
+def test_a_restart_counts_every_queue_s_holders_before_it_freezes(freeze_batch, tmp_path):
+    """A single node's restart reads entries queue by queue: a persistent fanout message deep in
+    the first queue looked held by that queue alone until the second queue's entries were read,
+    and was frozen.  Consuming the first queue then deleted its LMDB record (and body) while the
+    second still held it: after another restart the second queue had lost a confirmed message."""
+    for depth in _depths(freeze_batch):
+        path = str(tmp_path / f"lmdb{depth}")
+        store = DurableStore(path)
+        d = Driver(StateMachine(store))
+        _fanout_pair(d, durable=True)
+        for i in range(depth):
+            d.publish("", "q1", b"x%d" % i, persistent=True)
+        d.publish("fan", "", b"shared", persistent=True)
+        for i in range(3):  # the shared entry is not the newest when q1 is read back
+            d.publish("", "q1", b"y%d" % i, persistent=True)
+        store.close()
+
+        store = DurableStore(path)
+        d2 = Driver(StateMachine(store))
+        d2.ok(Op.CHANNEL_OPEN)
+        got = [d2.ok(Op.GET, "/", "q1", True)[0].body for _ in range(depth + 4)]
+        assert b"shared" in got and d2.ok(Op.GET, "/", "q1", True)[0] is None
+        held = d2.machine.vhosts["/"].queues["q2"].ready.peek().message  # q2's hold, the only one left
+        assert (held.live, held.refs) == (1, 1), depth
+        store.close()
+
+        store = DurableStore(path)
+        d3 = Driver(StateMachine(store))
+        d3.ok(Op.CHANNEL_OPEN)
+        assert d3.ok(Op.GET, "/", "q2", True)[0].body == b"shared", depth
+        store.close()
+
+
 def test_a_run_among_the_newest_items_is_not_frozen_again(freeze_batch):
     """0-10 message.acquire (``remove_seq``) can take the entries appended since a level last
     froze, leaving a FrozenRun among the newest items the next freeze takes: ``FrozenRun.freeze``
