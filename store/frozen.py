@@ -74,11 +74,17 @@ class FrozenRun:
 
     @classmethod
     def freeze(cls, entries: list[Entry], level: int) -> FrozenRun | None:
-        """A run of ``entries`` (in sequence order), or None when one of them cannot be frozen."""
+        """A run of ``entries`` (in sequence order), or None when one of them cannot be frozen.
+
+        An item may be a FrozenRun itself (no ``message``): the newest items of a level are not
+        always entries appended since its last freeze, when 0-10 message.acquire took those out
+        of the list (``ReadyList.remove_seq``); reading its message was an AttributeError in apply."""
+        for entry in entries:
+            if entry.__class__ is not Entry or entry.holder is not None:
+                return None
         messages = list(map(_MESSAGE, entries))
-        for entry, message in zip(entries, messages, strict=True):
-            if (entry.__class__ is not Entry or entry.holder is not None or message.live != 1
-                    or message.__class__ is not Message or message.refs > 1):
+        for message in messages:
+            if message.__class__ is not Message or message.live != 1 or message.refs > 1:
                 return None
         run = cls.__new__(cls)
         run.level = level

@@ -377,14 +377,23 @@ class StateMachine:
             messages[msg_id] = Message(msg_id, exchange, rk, props, len(body), True, priority, published_at, 0,
                                        fmt[0] if fmt else AMQP091)
         state.messages.clear()
+        # Every entry is counted in its message's ``refs`` and ``live`` before any is appended: a
+        # ready list freezes entries whose message nothing else holds (store/frozen.py), and a
+        # message in several queues (entries come queue by queue) looked held by one until the
+        # later queues' entries were counted -- frozen, its first queue's copy released the body
+        # and the LMDB record that the other queues still held (tests/unit/store/test_frozen.py).
+        # Two passes over the entries rather than a list of them: no second copy of a backlog.
+        for qid, _seq, (msg_id, *_rest) in state.entries:
+            message = messages.get(msg_id)
+            if message is not None and qid in self.queues_by_id:
+                message.refs += 1
+                message.live += 1
         for qid, seq, (msg_id, expires_at, priority, delivery_count) in state.entries:
             queue = self.queues_by_id.get(qid)
             message = messages.get(msg_id)
             if queue is None or message is None:
                 continue
             entry = Entry(seq, message, expires_at, min(priority, queue.max_priority), True, delivery_count)
-            message.refs += 1
-            message.live += 1
             queue.ready.append(entry)
             queue.ready_bytes += message.size
             self.message_bytes += message.size

@@ -126,16 +126,30 @@ class ReadyList:
 
     def append(self, entry: Entry) -> None:
         level = entry.priority
+        plain = self._plain[level]
+        if plain >= FREEZE_BATCH and self._count >= 4 * FREEZE_BATCH:
+            # Before ``entry`` goes in, not after: the entries being frozen must be ones whose
+            # holders are all counted, and ``entry``'s are not yet (see _freeze).
+            self._freeze(level)
+            plain = self._plain[level]
         self._levels[level].append(entry)
         self._count += 1
-        plain = self._plain[level] + 1
-        if plain >= FREEZE_BATCH and self._count > 4 * FREEZE_BATCH:
-            self._freeze(level)
-        else:
-            self._plain[level] = plain
+        self._plain[level] = plain + 1
 
     def _freeze(self, level: int) -> None:
-        """The newest FREEZE_BATCH entries of a level become one FrozenRun, if they all can."""
+        """The newest FREEZE_BATCH entries of a level become one FrozenRun, if they all can.
+
+        Called by ``append`` before it adds its entry, never with that entry in the batch: while a
+        message is being routed, its ``live`` counts the routing's own hold (Delivery.publish,
+        Expiry.dead_letter, a delayed release) and the queues it was added to so far, and a queue's
+        count is added after its ``append`` -- so the entry being appended has ``live == 1`` even
+        when the message goes on to other queues.  Frozen then, it was thawed later as a message of
+        its own: the other queues' copy kept the body's count up while the thawed one released it,
+        so the body was deleted under them, and a durable one's LMDB record with it (``refs``, also
+        counted after ``append``, was frozen as 0).  Found by hypothesis (test_determinism, runs of
+        2): a fanout message in a queue deep enough to freeze.  The entries already in the list
+        were counted by their own ``enqueue`` (a message still being routed has its routing hold
+        on top, so ``live > 1`` and it is not frozen)."""
         self._plain[level] = 0
         fresh = self._levels[level]
         if len(fresh) < FREEZE_BATCH:

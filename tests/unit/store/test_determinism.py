@@ -201,10 +201,59 @@ _EXPIRED_INTO_A_CONSUMED_DLQ = [
 ]
 
 
+def _publish(exchange: str, key: str) -> Publish:
+    return Publish("n1.a.1", 1, 1, "/", exchange, key, False, b"\x00\x00", b"", False, 0, None)
+
+
+# Found by this test in the frozen variant (conftest.py: FREEZE_BATCH 2, so that ready lists
+# freeze from 9 entries on): a fanout message appended to "q1" when its ready list froze its
+# newest entries.  Its ``live`` was 1 then (only the publish's own hold: a queue's hold is counted
+# after its append), so it was frozen, and thawed later as a message of its own: consuming "q1"
+# released the body that "q2" and "dq" still held (the bodies kept lacked a live one).
+_FANOUT_FROZEN_IN_ITS_FIRST_QUEUE = [
+    (0, [_publish("", "q1")] * 8 + [_publish("x.fanout", ""), Consume("n1.a.1", 1, 1, "/", "q1", "", True,
+                                                                        False, {})]),
+]
+# The same, seen by a machine joined from a snapshot: when a ready list last froze is not in a
+# snapshot (``_plain``: freezing is meant to be invisible), so the joined machine froze the fanout
+# message in "q1" where the first did not, and their digests parted (its ``live`` in "q2").
+_FANOUT_FROZEN_ONLY_IN_THE_JOINED = [
+    (0, [_publish("", "q1")] * 8),
+    (0, [Tick(None, None)]),  # the third machine joins here
+    (0, [_publish("", "q1"), _publish("x.fanout", ""), Consume("n1.a.1", 1, 1, "/", "q1", "", True, False, {})]),
+]
+
+
+def test_a_fanout_message_frozen_in_its_first_queue_keeps_its_body_for_the_others():
+    """The bodies kept are those of live messages, every batch (the frozen variant froze the
+    fanout message in "q1"; see _FANOUT_FROZEN_IN_ITS_FIRST_QUEUE)."""
+    first = _agree(_FANOUT_FROZEN_IN_ITS_FIRST_QUEUE)
+    assert len(first.vhosts["/"].queues["q2"].ready) == 1  # the fanout message, still held there
+    assert set(first.own_bodies.bodies) == set(live_bodies(first)) != set()
+
+
+def test_a_machine_joined_from_a_snapshot_freezes_alike_in_effect():
+    """A machine joined from a snapshot agrees with the first on every digest after it, though it
+    freezes its ready lists at other points (see _FANOUT_FROZEN_ONLY_IN_THE_JOINED)."""
+    first = _agree(_FANOUT_FROZEN_ONLY_IN_THE_JOINED)
+    assert len(first.vhosts["/"].queues["q2"].ready) == 1
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @example(stream=_EXPIRED_INTO_A_CONSUMED_DLQ)
+@example(stream=_FANOUT_FROZEN_IN_ITS_FIRST_QUEUE)
+@example(stream=_FANOUT_FROZEN_ONLY_IN_THE_JOINED)
 @given(batches)
 def test_two_machines_without_lmdb_agree_on_every_effect_and_digest(stream):
+    first, deliveries = _agree(stream, count=True)
+    event(f"deliveries: {'none' if not deliveries else '1-9' if deliveries < 10 else '10 or more'}")
+    event(f"delayed messages released: {'none' if not first.stats['delay_released'] else 'some'}")
+
+
+def _agree(stream: list, count: bool = False):
+    """Apply ``stream`` to two machines, and from half way to a third joined from a snapshot of
+    the first, asserting after every batch that outputs, digests and bodies kept agree.  Returns
+    the first machine (and the number of deliveries, with ``count``)."""
     first, second = _fresh(), _fresh()
     joined: StateMachine | None = None
     now = NOW
@@ -231,5 +280,4 @@ def test_two_machines_without_lmdb_agree_on_every_effect_and_digest(stream):
             assert digest(joined) == digest(first)
             # The snapshot carries no bodies: a joining node fetches those it lacks (body_fetch.py).
             joined.own_bodies.put([(i, first.own_bodies.get(i)) for i in live_bodies(joined)])
-    event(f"deliveries: {'none' if not deliveries else '1-9' if deliveries < 10 else '10 or more'}")
-    event(f"delayed messages released: {'none' if not first.stats['delay_released'] else 'some'}")
+    return (first, deliveries) if count else first

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from raftmq.store import model
 from raftmq.store.commands import ChannelOpen, Op, Publish, QueueDeclare, VhostAdd
+from raftmq.store.durable import DurableStore
 from raftmq.store.frozen import FrozenRun
 from raftmq.store.machine import StateMachine
 from raftmq.store.snapshot import digest, export_model, import_model, live_bodies
@@ -126,3 +127,121 @@ def test_a_column_is_written_as_a_progression_exactly_when_it_is_one(values, typ
     step = values[1] - values[0] if len(values) > 1 else 0
     plain = step >= 0 and values == [values[0] + step * i for i in range(len(values))]
     assert _progression(column) == ([values[0], step, len(values)] if plain else None)
+
+
+# ---------------------------------------------------------------- holders counted before freezing
+# A ready list freezes only entries whose message nothing else holds (``live == 1``).  That count
+# is only right once every holder is counted; the tests below each froze a message that another
+# queue still held (FREEZE_BATCH 2: a list freezes from 9 entries on), on the code before the fix.
+
+
+def _fanout_pair(d: Driver, durable: bool = False) -> None:
+    d.apply(VhostAdd(None, None, "/"))
+    d.ok(Op.CHANNEL_OPEN)
+    declare(d, "q1", durable=durable)
+    declare(d, "q2", durable=durable)
+    d.ok(Op.EXCHANGE_DECLARE, "/", "fan", "fanout", False, durable, False, False, {})
+    d.ok(Op.QUEUE_BIND, "/", "q1", "fan", "", {})
+    d.ok(Op.QUEUE_BIND, "/", "q2", "fan", "", {})
+
+
+def _depths(freeze_batch: int) -> range:
+    """Messages queued before the shared one: every phase of the freezing cycle (a freeze every
+    2 appends) when runs are of 2; one depth when the list never freezes."""
+    return range(4, 14) if freeze_batch == 2 else range(10, 11)
+
+
+def test_a_fanout_message_is_not_frozen_while_it_is_routed(freeze_batch):
+    """A fanout message appended to its first queue as that queue's list freezes: its ``live`` is
+    1 then (the publish's own hold; a queue's is counted after its append).  Frozen with it, it
+    was thawed as a message of its own, and consuming the first queue deleted the body the second
+    still held.  Now: the bodies kept are the live ones, and the second queue delivers its body."""
+    for depth in _depths(freeze_batch):
+        d = Driver(StateMachine(None))
+        _fanout_pair(d)
+        for i in range(depth):
+            d.publish("", "q1", b"x%d" % i)
+        d.publish("fan", "", b"shared")
+        got = [d.ok(Op.GET, "/", "q1", True)[0].body for _ in range(depth + 1)]
+        assert got == [b"x%d" % i for i in range(depth)] + [b"shared"]
+        assert set(d.machine.own_bodies.bodies) == set(live_bodies(d.machine)) != set(), depth
+        assert d.ok(Op.GET, "/", "q2", True)[0].body == b"shared", depth
+        assert d.machine.own_bodies.bodies == {} and d.machine.message_bytes == 0
+
+
+def test_a_durable_message_frozen_in_its_queue_leaves_no_lmdb_record(freeze_batch, tmp_path):
+    """A durable entry's ``refs`` is counted after its append too: frozen then, it was thawed with
+    refs 0, went to -1 when acked, and its LMDB message record was never deleted.  Now every
+    record goes with the last entry."""
+    for depth in _depths(freeze_batch):
+        path = str(tmp_path / f"lmdb{depth}")
+        store = DurableStore(path)
+        d = Driver(StateMachine(store))
+        d.apply(VhostAdd(None, None, "/"))
+        d.ok(Op.CHANNEL_OPEN)
+        declare(d, "q", durable=True)
+        for i in range(depth):
+            d.publish("", "q", b"x%d" % i, persistent=True)
+        assert [d.ok(Op.GET, "/", "q", True)[0].body for _ in range(depth)] == [b"x%d" % i for i in range(depth)]
+        store.close()
+        again = DurableStore(path)
+        assert again.load().messages == {}, depth
+        again.close()
+
+
+def test_a_restart_counts_every_queue_s_holders_before_it_freezes(freeze_batch, tmp_path):
+    """A single node's restart reads entries queue by queue: a persistent fanout message deep in
+    the first queue looked held by that queue alone until the second queue's entries were read,
+    and was frozen.  Consuming the first queue then deleted its LMDB record (and body) while the
+    second still held it: after another restart the second queue had lost a confirmed message."""
+    for depth in _depths(freeze_batch):
+        path = str(tmp_path / f"lmdb{depth}")
+        store = DurableStore(path)
+        d = Driver(StateMachine(store))
+        _fanout_pair(d, durable=True)
+        for i in range(depth):
+            d.publish("", "q1", b"x%d" % i, persistent=True)
+        d.publish("fan", "", b"shared", persistent=True)
+        for i in range(3):  # the shared entry is not the newest when q1 is read back
+            d.publish("", "q1", b"y%d" % i, persistent=True)
+        store.close()
+
+        store = DurableStore(path)
+        d2 = Driver(StateMachine(store))
+        d2.ok(Op.CHANNEL_OPEN)
+        got = [d2.ok(Op.GET, "/", "q1", True)[0].body for _ in range(depth + 4)]
+        assert b"shared" in got and d2.ok(Op.GET, "/", "q1", True)[0] is None
+        held = d2.machine.vhosts["/"].queues["q2"].ready.peek().message  # q2's hold, the only one left
+        assert (held.live, held.refs) == (1, 1), depth
+        store.close()
+
+        store = DurableStore(path)
+        d3 = Driver(StateMachine(store))
+        d3.ok(Op.CHANNEL_OPEN)
+        assert d3.ok(Op.GET, "/", "q2", True)[0].body == b"shared", depth
+        store.close()
+
+
+def test_a_run_among_the_newest_items_is_not_frozen_again(freeze_batch):
+    """0-10 message.acquire (``remove_seq``) can take the entries appended since a level last
+    froze, leaving a FrozenRun among the newest items the next freeze takes: ``FrozenRun.freeze``
+    read its ``message`` (an AttributeError in apply, on every node).  Now that batch stays as it
+    is, and the list still holds and delivers every entry in order."""
+    from raftmq.store.model import Entry, Message, ReadyList
+
+    def entry(seq: int) -> Entry:
+        return Entry(seq, Message(seq, "", "k", b"\x00\x00", 1, False, 0, NOW, 0, 0, 1), None, 0, False)
+
+    ready = ReadyList()
+    seqs = list(range(1, 4 * freeze_batch + 5))
+    for seq in seqs:
+        ready.append(entry(seq))
+    tail = ready._levels[0]
+    while tail[-1].__class__ is not FrozenRun and freeze_batch == 2:
+        seqs.remove(tail[-1].seq)
+        assert ready.remove_seq(tail[-1].seq) is not None
+    for seq in range(100, 100 + 2 * freeze_batch + 1):
+        seqs.append(seq)
+        ready.append(entry(seq))
+    assert len(ready) == len(seqs)
+    assert [e.seq for e in ready.drain()] == seqs
