@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 
-from .bodies import Bodies
+from .bodies import REPAIR_RETRY_SECONDS, Bodies
 
 log = logging.getLogger(__name__)
 
@@ -102,5 +102,22 @@ class BodyScrubber:
                              "%d damaged bodies found)", self.passes, self.bytes, self.found)
                 pause = max(pause, PAUSE_BETWEEN_PASSES)
                 pass_bytes = 0
-            if pause:
-                self._stop.wait(pause)
+            self._wait(pause)
+
+    def _wait(self, pause: float) -> None:
+        """Sleep ``pause`` seconds, but retry the repair of damaged bodies no member had every
+        REPAIR_RETRY_SECONDS meanwhile: the member with an intact copy may have been down or behind
+        (seen in a chaos run: the only other member up lagged; a minute's pause left the damage
+        until after the run)."""
+        deadline = time.monotonic() + pause
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._stop.wait(min(left, REPAIR_RETRY_SECONDS))
+            try:
+                damaged = sorted(self.bodies.store.damaged)
+            except RuntimeError:  # changed by the loop while copied: the next round
+                continue
+            if damaged and not self._stop.is_set():
+                self.bodies.repair(damaged, wait=True)

@@ -402,3 +402,34 @@ def test_the_scrubber_finds_damage_no_read_met_and_repairs_it(tmp_path):
     assert scrubber.found == 2 and bodies.stats.repaired == 2
     assert store.get_many([5, 25]) == {5: body_of(5) + b"!", 25: body_of(25)}
     assert bodies.damaged == 2 and not store.damaged
+
+
+def test_the_scrubber_retries_a_repair_no_member_could_answer(tmp_path, monkeypatch):
+    """No member had an intact copy when the damage was found (the one that has it was down or
+    behind): the scrubber asks again every REPAIR_RETRY_SECONDS while it waits between passes,
+    and the body is replaced once a member has it."""
+    import raftmq.store.body_scrub as body_scrub
+
+    monkeypatch.setattr(body_scrub, "REPAIR_RETRY_SECONDS", 0.01)
+    bodies = Bodies(filled(tmp_path / "here", n=20), cache_bytes=1 << 20)
+    store = bodies.store
+    flip_value(store, store.segments_db, segment_key(store, 1), 16 * 10 + 16 + 4 * 100 + 50)  # message 15
+    peer = peer_bodies(tmp_path, "peer", range(1, 21))
+    asked: list[list[int]] = []
+    answer = repairer_from(peer)
+
+    def down_at_first(ids):
+        asked.append(list(ids))
+        return {} if len(asked) == 1 else answer(ids)
+
+    bodies.repairer = down_at_first
+    scrubber = BodyScrubber(bodies, bytes_per_second=1 << 20)
+    position = (0, 0)
+    while True:
+        position, _read = scrubber.step(position)
+        if position == (0, 0):
+            break
+    assert store.damaged == {15} and asked == [[15]]  # found; no member answered
+    scrubber._wait(0.2)
+    assert not store.damaged and store.get_many([15]) == {15: body_of(15)}
+    assert asked[1] == [15]
