@@ -134,6 +134,7 @@ class ScanResult:
     unlink: list[int] = field(default_factory=list)  # segments after the cut (or compacted away)
     damage: list[str] = field(default_factory=list)  # why this is damage, not a torn tail
     claimed: int = 0  # the highest index this node may have acknowledged (mark, records past a cut)
+    claimed_term: int = 0  # the term of that entry
 
 
 def _records(data: bytes):
@@ -180,9 +181,9 @@ def scan(directory: str, first_index: int, mark: SyncedMark | None, *, keep_comm
             continue  # a compacted segment being deleted meanwhile
         if ended:
             result.unlink.append(number)
-            for _pos, idx, _term, _body in _records(data):
-                if idx is not None and idx > (previous or 0):
-                    result.claimed = max(result.claimed, idx)
+            for _pos, idx, term, _body in _records(data):
+                if idx is not None and idx > max(previous or 0, result.claimed):
+                    result.claimed, result.claimed_term = idx, term
             continue
         if synced is not None and number == synced.segment and len(data) < synced.size:
             result.damage.append(f"segment {number} holds {len(data)} bytes, {synced.size} were fsynced")
@@ -236,7 +237,10 @@ def scan(directory: str, first_index: int, mark: SyncedMark | None, *, keep_comm
         result.damage.append(f"no entry from the first index {first_index} on is left")
     if result.claimed > last and not result.damage:
         result.damage.append(f"intact entries up to {result.claimed} follow the stop at entry {last}")
-    result.claimed = max(result.claimed, last, synced.index if synced is not None else 0)
+    candidates = [(result.claimed, result.claimed_term), (last, entries[-1][2] if entries else 0)]
+    if synced is not None:
+        candidates.append((synced.index, synced.term))
+    result.claimed, result.claimed_term = max(candidates)
     return result
 
 
@@ -319,17 +323,16 @@ class AppendJournal(Journal):
             open(self._segments[0].path(self.path), "ab").close()
             _fsync_dir(self.path)
         if result.damage:
-            until = max(result.claimed, int(self._meta.get("commit", 0)),
-                        int((self._meta.get("repair") or {}).get("until", 0)))
+            until, until_term = self._claim((result.claimed, result.claimed_term))
             reason = "; ".join(result.damage)
             self.damage = reason
-            self._meta["repair"] = {"until": until, "reason": reason}
+            self._meta["repair"] = {"until": until, "until_term": until_term, "reason": reason}
             log.error("raft journal damaged: %s.  Entries up to %d may have been acknowledged and are "
                       "not all here: this node takes part in no election until it has them from a leader",
                       reason, until)
             self._write_meta()
         last = self._segments[-1]
-        self._mark.record(last.number, last.size, self._entries[-1][1] if self._entries else 0, sync=True)
+        self._mark.record(last.number, last.size, *(self._entries[-1][1:] if self._entries else (0, 0)), sync=True)
         return sum(segment.size for segment in self._segments)
 
     def _set_aside(self, result: ScanResult) -> bool:
@@ -391,7 +394,7 @@ class AppendJournal(Journal):
         self._close_readers(self._segments)
         os.close(self._fd)
         fresh = _Segment(self._segments[-1].number + 1, 0, 0)
-        self._mark.record(fresh.number, 0, 0, sync=True)  # nothing is claimed any more
+        self._mark.record(fresh.number, 0, 0, 0, sync=True)  # nothing is claimed any more
         for segment in self._segments:
             os.unlink(segment.path(self.path))
         self._segments = [fresh]
@@ -632,7 +635,7 @@ class AppendJournal(Journal):
         last.size += len(data)
         os.fdatasync(self._fd)
         self.flushes += 1
-        self._mark.record(last.number, last.size, self._entries[-1][1] if self._entries else 0)
+        self._mark.record(last.number, last.size, *(self._entries[-1][1:] if self._entries else (0, 0)))
 
     def _roll(self) -> _Segment:
         """Start a new segment; its directory entry is durable before any record in it is."""
@@ -653,7 +656,7 @@ class AppendJournal(Journal):
         doomed = [seg for seg in self._segments[1:] if seg.base >= cut]
         holder = self._segments[-1 - len(doomed)]  # the segment the journal will end in
         # The mark goes down first, durably: a crash after the cut must not read as damage.
-        self._mark.record(holder.number, cut - holder.base, self._entries[kept - 1][1] if kept > 0 else 0,
+        self._mark.record(holder.number, cut - holder.base, *(self._entries[kept - 1][1:] if kept > 0 else (0, 0)),
                           sync=True)
         if doomed:
             self._close_readers(doomed)
@@ -700,12 +703,25 @@ class AppendJournal(Journal):
             out.append((segment.path(self.path), size))
         return out
 
+    def _claim(self, *found: tuple[int, int]) -> tuple[int, int]:
+        """(index, term) of the newest entry this node may have acknowledged: what it found, the
+        synced mark, a repair already pending.  The commit hint only raises the index; its term is
+        then unknown and the current term stands in (it is at least the entry's: stricter)."""
+        mark = self._mark.mark
+        claims = list(found) + [(mark.index, mark.term)] if mark is not None else list(found)
+        pending = self._meta.get("repair") or {}
+        if pending:
+            claims.append((int(pending.get("until", 0)), int(pending.get("until_term", self.getCurrentTerm()))))
+        index, term = max(claims)
+        commit = int(self._meta.get("commit", 0))
+        if commit > index:
+            index, term = commit, max(term, self.getCurrentTerm())
+        return index, term
+
     def lost_base(self, reason: str) -> None:
         """The snapshot this journal was compacted to is gone (damaged): set every segment aside and
         start empty, with a pending repair up to the last entry held (see Replica)."""
-        until = max(self._entries[-1][1] if self._entries else 0,
-                    self._mark.mark.index if self._mark.mark is not None else 0,
-                    int(self._meta.get("commit", 0)), int((self._meta.get("repair") or {}).get("until", 0)))
+        until, until_term = self._claim(self._entries[-1][1:] if self._entries else (0, 0))
         n = 1 + sum(1 for name in os.listdir(self.path) if name.startswith("damaged-"))
         aside = os.path.join(self.path, f"damaged-{n}")
         os.makedirs(aside, exist_ok=True)
@@ -724,7 +740,7 @@ class AppendJournal(Journal):
         self.damage = reason if self.damage is None else f"{self.damage}; {reason}"
         self._meta["first_index"] = 0
         self._meta["commit"] = 0
-        self._meta["repair"] = {"until": until, "reason": self.damage}
+        self._meta["repair"] = {"until": until, "until_term": until_term, "reason": self.damage}
         self._write_meta()
         log.error("raft journal: %s; its %d segments are kept in %s, entries up to %d must come from a leader",
                   reason, len(os.listdir(aside)), aside, until)

@@ -138,9 +138,10 @@ class Mark:
     segment: int
     size: int
     index: int
+    term: int = 0  # of the entry at ``index``: what a learner compares candidates with (raft/repair.py)
 
 
-_SLOT = struct.Struct("<QQQQ")  # seq, segment number, synced bytes of that segment, last index
+_SLOT = struct.Struct("<QQQQQ")  # seq, segment number, synced bytes of that segment, last index, its term
 _SLOT_BYTES = 48  # the slot, its crc32c (u32), padding
 
 
@@ -176,15 +177,15 @@ class SyncedMark:
             self.damaged = True
         return best
 
-    def record(self, segment: int, size: int, index: int, *, sync: bool = False) -> None:
+    def record(self, segment: int, size: int, index: int, term: int = 0, *, sync: bool = False) -> None:
         """Write the mark into the older slot; ``sync`` for a mark that goes *down* (a cut)."""
         self._seq += 1
-        slot = _SLOT.pack(self._seq, segment, size, index)
+        slot = _SLOT.pack(self._seq, segment, size, index, term)
         os.pwrite(self._fd, slot + struct.pack("<I", checksum(slot)) + bytes(_SLOT_BYTES - _SLOT.size - 4),
                   (self._seq % 2) * _SLOT_BYTES)
         if sync:
             os.fdatasync(self._fd)
-        self.mark = Mark(self._seq, segment, size, index)
+        self.mark = Mark(self._seq, segment, size, index, term)
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 class Repair:
     until: int  # the highest log index this node may have acknowledged before the damage
     reason: str  # what was found damaged (for the log, status.json, /api/nodes)
+    until_term: int = 0  # the term of the entry at ``until``
     leader_term: int = -1  # the term of the leader this node now follows
     leader_commit: int = 0  # that leader's commit index in its first message to this node
     votes_withheld: int = 0  # vote and pre-vote requests this node refused meanwhile
@@ -44,6 +45,14 @@ class Repair:
         if term != self.leader_term:
             self.leader_term = term
             self.leader_commit = commit_index
+
+    def may_vote_for(self, last_log_term: int, last_log_index: int, own_last: tuple[int, int]) -> bool:
+        """Grant a (pre-)vote only to a candidate at least as up to date as this node's log was
+        *before* the damage (and as it is now): the comparison an intact node makes (§5.4.1), made
+        with the last entry it remembers rather than the entries it lost.  Raft's proof needs no
+        more of a voter than that comparison, so a learner may vote: without it two learners and
+        one intact node could never elect anyone (seen in a chaos run on docker-compose)."""
+        return (last_log_term, last_log_index) >= max((self.until_term, self.until), own_last)
 
     def done(self, *, following: bool, current_term: int, commit_index: int, last_log_term: int) -> bool:
         return (following and self.leader_term == current_term and last_log_term == current_term

@@ -166,7 +166,9 @@ class Replica(SyncObj):
         pending = self.journal.repair
         # Issue 29 (raft/repair.py): a node whose disk lost entries it may have acknowledged is a
         # learner until it has them again: no vote, no pre-vote, no campaign.
-        self.repair: Repair | None = Repair(int(pending["until"]), str(pending["reason"])) if pending else None
+        self.repair: Repair | None = Repair(
+            int(pending["until"]), str(pending["reason"]),
+            int(pending.get("until_term", self.journal.getCurrentTerm()))) if pending else None
         if self.repair is not None:
             log.error("storage damaged (%s): this node takes part in no election until it has caught up "
                       "with a leader past entry %d", self.repair.reason, self.repair.until)
@@ -335,9 +337,10 @@ class Replica(SyncObj):
         kind = message.get("type")
         if kind == KEEPALIVE:
             return  # reading it was the point (see _keep_links_warm)
-        if self.repair is not None and kind in ("request_vote", "timeout_now"):
+        if self.repair is not None and (kind == "timeout_now" or (kind == "request_vote" and not self.repair.may_vote_for(
+                message["last_log_term"], message["last_log_index"], self.journal[-1][2:0:-1]))):
             self.repair.votes_withheld += kind == "request_vote"
-            log.debug("storage damaged: %s from %s ignored until repaired", kind, node.id)
+            log.debug("storage damaged: %s from %s ignored (candidate behind what this node held)", kind, node.id)
             return
         if kind == prevote.PRE_VOTE:
             self._answer_pre_vote(node, message)
@@ -402,8 +405,9 @@ class Replica(SyncObj):
             leader_heard_ago=None if heard is None else _syncobj_module.monotonicTime() - heard)
         refusal = prevote.pre_vote_refusal(voter, message["term"], message["last_log_term"],
                                            message["last_log_index"])
-        if self.repair is not None:
-            refusal = "storage damaged: no votes until repaired"
+        if self.repair is not None and refusal is None and not self.repair.may_vote_for(
+                message["last_log_term"], message["last_log_index"], (last_term, last_index)):
+            refusal = "storage damaged: the candidate is behind what this node held"
             self.repair.votes_withheld += 1
         if refusal is None:
             self.prevote_granted += 1

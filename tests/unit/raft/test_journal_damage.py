@@ -261,3 +261,15 @@ def test_a_cut_at_a_segment_boundary_then_a_crash_is_not_damage(tmp_path):
     reopened = AppendJournal(str(tmp_path))
     assert reopened.damage is None, reopened.damage
     assert reopened[-1] == (b"conflict", j._entries[-1][1], 2)
+
+
+def test_the_pending_repair_remembers_the_term_of_the_newest_entry_held(tmp_path):
+    """What a learner compares candidates with (raft/repair.py may_vote_for)."""
+    j = AppendJournal(str(tmp_path))
+    for i in range(1, 21):
+        j.add(b"t%d" % i * 10, i, 1 if i <= 10 else 2)
+        j.flush()
+    j._destroy()
+    os.truncate(segments(tmp_path)[-1], j._offsets[12])
+    reopened = AppendJournal(str(tmp_path))
+    assert reopened.repair["until"] == 20 and reopened.repair["until_term"] == 2
