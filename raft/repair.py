@@ -8,9 +8,9 @@ down, it could elect a leader without them, which then overwrites them everywher
 happened before this module (3,000 confirmed messages, 0 delivered).
 
 The rule is Protocol-Aware Recovery's (Alagappan et al., FAST 2018, "CTRL"): a node that finds
-its log damaged becomes a *learner* -- it appends what a leader sends and acknowledges it, but it
-grants no vote or pre-vote and never campaigns -- until it holds again everything it may have
-acknowledged.  It may vote again once it follows a leader and
+its log damaged becomes a *learner* -- it appends what a leader sends and acknowledges it, never
+campaigns, and votes only for candidates at least as up to date as the log it held before the
+damage (``may_vote_for``) -- until it holds again everything it may have acknowledged.  It may vote again once it follows a leader and
 
 * its commit index has reached ``until``: the highest index it may have acknowledged (the
   synced mark, or any intact record found past the damage);
