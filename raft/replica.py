@@ -165,7 +165,7 @@ class Replica(SyncObj):
         self._check_snapshot_at_start()
         pending = self.journal.repair
         # Issue 29 (raft/repair.py): a node whose disk lost entries it may have acknowledged is a
-        # learner until it has them again: no vote, no pre-vote, no campaign.
+        # learner until it has them again: no campaign, votes only by the log it held before.
         self.repair: Repair | None = Repair(
             int(pending["until"]), str(pending["reason"]),
             int(pending.get("until_term", self.journal.getCurrentTerm()))) if pending else None
@@ -457,8 +457,9 @@ class Replica(SyncObj):
             return
         from raftmq.store.snapshot import verify_snapshot
 
-        reports, self._scrub_reports[:] = list(self._scrub_reports), []
-        for damage in reports:
+        reports = self._scrub_reports
+        while reports:
+            damage = reports.pop(0)  # (copying then clearing lost a report appended in between)
             if damage.store == "snapshot":
                 still = verify_snapshot(damage.path) if os.path.exists(damage.path) else []
             else:
