@@ -10,6 +10,7 @@ Every wait is bounded (proton's BlockingConnection timeout, pika's socket timeou
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ from pathlib import Path
 import pika
 import pytest
 
+from raftmq.client.amqp010 import Connection, SessionException
 from raftmq.ops.local.node import RaftmqNode, free_port
 from tests.integration.helpers import pika_params, uniq
 from tests.support.http_api import call, path
@@ -276,7 +278,8 @@ def test_durable_configuration_subscription_detached_not_closed(node, channel) -
 
 def test_stream_queues_are_refused_in_every_protocol(node, channel) -> None:
     """Until streams exist, x-queue-type=stream is refused, never made a destructive queue: 0-9-1
-    queue.declare 406 PRECONDITION_FAILED, HTTP PUT /api/queues 400, 1.0 /management PUT 400."""
+    queue.declare 406 PRECONDITION_FAILED, HTTP PUT /api/queues 400, 1.0 /management PUT 400, 0-10
+    queue.declare execution.exception 406 (raftmq's own 0-10 client); nothing is created."""
     name = uniq("stream")
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
         channel.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
@@ -301,6 +304,18 @@ def test_stream_queues_are_refused_in_every_protocol(node, channel) -> None:
         assert answer.correlation_id == "r1" and answer.subject == "400"
     finally:
         conn.close()
+
+    async def declare_010() -> int:
+        conn = await Connection.connect([f"127.0.0.1:{node.port}"])
+        try:
+            session = await conn.session()
+            with pytest.raises(SessionException) as info:
+                await session.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
+            return info.value.error_code
+        finally:
+            await conn.close()
+
+    assert asyncio.run(asyncio.wait_for(declare_010(), 30)) == 406  # 0-10 execution.exception precondition-failed
     fresh = pika.BlockingConnection(pika_params(node.url))
     with pytest.raises(pika.exceptions.ChannelClosedByBroker):
         fresh.channel().queue_declare(name, passive=True)  # nothing was created
