@@ -225,7 +225,8 @@ class OutgoingLink(Link):
         source = a.source if isinstance(a.source, p.Source) else None
         conn = self.conn
         try:
-            plan = plan_source(conn, source, self.name)
+            vhost = conn.broker.machine.vhosts.get(conn.vhost)
+            plan = plan_source(conn, source, self.name, vhost.exchanges if vhost is not None else ())
             if plan.queue is not None:  # a topic subscription: its own queue, bound (terminus.py)
                 self.queue, declare = plan.queue, plan.setup
                 for command in plan.setup:

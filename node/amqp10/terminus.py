@@ -27,6 +27,7 @@ The plan is computed before anything is submitted, so a refused attach changes n
 from __future__ import annotations
 
 import uuid
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from raftmq.protocol.amqp10 import performatives as p
@@ -75,8 +76,9 @@ def topic_of(address, capabilities: set[str]) -> Target | None:
     return topic
 
 
-def plan_source(conn, source, link_name: str) -> SourcePlan:
-    """The plan for a receiver's source; raises :class:`Refusal` or AddressError."""
+def plan_source(conn, source, link_name: str, exchanges: Container[str] | None = None) -> SourcePlan:
+    """The plan for a receiver's source; raises :class:`Refusal` or AddressError.  ``exchanges``: the
+    vhost's, to refuse a subscription to a missing exchange with not-found before declaring its queue."""
     plan = SourcePlan()
     if not isinstance(source, p.Source):
         return plan
@@ -91,6 +93,8 @@ def plan_source(conn, source, link_name: str) -> SourcePlan:
         return plan
     if not topic.exchange:
         raise AddressError("the default exchange cannot be subscribed to (use /queues/:queue)")
+    if exchanges is not None and topic.exchange not in exchanges:
+        raise Refusal("amqp:not-found", f"no exchange '{topic.exchange}' in vhost '{conn.vhost}'")
     durable = (source.durable or 0) >= CONFIGURATION and str(source.expiry_policy or "") == NEVER
     if durable:
         name = f"{SUBSCRIPTION_PREFIX}{conn.container_id}.{link_name}"

@@ -204,7 +204,8 @@ def test_topic_subscription_non_durable(channel, amqp) -> None:
 
 def test_exchanges_source_is_a_subscription(channel, amqp) -> None:
     """RabbitMQ 4's /exchanges/:exchange/:key as a source: a server-named exclusive auto-delete queue
-    bound to that exchange with that key; /exchanges/:x without a key is refused (invalid-field)."""
+    bound to that exchange with that key; /exchanges/:x without a key is refused (invalid-field), a
+    missing exchange with not-found."""
     key = uniq("k")
     receiver = amqp.create_receiver(f"/exchanges/amq.topic/{key}", credit=10)
     assert receiver.link.remote_source.address == f"/exchanges/amq.topic/{key}"
@@ -216,6 +217,9 @@ def test_exchanges_source_is_a_subscription(channel, amqp) -> None:
     assert not _routable(channel, "amq.topic", key)
     with pytest.raises(LinkDetached):
         amqp.create_receiver("/exchanges/amq.topic", credit=1)
+    with pytest.raises(LinkDetached) as missing:  # 2.6.3: a subscription to no exchange is refused at once
+        amqp.create_receiver(f"/exchanges/{uniq('nx')}/k", credit=1)
+    assert "not-found" in str(missing.value)
 
 
 def test_durable_subscription_survives_reconnect(node, channel) -> None:
