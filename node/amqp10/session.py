@@ -164,9 +164,11 @@ class Session:
             raise SessionError("amqp:session:window-violation", "transfer beyond the incoming window")
         self.incoming_window -= 1
         self.next_incoming_id = (self.next_incoming_id + 1) % SERIAL
-        if transfer.handle in self.detaching and transfer.handle not in self.links:
-            return  # in flight when we detached the link (2.6.6): dropped, as the link is
-        link = self._link(transfer.handle)
+        link = self.links.get(transfer.handle)  # an attached link's handle was checked at attach
+        if link is None:
+            if transfer.handle in self.detaching:
+                return  # in flight when we detached the link (2.6.6): dropped, as the link is
+            link = self._link(transfer.handle)  # raises
         link.on_transfer(transfer, payload)
         if self.incoming_window < INCOMING_WINDOW // 2:
             self.incoming_window = INCOMING_WINDOW
@@ -180,9 +182,12 @@ class Session:
             self.remote_incoming_window = flow.incoming_window
         self._send_parked()
         if flow.handle is not None:
-            if flow.handle in self.detaching and flow.handle not in self.links:
-                return  # 2.6.6: sent before the client saw our detach (a refused attach, rhea's first flow)
-            self._link(flow.handle).on_flow(flow)
+            link = self.links.get(flow.handle)
+            if link is None:
+                if flow.handle in self.detaching:
+                    return  # 2.6.6: sent before the client saw our detach (a refused attach, rhea's first flow)
+                link = self._link(flow.handle)  # raises
+            link.on_flow(flow)
         elif flow.echo:
             self.send_flow()
 
