@@ -13,7 +13,12 @@ plugin's ``x-message-deduplication`` (a boolean) with raftmq's ``x-cache-size`` 
 ``stream`` is refused (406 "streams are not supported") until streams exist: a stream's reads do not
 consume, and a user who asked for one must not silently get a destructive queue.  Every protocol
 declares through here (0-9-1 queue.declare, 0-10 queue.declare, 1.0 /management PUT /queues, the HTTP
-API), so each refuses it with its own form of 406.
+API), so each refuses it with its own form of 406.  A stream queue that an earlier raftmq created as
+an ordinary queue still loads from the single-node store (``parse_stored_queue_arguments``).  Not
+guarded: a rolling upgrade -- an older node still accepts the declare the newer ones refuse (their
+states would part), and a Raft log written by an older raftmq with such a declare, replayed by this
+one before a snapshot covers it, now refuses it; declare no stream queue before every node runs this
+version (the same caveat as the issue-21 arguments, docs/design.md).
 """
 
 from __future__ import annotations
