@@ -8,6 +8,17 @@ Also the arguments of issue 21: ``x-delivery-limit`` (a quorum queue's poison-me
 or with ``x-queue-type: quorum``, redeliveries carry ``x-delivery-count``) and the deduplication
 plugin's ``x-message-deduplication`` (a boolean) with raftmq's ``x-cache-size`` and ``x-cache-ttl``
 (store/dedup.py).
+
+``x-queue-type``: ``classic`` and ``quorum`` are what raftmq's queues are (every queue is replicated);
+``stream`` is refused (406 "streams are not supported") until streams exist: a stream's reads do not
+consume, and a user who asked for one must not silently get a destructive queue.  Every protocol
+declares through here (0-9-1 queue.declare, 0-10 queue.declare, 1.0 /management PUT /queues, the HTTP
+API), so each refuses it with its own form of 406.  A stream queue that an earlier raftmq created as
+an ordinary queue still loads from the single-node store (``parse_stored_queue_arguments``).  Not
+guarded: a rolling upgrade -- an older node still accepts the declare the newer ones refuse (their
+states would part), and a Raft log written by an older raftmq with such a declare, replayed by this
+one before a snapshot covers it, now refuses it; declare no stream queue before every node runs this
+version (the same caveat as the issue-21 arguments, docs/design.md).
 """
 
 from __future__ import annotations
@@ -36,6 +47,8 @@ EQUIVALENCE_ARGS = (
 OVERFLOW_POLICIES = ("drop-head", "reject-publish", "reject-publish-dlx")
 # Arguments that earlier raftmq versions stored without reading them (so without validating them).
 LATER_ARGS = ("x-delivery-limit", "x-message-deduplication", "x-cache-size", "x-cache-ttl")
+UNSUPPORTED_QUEUE_TYPES = ("stream", b"stream")  # refused until streams exist (module docstring)
+STREAMS_UNSUPPORTED = "streams are not supported"  # the refusal's text (1.0 /management answers it with 400)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +98,9 @@ def parse_queue_arguments(args: dict, queue: str, vhost: str) -> QueueSettings:
         raise refuse("x-message-deduplication", deduplicate)
     delivery_limit = int_arg("x-delivery-limit", 0)
     queue_type = args.get("x-queue-type")
+    if queue_type in UNSUPPORTED_QUEUE_TYPES:
+        raise CommandError(406, f"invalid arg 'x-queue-type' for queue '{queue}' in vhost '{vhost}': "
+                                f"{STREAMS_UNSUPPORTED}")
     return QueueSettings(
         delivery_limit=delivery_limit,
         # As a quorum queue: RabbitMQ has no delivery count on classic queues, and raftmq's
@@ -112,4 +128,7 @@ def parse_stored_queue_arguments(args: dict, queue: str, vhost: str) -> QueueSet
         return parse_queue_arguments(args, queue, vhost)
     except CommandError as exc:
         log.warning("queue '%s' in vhost '%s': %s; ignoring %s", queue, vhost, exc.text, ", ".join(LATER_ARGS))
-        return parse_queue_arguments({k: v for k, v in args.items() if k not in LATER_ARGS}, queue, vhost)
+        # A stream queue an earlier raftmq accepted as an ordinary queue stays one.
+        return parse_queue_arguments({k: v for k, v in args.items() if k not in LATER_ARGS
+                                      and not (k == "x-queue-type" and v in UNSUPPORTED_QUEUE_TYPES)},
+                                     queue, vhost)

@@ -10,6 +10,10 @@ Accepted, as RabbitMQ 4 (its "address v2" format, percent-encoded segments):
 
 and plain queue names (``my-queue``, as Artemis and Qpid brokers take them), for sources and targets.
 The legacy RabbitMQ 3 forms ``/queue/:q`` and ``/exchange/:x/:key`` are read as their v2 twins.
+
+Topics (ActiveMQ / Artemis): ``topic://name`` is ``amq.topic`` with the name as routing key, as a target
+and -- with ``/exchanges/:exchange/:key`` -- as a source, where it is a subscription (terminus.py);
+``queue://name`` is the queue ``name``.
 """
 
 from __future__ import annotations
@@ -34,7 +38,35 @@ def _segments(address: str, prefix: str) -> list[str]:
     return [unquote(s) for s in address[len(prefix):].split("/")]
 
 
+TOPIC_EXCHANGE = "amq.topic"
+TOPIC_PREFIX, QUEUE_PREFIX = "topic://", "queue://"
+
+
+def _topic_key(name: str) -> str:
+    """A topic name as a binding key: ActiveMQ's multi-word wildcard ``>`` is the topic exchange's ``#``."""
+    return ".".join("#" if word == ">" else word for word in name.split("."))
+
+
+def parse_topic(address: str) -> Target | None:
+    """A receiver's topic address as the exchange and binding key it subscribes to; None for a queue."""
+    if address.startswith(TOPIC_PREFIX):
+        name = address[len(TOPIC_PREFIX):]
+        if not name:
+            raise AddressError(f"bad topic address '{address}'")
+        return Target(TOPIC_EXCHANGE, _topic_key(name))
+    if address.startswith("/exchanges/") or address.startswith("/exchange/"):
+        target = parse_target(address)
+        if target.routing_key is None:
+            raise AddressError(f"a receiver needs a binding key: /exchanges/:exchange/:key, not '{address}'")
+        return target
+    return None
+
+
 def parse_target(address: str) -> Target:
+    if address.startswith(TOPIC_PREFIX) and len(address) > len(TOPIC_PREFIX):
+        return Target(TOPIC_EXCHANGE, address[len(TOPIC_PREFIX):])
+    if address.startswith(QUEUE_PREFIX) and len(address) > len(QUEUE_PREFIX):
+        return Target("", address[len(QUEUE_PREFIX):])
     if address.startswith("/queues/") or address.startswith("/queue/"):
         parts = _segments(address, address[:address.index("/", 1) + 1])
         if len(parts) != 1 or not parts[0]:
@@ -53,6 +85,8 @@ def parse_target(address: str) -> Target:
 
 def parse_source(address: str) -> str:
     """The queue a receiver reads from."""
+    if address.startswith(QUEUE_PREFIX) and len(address) > len(QUEUE_PREFIX):
+        return address[len(QUEUE_PREFIX):]
     if address.startswith("/queues/") or address.startswith("/queue/"):
         parts = _segments(address, address[:address.index("/", 1) + 1])
         if len(parts) == 1 and parts[0]:

@@ -54,6 +54,12 @@ CLOSE_TIMEOUT = 2.0
 SETTLE_BATCH = 256
 SETTLE_DELAY = 0.005
 RABBITMQ_COMPAT_VERSION = "4.0.0"  # what amqp10_rabbitmq_compat announces (the /management v2 API level)
+# Open's offered-capabilities (2.7.1): what this broker really does, named as Qpid, Artemis and RabbitMQ 4
+# name it.  ANONYMOUS-RELAY: a sender with a null target routes each message by its 'to' (links.py;
+# Proton's request/response examples refuse a broker without it).  LINK_PAIR_V1_0: the /management node's
+# paired links (management.py), as RabbitMQ 4.  Not announced until they exist: DELAYED_DELIVERY,
+# SHARED-SUBS, transactions (the coordinator announces its own capabilities on attach).
+OFFERED_CAPABILITIES = ("ANONYMOUS-RELAY", "LINK_PAIR_V1_0")
 
 
 class Amqp10Connection(asyncio.Protocol):
@@ -401,7 +407,7 @@ class Amqp10Connection(asyncio.Protocol):
         self.send(0, p.Open(container_id=f"raftmq-{self.config.node_id}", hostname=None,
                             max_frame_size=MAX_FRAME_SIZE, channel_max=self.channel_max,
                             idle_time_out=our_idle or None,
-                            offered_capabilities=None,
+                            offered_capabilities=[t.Symbol(c) for c in OFFERED_CAPABILITIES],
                             properties=self._server_properties()))
         if self._refusal:
             self.close("amqp:resource-limit-exceeded", self._refusal)

@@ -62,6 +62,7 @@ from raftmq.store.commands import (
     MessageSubscribe,
     Publish,
     QueueDeclare,
+    QueueDelete,
     SessionAttach,
     SessionDetach,
 )
@@ -78,6 +79,7 @@ from ..core.access import WRITE, AccessRefused
 from .address import AddressError, Target, parse_source, parse_target, queue_address
 from .connection import SETTLE_BATCH
 from .session import SERIAL, SessionError, error
+from .terminus import Refusal, plan_source, target_of
 
 if TYPE_CHECKING:
     from .session import Session
@@ -162,7 +164,7 @@ class Link:
 
     def on_detach(self, detach) -> None:
         self.release()
-        self.session.send_detach(self.handle)
+        self.session.send_detach(self.handle, closed=bool(detach.closed))  # 2.6.6: answered in kind
 
     def failed(self, result: tuple) -> None:
         """The core refused a command: the core session is destroyed, so is the link."""
@@ -205,6 +207,8 @@ class OutgoingLink(Link):
         self.readahead = not self.settled  # DurableOutgoingLink turns it off (module docstring)
         self.held: deque[tuple] = deque()  # core transfers beyond the client's credit, in order
         self.client_credit = 0  # the link-credit of the client's latest flow: how much it grants at a time
+        self.browse = False  # distribution-mode copy (terminus.py): reads without taking, sends pre-settled
+        self.subscription_queue: str | None = None  # a durable topic subscription's queue (terminus.py)
 
     def flush_settles(self) -> None:
         """One MESSAGE_SETTLE per outcome for the dispositions of one read (a disposition per message
@@ -221,7 +225,14 @@ class OutgoingLink(Link):
         source = a.source if isinstance(a.source, p.Source) else None
         conn = self.conn
         try:
-            if source is not None and source.dynamic:
+            vhost = conn.broker.machine.vhosts.get(conn.vhost)
+            plan = plan_source(conn, source, self.name, vhost.exchanges if vhost is not None else ())
+            if plan.queue is not None:  # a topic subscription: its own queue, bound (terminus.py)
+                self.queue, declare = plan.queue, plan.setup
+                for command in plan.setup:
+                    conn.access.authorize(command)
+                self.subscription_queue = plan.queue if plan.durable else None
+            elif source is not None and source.dynamic:
                 self.queue = f"amq.gen-{uuid.uuid4()}"
                 declare = QueueDeclare(conn.conn_id, None, 0, conn.vhost, self.queue, False, False, True,
                            True, {}, True)  # server-named: the amq. prefix is ours to use
@@ -238,7 +249,14 @@ class OutgoingLink(Link):
                 declare = None
             subscribe = MessageSubscribe(conn.conn_id, None, 0, conn.vhost, self.queue, "", self.settled,
                          False, {})
+            if plan.browse:
+                subscribe = subscribe._replace(browse=True)
+                self.browse = self.settled = True
+                self.readahead = False
             conn.access.authorize(subscribe)
+        except Refusal as exc:
+            self._refuse(exc.condition, exc.text)
+            return None
         except AddressError as exc:
             self._refuse("amqp:invalid-field", str(exc))
             return None
@@ -252,8 +270,8 @@ class OutgoingLink(Link):
         conn = self.conn
         self._core_attach()
         self.destination = f"l{self.core}"
-        if declare is not None:
-            conn.broker.submit(declare._replace(channel=self.core))
+        for command in declare if isinstance(declare, list) else [declare] if declare is not None else []:
+            conn.broker.submit(command._replace(channel=self.core))
         conn.request(subscribe._replace(channel=self.core, destination=self.destination), self._subscribed)
         return self
 
@@ -275,6 +293,7 @@ class OutgoingLink(Link):
         reply_source = p.Source(address=address, durable=source.durable,
                                 expiry_policy=source.expiry_policy, timeout=source.timeout,
                                 dynamic=source.dynamic, default_outcome=p.Released(),
+                                distribution_mode=t.Symbol("copy") if self.browse else None,
                                 outcomes=[t.Symbol(s) for s in ("amqp:accepted:list", "amqp:rejected:list",
                                                                  "amqp:released:list", "amqp:modified:list")])
         self.session.send_attach(p.Attach(
@@ -409,6 +428,12 @@ class OutgoingLink(Link):
         data = delivery_octets(message, body, redelivered)
         self.session.send_delivery(self, transfer_id, self.settled, data, transfer_id.to_bytes(8, "big"))
 
+    def on_detach(self, detach) -> None:
+        if detach.closed and self.subscription_queue and self.core:  # closed ends a durable subscription
+            self.conn.broker.submit(QueueDelete(self.conn.conn_id, None, self.core, self.conn.vhost,
+                                                self.subscription_queue, False, False))
+        super().on_detach(detach)
+
     def on_outcome(self, transfer_ids: list[int], state, settled: bool, first: int, last: int) -> None:
         cls = state.__class__
         if cls is p.Released:
@@ -474,15 +499,14 @@ class IncomingLink(Link):
 
     def attach(self):
         a = self.attach_frame
-        target = a.target if isinstance(a.target, p.Target) else None
-        address = target.address if target is not None else None
         conn = self.conn
         try:
-            if address is not None:
-                if not isinstance(address, str):
-                    raise AddressError("target address must be a string")
-                self.target = parse_target(address)
+            self.target = target_of(a.target)
+            if self.target is not None:
                 self._check(self.target)
+        except Refusal as exc:
+            self._refuse(exc.condition, exc.text)
+            return None
         except AddressError as exc:
             self._refuse("amqp:invalid-field", str(exc))
             return None

@@ -47,6 +47,7 @@ from raftmq.store.commands import (
     QueueQuery,
     QueueUnbind,
 )
+from raftmq.store.queue_args import STREAMS_UNSUPPORTED
 
 from ..core.access import AccessRefused
 from .links import SERIAL, Link, _signed
@@ -229,7 +230,8 @@ class ManagementLink(Link):
             if result[0] != 0:
                 conn.links_by_core.pop(self.core, None)
                 self._core_attach()  # the refusal destroyed the core session: the next request gets one
-                return self._respond(request_id, STATUS.get(result[1], "400"), str(result[2]))
+                status = "400" if STREAMS_UNSUPPORTED in str(result[2]) else STATUS.get(result[1], "400")
+                return self._respond(request_id, status, str(result[2]))
             if answer is None:
                 return self._respond(request_id, "200" if existed else "201", None)
             if isinstance(answer, str):

@@ -24,6 +24,10 @@ meanwhile join the replay), then
 
 A detach with ``closed`` ends the durable link for good (its state is destroyed, unsettled messages
 return to the queue); a detach without ``closed`` or a lost connection keeps it.
+
+A durable link whose source is a topic (terminus.py) is a durable subscription: its queue is declared
+and bound when the core session is new (not when it resumes: it exists), and a detach with ``closed``
+deletes the queue too (links.OutgoingLink.on_detach).
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ class DurableOutgoingLink(OutgoingLink):
         self.timeout = min(MAX_SESSION_TIMEOUT, max(int(source.timeout or 0), DEFAULT_TIMEOUT))
 
     def _start(self, declare: list | None, subscribe: list):
+        self.setup = declare if isinstance(declare, list) else []  # a durable topic subscription's queue and binding
         conn = self.conn
         self.core = conn.core_channel(self)
         self.destination = "durable"
@@ -106,6 +111,8 @@ class DurableOutgoingLink(OutgoingLink):
         conn.broker.submit(SessionTimeout(conn.conn_id, None, self.core, self.timeout))
         if not resumed:
             self.resuming = False
+            for command in self.setup:  # terminus.py: declared and bound again (idempotent) before subscribing
+                conn.broker.submit(command._replace(channel=self.core))
             conn.request(subscribe._replace(channel=self.core, destination=self.destination), self._subscribed)
             return
         self.replays = [(transfer_id, message, body, False)

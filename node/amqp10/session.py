@@ -164,7 +164,11 @@ class Session:
             raise SessionError("amqp:session:window-violation", "transfer beyond the incoming window")
         self.incoming_window -= 1
         self.next_incoming_id = (self.next_incoming_id + 1) % SERIAL
-        link = self._link(transfer.handle)
+        link = self.links.get(transfer.handle)  # an attached link's handle was checked at attach
+        if link is None:
+            if transfer.handle in self.detaching:
+                return  # in flight when we detached the link (2.6.6): dropped, as the link is
+            link = self._link(transfer.handle)  # raises
         link.on_transfer(transfer, payload)
         if self.incoming_window < INCOMING_WINDOW // 2:
             self.incoming_window = INCOMING_WINDOW
@@ -178,7 +182,12 @@ class Session:
             self.remote_incoming_window = flow.incoming_window
         self._send_parked()
         if flow.handle is not None:
-            self._link(flow.handle).on_flow(flow)
+            link = self.links.get(flow.handle)
+            if link is None:
+                if flow.handle in self.detaching:
+                    return  # 2.6.6: sent before the client saw our detach (a refused attach, rhea's first flow)
+                link = self._link(flow.handle)  # raises
+            link.on_flow(flow)
         elif flow.echo:
             self.send_flow()
 
@@ -217,11 +226,11 @@ class Session:
     def send_attach(self, attach) -> None:
         self.conn.send(self.channel, attach)
 
-    def send_detach(self, handle: int, err=None) -> None:
+    def send_detach(self, handle: int, err=None, closed: bool = True) -> None:
         """Our detach; unless it answers the client's, the handle stays taken until the client answers."""
         if handle in self.links or err is not None:
             self.detaching.add(handle)
-        self.conn.send(self.channel, p.Detach(handle=handle, closed=True, error=err))
+        self.conn.send(self.channel, p.Detach(handle=handle, closed=closed, error=err))
 
     def detach_link(self, link, err) -> None:
         """End a link from our side (its core session failed, its queue was deleted)."""

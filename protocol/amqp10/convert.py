@@ -72,8 +72,8 @@ def _decoded(payload: bytes) -> Published:
     body = [(s, start, end) for s, start, end in sections if s.__class__ in _BODY_SECTIONS]
     if len(body) == 1 and body[0][0].__class__ is p.Data:
         flags, octets = 0, bytes(body[0][0].value)
-    elif not body:
-        flags, octets = 0, b""
+    elif not body:  # no body section (3.2 allows none): stored as "the body sections sent", i.e. none
+        flags, octets = stored.BODY_SECTIONS, b""
     else:
         flags, octets = stored.BODY_SECTIONS, b"".join(payload[start:end] for _s, start, end in body)
     out = _template([x for x in sections if x[0].__class__ not in _BODY_SECTIONS], payload, flags)
@@ -182,7 +182,7 @@ def encode_delivery(properties: bytes, body: bytes, exchange: str, routing_key: 
             sections = [body[a:b] for s, a, b in stored.spans(body) if s.__class__ in _BODY_SECTIONS]
         except Exception:  # not 1.0 octets after all: sent as data
             sections = []
-        if sections:
+        if sections or not body:  # an empty body of 1.0 sections is a message without a body section
             return head + b"".join(sections)
     size = len(body)
     return head + (_DATA + b"\xa0" + bytes((size,)) if size < 256 else _DATA + b"\xb0" + size.to_bytes(4, "big")) + body

@@ -367,3 +367,39 @@ def test_http_api_shows_a_1_0_message_s_properties() -> None:
     assert (view["delivery_mode"], view["priority"], view["message_id"], view["app_id"]) == (2, 2, "12", "g")
     assert view["headers"]["u8"] == 200 and view["headers"]["sym"] == "s"
     json.dumps(view, default=str)  # what the API serialises
+
+
+def test_body_less_message_stays_body_less() -> None:
+    """3.2: a bare message with no body section is stored as "the body sections sent" (none) and
+    delivered without one -- not with an empty data section; to 0-9-1 it is an empty body typed
+    amqp-1.0, and that empty amqp-1.0 body back to 1.0 has no body section either."""
+    sent = [p.Properties(message_id="nb", subject="s"), p.ApplicationProperties({"k": 1})]
+    m = cv.publish_of(p.encode_sections(sent))
+    assert m.body == b""
+    delivered = _delivered(m.properties, m.body)
+    assert not [s for s in delivered if s.__class__ in (p.Data, p.AmqpValue, p.AmqpSequence)]
+    assert _by_class(delivered)[p.Properties].message_id == "nb"
+    b091 = decode_properties(fmt.convert(m.properties, fmt.AMQP100, fmt.AMQP091))
+    assert b091.type == "amqp-1.0"
+    back = _delivered(fmt.convert(encode_properties(b091), fmt.AMQP091, fmt.AMQP100), b"")
+    assert not [s for s in back if s.__class__ in (p.Data, p.AmqpValue, p.AmqpSequence)]
+    one_empty_data = cv.publish_of(p.encode_sections([p.Data(b"")]))  # an empty data section stays one
+    assert [s.value for s in _delivered(one_empty_data.properties, one_empty_data.body)
+            if s.__class__ is p.Data] == [b""]
+
+
+def test_topic_addresses() -> None:
+    """topic:// (ActiveMQ/Artemis) is amq.topic with the name as key -- for a source, ActiveMQ's '>'
+    is '#'; queue:// is the queue; /exchanges/:x/:key as a source is a subscription, /exchanges/:x
+    without a key is no source."""
+    from raftmq.node.amqp10.address import parse_topic
+
+    assert parse_target("topic://PRICE.STOCK") == Target("amq.topic", "PRICE.STOCK")
+    assert parse_target("queue://q1") == Target("", "q1") and parse_source("queue://q1") == "q1"
+    assert parse_topic("topic://PRICE.STOCK.NYSE.*") == Target("amq.topic", "PRICE.STOCK.NYSE.*")
+    assert parse_topic("topic://PRICE.>") == Target("amq.topic", "PRICE.#")
+    assert parse_topic("/exchanges/amq.topic/a.b") == Target("amq.topic", "a.b")
+    assert parse_topic("/queues/q") is None and parse_topic("plain") is None
+    for bad in ("topic://", "/exchanges/amq.topic"):
+        with pytest.raises(AddressError):
+            parse_topic(bad)
