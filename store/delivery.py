@@ -30,6 +30,7 @@ from .commands import (
 from .dedup import dedup_key
 from .errors import CommandError
 from .exchange_types import PLUGIN_TYPES
+from .filters import FILTER_ARGUMENT, FilterError, compile_spec, view_of
 from .headers import with_delivery_count
 from .message import AMQP091
 from .model import ChannelState, Consumer, Entry, Message, Queue
@@ -37,6 +38,8 @@ from .model import ChannelState, Consumer, Entry, Message, Queue
 if TYPE_CHECKING:
     from .machine import StateMachine
 
+#: Ready entries one dispatch examines for a queue's filtered consumers (dispatch_selective).
+SCAN_LIMIT = 2048
 
 
 class Delivery:
@@ -50,6 +53,13 @@ class Delivery:
             cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.consumer_tag, cmd.no_ack, cmd.exclusive)
         ch = m.channel(conn, number)
         queue = m.queue(m.vhost(vhost_name), queue_name, conn)
+        selection = None
+        arguments = cmd.arguments
+        if arguments and isinstance(arguments, dict) and FILTER_ARGUMENT in arguments:
+            try:
+                selection = compile_spec(arguments[FILTER_ARGUMENT])
+            except FilterError as exc:  # the front end checked it: only a hand-made command gets here
+                raise CommandError(406, f"invalid filter: {exc}") from None
         if not tag:
             ch.next_tag += 1
             tag = f"amq.ctag-{conn}-{number}-{ch.next_tag}"
@@ -62,6 +72,9 @@ class Delivery:
         consumer = Consumer(ch, tag, queue, bool(no_ack), bool(exclusive), ch.consumer_prefetch)
         ch.consumers[tag] = consumer
         queue.consumers.append(consumer)
+        if selection is not None:
+            consumer.filter = selection
+            queue.selective.append(consumer)
         queue.had_consumers = True
         m.topology.touch(queue)
         m._dirty[queue.qid] = queue
@@ -87,6 +100,8 @@ class Delivery:
         if consumer in queue.consumers:
             queue.consumers.remove(consumer)
             queue.next_consumer = 0
+            if consumer.filter is not None and consumer in queue.selective:
+                queue.selective.remove(consumer)
         m.topology.touch(queue)
         if queue.auto_delete and queue.had_consumers and not queue.consumers \
                 and queue.exclusive_owner not in m.sessions:
@@ -253,6 +268,9 @@ class Delivery:
             m.expiry.expire_head(queue)
         if queue.browsers:
             m.session_commands.browse(queue)
+        if queue.selective:
+            self.dispatch_selective(queue)
+            consumers = [c for c in consumers if c.filter is None]
         ready = queue.ready
         limit = queue.delivery_limit
         while consumers and len(ready):
@@ -292,6 +310,64 @@ class Delivery:
                     return
                 self.deliver(chosen, queue, entry)
                 room -= 1
+
+    def dispatch_selective(self, queue: Queue) -> None:
+        """Give filtered consumers (``queue.selective``) the ready messages their filters match.
+
+        Each takes the first matching ready message in sequence order (priorities aside: a filtered
+        consumer scans by arrival), leaving the others where they are for other consumers.  A
+        consumer's ``scan_cursor`` remembers how far it has looked: every ready entry up to it is
+        known not to match, so a later dispatch starts after it (a message returned to the queue
+        below it moves it back, ``return_to_ready``).  One dispatch examines at most ``SCAN_LIMIT``
+        entries for all the queue's filtered consumers together; a scan cut short puts the queue in
+        ``rescan`` and the next TICK goes on (a million non-matching messages cost many short applies,
+        never one long one).  Filtered consumers are served before the queue's unfiltered ones."""
+        m = self.m
+        ready = queue.ready
+        limit = queue.delivery_limit
+        budget = SCAN_LIMIT
+        now = m._now
+        views: dict[int, object] = {}
+        for consumer in list(queue.selective):
+            selection = consumer.filter
+            room = consumer.room()
+            while room > 0 and len(ready):
+                entry = ready.next_after(consumer.scan_cursor)
+                if entry is None:
+                    break
+                if budget <= 0:
+                    m.rescan[queue.qid] = queue
+                    return
+                budget -= 1
+                message = entry.message
+                if entry.expires_at is not None and entry.expires_at < now:
+                    ready.remove_seq(entry.seq)
+                    queue.ready_bytes -= message.size
+                    m.expiry.dead_letter(queue, message, "expired")
+                    self.drop(queue, entry)
+                    continue
+                view = views.get(message.id)
+                if view is None:
+                    view = views[message.id] = view_of(message)
+                if not selection.matches_view(view, now // 1000):
+                    consumer.scan_cursor = entry.seq
+                    continue
+                if not consumer.fits(entry):  # 0-10 byte credit smaller than the message: wait
+                    break
+                ready.remove_seq(entry.seq)
+                queue.ready_bytes -= message.size
+                if limit is not None and entry.delivery_count > limit:
+                    self.past_limit(queue, entry)
+                    continue
+                self.deliver(consumer, queue, entry)
+                room = consumer.room()
+
+    def rewind_scans(self, queue: Queue, seq: int) -> None:
+        """An entry with sequence ``seq`` is ready again: filtered consumers that had looked past it
+        look at it again."""
+        for consumer in queue.selective:
+            if consumer.scan_cursor >= seq:
+                consumer.scan_cursor = seq - 1
 
     def deliver(self, consumer: Consumer, queue: Queue, entry: Entry) -> None:
         m = self.m
@@ -437,6 +513,8 @@ class Delivery:
             return
         m.event(EV.REQUEUED, queue, entry.message)
         queue.ready.requeue(entry)
+        if queue.selective:
+            self.rewind_scans(queue, entry.seq)
         queue.ready_bytes += entry.message.size
         if entry.expires_at is not None:
             m.expiring[queue.qid] = queue
