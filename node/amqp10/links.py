@@ -77,6 +77,7 @@ from raftmq.store.sessions import (
 from ..core.access import WRITE, AccessRefused
 from .address import AddressError, Target, parse_source, parse_target, queue_address
 from .connection import SETTLE_BATCH
+from .filters import FilterRefused, SourceFilters, from_source
 from .session import SERIAL, SessionError, error
 
 if TYPE_CHECKING:
@@ -205,6 +206,7 @@ class OutgoingLink(Link):
         self.readahead = not self.settled  # DurableOutgoingLink turns it off (module docstring)
         self.held: deque[tuple] = deque()  # core transfers beyond the client's credit, in order
         self.client_credit = 0  # the link-credit of the client's latest flow: how much it grants at a time
+        self.filters = SourceFilters()  # the source's filters we apply (filters.py)
 
     def flush_settles(self) -> None:
         """One MESSAGE_SETTLE per outcome for the dispositions of one read (a disposition per message
@@ -236,9 +238,13 @@ class OutgoingLink(Link):
                     self._refuse("amqp:not-found", f"no queue '{self.queue}' in vhost '{conn.vhost}'")
                     return None
                 declare = None
+            self.filters = from_source(source.filter if source is not None else None)
             subscribe = MessageSubscribe(conn.conn_id, None, 0, conn.vhost, self.queue, "", self.settled,
-                         False, {})
+                         False, self.filters.arguments())
             conn.access.authorize(subscribe)
+        except FilterRefused as exc:
+            self._refuse("amqp:invalid-field", str(exc))
+            return None
         except AddressError as exc:
             self._refuse("amqp:invalid-field", str(exc))
             return None
@@ -275,6 +281,7 @@ class OutgoingLink(Link):
         reply_source = p.Source(address=address, durable=source.durable,
                                 expiry_policy=source.expiry_policy, timeout=source.timeout,
                                 dynamic=source.dynamic, default_outcome=p.Released(),
+                                filter=self.filters.echo or None,  # the filters in use (3.5.3)
                                 outcomes=[t.Symbol(s) for s in ("amqp:accepted:list", "amqp:rejected:list",
                                                                  "amqp:released:list", "amqp:modified:list")])
         self.session.send_attach(p.Attach(
