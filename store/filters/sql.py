@@ -65,7 +65,8 @@ class SelectorError(ValueError):
 _KEYWORDS = frozenset(("NOT", "AND", "OR", "BETWEEN", "LIKE", "IN", "IS", "NULL", "TRUE", "FALSE", "ESCAPE"))
 _OPERATORS = ("<>", "<=", ">=", "!=", "=", "<", ">", "+", "-", "*", "/", "%", "(", ")", ",")
 
-# Token kinds: "kw" (value the upper-case keyword), "id", "str", "num", "op", "end".
+# Token kinds: "kw" (value the upper-case keyword), "id", "qid" (a "quoted" name, SQL), "str", "num", "op",
+# "end".
 Token = tuple[str, Any, int]
 
 
@@ -110,7 +111,7 @@ def tokenize(text: str, dialect: str) -> list[Token]:
             j = text.find('"', i + 1)
             if j < 0:
                 raise SelectorError(f"unterminated quoted identifier at position {start}")
-            tokens.append(("id", text[i + 1:j], start))
+            tokens.append(("qid", text[i + 1:j], start))  # names an application property as written
             i = j + 1
             continue
         if _ident_start(ch):
@@ -436,6 +437,9 @@ class _Parser:
         if kind == "kw" and value == "NULL":
             self.pos += 1
             return self.node("lit", None)
+        if kind == "qid":
+            self.pos += 1
+            return self.node("id", "a", value)
         if kind == "id":
             self.pos += 1
             if self.dialect == SQL and value.upper() == "UTC" and self.is_op("("):
