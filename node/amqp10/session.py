@@ -178,6 +178,8 @@ class Session:
             self.remote_incoming_window = flow.incoming_window
         self._send_parked()
         if flow.handle is not None:
+            if flow.handle in self.detaching:
+                return  # sent before the client read our detach (a refused attach): 2.6.5, not an error
             self._link(flow.handle).on_flow(flow)
         elif flow.echo:
             self.send_flow()
