@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from .machine import StateMachine
 
 #: Ready entries one dispatch examines for a queue's filtered consumers (dispatch_selective).
-SCAN_LIMIT = 2048
+SCAN_LIMIT = 1024
 
 
 class Delivery:
@@ -327,7 +327,6 @@ class Delivery:
         limit = queue.delivery_limit
         budget = SCAN_LIMIT
         now = m._now
-        views: dict[int, object] = {}
         for consumer in list(queue.selective):
             selection = consumer.filter
             room = consumer.room()
@@ -346,10 +345,7 @@ class Delivery:
                     m.expiry.dead_letter(queue, message, "expired")
                     self.drop(queue, entry)
                     continue
-                view = views.get(message.id)
-                if view is None:
-                    view = views[message.id] = view_of(message)
-                if not selection.matches_view(view, now // 1000):
+                if not selection.matches_view(view_of(message), now // 1000):
                     consumer.scan_cursor = entry.seq
                     continue
                 if not consumer.fits(entry):  # 0-10 byte credit smaller than the message: wait

@@ -38,6 +38,12 @@ EMPTY_VIEW = MessageView()
 
 _decoder: list[Callable[[bytes], MessageView]] = []
 
+#: Views by (format, property bytes): a view is a pure function of them, and messages often share
+#: their property bytes (the publish path interns small ones), so a filtered consumer scanning a
+#: backlog, or several scanning the same one, decode each distinct block once.  Bounded; not state.
+_cache: dict[tuple[int, bytes], MessageView] = {}
+CACHE_SIZE = 4096
+
 
 def register(decoder: Callable[[bytes], MessageView]) -> None:
     """Install the decoder of 1.0 stored sections (protocol/amqp10/filter_view.py)."""
@@ -45,7 +51,19 @@ def register(decoder: Callable[[bytes], MessageView]) -> None:
 
 
 def view_of(message: Any) -> MessageView:
-    """The 1.0 view of a stored message (``Message``: ``properties`` in ``format``)."""
+    """The 1.0 view of a stored message (``Message``: ``properties`` in ``format``).  Callers do not
+    change the view (it may be shared)."""
+    key = (message.format, message.properties)
+    view = _cache.get(key)
+    if view is None:
+        view = _decode(message)
+        if len(_cache) >= CACHE_SIZE:
+            _cache.clear()
+        _cache[key] = view
+    return view
+
+
+def _decode(message: Any) -> MessageView:
     if not _decoder:
         raise LookupError("no 1.0 filter view decoder registered (node/core/formats.py registers it)")
     raw = properties_in(message, AMQP100, b"")
