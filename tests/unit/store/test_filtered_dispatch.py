@@ -158,3 +158,26 @@ def test_nack_without_requeue_of_a_filtered_delivery():
     d.publish(b"x", n=1)
     d.m.apply_batch(NOW, [Nack(C, None, 1, [[d.queue.qid, 1]], False)])
     assert len(d.queue.ready) == 0 and d.queue.unacked_count == 0
+
+
+def test_filtered_browser_sees_matching_messages_and_takes_none():
+    """A browse subscription (acquire-mode not-acquired, what 1.0 distribution-mode copy uses) with a
+    filter: it is shown only the matching messages and every message stays queued."""
+    from raftmq.store.commands import OUT_TRANSFER
+    from raftmq.store.sessions import UNLIMITED
+
+    d = Driver()
+    for i, colour in enumerate(["red", "green", "red"]):
+        d.publish(b"%d" % i, colour=colour)
+    d.call(Op.SESSION_ATTACH, "/", "guest", b"browser", False, ch=2)
+    seen = []
+    for command_id, (op, *args) in enumerate([
+            (Op.MESSAGE_SUBSCRIBE, "/", "q", "b", True, False, {FILTER_ARGUMENT: [["selector", "colour = 'red'"]]},
+             True),
+            (Op.MESSAGE_FLOW, "b", 1, UNLIMITED), (Op.MESSAGE_FLOW, "b", 0, 10)]):
+        _, outputs = d.call(Op.SESSION_COMMAND, command_id, make(op, C, None, 2, *args), ch=2)
+        seen += [o[4][4].id for o in outputs if o[1] == OUT_TRANSFER]
+    assert seen == [1, 3]
+    assert len(d.queue.ready) == 3 and d.queue.selective == []
+    outputs = d.consume("plain")
+    assert delivered(outputs, "plain") == [1, 2, 3]
