@@ -315,48 +315,68 @@ class Delivery:
         """Give filtered consumers (``queue.selective``) the ready messages their filters match.
 
         Each takes the first matching ready message in sequence order (priorities aside: a filtered
-        consumer scans by arrival), leaving the others where they are for other consumers.  A
+        consumer scans by arrival), leaving the others where they are for other consumers.  They take
+        turns, one message each, and one that got a message moves to the end of ``queue.selective``
+        (round-robin across dispatches too, as ``next_consumer`` is for unfiltered ones).  A
         consumer's ``scan_cursor`` remembers how far it has looked: every ready entry up to it is
         known not to match, so a later dispatch starts after it (a message returned to the queue
         below it moves it back, ``return_to_ready``).  One dispatch examines at most ``SCAN_LIMIT``
         entries for all the queue's filtered consumers together; a scan cut short puts the queue in
         ``rescan`` and the next TICK goes on (a million non-matching messages cost many short applies,
         never one long one).  Filtered consumers are served before the queue's unfiltered ones."""
+        budget = SCAN_LIMIT
+        selective = queue.selective
+        progress = True
+        while progress:
+            progress = False
+            for consumer in list(selective):
+                if consumer.room() <= 0:
+                    continue
+                entry, budget = self._next_match(queue, consumer, budget)
+                if budget < 0:
+                    self.m.rescan[queue.qid] = queue
+                    return
+                if entry is None:
+                    continue
+                if consumer in selective:  # (a dead-letter cycle cannot cancel it; checked all the same)
+                    selective.remove(consumer)
+                    selective.append(consumer)
+                self.deliver(consumer, queue, entry)
+                progress = True
+
+    def _next_match(self, queue: Queue, consumer: Consumer, budget: int) -> tuple[Entry | None, int]:
+        """Take the first ready entry after ``consumer``'s cursor that its filter matches (None: none, or
+        it does not fit the consumer's byte credit); the budget left (below 0: the scan was cut)."""
         m = self.m
         ready = queue.ready
-        limit = queue.delivery_limit
-        budget = SCAN_LIMIT
+        selection = consumer.filter
         now = m._now
-        for consumer in list(queue.selective):
-            selection = consumer.filter
-            room = consumer.room()
-            while room > 0 and len(ready):
-                entry = ready.next_after(consumer.scan_cursor)
-                if entry is None:
-                    break
-                if budget <= 0:
-                    m.rescan[queue.qid] = queue
-                    return
-                budget -= 1
-                message = entry.message
-                if entry.expires_at is not None and entry.expires_at < now:
-                    ready.remove_seq(entry.seq)
-                    queue.ready_bytes -= message.size
-                    m.expiry.dead_letter(queue, message, "expired")
-                    self.drop(queue, entry)
-                    continue
-                if not selection.matches_view(view_of(message), now // 1000):
-                    consumer.scan_cursor = entry.seq
-                    continue
-                if not consumer.fits(entry):  # 0-10 byte credit smaller than the message: wait
-                    break
+        limit = queue.delivery_limit
+        while True:
+            entry = ready.next_after(consumer.scan_cursor)
+            if entry is None:
+                return None, budget
+            budget -= 1
+            if budget < 0:
+                return None, budget
+            message = entry.message
+            if entry.expires_at is not None and entry.expires_at < now:
                 ready.remove_seq(entry.seq)
                 queue.ready_bytes -= message.size
-                if limit is not None and entry.delivery_count > limit:
-                    self.past_limit(queue, entry)
-                    continue
-                self.deliver(consumer, queue, entry)
-                room = consumer.room()
+                m.expiry.dead_letter(queue, message, "expired")
+                self.drop(queue, entry)
+                continue
+            if not selection.matches_view(view_of(message), now // 1000):
+                consumer.scan_cursor = entry.seq
+                continue
+            if not consumer.fits(entry):  # 0-10 byte credit smaller than the message: wait
+                return None, budget
+            ready.remove_seq(entry.seq)
+            queue.ready_bytes -= message.size
+            if limit is not None and entry.delivery_count > limit:
+                self.past_limit(queue, entry)
+                continue
+            return entry, budget
 
     def rewind_scans(self, queue: Queue, seq: int) -> None:
         """An entry with sequence ``seq`` is ready again: filtered consumers that had looked past it

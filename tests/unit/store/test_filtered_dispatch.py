@@ -181,3 +181,24 @@ def test_filtered_browser_sees_matching_messages_and_takes_none():
     assert len(d.queue.ready) == 3 and d.queue.selective == []
     outputs = d.consume("plain")
     assert delivered(outputs, "plain") == [1, 2, 3]
+
+
+def test_filtered_consumers_whose_filters_overlap_take_turns():
+    """Two filtered consumers that both match take one message each in turn, within a dispatch and
+    across dispatches (the one served moves to the end), as unfiltered consumers do."""
+    d = Driver()
+    for i in range(4):
+        d.publish(b"%d" % i, n=i)
+    d.call(Op.CHANNEL_OPEN, ch=2)
+    outputs = d.consume("a", [["selector", "n >= 0"]])
+    assert delivered(outputs, "a") == [1, 2, 3, 4]  # alone: the whole backlog
+    d.call(Op.CANCEL, "a")  # its four stay unacked on channel 1
+    d.consume("b", [["selector", "n >= 0"]], ch=2)
+    d.consume("c", [["selector", "n >= 0"]], ch=2)
+    got = []
+    for i in range(4, 8):
+        got += [(o[3], o[4][3].id) for o in d.publish(b"%d" % i, n=i) if o[1] == OUT_DELIVER]
+    assert got == [("b", 5), ("c", 6), ("b", 7), ("c", 8)]
+    _, outputs = d.call(Op.NACK, [[d.queue.qid, seq] for seq in (1, 2, 3, 4)], True)
+    assert [(o[3], o[4][3].id) for o in outputs if o[1] == OUT_DELIVER] == [
+        ("b", 1), ("c", 2), ("b", 3), ("c", 4)]
