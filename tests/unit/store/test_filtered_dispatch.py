@@ -202,3 +202,23 @@ def test_filtered_consumers_whose_filters_overlap_take_turns():
     _, outputs = d.call(Op.NACK, [[d.queue.qid, seq] for seq in (1, 2, 3, 4)], True)
     assert [(o[3], o[4][3].id) for o in outputs if o[1] == OUT_DELIVER] == [
         ("b", 1), ("c", 2), ("b", 3), ("c", 4)]
+
+
+@pytest.mark.parametrize("fmt", [1, 2, 3, 4])
+def test_snapshots_written_before_filters_load(fmt):
+    """Snapshot fixtures of every format hold a consumer: it loads unfiltered, with no cursor, and its
+    queue with no filtered consumers (Consumer.__setstate__, Queue.__setstate__); the machine then
+    takes a filtered consumer as usual."""
+    from pathlib import Path
+
+    from raftmq.store.snapshot import read_snapshot
+
+    path = Path(__file__).parent / "fixtures" / f"snapshot-format-{fmt}.lmdb"
+    _meta, model = read_snapshot(str(path))
+    m = StateMachine(None)
+    import_model(m, model)
+    consumers = [c for chs in m.channels.values() for ch in chs.values() for c in ch.consumers.values()]
+    assert consumers and all(c.filter is None and c.scan_cursor == 0 for c in consumers)
+    queues = [q for v in m.vhosts.values() for q in v.queues.values()]
+    assert all(q.selective == [] for q in queues) and m.rescan == {}
+    digest(m)  # renders
