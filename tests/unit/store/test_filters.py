@@ -317,3 +317,23 @@ def test_compiled_spec_pickles_as_its_spec():
         compile_spec([["selector", "a ="]])
     with pytest.raises(FilterError, match="unknown filter"):
         compile_spec([["xquery", "."]])
+
+
+def test_the_deepest_tree_the_limits_allow_evaluates_without_recursion_error():
+    """A left-deep chain (``a + a + ... > 0``) is as deep as MAX_NODES allows (about 500): it still
+    evaluates with 300 frames already on the stack (apply runs a few dozen deep)."""
+    k = 1
+    while True:
+        try:
+            tree = parse("a" + " + a" * (k + 1) + " > 0")
+        except SelectorError:
+            break
+        k += 1
+    tree = parse("a" + " + a" * k + " > 0")
+    view = MessageView(application={"a": 1})
+
+    def nested(n: int):
+        return nested(n - 1) if n else evaluate(tree, view)
+
+    assert k > MAX_NODES // 2 - 5
+    assert nested(300) is True
