@@ -30,6 +30,7 @@ from .commands import (
 from .dedup import dedup_key
 from .errors import CommandError
 from .exchange_types import PLUGIN_TYPES
+from .filters import FILTER_ARGUMENT, FilterError, compile_spec, view_of
 from .headers import with_delivery_count
 from .message import AMQP091
 from .model import ChannelState, Consumer, Entry, Message, Queue
@@ -37,6 +38,8 @@ from .model import ChannelState, Consumer, Entry, Message, Queue
 if TYPE_CHECKING:
     from .machine import StateMachine
 
+#: Ready entries one dispatch examines for a queue's filtered consumers (dispatch_selective).
+SCAN_LIMIT = 1024
 
 
 class Delivery:
@@ -50,6 +53,13 @@ class Delivery:
             cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.consumer_tag, cmd.no_ack, cmd.exclusive)
         ch = m.channel(conn, number)
         queue = m.queue(m.vhost(vhost_name), queue_name, conn)
+        selection = None
+        arguments = cmd.arguments
+        if arguments and isinstance(arguments, dict) and FILTER_ARGUMENT in arguments:
+            try:
+                selection = compile_spec(arguments[FILTER_ARGUMENT])
+            except FilterError as exc:  # the front end checked it: only a hand-made command gets here
+                raise CommandError(406, f"invalid filter: {exc}") from None
         if not tag:
             ch.next_tag += 1
             tag = f"amq.ctag-{conn}-{number}-{ch.next_tag}"
@@ -62,6 +72,9 @@ class Delivery:
         consumer = Consumer(ch, tag, queue, bool(no_ack), bool(exclusive), ch.consumer_prefetch)
         ch.consumers[tag] = consumer
         queue.consumers.append(consumer)
+        if selection is not None:
+            consumer.filter = selection
+            queue.selective.append(consumer)
         queue.had_consumers = True
         m.topology.touch(queue)
         m._dirty[queue.qid] = queue
@@ -87,6 +100,8 @@ class Delivery:
         if consumer in queue.consumers:
             queue.consumers.remove(consumer)
             queue.next_consumer = 0
+            if consumer.filter is not None and consumer in queue.selective:
+                queue.selective.remove(consumer)
         m.topology.touch(queue)
         if queue.auto_delete and queue.had_consumers and not queue.consumers \
                 and queue.exclusive_owner not in m.sessions:
@@ -253,6 +268,9 @@ class Delivery:
             m.expiry.expire_head(queue)
         if queue.browsers:
             m.session_commands.browse(queue)
+        if queue.selective:
+            self.dispatch_selective(queue)
+            consumers = [c for c in consumers if c.filter is None]
         ready = queue.ready
         limit = queue.delivery_limit
         while consumers and len(ready):
@@ -292,6 +310,80 @@ class Delivery:
                     return
                 self.deliver(chosen, queue, entry)
                 room -= 1
+
+    def dispatch_selective(self, queue: Queue) -> None:
+        """Give filtered consumers (``queue.selective``) the ready messages their filters match.
+
+        Each takes the first matching ready message in sequence order (priorities aside: a filtered
+        consumer scans by arrival), leaving the others where they are for other consumers.  They take
+        turns, one message each, and one that got a message moves to the end of ``queue.selective``
+        (round-robin across dispatches too, as ``next_consumer`` is for unfiltered ones).  A
+        consumer's ``scan_cursor`` remembers how far it has looked: every ready entry up to it is
+        known not to match, so a later dispatch starts after it (a message returned to the queue
+        below it moves it back, ``return_to_ready``).  One dispatch examines at most ``SCAN_LIMIT``
+        entries for all the queue's filtered consumers together; a scan cut short puts the queue in
+        ``rescan`` and the next TICK goes on (a million non-matching messages cost many short applies,
+        never one long one).  Filtered consumers are served before the queue's unfiltered ones."""
+        budget = SCAN_LIMIT
+        selective = queue.selective
+        progress = True
+        while progress:
+            progress = False
+            for consumer in list(selective):
+                if consumer.room() <= 0:
+                    continue
+                entry, budget = self._next_match(queue, consumer, budget)
+                if budget < 0:
+                    self.m.rescan[queue.qid] = queue
+                    return
+                if entry is None:
+                    continue
+                if consumer in selective:  # (a dead-letter cycle cannot cancel it; checked all the same)
+                    selective.remove(consumer)
+                    selective.append(consumer)
+                self.deliver(consumer, queue, entry)
+                progress = True
+
+    def _next_match(self, queue: Queue, consumer: Consumer, budget: int) -> tuple[Entry | None, int]:
+        """Take the first ready entry after ``consumer``'s cursor that its filter matches (None: none, or
+        it does not fit the consumer's byte credit); the budget left (below 0: the scan was cut)."""
+        m = self.m
+        ready = queue.ready
+        selection = consumer.filter
+        now = m._now
+        limit = queue.delivery_limit
+        while True:
+            entry = ready.next_after(consumer.scan_cursor)
+            if entry is None:
+                return None, budget
+            budget -= 1
+            if budget < 0:
+                return None, budget
+            message = entry.message
+            if entry.expires_at is not None and entry.expires_at < now:
+                ready.remove_seq(entry.seq)
+                queue.ready_bytes -= message.size
+                m.expiry.dead_letter(queue, message, "expired")
+                self.drop(queue, entry)
+                continue
+            if not selection.matches_view(view_of(message), now // 1000):
+                consumer.scan_cursor = entry.seq
+                continue
+            if not consumer.fits(entry):  # 0-10 byte credit smaller than the message: wait
+                return None, budget
+            ready.remove_seq(entry.seq)
+            queue.ready_bytes -= message.size
+            if limit is not None and entry.delivery_count > limit:
+                self.past_limit(queue, entry)
+                continue
+            return entry, budget
+
+    def rewind_scans(self, queue: Queue, seq: int) -> None:
+        """An entry with sequence ``seq`` is ready again: filtered consumers that had looked past it
+        look at it again."""
+        for consumer in queue.selective:
+            if consumer.scan_cursor >= seq:
+                consumer.scan_cursor = seq - 1
 
     def deliver(self, consumer: Consumer, queue: Queue, entry: Entry) -> None:
         m = self.m
@@ -437,6 +529,8 @@ class Delivery:
             return
         m.event(EV.REQUEUED, queue, entry.message)
         queue.ready.requeue(entry)
+        if queue.selective:
+            self.rewind_scans(queue, entry.seq)
         queue.ready_bytes += entry.message.size
         if entry.expires_at is not None:
             m.expiring[queue.qid] = queue

@@ -32,6 +32,9 @@ class Expiry:
             m.session_commands.expire_sessions()
         if m.delayed.heap:
             m.plugin_exchanges.release_delayed()
+        if m.rescan:  # filtered consumers go on scanning where the last dispatch's bound stopped them
+            rescan, m.rescan = m.rescan, {}
+            m._dirty.update(rescan)
         for queue in list(m.expiring.values()):
             self.expire_head(queue)
         for qid, queue in list(m.idle_expiring.items()):
@@ -43,7 +46,7 @@ class Expiry:
     def next_expiry_due(self) -> bool:
         m = self.m
         return (bool(m.expiring) or bool(m.idle_expiring) or bool(m.detached_sessions)
-                or bool(m.delayed.heap))
+                or bool(m.delayed.heap) or bool(m.rescan))
 
     def next_deadline(self) -> int | None:
         """The earliest time (microseconds) at which a TICK would change something, or None.
@@ -53,6 +56,8 @@ class Expiry:
         """
         m = self.m
         best = m.delayed.next_due()  # released once the stamped time reaches it
+        if m.rescan:
+            best = m._now  # a filtered consumer's scan is unfinished: due at once
         for queue in m.expiring.values():
             head = queue.ready.peek()
             if head is not None and head.expires_at is not None:

@@ -108,6 +108,9 @@ class StateMachine:
         self.inbound: dict[tuple[str, bool, str], list[Binding]] = {}
         self.expiring: dict[int, Queue] = {}  # queues whose ready head may carry an expiry
         self.idle_expiring: dict[int, Queue] = {}  # queues with x-expires
+        # Queues whose filtered consumers stopped scanning at the per-dispatch bound: a TICK goes on
+        # (store/delivery.py dispatch_selective, docs/design.md "Filters on consumers").
+        self.rescan: dict[int, Queue] = {}
         self.queue_last_used: dict[int, int] = {}
         self.next_qid = 1
         self.next_msg_id = 1

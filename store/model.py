@@ -12,11 +12,15 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .dedup import DedupCache
 from .exchange_types import routing_type
 from .message import AMQP091
 from .routing import MATCHERS, Binding
+
+if TYPE_CHECKING:
+    from .filters import SubscriptionFilter
 
 
 @dataclass(slots=True, eq=False)
@@ -340,6 +344,17 @@ class Consumer:
     window_mode: bool = False
     browse: bool = False  # 0-10 acquire-mode not-acquired: sees messages without taking them
     cursor: int = 0  # browsing: the sequence of the last message seen
+    # Issue 37 (added after snapshot format 4: ``__setstate__`` gives older consumers these defaults).
+    filter: SubscriptionFilter | None = None  # store/filters: only messages it matches (1.0 source filter)
+    scan_cursor: int = 0  # filtered: every ready entry up to this sequence is known not to match
+
+    def __setstate__(self, state: tuple) -> None:
+        """Unpickle a consumer, the fields a snapshot predates taking their defaults."""
+        slots = state[1] if isinstance(state, tuple) else state
+        self.filter = None
+        self.scan_cursor = 0
+        for name, value in slots.items():
+            setattr(self, name, value)
 
     def has_credit(self) -> bool:
         return self.room() > 0
@@ -405,10 +420,13 @@ class Queue:
     delivery_limit: int | None = None  # x-delivery-limit: returns allowed before dead-lettering
     delivery_header: bool = False  # redeliveries carry x-delivery-count (as quorum queues do)
     dedup: DedupCache | None = None  # x-message-deduplication (store/dedup.py)
+    selective: list[Consumer] = field(default_factory=list)  # consumers with a filter (also in consumers)
 
     def __setstate__(self, state: tuple) -> None:
         """Unpickle a queue, the fields a snapshot predates taking their defaults."""
         slots = state[1] if isinstance(state, tuple) else state
+        if "selective" not in slots:
+            object.__setattr__(self, "selective", [])
         for name, default in _QUEUE_ADDED_FIELDS:
             if name not in slots:
                 object.__setattr__(self, name, default)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from . import delivery as _delivery
 from . import events as EV
 from . import ranges as rs
 from . import session_rules
@@ -256,6 +257,8 @@ class SessionCommands:
         if browse:  # acquire-mode not-acquired: see messages, leave them for others until acquired
             queue = consumer.queue
             queue.consumers.remove(consumer)
+            if consumer.filter is not None:
+                queue.selective.remove(consumer)  # a filtered browser: browse() applies its filter
             queue.browsers.append(consumer)
             consumer.browse = True
         return tag
@@ -263,12 +266,21 @@ class SessionCommands:
     def browse(self, queue) -> None:
         """Send not-acquired transfers of messages each browser has not seen yet (in queue order)."""
         m = self.m
+        scanned = 0
         for consumer in queue.browsers:
             session = consumer.channel.session
             while consumer.has_credit():
                 entry = queue.ready.next_after(consumer.cursor)
                 if entry is None or not consumer.fits(entry):
                     break
+                if consumer.filter is not None and not consumer.filter.matches(entry.message, m._now):
+                    # Not for this browser (issue 37); a scan bounded as Delivery.dispatch_selective's.
+                    scanned += 1
+                    if scanned > _delivery.SCAN_LIMIT:
+                        m.rescan[queue.qid] = queue
+                        break
+                    consumer.cursor = entry.seq
+                    continue
                 consumer.cursor = entry.seq
                 self.take_credit(consumer, entry.message.size)
                 transfer_id = session.next_transfer

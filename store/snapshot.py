@@ -51,6 +51,7 @@ MODEL_FIELDS = (
     "queue_last_used", "next_qid", "next_msg_id", "applied_index", "message_bytes", "_now",
     "applied_batches", "members", "sessions", "detached_sessions", "stats", "event_seq", "users",
     "delayed", "exchange_caches",  # issue 21 (store/delayed.py, store/exchange_dedup.py)
+    "rescan",  # issue 37 (filtered consumers, store/delivery.py)
 )
 
 
@@ -349,6 +350,8 @@ def digest(machine: StateMachine) -> str:
                 put("dedup", q.dedup.size, q.dedup.ttl, list(q.dedup.entries.items()))
             for c in q.consumers:
                 put("consumer", c.channel.conn, c.channel.number, c.tag, c.no_ack, c.exclusive, c.prefetch, c.unacked)
+                if c.filter is not None:
+                    put("filter", c.filter.spec, c.scan_cursor)
     for held in machine.delayed.ordered():
         m = held.message
         put("delayed", held.due, held.seq, held.vhost, held.exchange, held.routing_key, held.expiration, held.delay,

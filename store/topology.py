@@ -408,6 +408,8 @@ class Topology:
             consumer.channel.consumers.pop(consumer.tag, None)
         queue.consumers.clear()
         queue.browsers.clear()
+        queue.selective.clear()
+        m.rescan.pop(queue.qid, None)
         # Unacked entries are discarded with the queue; their holders forget them.
         if queue.unacked_count:
             for ch_map in m.channels.values():

@@ -78,6 +78,7 @@ from raftmq.store.sessions import (
 from ..core.access import WRITE, AccessRefused
 from .address import AddressError, Target, parse_source, parse_target, queue_address
 from .connection import SETTLE_BATCH
+from .filters import FilterRefused, SourceFilters, from_source
 from .session import SERIAL, SessionError, error
 from .terminus import Refusal, plan_source, target_of
 
@@ -209,6 +210,7 @@ class OutgoingLink(Link):
         self.client_credit = 0  # the link-credit of the client's latest flow: how much it grants at a time
         self.browse = False  # distribution-mode copy (terminus.py): reads without taking, sends pre-settled
         self.subscription_queue: str | None = None  # a durable topic subscription's queue (terminus.py)
+        self.filters = SourceFilters()  # the source's filters we apply (filters.py)
 
     def flush_settles(self) -> None:
         """One MESSAGE_SETTLE per outcome for the dispositions of one read (a disposition per message
@@ -247,13 +249,17 @@ class OutgoingLink(Link):
                     self._refuse("amqp:not-found", f"no queue '{self.queue}' in vhost '{conn.vhost}'")
                     return None
                 declare = None
+            self.filters = from_source(source.filter if source is not None else None)
             subscribe = MessageSubscribe(conn.conn_id, None, 0, conn.vhost, self.queue, "", self.settled,
-                         False, {})
+                         False, self.filters.arguments())
             if plan.browse:
                 subscribe = subscribe._replace(browse=True)
                 self.browse = self.settled = True
                 self.readahead = False
             conn.access.authorize(subscribe)
+        except FilterRefused as exc:
+            self._refuse("amqp:invalid-field", str(exc))
+            return None
         except Refusal as exc:
             self._refuse(exc.condition, exc.text)
             return None
@@ -294,6 +300,7 @@ class OutgoingLink(Link):
                                 expiry_policy=source.expiry_policy, timeout=source.timeout,
                                 dynamic=source.dynamic, default_outcome=p.Released(),
                                 distribution_mode=t.Symbol("copy") if self.browse else None,
+                                filter=self.filters.echo or None,  # the filters in use (3.5.3)
                                 outcomes=[t.Symbol(s) for s in ("amqp:accepted:list", "amqp:rejected:list",
                                                                  "amqp:released:list", "amqp:modified:list")])
         self.session.send_attach(p.Attach(

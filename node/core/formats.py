@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from raftmq.protocol.amqp010.neutral import FORMAT as AMQP010_FORMAT
 from raftmq.protocol.amqp091.neutral import FORMAT as AMQP091_FORMAT
+from raftmq.protocol.amqp10 import filter_view as _filter_view  # noqa: F401  (registers the filter view)
 from raftmq.protocol.amqp10.neutral import FORMAT as AMQP100_FORMAT
 from raftmq.store.message import register
 
