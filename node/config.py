@@ -63,9 +63,9 @@ class Config:
     amqp10_redirect_to_leader: bool = False
     # AMQP 1.0 open says product "RabbitMQ" version 4.0.0: RabbitMQ 4's client libraries refuse others.
     amqp10_rabbitmq_compat: bool = False
-    # AMQP 1.0 transactions (node/amqp10/transactions.py): publishes and their body bytes one
-    # transaction may hold until its commit (they are in memory, and commit as one log entry), and
-    # undischarged transactions per connection.  Beyond: amqp:resource-limit-exceeded.
+    # AMQP 1.0 transactions (node/amqp10/transactions.py): publishes and their body bytes the open
+    # transactions of one connection may hold until their commits (they are in memory, and each commit
+    # is one log entry), and undischarged transactions per connection.  Beyond: amqp:resource-limit-exceeded.
     amqp10_tx_max_messages: int = 10_000
     amqp10_tx_max_bytes: int = 16 * 1024 * 1024
     amqp10_tx_max_open: int = 64

@@ -47,11 +47,12 @@ If its node closes the connection first (no leader for ``leaderless_close_after`
 transaction is *in doubt*: the commit is then all or nothing (one entry) and is never applied twice,
 and the client must look at the queues to learn which.
 
-*Bounds*: a transaction holds at most ``amqp10_tx_max_messages`` publishes and
-``amqp10_tx_max_bytes`` of their bodies (node/config.py); a publish beyond is rejected with
-``amqp:resource-limit-exceeded`` and the transaction is marked failed (its commit is rejected with
-``amqp:transaction:rollback``).  A connection holds at most ``amqp10_tx_max_open`` undischarged
-transactions; a declare beyond is rejected with ``amqp:resource-limit-exceeded``.
+*Bounds*: held publishes are node memory, so a connection's open transactions together hold at most
+``amqp10_tx_max_messages`` publishes and ``amqp10_tx_max_bytes`` of their bodies (node/config.py); a
+publish beyond is rejected with ``amqp:resource-limit-exceeded`` and its transaction is marked failed
+(its commit is rejected with ``amqp:transaction:rollback``).  A connection holds at most
+``amqp10_tx_max_open`` undischarged transactions; a declare beyond is rejected with
+``amqp:resource-limit-exceeded``.
 """
 
 from __future__ import annotations
@@ -135,6 +136,11 @@ class Registry:
         self.open: dict[bytes, Transaction] = {}
         self.next_id = 0
 
+    def held(self) -> tuple[int, int]:
+        """Publishes and body bytes the connection's open transactions hold (the bounds' measure)."""
+        return (sum(len(txn.publishes) for txn in self.open.values()),
+                sum(txn.held_bytes for txn in self.open.values()))
+
     def declare(self, coordinator: CoordinatorLink) -> Transaction:
         self.next_id += 1
         txn = Transaction(b"txn-%d" % self.next_id, coordinator)
@@ -160,7 +166,8 @@ def _txn_id(state) -> bytes | None:
 def post(link: IncomingLink, delivery_id: int, settled: bool, state, command: Publish) -> None:
     """4.4.1: a checked publish of ``link`` carrying ``transactional-state``: held by its transaction."""
     conn = link.conn
-    txn = registry(conn).open.get(_txn_id(state))
+    reg = registry(conn)
+    txn = reg.open.get(_txn_id(state))
     if txn is None:
         link._outcome(delivery_id, settled, p.Rejected(error=error(UNKNOWN_ID, "no such transaction")))
         return
@@ -171,9 +178,10 @@ def post(link: IncomingLink, delivery_id: int, settled: bool, state, command: Pu
         return
     config = conn.config
     size = len(command.body)
-    if len(txn.publishes) >= config.amqp10_tx_max_messages or txn.held_bytes + size > config.amqp10_tx_max_bytes:
-        txn.failed = (f"the transaction holds more than {config.amqp10_tx_max_messages} messages or "
-                      f"{config.amqp10_tx_max_bytes} bytes")
+    messages, held_bytes = reg.held()
+    if messages >= config.amqp10_tx_max_messages or held_bytes + size > config.amqp10_tx_max_bytes:
+        txn.failed = (f"the connection's transactions would hold more than {config.amqp10_tx_max_messages} "
+                      f"messages or {config.amqp10_tx_max_bytes} bytes")
         link._outcome(delivery_id, settled, p.TransactionalState(
             txn_id=tid, outcome=p.Rejected(error=error("amqp:resource-limit-exceeded", txn.failed))))
         return

@@ -287,24 +287,39 @@ def test_distributed_transactions_refused_at_attach(amqp) -> None:
         fresh.close()
 
 
-def test_transaction_size_bounded(tmp_path) -> None:
-    """A transaction's held publishes are bounded (node/config.py amqp10_tx_max_messages): the one
-    beyond is rejected with amqp:resource-limit-exceeded, and the commit then fails with
-    amqp:transaction:rollback -- nothing was published."""
-    with RaftmqNode(tmp_path / "node", env={"RAFTMQ_AMQP10_TX_MAX_MESSAGES": "3"}) as node:
+def test_transactions_bounded(tmp_path) -> None:
+    """Held publishes are node memory, so they are bounded per connection (node/config.py
+    amqp10_tx_max_messages, amqp10_tx_max_bytes): the publish beyond is rejected with
+    amqp:resource-limit-exceeded inside its transactional-state (4.4.1), and the commit then fails
+    with amqp:transaction:rollback -- nothing was published; a body over the byte bound likewise; and
+    a declare beyond amqp10_tx_max_open undischarged transactions is rejected."""
+    env = {"RAFTMQ_AMQP10_TX_MAX_MESSAGES": "3", "RAFTMQ_AMQP10_TX_MAX_BYTES": "4096",
+           "RAFTMQ_AMQP10_TX_MAX_OPEN": "2"}
+    with RaftmqNode(tmp_path / "node", env=env) as node:
         admin = pika.BlockingConnection(pika_params(node.url))
         ch = admin.channel()
         b = _queue(ch)
         amqp = BlockingConnection(f"amqp://guest:guest@{node.host}:{node.port}", timeout=TIMEOUT)
         try:
-            txn, events = declare(amqp)
             sender = amqp.create_sender(f"/queues/{b}")
+            txn, events = declare(amqp)
             sent = [txn.send(sender.link, Message(body=f"m{i}")) for i in range(4)]
             amqp.wait(lambda: all(d.remote_state != 0 for d in sent), timeout=TIMEOUT, msg="outcomes")
-            assert [d.remote_state for d in sent[:3]] == [TRANSACTIONAL_STATE] * 3
+            assert [d.remote_state for d in sent] == [TRANSACTIONAL_STATE] * 4
+            assert [_txn_state(d)[1] for d in sent[:3]] == [0x24] * 3  # accepted (presumptively)
             assert _txn_state(sent[3])[1:] == (0x25, "amqp:resource-limit-exceeded")
             assert discharge(amqp, txn, events, commit=True) == "commit_failed"
             assert events.condition == "amqp:transaction:rollback"
+            big_txn, big_events = declare(amqp)
+            big = big_txn.send(sender.link, Message(body=b"x" * 5000))
+            amqp.wait(lambda: big.remote_state != 0, timeout=TIMEOUT, msg="outcome")
+            assert _txn_state(big)[1:] == (0x25, "amqp:resource-limit-exceeded")
+            declare(amqp)  # the second open transaction
+            third = TxEvents()
+            amqp.container.declare_transaction(amqp.conn, handler=third)
+            amqp.wait(lambda: third.declared or third.outcome is not None, timeout=TIMEOUT, msg="declare")
+            assert (third.outcome, third.condition) == ("declare_failed", "amqp:resource-limit-exceeded")
+            assert discharge(amqp, big_txn, big_events, commit=True) == "commit_failed"
             assert _count(ch, b) == 0
         finally:
             amqp.close()
