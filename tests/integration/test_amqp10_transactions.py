@@ -337,3 +337,56 @@ def _txn_state(delivery) -> tuple:
     if fields and fields[0] is not None:  # rejected's error: [condition, description, info]
         condition = str(fields[0].value[0])
     return bytes(txn_id), int(outcome.descriptor), condition
+
+
+def _raw_session(broker):
+    """A logged-in raw 1.0 connection (tests/integration/test_amqp10_raw.py) with session 0 begun."""
+    from raftmq.protocol.amqp10 import performatives as p
+    from raftmq.protocol.amqp10.frames import encode_frame
+    from tests.integration.test_amqp10_raw import Raw
+
+    raw = Raw(broker.port)
+    raw.login()
+    raw.send(encode_frame(p.Begin(next_outgoing_id=0, incoming_window=1000, outgoing_window=1000)))
+    assert isinstance(raw.performative(), p.Begin)
+    return raw, encode_frame, p
+
+
+def _next(raw, p, kind):
+    """The next performative of ``kind``, skipping flows."""
+    while True:
+        body = raw.performative()
+        if not isinstance(body, p.Flow):
+            assert isinstance(body, kind), body
+            return body
+
+
+def test_settled_control_message_and_transactional_acquisition_refused(broker, channel) -> None:
+    """4.2: a declare sent settled detaches the control link with amqp:illegal-state (the controller
+    must hear the outcome).  4.4.3: a flow asking for transactional acquisition (txn-id in its
+    properties) detaches that receiving link with amqp:not-implemented, as the spec requires of a
+    resource that does not support it."""
+    a = _queue(channel)
+    raw, encode_frame, p = _raw_session(broker)
+    try:
+        raw.send(encode_frame(p.Attach(name="ctl", handle=0, role=False, source=p.Source(),
+                                       target=p.Coordinator(capabilities=["amqp:local-transactions"]),
+                                       initial_delivery_count=0)))
+        attach = _next(raw, p, p.Attach)
+        assert isinstance(attach.target, p.Coordinator)
+        declare = p.AmqpValue(p.Declare()).encode()
+        raw.send(encode_frame(p.Transfer(handle=0, delivery_id=0, delivery_tag=b"d", message_format=0,
+                                         settled=True), payload=declare))
+        detach = _next(raw, p, p.Detach)
+        assert detach.error.condition == "amqp:illegal-state"
+        raw.send(encode_frame(p.Detach(handle=0, closed=True)))
+        raw.send(encode_frame(p.Attach(name="rcv", handle=1, role=True, source=p.Source(address=f"/queues/{a}"),
+                                       target=p.Target())))
+        assert isinstance(_next(raw, p, p.Attach), p.Attach)
+        raw.send(encode_frame(p.Flow(next_incoming_id=0, incoming_window=1000, next_outgoing_id=1,
+                                     outgoing_window=1000, handle=1, delivery_count=0, link_credit=5,
+                                     properties={"txn-id": b"txn-1"})))
+        detach = _next(raw, p, p.Detach)
+        assert detach.handle == 1 and detach.error.condition == "amqp:not-implemented"
+    finally:
+        raw.close()
