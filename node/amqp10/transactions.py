@@ -334,7 +334,7 @@ class CoordinatorLink(Link):
             self.session.detach_link(self, error(ROLLBACK, "a delivery of the transaction is incomplete"))
             return
         reason = txn.failed or next((f"link '{r.link.name}' detached before the commit" for r in txn.retirements
-                                     if not r.link.alive), None)
+                                     if not r.link.alive), None) or self._gone_target(txn)
         if reason is not None:
             rollback(txn)
             return self._answer(delivery_id, p.Rejected(error=error(ROLLBACK, reason)))
@@ -350,6 +350,18 @@ class CoordinatorLink(Link):
             settle_after_commit(txn)
             self._answer(delivery_id, p.Accepted())
         conn.request(TxCommit(conn.conn_id, None, self.core, operations), applied)
+
+    def _gone_target(self, txn: Transaction) -> str | None:
+        """A held publish whose exchange (or, through the default exchange, queue) was deleted since it
+        was posted: the presumptive outcome no longer holds (4.4.4.1), so the commit is refused.  (This
+        node's view: a deletion racing the commit is applied as the core applies it -- dropped.)"""
+        vhost = self.conn.broker.machine.vhosts.get(self.conn.vhost)
+        for cmd in txn.publishes:
+            if vhost is None or cmd.exchange not in vhost.exchanges:
+                return f"exchange '{cmd.exchange}' was deleted"
+            if not cmd.exchange and cmd.routing_key not in vhost.queues:
+                return f"queue '{cmd.routing_key}' was deleted"
+        return None
 
     def _partial_posting(self, txn_id: bytes) -> bool:
         for session in self.conn.sessions.values():

@@ -259,6 +259,20 @@ def test_accepting_link_detached_before_commit_is_a_rollback(channel, amqp) -> N
     assert _count(channel, b) == 0
 
 
+def test_target_deleted_before_commit_is_a_rollback(channel, amqp) -> None:
+    """4.4.4.1: "If the resource can no longer apply the outcome that it originally indicated ... it
+    MUST NOT allow the successful discharge": B is deleted after a send to it was posted (and told
+    accepted), so the commit is rejected with amqp:transaction:rollback and A keeps its message."""
+    a, b = _queue(channel), _queue(channel)
+    channel.basic_publish("", a, b"w")
+    txn, events = declare(amqp, settle_before_discharge=True)
+    receiver, _received, _sent = _move_in_transaction(amqp, txn, a, b)
+    channel.queue_delete(b)
+    assert discharge(amqp, txn, events, commit=True) == "commit_failed"
+    assert events.condition == "amqp:transaction:rollback"
+    assert receiver.receive(timeout=TIMEOUT).body == b"w"  # released back to A, delivered again
+
+
 def _coordinator(amqp: BlockingConnection, capability: str):
     link = amqp.container.create_sender(amqp.conn, None, name=uniq("ctl"))
     link.target.type = Terminus.COORDINATOR
