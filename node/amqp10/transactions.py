@@ -9,7 +9,8 @@ Control messages are ``declare`` (4.5.2) and ``discharge`` (4.5.3) in one amqp-v
 sent settled detaches the link with ``amqp:illegal-state`` (4.2).  Errors are the ``rejected``
 outcome carrying a transaction error (4.5.8): ``amqp:transaction:unknown-id`` for a txn-id this
 connection did not declare (or already discharged), ``amqp:transaction:rollback`` for a commit that
-cannot be done (the transaction was marked failed, a link that did its work is gone).
+cannot be done (the transaction was marked failed, a link that did its work is gone, the exchange
+or queue a held publish goes to was deleted).
 
 *Transactional work* (4.4).  Posting (4.4.1): a transfer whose state is ``transactional-state(txn-id)``
 is checked as any publish (address, permission), then *held here*, not published; the controller is
