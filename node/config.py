@@ -63,6 +63,12 @@ class Config:
     amqp10_redirect_to_leader: bool = False
     # AMQP 1.0 open says product "RabbitMQ" version 4.0.0: RabbitMQ 4's client libraries refuse others.
     amqp10_rabbitmq_compat: bool = False
+    # AMQP 1.0 transactions (node/amqp10/transactions.py): publishes and their body bytes the open
+    # transactions of one connection may hold until their commits (they are in memory, and each commit
+    # is one log entry), and undischarged transactions per connection.  Beyond: amqp:resource-limit-exceeded.
+    amqp10_tx_max_messages: int = 10_000
+    amqp10_tx_max_bytes: int = 16 * 1024 * 1024
+    amqp10_tx_max_open: int = 64
     # Bytes the node holds for clients: message bodies in memory (cache and write-behind), client
     # write buffers, parked auto-ack deliveries, publishes being received (node/broker.py
     # memory_in_use).  Queued bodies live on disk (<data>/bodies): a backlog does not count.

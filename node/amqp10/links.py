@@ -112,9 +112,12 @@ def attach_link(session: Session, attach):
     """The link for a client's attach (None when refused: the refusal is already sent)."""
     from .management import ManagementLink, is_management
     from .recovery import DurableOutgoingLink, is_durable
+    from .transactions import CoordinatorLink, is_coordinator
 
     if is_management(attach):
         return ManagementLink(session, attach).attach()
+    if is_coordinator(attach):  # 4.2 the transaction coordinator (transactions.py)
+        return CoordinatorLink(session, attach).attach()
     if attach.role and is_durable(attach):
         return DurableOutgoingLink(session, attach).attach()
     if attach.role:  # the client is the receiver: we send
@@ -317,6 +320,8 @@ class OutgoingLink(Link):
     # ------------------------------------------------------------------ credit
 
     def on_flow(self, flow) -> None:
+        if flow.properties and "txn-id" in flow.properties:  # 4.4.3 transactional acquisition
+            return self.session.detach_link(self, error("amqp:not-implemented", "transactional acquisition"))
         if flow.link_credit is not None:
             base = flow.delivery_count if flow.delivery_count is not None else 0
             self.limit = (base + min(flow.link_credit, MAX_CREDIT)) % SERIAL
@@ -443,6 +448,9 @@ class OutgoingLink(Link):
 
     def on_outcome(self, transfer_ids: list[int], state, settled: bool, first: int, last: int) -> None:
         cls = state.__class__
+        if cls is p.TransactionalState:  # 4.4.2 transactional retirement (transactions.py)
+            from .transactions import retire
+            return retire(self, transfer_ids, state, settled, first, last)
         if cls is p.Released:
             how = SETTLE_RELEASE
         elif cls is p.Rejected:
@@ -581,7 +589,8 @@ class IncomingLink(Link):
         self.credit -= 1
         self.delivery_count = (self.delivery_count + 1) % SERIAL
         settled = bool(first.settled)
-        self._deliver(first.delivery_id, settled, data)
+        txn_state = first.state if first.state.__class__ is p.TransactionalState else None
+        self._deliver(first.delivery_id, settled, data, txn_state)
         if self.credit < INCOMING_CREDIT // 2 and self.alive:
             self._grant()
 
@@ -591,7 +600,7 @@ class IncomingLink(Link):
         self.parts = []
         self.part_bytes = 0
 
-    def _deliver(self, delivery_id: int, settled: bool, data: bytes) -> None:
+    def _deliver(self, delivery_id: int, settled: bool, data: bytes, txn_state=None) -> None:
         session = self.session
         try:
             message = convert.publish_of(data)
@@ -619,6 +628,9 @@ class IncomingLink(Link):
         command = Publish(self.conn.conn_id, None, self.core, self.conn.vhost, target.exchange, routing_key,
                    False, message.properties, message.body, message.persistent, message.priority or 0,
                    message.ttl, AMQP100)
+        if txn_state is not None:  # 4.4.1 transactional posting: held until the commit
+            from .transactions import post
+            return post(self, delivery_id, settled, txn_state, command)
         if settled:
             self.conn.broker.submit(command, False, len(message.body))
             return

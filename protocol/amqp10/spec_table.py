@@ -36,7 +36,8 @@ a restricted type of ``RESTRICTED``, a composite of ``DESCRIBED`` (``error``) or
 ``requires`` names the archetype the value should provide).  ``default`` is a value of the source type
 or one of the restricted type's choice names (``default=mixed``).
 
-``CONDITIONS``: the error conditions of 2.8.15-2.8.18 and 5.3.3.6 (SASL codes), ``name symbol``.
+``CONDITIONS``: the error conditions of 2.8.15-2.8.18, 4.5.8 (transaction errors) and 5.3.3.6 (SASL
+codes), ``name symbol``.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ terminus-expiry-policy  symbol  link-detach=link-detach session-end=session-end 
 std-dist-mode           symbol  move=move copy=copy                                     # 3.5.7
 filter-set              map                                                             # 3.5.8
 node-properties         fields                                                          # 3.5.9
+txn-capability          symbol  local-transactions=amqp:local-transactions distributed-transactions=amqp:distributed-transactions promotable-transactions=amqp:promotable-transactions multi-txns-per-ssn=amqp:multi-txns-per-ssn multi-ssns-per-txn=amqp:multi-ssns-per-txn  # 4.5.7
 sasl-code               ubyte   ok=0 auth=1 sys=2 sys-perm=3 sys-temp=4                 # 5.3.3.6
 """
 
@@ -263,6 +265,20 @@ delete-on-no-links 0x2c amqp:delete-on-no-links:list composite provides=lifetime
 delete-on-no-messages 0x2d amqp:delete-on-no-messages:list composite provides=lifetime-policy  # 3.5.12
 delete-on-no-links-or-messages 0x2e amqp:delete-on-no-links-or-messages:list composite provides=lifetime-policy  # 3.5.13
 
+# ---- part 4: transactions (4.5)
+coordinator 0x30 amqp:coordinator:list composite provides=target                             # 4.5.1
+    capabilities            symbol              multiple    requires=txn-capability
+declare 0x31 amqp:declare:list composite                                                     # 4.5.2
+    global-id               *                   requires=global-tx-id
+discharge 0x32 amqp:discharge:list composite                                                 # 4.5.3
+    txn-id                  *                   mandatory   requires=txn-id
+    fail                    boolean
+declared 0x33 amqp:declared:list composite provides=delivery-state,outcome                   # 4.5.5
+    txn-id                  *                   mandatory   requires=txn-id
+transactional-state 0x34 amqp:transactional-state:list composite provides=delivery-state     # 4.5.6
+    txn-id                  *                   mandatory   requires=txn-id
+    outcome                 *                   requires=outcome
+
 # ---- part 5: SASL frames (5.3.3), provides=sasl-frame
 sasl-mechanisms 0x40 amqp:sasl-mechanisms:list composite provides=sasl-frame                 # 5.3.3.1
     sasl-server-mechanisms  symbol              mandatory   multiple
@@ -305,6 +321,9 @@ transfer-limit-exceeded     amqp:link:transfer-limit-exceeded
 message-size-exceeded       amqp:link:message-size-exceeded
 link-redirect               amqp:link:redirect
 stolen                      amqp:link:stolen
+unknown-id                  amqp:transaction:unknown-id             # 4.5.8
+transaction-rollback        amqp:transaction:rollback
+transaction-timeout         amqp:transaction:timeout
 """
 
 #: The primitive types of 1.6, in the spec's order (the ``type`` column of ENCODINGS).

@@ -282,6 +282,7 @@ _BY_REQUIRES = {
     "delivery-state": st.sampled_from([p.Accepted(), p.Released(), p.Rejected(), p.Modified(delivery_failed=True),
                                        p.Received(section_number=0, section_offset=5)]),
     "outcome": st.sampled_from([p.Accepted(), p.Released(), p.Rejected()]),
+    "txn-id": st.binary(min_size=1, max_size=32),  # 4.5.4: up to 32 octets of binary
 }
 
 
