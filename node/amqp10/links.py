@@ -405,10 +405,16 @@ class OutgoingLink(Link):
         if result[0] != 0:
             return self.failed(result)
         self.drain_wanted = False
-        if self.limit is not None and _signed(self.limit - self.delivery_count) > 0:
+        unused = self.limit is not None and _signed(self.limit - self.delivery_count) > 0
+        if unused:
             self.delivery_count = self.limit
         self._unlimited_bytes()
-        self._send_flow(drain=True)
+        if unused:
+            # 2.6.7: the sender advances delivery-count to use the credit up, then sends its flow state.
+            # When deliveries used it all up there is nothing to tell (as Proton-J and Artemis brokers
+            # do): a flow then reads as "drained, queue empty" to clients such as cli-proton-python's
+            # receiver, which closes with messages still queued.
+            self._send_flow(drain=True)
 
     def _send_flow(self, drain: bool = False) -> None:
         self.session.send_flow({"handle": self.handle, "delivery_count": self.delivery_count,

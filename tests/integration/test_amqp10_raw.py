@@ -494,10 +494,19 @@ def test_read_ahead_never_exceeds_credit_and_releases_what_it_held(broker) -> No
                                      drain=True)))
         second = _transfers(raw, 40)
         assert [body for _t, _d, body, _r in second] == [str(i).encode() for i in range(40, 80)]
-        flow = raw.performative()
-        assert isinstance(flow, p.Flow) and flow.drain and flow.link_credit == 0 and flow.delivery_count == 80
+        with pytest.raises((TimeoutError, socket.timeout)):
+            raw.frame(timeout=0.5)  # the deliveries used the drained credit up: no flow follows (2.6.7)
+        raw.send(encode_frame(p.Flow(next_incoming_id=80, incoming_window=1000, next_outgoing_id=0,
+                                     outgoing_window=1000, handle=0, delivery_count=80, link_credit=40,
+                                     drain=True)))
+        third = _transfers(raw, 20)
+        assert [body for _t, _d, body, _r in third] == [str(i).encode() for i in range(80, 100)]
+        flow = raw.performative()  # 20 of 40 sent: the rest of the credit is used up and said so
+        assert isinstance(flow, p.Flow) and flow.drain and flow.link_credit == 0 and flow.delivery_count == 120
         raw.send(encode_frame(p.Disposition(role=True, first=first[0][1], last=second[-1][1], settled=True,
                                             state=p.Accepted())))
+        raw.send(encode_frame(p.Disposition(role=True, first=third[0][1], last=third[-1][1], settled=True,
+                                            state=p.Released())))
         raw.send(encode_frame(p.Detach(handle=0, closed=True)))
         assert isinstance(raw.performative(), p.Detach)
         rest = []
