@@ -77,6 +77,8 @@ from raftmq.store.sessions import (
 from ..core.access import WRITE, AccessRefused
 from .address import AddressError, Target, parse_source, parse_target, queue_address
 from .connection import SETTLE_BATCH
+from .direct_reply import dynamic_queue_prefix
+from .modified import settle_modified
 from .session import SERIAL, SessionError, error
 
 if TYPE_CHECKING:
@@ -222,7 +224,7 @@ class OutgoingLink(Link):
         conn = self.conn
         try:
             if source is not None and source.dynamic:
-                self.queue = f"amq.gen-{uuid.uuid4()}"
+                self.queue = f"{dynamic_queue_prefix(source)}{uuid.uuid4()}"  # direct_reply.py
                 declare = QueueDeclare(conn.conn_id, None, 0, conn.vhost, self.queue, False, False, True,
                            True, {}, True)  # server-named: the amq. prefix is ours to use
                 conn.access.authorize(declare)
@@ -420,6 +422,8 @@ class OutgoingLink(Link):
                 how = SETTLE_REJECT
             else:
                 how = SETTLE_RELEASE_REDELIVERED if state.delivery_failed else SETTLE_RELEASE
+            if state.message_annotations:  # the core changes the messages first: modified.py
+                return settle_modified(self, transfer_ids, state, how, settled, first, last)
         elif state is None and not settled:
             return  # a state-less unsettled disposition says nothing
         else:
