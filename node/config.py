@@ -61,7 +61,8 @@ class Config:
     amqp10_anonymous_user: str = ""
     # AMQP 1.0: a follower answers open with amqp:connection:redirect to the leader (node/amqp10/failover.py).
     amqp10_redirect_to_leader: bool = False
-    # AMQP 1.0 open says product "RabbitMQ" version 4.0.0: RabbitMQ 4's client libraries refuse others.
+    # AMQP 1.0 open says product "RabbitMQ" version 4.2.0 (RabbitMQ 4's client libraries refuse others),
+    # and a refused vhost closes the socket before open, as RabbitMQ 4 does (node/amqp10/connection.py).
     amqp10_rabbitmq_compat: bool = False
     # AMQP 1.0 transactions (node/amqp10/transactions.py): publishes and their body bytes the open
     # transactions of one connection may hold until their commits (they are in memory, and each commit

@@ -79,6 +79,7 @@ class Op(IntEnum):
     PERMISSION_SET = 63
     PERMISSION_CLEAR = 64
     SESSION_WINDOW_CREDIT = 87  # (destination, messages, bytes): 0-10 window credit for completed transfers
+    MESSAGE_MODIFY = 95  # AMQP 1.0 modified outcome with message-annotations: see store/modify.py
 
 
 OK = 0
@@ -674,6 +675,21 @@ class MessageSettle(NamedTuple):
     op: Op = Op.MESSAGE_SETTLE
 
 
+class MessageModify(NamedTuple):
+    """AMQP 1.0's modified outcome with message-annotations (3.4.5): ``how`` as MessageSettle's
+    (release, release counting the delivery, or reject), after ``annotations`` (``{"x-...": plain
+    value}``, store/values.py's types) are merged into each message (store/modify.py).  A command of
+    its own so that MessageSettle, one per batch of ordinary settlements, stays as it is."""
+
+    conn: str | None
+    token: int | None
+    channel: int
+    ranges: list
+    how: int
+    annotations: dict
+    op: Op = Op.MESSAGE_MODIFY
+
+
 class SessionWindowCredit(NamedTuple):
     """0-10 window mode: the client completed transfers; ``messages`` and ``bytes`` of credit back.
     Submitted without a token by the front end; never an error."""
@@ -747,7 +763,7 @@ Command = (ChannelOpen | ChannelClose | ConnectionClose | Qos | Flow | ExchangeD
            | PermissionClear | SessionAttach | SessionDetach | SessionTimeout | SessionCommand
            | SessionKnownCompleted | SessionTxSelect | MessageSubscribe | MessageFlow | MessageFlowMode
            | MessageStop | MessageFlush | MessageSettle | MessageAcquire | MessageResume | QueueQuery
-           | ExchangeQuery | ExchangeBound | SessionWindowCredit)
+           | ExchangeQuery | ExchangeBound | SessionWindowCredit | MessageModify)
 
 COMMAND_TYPES: dict[int, type] = {cls._field_defaults["op"]: cls for cls in Command.__args__}
 assert len(COMMAND_TYPES) == len(Op), "every Op has exactly one command type"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
 from .bodies import DictBodies, fill_bodies
 from .commands import (
@@ -41,6 +42,7 @@ from .errors import HARD_ERRORS, CommandError
 from .expiry import Expiry
 from .message import AMQP091
 from .model import ChannelState, Entry, Exchange, Message, Queue, Session, VHost
+from .modify import message_modify
 from .plugin_exchanges import PluginExchanges
 from .queue_args import parse_stored_queue_arguments
 from .routing import Binding
@@ -179,6 +181,7 @@ class StateMachine:
             Op.MEMBER_SET: self.connections.member_set,
             Op.MEMBER_REMOVE: self.connections.member_remove,
             Op.VHOST_ADD: self.topology.vhost_add,
+            Op.MESSAGE_MODIFY: partial(message_modify, self),
             **self.session_commands.session_handlers(),
             **self.user_commands.user_handlers(),
         }

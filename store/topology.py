@@ -25,7 +25,7 @@ from .commands import (
 from .dedup import DedupCache
 from .durable import binding_key
 from .errors import CommandError
-from .exchange_types import PLUGIN_TYPES
+from .exchange_types import LOCAL_RANDOM, PLUGIN_TYPES, pick_local_random, validate_binding
 from .exchange_types import validate as validate_plugin_exchange
 from .headers import message_headers
 from .message import AMQP091, Properties, codec
@@ -109,7 +109,7 @@ class Topology:
                         f"received '{got_s}' but current is '{have_s}'",
                     )
             return None
-        if type_ not in EXCHANGE_TYPES and type_ not in PLUGIN_TYPES:
+        if type_ not in EXCHANGE_TYPES and type_ not in PLUGIN_TYPES and type_ != LOCAL_RANDOM:
             raise CommandError(503, f"unknown exchange type '{type_}'")
         validate_plugin_exchange(type_, args)
         vhost.exchanges[name] = Exchange(vhost_name, name, type_, durable, auto_delete, internal, args)
@@ -172,6 +172,7 @@ class Topology:
         m.channel(conn, number)
         vhost = m.vhost(vhost_name)
         exchange, target = self.binding_endpoints(vhost, source, False, destination, conn)
+        validate_binding(exchange.type, False, routing_key)
         self.add_binding(vhost, exchange, Binding(source, False, destination, routing_key, args),
                           target.durable)
 
@@ -321,6 +322,7 @@ class Topology:
         m.channel(conn, number)
         vhost = m.vhost(vhost_name)
         exchange, queue = self.binding_endpoints(vhost, exchange_name, True, queue_name, conn)
+        validate_binding(exchange.type, True, routing_key)
         if exchange.type == "failover" and queue.exclusive_owner is None:
             # 0-10 11.1.2.3 failover_exchange_disallow_shared_queues
             raise CommandError(530, f"only exclusive queues may be bound to '{exchange_name}'")
@@ -441,15 +443,18 @@ class Topology:
 
         found: dict[int, Queue] = {}
         visited: dict[str, None] = {}
-        self.route_into(vhost, exchange, routing_key, headers, found, visited)
+        self.route_into(vhost, exchange, routing_key, headers, found, visited, message.id)
         return list(found.values())
 
-    def route_into(self, vhost, exchange, routing_key, headers, found, visited) -> None:
+    def route_into(self, vhost, exchange, routing_key, headers, found, visited, message_id: int = 0) -> None:
         if exchange.name in visited:
             return
         visited[exchange.name] = None
         before = len(found)
-        for binding in exchange.matcher.match(routing_key, headers):
+        matched = exchange.matcher.match(routing_key, headers)
+        if exchange.type == LOCAL_RANDOM:
+            matched = pick_local_random(matched, message_id)  # one queue, the same on every replica
+        for binding in matched:
             if binding.dest_is_queue:
                 queue = vhost.queues.get(binding.destination)
                 if queue is not None:
@@ -457,8 +462,9 @@ class Topology:
             else:
                 target = vhost.exchanges.get(binding.destination)
                 if target is not None:
-                    self.route_into(vhost, target, routing_key, headers, found, visited)
+                    self.route_into(vhost, target, routing_key, headers, found, visited, message_id)
         if len(found) == before:
             alternate = exchange.alternate_exchange
             if alternate is not None and alternate in vhost.exchanges:
-                self.route_into(vhost, vhost.exchanges[alternate], routing_key, headers, found, visited)
+                self.route_into(vhost, vhost.exchanges[alternate], routing_key, headers, found, visited,
+                                message_id)

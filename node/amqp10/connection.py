@@ -53,7 +53,7 @@ CLOSE_TIMEOUT = 2.0
 # sends it (first mode), so the delay only keeps the message unacked in the core a little longer.
 SETTLE_BATCH = 256
 SETTLE_DELAY = 0.005
-RABBITMQ_COMPAT_VERSION = "4.0.0"  # what amqp10_rabbitmq_compat announces (the /management v2 API level)
+RABBITMQ_COMPAT_VERSION = "4.2.0"  # what amqp10_rabbitmq_compat announces: see _server_properties
 # Open's offered-capabilities (2.7.1): what this broker really does, named as Qpid, Artemis and RabbitMQ 4
 # name it.  ANONYMOUS-RELAY: a sender with a null target routes each message by its 'to' (links.py;
 # Proton's request/response examples refuse a broker without it).  LINK_PAIR_V1_0: the /management node's
@@ -403,6 +403,8 @@ class Amqp10Connection(asyncio.Protocol):
         self.remote_max_frame = max(512, min(m.max_frame_size or 0xFFFFFFFF, 0xFFFFFFFF))
         self.channel_max = min(self.channel_max, m.channel_max if m.channel_max is not None else 0xFFFF)
         our_idle = int(self.config.heartbeat * 1000)
+        if self.config.amqp10_rabbitmq_compat and self._refused_as_rabbitmq(vhost):
+            return
         self._open_sent = True
         self.send(0, p.Open(container_id=f"raftmq-{self.config.node_id}", hostname=None,
                             max_frame_size=MAX_FRAME_SIZE, channel_max=self.channel_max,
@@ -437,6 +439,27 @@ class Amqp10Connection(asyncio.Protocol):
             self._schedule("keepalive", max(0.05, m.idle_time_out / 2000), self._keepalive)
         if our_idle:
             self._schedule("idle", our_idle / 1000 * 2, self._idle_check)
+
+    def _refused_as_rabbitmq(self, vhost: str) -> bool:
+        """A virtual host that does not exist or that the user may not use, refused as RabbitMQ 4 does:
+        the socket is closed with no open and no close (rabbit_amqp_reader checks the vhost before its
+        open; a handshake error closes the socket).  RabbitMQ 4's clients count on it: an open then a
+        close looks like a lost connection to rabbitmq-amqp-python-client, which reconnects again and
+        again instead of raising from dial().  Without ``amqp10_rabbitmq_compat`` the refusal is the
+        spec's open then close with the error (2.4.4), below."""
+        if not self.broker.accepting or self._refusal:
+            return False  # answered with a close: no leader, or a connection limit
+        if vhost in self.broker.machine.vhosts:
+            try:
+                Access.open(self.principal, vhost)
+                return False
+            except AccessRefused as exc:
+                text = exc.text
+        else:
+            text = f"virtual host '{vhost}' not found"
+        log.info("1.0 connection %s: refused before open (as RabbitMQ 4): %s", self.peer, text)
+        self._abort()
+        return True
 
     def _server_properties(self) -> dict:
         """Open's properties. RabbitMQ 4's client libraries refuse a server whose ``product`` is not

@@ -78,7 +78,9 @@ from raftmq.store.sessions import (
 from ..core.access import WRITE, AccessRefused
 from .address import AddressError, Target, parse_source, parse_target, queue_address
 from .connection import SETTLE_BATCH
+from .direct_reply import dynamic_queue_prefix
 from .filters import FilterRefused, SourceFilters, from_source
+from .modified import settle_modified
 from .session import SERIAL, SessionError, error
 from .terminus import Refusal, plan_source, target_of
 
@@ -238,7 +240,7 @@ class OutgoingLink(Link):
                     conn.access.authorize(command)
                 self.subscription_queue = plan.queue if plan.durable else None
             elif source is not None and source.dynamic:
-                self.queue = f"amq.gen-{uuid.uuid4()}"
+                self.queue = f"{dynamic_queue_prefix(source)}{uuid.uuid4()}"  # direct_reply.py
                 declare = QueueDeclare(conn.conn_id, None, 0, conn.vhost, self.queue, False, False, True,
                            True, {}, True)  # server-named: the amq. prefix is ours to use
                 conn.access.authorize(declare)
@@ -466,6 +468,8 @@ class OutgoingLink(Link):
                 how = SETTLE_REJECT
             else:
                 how = SETTLE_RELEASE_REDELIVERED if state.delivery_failed else SETTLE_RELEASE
+            if state.message_annotations:  # the core changes the messages first: modified.py
+                return settle_modified(self, transfer_ids, state, how, settled, first, last)
         elif state is None and not settled:
             return  # a state-less unsettled disposition says nothing
         else:

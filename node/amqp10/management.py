@@ -20,6 +20,10 @@ POST /bindings {source, binding_key,        QUEUE_BIND / EXCHANGE_BIND    204
 DELETE /bindings/src=;dstq=|dste=;key=;args=  QUEUE_UNBIND / EXCHANGE_UNBIND  204
 =========================================  ============================  =========================
 
+A binding delete answers 204 also when the binding, its exchange or its queue is gone, as RabbitMQ 4's
+``rabbit_amqp_management`` does (it looks the binding up and removes it only if found): the client's
+delete is idempotent, the outcome is the same -- no such binding.  A refusal (403) still is one.
+
 Every command is authorized by ``Access.authorize`` and applied by the core like any other client's;
 a refusal is 403, a missing resource 404, an inequivalent declare 409, anything else unparsable 400.
 A core refusal destroys the link's core session (as for every link), so the next request gets a new one.
@@ -59,6 +63,7 @@ log = logging.getLogger(__name__)
 
 ADDRESS = "/management"
 STATUS = {403: "403", 404: "404", 405: "409", 406: "409"}
+UNBINDS = (Op.QUEUE_UNBIND, Op.EXCHANGE_UNBIND)
 
 
 def is_management(attach) -> bool:
@@ -230,6 +235,8 @@ class ManagementLink(Link):
             if result[0] != 0:
                 conn.links_by_core.pop(self.core, None)
                 self._core_attach()  # the refusal destroyed the core session: the next request gets one
+                if result[1] == 404 and command.op in UNBINDS:
+                    return self._respond(request_id, "204", None)  # no such binding: RabbitMQ 4's 204
                 status = "400" if STREAMS_UNSUPPORTED in str(result[2]) else STATUS.get(result[1], "400")
                 return self._respond(request_id, status, str(result[2]))
             if answer is None:

@@ -250,8 +250,15 @@ async def get_vhost(request: web.Request) -> web.Response:
 async def put_vhost(request: web.Request) -> web.Response:
     require(request, ADMINISTRATOR)
     name = request.match_info["name"]
-    existed = name in context(request).broker.machine.vhosts
+    broker = context(request).broker
+    existed = name in broker.machine.vhosts
     await context(request).control.add_vhost(name)
+    creator = operator(request).name
+    if not existed and creator in broker.machine.users:
+        # RabbitMQ gives the user who creates a vhost full permissions on it (rabbit_vhost:add).  A
+        # user of the configuration file keeps the permissions the file gives (it cannot be changed
+        # through the API: put_permission's 405), so only a managed creator gets them.
+        await context(request).control.set_permissions(creator, name, ".*", ".*", ".*")
     return web.Response(status=204 if existed else 201)
 
 
