@@ -20,7 +20,7 @@ from . import cli_proton_python, harness, proton_examples, rabbitmq_amqp_client,
 
 SUITES = {m.NAME: m for m in (proton_examples, rhea_examples, cli_proton_python, rabbitmq_amqp_client)}
 # Per-test limits (seconds): each is many times what a passing test takes here (under 5 s).
-TIMEOUTS = {"proton": 40.0, "rhea": 30.0, "cli": 20.0, "rmq": 30.0}
+TIMEOUTS = {"proton": 40.0, "rhea": 30.0, "cli": 20.0, "rmq": 45.0}
 
 
 def main(argv: list[str]) -> int:

@@ -35,6 +35,13 @@ from .harness import (
 
 NAME, TITLE, MIRROR = "cli", "cli-proton-python suite", "rh-messaging+cli-proton-python"
 SETTINGS = ['amqp10_anonymous_user = "guest"']
+ROUTER = "needs upstream CI's qpid-dispatch router on 5673, which no broker replaces"
+# Tests that talk to that router, not to the broker: the sender to 5673 waits for link credit the
+# router never gives until --timeout ends it (with nothing there it reconnects for ever); on_release
+# checks that the router hands released messages back to the sender.
+NEEDS_ROUTER = {"CommandLineTests.test_send_receive_on_release": ROUTER,
+                "ControlOptionsTests.test_timeout_sender": ROUTER,
+                "TxControlOptionsTests.test_timeout_sender": ROUTER}
 _LIST = ("import json, unittest\n"
          "def ids(s):\n"
          "    for t in s:\n"
@@ -59,8 +66,8 @@ def list_tests(tests_dir: Path, env: dict[str, str]) -> list[str]:
 def run(work: Path, *, cluster: bool, timeout: float, only: str = "") -> SuiteResult:
     tree = work / "src"
     result = SuiteResult(NAME, TITLE, extract(MIRROR, tree),
-                         note="no qpid-dispatch router on 5673 (upstream CI has one): test_send_receive_on_release "
-                              "cannot pass against any broker alone")
+                         note=f"{len(NEEDS_ROUTER)} tests need a qpid-dispatch router on 5673 (upstream CI "
+                              "has one; Debian does not package it): marked [known]")
     tests_dir = tree / "tests"
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -74,5 +81,7 @@ def run(work: Path, *, cluster: bool, timeout: float, only: str = "") -> SuiteRe
             done = run_bounded([venv_python(), "-c", _ONE, test_id], tests_dir, env, timeout,
                                logs / f"{name}.log")
             result.outcomes.append(unittest_outcome(name, done))
+            if result.outcomes[-1].status in ("failed", "hung"):
+                result.outcomes[-1].known = NEEDS_ROUTER.get(name, "")
             print(f"  {NAME}: {name}: {result.outcomes[-1].status} ({done.seconds:.1f}s)", flush=True)
     return result
