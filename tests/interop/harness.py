@@ -97,6 +97,8 @@ def print_table(results: list[SuiteResult], out=sys.stdout) -> None:
         print(f"\n{r.title}: not passed", file=out)
         for o in bad:
             why = f"[known: {o.known}]" if o.known else reason(o.detail)
+            if o.status == "hung" and not o.known:
+                why = f"no verdict within the limit; last output: {why}"
             print(f"  {o.status:6} {o.name}  ({o.seconds:.1f}s)  {why}", file=out)
 
 
@@ -106,8 +108,9 @@ _REASON = re.compile(r"(Error|Exception|assert|Timeout|refused|not-found|not-imp
 def reason(detail: str) -> str:
     """One line saying why: the last line naming an error or assertion, else the last line."""
     lines = [line.strip() for line in detail.splitlines() if line.strip() and not line.strip().startswith("at ")]
+    pytest_e = [line[1:].strip() for line in lines if line.startswith("E ")]  # pytest's error lines
     named = [line for line in lines if _REASON.search(line) and not line.startswith(("File ", "Traceback"))]
-    return (named or lines or [""])[-1][:240]
+    return (pytest_e[-1:] or named or lines or [""])[-1][:240]
 
 
 def write_json(results: list[SuiteResult], path: Path) -> None:
