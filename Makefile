@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-single test test-cluster lint bench chaos chaos-compose proto clean system-packages
+.PHONY: run run-single test test-cluster lint bench chaos chaos-compose proto clean system-packages interop
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,13 @@ chaos: $(STAMP) system-packages
 chaos-compose: $(STAMP)
 	docker/make-base-image.sh
 	RAFTMQ_BASE_IMAGE=raftmq-base:bookworm $(BIN)/raftmq chaos run --backend compose --duration 300 --nemesis kill,leader-kill,pause,partition,bridge,loss,restart-all,corrupt,truncate,corrupt-and-kill,truncate-and-kill --fault-seconds 5 --quiet-seconds 5 --out chaos-run
+
+# The AMQP 1.0 client libraries' own examples and suites (Proton, rhea, cli-proton-python,
+# rabbitmq-amqp-python-client), unmodified, against a fresh raftmq; prints passed/failed/hung/skipped
+# per suite (tests/interop/README.md).  Not part of `make test`: it needs the upstream mirrors, node
+# and npm, and takes about 25 minutes.  ARGS: suites (proton rhea cli rmq), --cluster, -k NAME.
+interop: $(STAMP)
+	$(BIN)/python -m tests.interop $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py $(ARGS)
