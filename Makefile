@@ -38,7 +38,7 @@ test-cluster: $(STAMP)
 
 test: $(STAMP) system-packages
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
