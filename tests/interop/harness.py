@@ -163,14 +163,16 @@ def venv_python() -> str:
 
 
 # ------------------------------------------------------------------------------------- upstream
-def extract(mirror: str, dest: Path) -> str:
-    """Unpack the mirror's HEAD commit (its default branch) into a fresh ``dest``; return the commit."""
+def extract(mirror: str, dest: Path, tag: str | None = None) -> str:
+    """Unpack the mirror's HEAD commit (its default branch), or ``tag``, into a fresh ``dest``; return
+    the commit."""
     git_dir = MIRRORS / mirror / "repo"
     if not git_dir.exists():
         raise HarnessError(f"no mirror at {git_dir} (set RAFTMQ_INTEROP_MIRRORS)")
     # Resolve the symbolic HEAD first: some mirrors also have a branch literally named "HEAD".
-    ref = subprocess.run(["git", f"--git-dir={git_dir}", "symbolic-ref", "-q", "HEAD"],
-                         capture_output=True, text=True).stdout.strip() or "HEAD"
+    ref = f"refs/tags/{tag}" if tag else subprocess.run(
+        ["git", f"--git-dir={git_dir}", "symbolic-ref", "-q", "HEAD"], capture_output=True, text=True
+    ).stdout.strip() or "HEAD"
     commit = subprocess.run(["git", f"--git-dir={git_dir}", "rev-parse", "--verify", f"{ref}^{{commit}}"],
                             capture_output=True, text=True, check=True).stdout.strip()
     if dest.exists():
