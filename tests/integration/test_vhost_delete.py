@@ -183,3 +183,25 @@ def test_a_consumer_thread_sees_the_close(node) -> None:
     assert call(node.http, "DELETE", path("vhosts", vhost))[0] == 204
     thread.join(20)
     assert outcome == [320]
+
+
+def test_delete_closes_an_amqp10_connection(node) -> None:
+    """An AMQP 1.0 client (Qpid Proton's BlockingConnection, hostname ``vhost:<name>`` as RabbitMQ 4
+    reads it) receiving from a queue of the vhost: the delete closes its connection with
+    amqp:connection:forced (AMQP 1.0 2.8.15, the forced close RabbitMQ sends), and the receive raises
+    instead of waiting for ever."""
+    from proton import ConnectionException
+    from proton.utils import BlockingConnection, LinkDetached
+
+    vhost = unique("one-oh")
+    assert call(node.http, "PUT", path("vhosts", vhost))[0] == 201
+    pika_conn = pika.BlockingConnection(params(node, vhost))
+    pika_conn.channel().queue_declare("q10")
+    pika_conn.close()
+    conn = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{node.port}", timeout=10,
+                              virtual_host=f"vhost:{vhost}")
+    receiver = conn.create_receiver("/queues/q10")
+    assert call(node.http, "DELETE", path("vhosts", vhost))[0] == 204
+    with pytest.raises((ConnectionException, LinkDetached)) as closed:
+        receiver.receive(timeout=10)
+    assert "forced" in str(closed.value) or "deleted" in str(closed.value), closed.value
