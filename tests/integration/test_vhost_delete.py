@@ -11,6 +11,7 @@ connections with 320 CONNECTION_FORCED "vhost '...' is deleted" (rabbit_vhost:de
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 import pika
@@ -205,3 +206,38 @@ def test_delete_closes_an_amqp10_connection(node) -> None:
     with pytest.raises((ConnectionException, LinkDetached)) as closed:
         receiver.receive(timeout=10)
     assert "forced" in str(closed.value) or "deleted" in str(closed.value), closed.value
+
+
+def test_a_single_node_restart_keeps_the_delete_and_the_overlay(tmp_path) -> None:
+    """Single node, LMDB: after a restart the deleted vhost and its durable queue are still gone, and
+    the permissions set through the API for the configuration file's guest (a vhost another
+    administrator created) still let guest log in with pika."""
+    config = tmp_path / "node.toml"
+    http_port = free_port()
+    config.write_text(f'http_port = {http_port}\n[users.guest]\npassword = "guest"\ntags = ["administrator"]\n')
+    node = RaftmqNode(tmp_path / "data", config=config)
+    node.http = f"http://127.0.0.1:{http_port}"
+    with node:
+        admin = ("boss", "pw")
+        assert call(node.http, "PUT", path("users", "boss"), body={"password": "pw", "tags": "administrator"})[0] == 201
+        for vhost in ("kept", "gone"):
+            assert call(node.http, "PUT", path("vhosts", vhost), auth=admin)[0] == 201
+            # guest did not create it: no permissions there yet, not even as an administrator
+            assert call(node.http, "PUT", path("queues", vhost, "dq"), body={"durable": True})[0] == 403
+        assert call(node.http, "PUT", path("permissions", "kept", "guest"), body=FULL)[0] == 201
+        assert call(node.http, "PUT", path("permissions", "gone", "guest"), body=FULL)[0] == 201
+        assert call(node.http, "PUT", path("queues", "gone", "dq"), body={"durable": True})[0] == 201
+        assert call(node.http, "DELETE", path("vhosts", "gone"))[0] == 204
+        node.restart()
+        for _ in range(100):
+            if call(node.http, "GET", "/api/overview")[0] == 200:
+                break
+            time.sleep(0.1)
+        assert call(node.http, "GET", path("vhosts", "gone"))[0] == 404
+        assert not [q for q in call(node.http, "GET", "/api/queues")[1] if q["vhost"] == "gone"]
+        status, perm = call(node.http, "GET", path("permissions", "kept", "guest"))
+        assert status == 200 and perm["configure"] == ".*"
+        conn = pika.BlockingConnection(params(node, "kept"))
+        conn.close()
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            pika.BlockingConnection(params(node, "gone"))
