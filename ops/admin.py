@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from raftmq.raft.log import NotReplicated
+from raftmq.store.users import overlaid
 
 from .control import AdminEndpoint, AdminError, Control
 from .operator import ADMINISTRATOR, Gatekeeper, basic_header
@@ -226,7 +227,7 @@ class AdminService(pb_grpc.AdminServicer):
     async def _list_users(self):
         managed = self.broker.machine.users
         users = [_user_info(u.name, u.tags, u.loopback_only, u.permissions, "cluster") for u in managed.values()]
-        users += [_user_info(name, u.tags, u.loopback_only, u.permissions, "config")
+        users += [_user_info(name, u.tags, u.loopback_only, self._config_permissions(name), "config")
                   for name, u in self.broker.config.users.items() if name not in managed]
         return pb.UserList(users=sorted(users, key=lambda u: u.name))
 
@@ -258,15 +259,25 @@ class AdminService(pb_grpc.AdminServicer):
         return self._run(self._user_command(request.user, "clear_permissions", request.vhost or "/"), context)
 
     async def _user_command(self, name: str, operation: str, *args):
-        if (operation != "put_user" and name not in self.broker.machine.users
-                and name in self.broker.config.users):
-            raise AdminError(405, f"user '{name}' is defined in the configuration file; create it here "
-                                  "(put-user) to manage it through the cluster")
+        managed, configured = self.broker.machine.users, self.broker.config.users
+        if operation != "put_user" and name not in managed:
+            if name not in configured:
+                raise AdminError(404, f"NOT_FOUND - no user '{name}'")
+            if operation == "delete_user":
+                raise AdminError(405, f"user '{name}' is defined in the configuration file; create it here "
+                                      "(put-user) to manage it through the cluster")
+            # Permissions of a configuration-file user: the replicated overlay (store/users.py).
         await getattr(self.control, operation)(name, *args)
-        user = self.broker.machine.users.get(name)
+        user = managed.get(name)
         if user is None:
-            return pb.UserInfo(name=name)
+            config = configured.get(name)
+            if config is None:
+                return pb.UserInfo(name=name)
+            return _user_info(name, config.tags, config.loopback_only, self._config_permissions(name), "config")
         return _user_info(user.name, user.tags, user.loopback_only, user.permissions, "cluster")
+
+    def _config_permissions(self, name: str) -> dict:
+        return overlaid(self.broker.config.users[name].permissions, self.broker.machine.permission_overlay.get(name))
 
     # ------------------------------------------------------------------ Raft log compaction
 

@@ -36,6 +36,7 @@ from raftmq.store.commands import (
     UserDelete,
     UserPut,
     VhostAdd,
+    VhostDelete,
 )
 
 if TYPE_CHECKING:
@@ -93,6 +94,10 @@ class AdminEndpoint:
     async def add_vhost(self, name: str) -> None:
         """VhostAdd has no channel (the reply still comes here)."""
         await self._request(VhostAdd(self.conn_id, None, name))
+
+    async def delete_vhost(self, name: str) -> None:
+        """VhostDelete has no channel either; 404 (AdminError) for an unknown vhost."""
+        await self._request(VhostDelete(self.conn_id, None, name))
 
     async def _request(self, command: Command):
         token = next(self._tokens)
@@ -251,6 +256,10 @@ class Control:
 
     async def add_vhost(self, name: str) -> None:
         await self.endpoint.add_vhost(name)
+
+    async def delete_vhost(self, name: str) -> None:
+        """Everything in the vhost goes, and its connections are closed (store/topology.py)."""
+        await self.endpoint.delete_vhost(name)
 
     def close_connection(self, conn_id: str, reason: str) -> None:
         """Close a client connection of this node (320 CONNECTION_FORCED, as rabbitmqctl does)."""

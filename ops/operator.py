@@ -105,8 +105,10 @@ class Gatekeeper:
         stored = record.password_hash if record is not None else (configured.password if configured else None)
         if stored is None:
             return None
-        key = (user, stored, hashlib.sha256(password.encode()).digest(),
-               tuple(sorted(record.permissions.items())) if record is not None else None)
+        # The permissions are part of the key: a change (for a user of the configuration file, its
+        # overlay, store/users.py) must reach the next request, not wait for the cache to clear.
+        permissions = record.permissions if record is not None else broker.machine.permission_overlay.get(user, {})
+        key = (user, stored, hashlib.sha256(password.encode()).digest(), tuple(sorted(permissions.items())))
         principal = self._known.get(key)
         if principal is None:
             try:

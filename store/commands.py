@@ -78,6 +78,7 @@ class Op(IntEnum):
     USER_DELETE = 62
     PERMISSION_SET = 63
     PERMISSION_CLEAR = 64
+    VHOST_DELETE = 65  # (name): a vhost and everything in it, permissions included (store/topology.py)
     SESSION_WINDOW_CREDIT = 87  # (destination, messages, bytes): 0-10 window credit for completed transfers
     MESSAGE_MODIFY = 95  # AMQP 1.0 modified outcome with message-annotations: see store/modify.py
 
@@ -102,6 +103,10 @@ OUT_CANCEL = 2  # (conn, OUT_CANCEL, channel, consumer_tag): server-side consume
 OUT_CLOSE = 3  # (conn, OUT_CLOSE, reply_code, reply_text): the cluster closed this connection
 OUT_TRANSFER = 4  # (conn, OUT_TRANSFER, channel, destination, (transfer_id, qid, seq, redelivered, Message[, body]))
 OUT_SESSION_DETACHED = 5  # (conn, OUT_SESSION_DETACHED, channel, name): the session moved elsewhere
+# (None, OUT_VHOST_CLOSED, vhost, reply_code, reply_text): a vhost was deleted; every node closes its
+# own connections open on it.  Addressed to no connection: the machine does not know which
+# connection opened which vhost (connections open no state in the log), each node does.
+OUT_VHOST_CLOSED = 6
 
 
 # ---------------------------------------------------------------------------------------- results
@@ -512,6 +517,16 @@ class VhostAdd(NamedTuple):
     op: Op = Op.VHOST_ADD
 
 
+class VhostDelete(NamedTuple):
+    """Delete a vhost: its queues, exchanges, bindings and everyone's permissions on it; its
+    connections are closed (``OUT_VHOST_CLOSED``).  404 for an unknown vhost."""
+
+    conn: str | None
+    token: int | None
+    name: str
+    op: Op = Op.VHOST_DELETE
+
+
 # ------------------------------------------------------------------- users (store/users.py)
 
 class UserPut(NamedTuple):
@@ -763,7 +778,7 @@ Command = (ChannelOpen | ChannelClose | ConnectionClose | Qos | Flow | ExchangeD
            | PermissionClear | SessionAttach | SessionDetach | SessionTimeout | SessionCommand
            | SessionKnownCompleted | SessionTxSelect | MessageSubscribe | MessageFlow | MessageFlowMode
            | MessageStop | MessageFlush | MessageSettle | MessageAcquire | MessageResume | QueueQuery
-           | ExchangeQuery | ExchangeBound | SessionWindowCredit | MessageModify)
+           | ExchangeQuery | ExchangeBound | SessionWindowCredit | MessageModify | VhostDelete)
 
 COMMAND_TYPES: dict[int, type] = {cls._field_defaults["op"]: cls for cls in Command.__args__}
 assert len(COMMAND_TYPES) == len(Op), "every Op has exactly one command type"

@@ -7,7 +7,10 @@ the single-node log commits them with ``DurableStore.commit``, one write transac
 
 Key layouts (all big-endian so LMDB's byte order is the natural order):
   meta        b"counters" -> msgpack [next_qid, next_msg_id]; b"applied" -> msgpack index;
-              b"format" -> msgpack STORE_FORMAT (store/versions.py)
+              b"format" -> msgpack STORE_FORMAT (store/versions.py);
+              b"overlay/" + user name (utf-8) -> msgpack {vhost: [configure, write, read] or None}: the
+              admin API's permissions for a user of the configuration file (store/users.py).  In meta,
+              not a table of its own: an older raftmq reads past the key, and the tables stay the same
   vhosts      name (utf-8) -> b""
   users       name (utf-8) -> msgpack [password_hash, tags, loopback_only, {vhost: [configure, write, read]}]
   exchanges   msgpack [vhost, name] -> msgpack [type, auto_delete, internal, arguments]
@@ -132,6 +135,9 @@ def _check_payload(table: str, key: bytes, payload) -> None:
         raise BadRecord(f"does not decode ({exc.__class__.__name__})") from exc
 
 
+OVERLAY_PREFIX = b"overlay/"  # meta keys of configuration-file users' permissions (store/users.py)
+
+
 def _pack(obj: object) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
@@ -152,6 +158,7 @@ class LoadedState:
     applied_index: int = 0
     vhosts: list[str] = field(default_factory=list)
     users: list[tuple[str, list]] = field(default_factory=list)
+    permission_overlay: list[tuple[str, dict]] = field(default_factory=list)
     exchanges: list[tuple[str, str, str, bool, bool, dict]] = field(default_factory=list)
     queues: list[tuple[str, str, int, bool, dict]] = field(default_factory=list)
     bindings: list[tuple[str, str, bool, str, str, dict]] = field(default_factory=list)
@@ -291,6 +298,8 @@ class DurableStore:
             if b"applied" in meta:
                 state.applied_index = meta[b"applied"]
             state.vhosts = [k.decode() for k, _ in records("vhosts")]
+            state.permission_overlay = [(k[len(OVERLAY_PREFIX):].decode(), v) for k, v in sorted(meta.items())
+                                        if k.startswith(OVERLAY_PREFIX)]
             state.users = [(k.decode(), v) for k, v in records("users")]
             for k, v in records("exchanges"):
                 vhost, name = _unpack(k)
@@ -457,6 +466,17 @@ class PersistenceRecorder:
 
     def put_vhost(self, name: str) -> None:
         self._put("vhosts", name.encode(), b"")
+
+    def delete_vhost(self, name: str) -> None:
+        self._delete("vhosts", name.encode())
+        self.sync_needed = True  # the admin's 204 promises it, as a durable declare's ok does
+
+    def put_overlay(self, name: str, overlay: dict) -> None:
+        self._put("meta", OVERLAY_PREFIX + name.encode(), _pack(overlay))
+
+    def delete_overlay(self, name: str) -> None:
+        self._delete("meta", OVERLAY_PREFIX + name.encode())
+        self.sync_needed = True
 
     def put_user(self, name: str, record: list) -> None:
         self._put("users", name.encode(), _pack(record))

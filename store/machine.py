@@ -133,6 +133,10 @@ class StateMachine:
                       "delayed": 0, "delay_released": 0, "delay_refused": 0}
         self.sessions: dict[str, Session] = {}  # AMQP 0-10 sessions by key (sessions.py)
         self.users: dict[str, UserRecord] = {}  # managed through the admin API (users.py)
+        # Permissions set through the admin API for users that are not in ``users`` (those of the
+        # configuration file): name -> vhost -> (configure, write, read), or None where a permission
+        # of the file was cleared (users.py, node/auth.py applies them on top of the file's).
+        self.permission_overlay: dict[str, dict[str, tuple[str, str, str] | None]] = {}
         self.detached_sessions: dict[str, Session] = {}  # the ones waiting out their timeout
         self.delayed = DelayedMessages()  # held by x-delayed-message exchanges (store/delayed.py)
         self.delayed_limit = DEFAULT_DELAYED_LIMIT  # configuration (max_delayed_messages), not state
@@ -181,6 +185,7 @@ class StateMachine:
             Op.MEMBER_SET: self.connections.member_set,
             Op.MEMBER_REMOVE: self.connections.member_remove,
             Op.VHOST_ADD: self.topology.vhost_add,
+            Op.VHOST_DELETE: self.topology.vhost_delete,
             Op.MESSAGE_MODIFY: partial(message_modify, self),
             **self.session_commands.session_handlers(),
             **self.user_commands.user_handlers(),
@@ -357,6 +362,8 @@ class StateMachine:
         for name, (password_hash, tags, loopback_only, permissions) in state.users:
             self.users[name] = UserRecord(name, password_hash, list(tags), loopback_only,
                                           {vh: tuple(p) for vh, p in permissions.items()})
+        for name, overlay in state.permission_overlay:
+            self.permission_overlay[name] = {vh: tuple(p) if p is not None else None for vh, p in overlay.items()}
         for vhost_name, name, type_, auto_delete, internal, args in state.exchanges:
             vhost = self.vhosts.setdefault(vhost_name, VHost(vhost_name))
             vhost.exchanges[name] = Exchange(vhost_name, name, type_, True, auto_delete, internal, args)

@@ -52,6 +52,7 @@ MODEL_FIELDS = (
     "applied_batches", "members", "sessions", "detached_sessions", "stats", "event_seq", "users",
     "delayed", "exchange_caches",  # issue 21 (store/delayed.py, store/exchange_dedup.py)
     "rescan",  # issue 37 (filtered consumers, store/delivery.py)
+    "permission_overlay",  # issue 37 (configuration-file users' permissions, store/users.py)
 )
 
 
@@ -362,6 +363,8 @@ def digest(machine: StateMachine) -> str:
     for name in sorted(machine.users):
         u = machine.users[name]
         put("user", name, u.password_hash, u.tags, u.loopback_only, sorted(u.permissions.items()))
+    for name in sorted(machine.permission_overlay):
+        put("permission-overlay", name, sorted(machine.permission_overlay[name].items()))
     for key in sorted(machine.sessions):
         s = machine.sessions[key]
         put("session", key, s.channel.conn, s.channel.number, s.timeout, s.detached_at, s.completed,

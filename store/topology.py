@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from . import events as EV
 from .commands import (
     OUT_CANCEL,
+    OUT_VHOST_CLOSED,
     DeclaredQueue,
     ExchangeBind,
     ExchangeDeclare,
@@ -21,6 +22,7 @@ from .commands import (
     QueuePurge,
     QueueUnbind,
     VhostAdd,
+    VhostDelete,
 )
 from .dedup import DedupCache
 from .durable import binding_key
@@ -67,6 +69,33 @@ class Topology:
                                    definition=(True, False, False, {}))
         if m._persist is not None:
             m._persist.put_vhost(name)
+        return None
+
+    def vhost_delete(self, cmd: VhostDelete) -> None:
+        """Delete a vhost as RabbitMQ's rabbit_vhost:delete does: every queue (its messages released,
+        its consumers cancelled with the protocol's cancel, unacknowledged deliveries dropped), every
+        exchange and binding, every user's permissions on it; then every connection open on it is
+        closed with 320 CONNECTION_FORCED (``OUT_VHOST_CLOSED``: each node closes its own).
+
+        The default vhost ``/`` may be deleted too, as in RabbitMQ (rabbitmqctl delete_vhost /);
+        a vhost listed in the node's configuration (``vhosts``) is added again when a node starts
+        (node/broker.py), as it was before.  Deterministic: the queues and exchanges go in their
+        dicts' order, the same on every replica (insertion order, kept by snapshots).  Audit events
+        are those of the queue, exchange and binding deletes (delete_queue, delete_exchange)."""
+        m = self.m
+        name = cmd.name
+        vhost = m.vhosts.get(name)
+        if vhost is None:
+            raise CommandError(404, f"no vhost '{name}'")
+        for queue in list(vhost.queues.values()):
+            self.delete_queue(queue)
+        for exchange in list(vhost.exchanges.values()):
+            self.delete_exchange(exchange)
+        del m.vhosts[name]
+        m.user_commands.forget_vhost(name)
+        if m._persist is not None:
+            m._persist.delete_vhost(name)
+        m._out.append((None, OUT_VHOST_CLOSED, name, 320, f"CONNECTION_FORCED - vhost '{name}' is deleted"))
         return None
 
     def exchange_declare(self, cmd: ExchangeDeclare) -> None:

@@ -1,8 +1,9 @@
 """Users, permissions, vhosts and definitions: administrator territory (RabbitMQ's rules).
 
 Users created here are the replicated users (store/users.py); users of the configuration file are
-listed (without their password) but managed only in that file, unless replaced by a replicated
-user of the same name.  A password given in clear is hashed here (PBKDF2, node/auth.py) before the
+listed (without their password) and keep their password and tags from that file, unless replaced by
+a replicated user of the same name -- but their permissions are set and cleared here like anyone's
+(a replicated overlay on top of the file's, store/users.py), as RabbitMQ makes no such distinction.  A password given in clear is hashed here (PBKDF2, node/auth.py) before the
 command is proposed; a ``password_hash`` from RabbitMQ definitions (rabbit_password_hashing_sha256,
 sha512 or md5) is kept as it is and checked RabbitMQ's way, so users imported from RabbitMQ keep
 their passwords.
@@ -19,6 +20,7 @@ import re
 from aiohttp import web
 
 from raftmq.node.auth import HASH_SCHEME, RABBIT_HASHES, hash_password
+from raftmq.store.users import overlaid
 
 from ..control import AdminError
 from ..operator import ADMINISTRATOR
@@ -150,9 +152,11 @@ def _permissions(broker) -> list[dict]:
     managed = broker.machine.users
     for name, user in managed.items():
         rows += [permission_view(name, vh, p) for vh, p in sorted(user.permissions.items())]
+    overlay = broker.machine.permission_overlay
     for name, user in broker.config.users.items():
         if name not in managed:
-            rows += [permission_view(name, vh, p) for vh, p in sorted(user.permissions.items())]
+            permissions = overlaid(user.permissions, overlay.get(name))
+            rows += [permission_view(name, vh, p) for vh, p in sorted(permissions.items())]
     return rows
 
 
@@ -207,9 +211,7 @@ async def _set_permission(request: web.Request, user: str, vhost: str, data: dic
             raise bad_request(f"bad regular expression for {key}: {exc}") from None
         patterns.append(str(data[key]))
     broker = context(request).broker
-    if user not in broker.machine.users:
-        if user in broker.config.users:
-            raise AdminError(405, f"user '{user}' is defined in the configuration file")
+    if user not in broker.machine.users and user not in broker.config.users:
         raise bad_request(f"no user '{user}'")
     await context(request).control.set_permissions(user, vhost, *patterns)
 
@@ -218,8 +220,7 @@ async def delete_permission(request: web.Request) -> web.Response:
     require(request, ADMINISTRATOR)
     vhost, user = _permission_key(request)
     broker = context(request).broker
-    record = broker.machine.users.get(user)
-    if record is None or vhost not in record.permissions:
+    if not any(p["user"] == user and p["vhost"] == vhost for p in _permissions(broker)):
         raise not_found()
     await context(request).control.clear_permissions(user, vhost)
     return web.Response(status=204)
@@ -254,17 +255,23 @@ async def put_vhost(request: web.Request) -> web.Response:
     existed = name in broker.machine.vhosts
     await context(request).control.add_vhost(name)
     creator = operator(request).name
-    if not existed and creator in broker.machine.users:
-        # RabbitMQ gives the user who creates a vhost full permissions on it (rabbit_vhost:add).  A
-        # user of the configuration file keeps the permissions the file gives (it cannot be changed
-        # through the API: put_permission's 405), so only a managed creator gets them.
+    if not existed and (creator in broker.machine.users or creator in broker.config.users):
+        # RabbitMQ gives the user who creates a vhost full permissions on it (rabbit_vhost:add),
+        # a user of the configuration file too (the permission overlay, store/users.py).
         await context(request).control.set_permissions(creator, name, ".*", ".*", ".*")
     return web.Response(status=204 if existed else 201)
 
 
 async def delete_vhost(request: web.Request) -> web.Response:
+    """RabbitMQ's DELETE /api/vhosts/:name: administrators only, 204, 404 for an unknown vhost.  Its
+    queues, exchanges, bindings and permissions go, its connections are closed (320), through one
+    replicated command (store/topology.py vhost_delete).  ``/`` may be deleted, as in RabbitMQ."""
     require(request, ADMINISTRATOR)
-    raise AdminError(405, "raftmq cannot delete a virtual host yet")
+    name = request.match_info["name"]
+    if name not in context(request).broker.machine.vhosts:
+        raise not_found()
+    await context(request).control.delete_vhost(name)
+    return web.Response(status=204)
 
 
 # ------------------------------------------------------------------ definitions

@@ -160,7 +160,15 @@ def test_users_and_permissions_replicate_and_the_journal_compacts(tmp_path):
                                                   "read": "^alice-.*"}]
         assert users["guest"]["source"] == "config"
         assert "wonderland" not in admin(address, "--json", "users")
-        assert "FAILED_PRECONDITION" in admin_fails(address, "set-permissions", "guest", ".*", ".*", ".*")
+        # A configuration-file user: its permissions change through the log (the overlay), as any
+        # user's would in RabbitMQ; the user itself stays the file's.
+        admin(address, "set-permissions", "guest", "^guest-", ".*", ".*")
+        users = {u["name"]: u for u in json.loads(admin(address, "--json", "users"))["users"]}
+        assert users["guest"]["source"] == "config"
+        assert users["guest"]["permissions"] == [{"vhost": "/", "configure": "^guest-", "write": ".*", "read": ".*"}]
+        admin(address, "set-permissions", "guest", ".*", ".*", ".*")
+        assert "FAILED_PRECONDITION" in admin_fails(address, "delete-user", "guest")
+        assert "NOT_FOUND" in admin_fails(address, "set-permissions", "nobody", ".*", ".*", ".*")
         assert "INVALID_ARGUMENT" in admin_fails(address, "set-permissions", "alice", "(", ".*", ".*")
         assert "NOT_FOUND" in admin_fails(address, "delete-user", "nobody")
 

@@ -74,10 +74,11 @@ def test_an_unknown_vhost_makes_dial_raise(compat_node, client_path) -> None:
 
 
 def test_a_forbidden_vhost_makes_dial_raise(compat_node, client_path) -> None:
-    """A vhost that exists but the user has no permissions on (guest's come from the configuration
-    file, "/" only) is refused alike."""
+    """A vhost that exists but the user has no permissions on is refused alike (guest created it, so
+    it had full permissions there, RabbitMQ's creator rule: they are taken away first)."""
     vhost = f"other-{uuid.uuid4().hex[:8]}"
     assert call(compat_node.http, "PUT", f"/api/vhosts/{vhost}")[0] == 201
+    assert call(compat_node.http, "DELETE", f"/api/permissions/{vhost}/guest")[0] == 204
     seen = run("dial", uri(compat_node, vhost=vhost), client_path)
     assert seen["dialed"] is False and seen["raised"] == "ConnectionException", seen
 

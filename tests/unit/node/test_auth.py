@@ -55,3 +55,22 @@ def test_permission_answers_are_remembered_and_stay_right():
     for i in range(10_000):  # many distinct names: the memory stays bounded
         principal.may_write("/", f"out-{i}")
     assert len(principal._decisions) <= 4096
+
+
+def test_a_configured_user_gets_the_overlay_of_the_admin_api():
+    """Permissions set through the admin API for a configuration-file user (the replicated overlay,
+    store/users.py) apply on top of the file's for new logins: a vhost added, a vhost's patterns
+    replaced, a file permission cleared (None); the password stays the file's."""
+    overlay: dict[str, dict] = {}
+    auth = Authenticator({"guest": UserConfig("guest")}, dict, lambda: overlay)
+    login = lambda: auth.authenticate("PLAIN", plain("guest", "guest"), "127.0.0.1")  # noqa: E731
+    assert login().may_access_vhost("/") and not login().may_access_vhost("new")
+    overlay["guest"] = {"new": (".*", ".*", ".*")}
+    assert login().may_access_vhost("new") and login().may_configure("/", "anything")
+    overlay["guest"] = {"new": ("^n$", "", ""), "/": None}
+    principal = login()
+    assert principal.may_configure("new", "n") and not principal.may_configure("new", "m")
+    assert not principal.may_access_vhost("/")
+    assert auth.principal_named("guest").permissions.keys() == {"new"}  # ANONYMOUS logins alike
+    overlay.clear()
+    assert login().may_access_vhost("/") and not login().may_access_vhost("new")

@@ -34,11 +34,17 @@ def test_put_set_clear_delete(tmp_path):
 
 
 def test_unknown_user_or_vhost_is_404(tmp_path):
+    """USER_DELETE of an unknown user and PERMISSION_SET on an unknown vhost are 404.  PERMISSION_SET
+    for a name that is not a managed user goes to the overlay (configuration-file users, which the
+    machine cannot know: the admin API checks the name), not to ``users``."""
     d = machine_with_vhost(tmp_path / "lmdb")
     result, _ = d.call(Op.USER_DELETE, "nobody")
     assert result[0] == ERR and result[1] == 404
-    result, _ = d.call(Op.PERMISSION_SET, "nobody", "/", ".*", ".*", ".*")
-    assert result[0] == ERR and result[1] == 404
+    d.ok(Op.PERMISSION_SET, "guest", "/", ".*", ".*", ".*")
+    assert "guest" not in d.machine.users
+    assert d.machine.permission_overlay == {"guest": {"/": (".*", ".*", ".*")}}
+    result, _ = d.call(Op.PERMISSION_SET, "guest", "no-such-vhost", ".*", ".*", ".*")
+    assert result[0] == ERR and result[1] == 404 and "vhost" in result[2]
     d.ok(Op.USER_PUT, "bob", HASH, [], False)
     result, _ = d.call(Op.PERMISSION_SET, "bob", "no-such-vhost", ".*", ".*", ".*")
     assert result[0] == ERR and result[1] == 404 and "vhost" in result[2]
