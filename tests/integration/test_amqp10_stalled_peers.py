@@ -20,6 +20,9 @@ and a 0-9-1 client's declares: nothing a stalled connection holds (its consumer,
 deliveries, its paused writes) is a gate for anyone else. AMQP 1.0 2.6.7 (flow control is per
 link) and 2.5.6 (session windows are per session): one peer's credit and windows never hold up
 another's.
+
+Found on the way (node-side, fixed in node/amqp10/management.py): with two /management pairs on one
+session, answers went to the pair attached last; they now go to the pair of the same link name.
 """
 
 from __future__ import annotations
@@ -208,3 +211,19 @@ def test_a_request_on_a_closed_pair_is_never_answered_but_a_new_pair_is(compat_n
     finally:
         conn.close()
     assert node.is_alive()
+
+
+def test_two_management_pairs_on_one_session_each_get_their_answers(compat_node) -> None:
+    """Two /management pairs on one session (proton's BlockingConnection puts every link on one
+    session): each request is answered on the receiving link of its own pair, matched by link name
+    as RabbitMQ 4 pairs them. Before, answers went to the pair attached last, so a request on the
+    first pair was never answered and its client waited for ever (here: proton's Timeout)."""
+    conn = connect(compat_node)
+    try:
+        first, second = Pair(conn), Pair(conn)
+        assert second.request("GET", "/queues/pair-nope")[0] == "404"
+        assert first.request("PUT", "/queues/pair-q", QUEUE_SPEC)[0] == "201"
+        assert second.request("GET", "/queues/pair-q")[0] == "200"
+        assert first.request("DELETE", "/queues/pair-q") == ("200", {"message_count": 0})
+    finally:
+        conn.close()
