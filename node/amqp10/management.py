@@ -144,7 +144,7 @@ def _queue_info(vhost: str):
 
 class ManagementLink(Link):
     """Either end of the pair: requests arrive on the one the client sends on, answers leave on the
-    other (found through the session's ``management_out``)."""
+    other (the session's sending management link of the same name, ``management_pairs``)."""
 
     def __init__(self, session: Session, attach) -> None:
         super().__init__(session, attach)
@@ -160,7 +160,11 @@ class ManagementLink(Link):
         self._core_attach()
         session = self.session
         if self.sends:
-            session.management_out = self
+            session.management_out = self  # answers for a request link with no same-named partner
+            pairs = getattr(session, "management_pairs", None)
+            if pairs is None:
+                pairs = session.management_pairs = {}
+            pairs[a.name] = self
         reply = p.Attach(name=a.name, handle=self.handle, role=not a.role, snd_settle_mode=a.snd_settle_mode,
                          rcv_settle_mode=0, source=a.source, target=a.target, properties=a.properties,
                          initial_delivery_count=0 if self.sends else None)
@@ -248,7 +252,14 @@ class ManagementLink(Link):
         conn.request(command, done)
 
     def _respond(self, request_id, status: str, body) -> None:
-        out = getattr(self.session, "management_out", None)
+        """The answer goes out on this pair's other link: the sending link of the same name, as
+        RabbitMQ 4 pairs them (two pairs on one session each get their own answers; answering on
+        the last pair attached left the first one's client waiting for ever), else the session's
+        latest sending link (a client naming its two links differently)."""
+        session = self.session
+        out = getattr(session, "management_pairs", {}).get(self.name)
+        if out is None or not out.alive:
+            out = getattr(session, "management_out", None)
         if out is None or not out.alive:
             return
         sections = [p.Properties(correlation_id=request_id, subject=status), p.AmqpValue(body)]
