@@ -27,6 +27,7 @@ from tests.integration.helpers import connect
 from tests.support import rabbitmq as rabbitmq_support
 
 KINDS = ("raftmq", "rabbitmq")
+AMQP10_TIMEOUT = 10  # seconds, each wait of the ``amqp`` connection
 DEFAULT_TEST_TIMEOUT = 60  # seconds, per test (pytest-timeout); every single wait inside is <= 10 s
 
 
@@ -119,6 +120,20 @@ def conn(connections: Any) -> pika.BlockingConnection:
 @pytest.fixture
 def ch(conn: pika.BlockingConnection) -> BlockingChannel:
     return conn.channel()
+
+
+@pytest.fixture
+def amqp(broker: Broker) -> Iterator[Any]:
+    """An AMQP 1.0 connection (python-qpid-proton's BlockingConnection) to the session broker as guest,
+    closed after the test (best effort: a test may have had it closed by the broker)."""
+    from proton.utils import BlockingConnection
+
+    c = BlockingConnection(f"amqp://guest:guest@{broker.host}:{broker.port}", timeout=AMQP10_TIMEOUT)
+    yield c
+    try:
+        c.close()
+    except Exception:  # noqa: BLE001 - best-effort cleanup, as for ``connections``
+        pass
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

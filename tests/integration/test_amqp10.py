@@ -18,7 +18,7 @@ from proton import Delivery, Link, Message  # noqa: E402
 from proton.reactor import AtMostOnce, LinkOption  # noqa: E402
 from proton.utils import BlockingConnection, LinkDetached, SendException  # noqa: E402
 
-from tests.integration.helpers import pika_params, uniq, wait_until  # noqa: E402
+from tests.integration.helpers import uniq, wait_until  # noqa: E402
 
 TIMEOUT = 10
 
@@ -29,20 +29,6 @@ def _raftmq_only(broker) -> None:
         pytest.skip("RabbitMQ 3.10's 1.0 plugin is not enabled in the reference peer")
 
 
-@pytest.fixture
-def channel(broker):
-    conn = pika.BlockingConnection(pika_params(broker.url))
-    yield conn.channel()
-    conn.close()
-
-
-@pytest.fixture
-def amqp(broker):
-    conn = BlockingConnection(f"amqp://guest:guest@{broker.host}:{broker.port}", timeout=TIMEOUT)
-    yield conn
-    conn.close()
-
-
 class RcvSecond(LinkOption):
     """receiver-settle-mode second (2.6.12: the receiver settles after the sender)."""
 
@@ -50,9 +36,9 @@ class RcvSecond(LinkOption):
         link.rcv_settle_mode = Link.RCV_SECOND
 
 
-def _queue(channel, **arguments) -> str:
+def _queue(ch, **arguments) -> str:
     name = uniq("a10")
-    channel.queue_declare(name, arguments=arguments or None)
+    ch.queue_declare(name, arguments=arguments or None)
     return name
 
 
@@ -64,18 +50,18 @@ def _pump(amqp) -> bool:
     return True
 
 
-def _count(channel, queue: str) -> int:
-    return channel.queue_declare(queue, passive=True).method.message_count
+def _count(ch, queue: str) -> int:
+    return ch.queue_declare(queue, passive=True).method.message_count
 
 
-def test_send_receive_accepted_after_commit(channel, amqp) -> None:
+def test_send_receive_accepted_after_commit(ch, amqp) -> None:
     """2.6.12: an unsettled transfer is answered with accepted once the message is stored."""
-    queue = _queue(channel)
+    queue = _queue(ch)
     sender = amqp.create_sender(f"/queues/{queue}")
     for i in range(5):
         delivery = sender.send(Message(body=f"m{i}"))
         assert delivery.remote_state == Delivery.ACCEPTED
-    assert _count(channel, queue) == 5
+    assert _count(ch, queue) == 5
     receiver = amqp.create_receiver(f"/queues/{queue}", credit=5)
     got = []
     for _ in range(5):
@@ -83,21 +69,21 @@ def test_send_receive_accepted_after_commit(channel, amqp) -> None:
         receiver.accept()
     assert got == [f"m{i}" for i in range(5)]
     receiver.close()
-    wait_until(lambda: _count(channel, queue) == 0, what="accepted messages gone")
+    wait_until(lambda: _count(ch, queue) == 0, what="accepted messages gone")
 
 
-def test_presettled_send(channel, amqp) -> None:
+def test_presettled_send(ch, amqp) -> None:
     """snd-settle-mode settled (2.8.2): at-most-once, no disposition awaited."""
-    queue = _queue(channel)
+    queue = _queue(ch)
     sender = amqp.create_sender(f"/queues/{queue}", options=AtMostOnce())
     for i in range(20):
         sender.send(Message(body=f"p{i}"))
-    wait_until(lambda: _pump(amqp) and _count(channel, queue) == 20, what="20 pre-settled messages stored")
+    wait_until(lambda: _pump(amqp) and _count(ch, queue) == 20, what="20 pre-settled messages stored")
 
 
-def test_presettled_receive(channel, amqp) -> None:
+def test_presettled_receive(ch, amqp) -> None:
     """A receiver asking for settled deliveries gets them settled; the queue forgets them on delivery."""
-    queue = _queue(channel)
+    queue = _queue(ch)
     sender = amqp.create_sender(f"/queues/{queue}")
     for i in range(3):
         sender.send(Message(body=f"x{i}"))
@@ -106,14 +92,14 @@ def test_presettled_receive(channel, amqp) -> None:
     assert receiver.link.remote_snd_settle_mode == Link.SND_SETTLED
     bodies = [receiver.receive(timeout=TIMEOUT).body for _ in range(3)]
     assert bodies == ["x0", "x1", "x2"]
-    wait_until(lambda: _count(channel, queue) == 0, what="queue empty")
+    wait_until(lambda: _count(ch, queue) == 0, what="queue empty")
 
 
-def test_credit_limits_deliveries_and_drain(channel, amqp) -> None:
+def test_credit_limits_deliveries_and_drain(ch, amqp) -> None:
     """2.6.7: the sender sends no more than link-credit; drain uses up the credit and reports it."""
-    queue = _queue(channel)
+    queue = _queue(ch)
     for i in range(10):
-        channel.basic_publish("", queue, f"c{i}".encode())
+        ch.basic_publish("", queue, f"c{i}".encode())
     receiver = amqp.create_receiver(f"/queues/{queue}", credit=0)
     incoming = receiver.fetcher.incoming
     receiver.link.flow(3)
@@ -131,17 +117,17 @@ def test_credit_limits_deliveries_and_drain(channel, amqp) -> None:
     amqp.wait(lambda: receiver.link.credit == 0, timeout=TIMEOUT, msg="second drain completed")
     assert len(incoming) == 10
     # After a drain the link still works: new credit, new messages (the core's byte credit came back too).
-    channel.basic_publish("", queue, b"after")
+    ch.basic_publish("", queue, b"after")
     receiver.link.flow(1)
     amqp.wait(lambda: len(incoming) == 11, timeout=TIMEOUT, msg="a delivery after the drain")
 
 
-def test_released_modified_rejected(channel, amqp) -> None:
+def test_released_modified_rejected(ch, amqp) -> None:
     """3.4.4 released: back, not counted; 3.4.5 modified delivery-failed: back, counted (delivery-count);
     3.4.3 rejected: dead-lettered (the queue's x-dead-letter-exchange)."""
-    dlq = _queue(channel)
-    queue = _queue(channel, **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
-    channel.basic_publish("", queue, b"one")
+    dlq = _queue(ch)
+    queue = _queue(ch, **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
+    ch.basic_publish("", queue, b"one")
     receiver = amqp.create_receiver(f"/queues/{queue}", credit=1)
     first = receiver.receive(timeout=TIMEOUT)
     assert first.delivery_count == 0 and first.first_acquirer
@@ -155,14 +141,14 @@ def test_released_modified_rejected(channel, amqp) -> None:
     third = receiver.receive(timeout=TIMEOUT)
     assert bytes(third.body) == b"one" and third.delivery_count >= 1 and not third.first_acquirer
     receiver.reject()  # rejected -> dead-lettered
-    wait_until(lambda: _pump(amqp) and _count(channel, dlq) == 1, what="dead-lettered message")
-    assert _count(channel, queue) == 0
+    wait_until(lambda: _pump(amqp) and _count(ch, dlq) == 1, what="dead-lettered message")
+    assert _count(ch, queue) == 0
 
 
-def test_receiver_settle_mode_second(channel, amqp) -> None:
+def test_receiver_settle_mode_second(ch, amqp) -> None:
     """2.6.12 mode second: the receiver's unsettled accepted is answered by the sender's settlement."""
-    queue = _queue(channel)
-    channel.basic_publish("", queue, b"second")
+    queue = _queue(ch)
+    ch.basic_publish("", queue, b"second")
     receiver = amqp.create_receiver(f"/queues/{queue}", credit=1, options=RcvSecond())
     assert receiver.link.remote_rcv_settle_mode == Link.RCV_SECOND
     message = receiver.receive(timeout=TIMEOUT)
@@ -172,12 +158,12 @@ def test_receiver_settle_mode_second(channel, amqp) -> None:
     amqp.wait(lambda: delivery.settled, timeout=TIMEOUT, msg="the sender settles")  # remote settled
     assert delivery.remote_state == Delivery.ACCEPTED
     delivery.settle()
-    wait_until(lambda: _count(channel, queue) == 0, what="accepted in mode second")
+    wait_until(lambda: _count(ch, queue) == 0, what="accepted in mode second")
 
 
-def test_sender_rcv_settle_mode_second(channel, amqp) -> None:
+def test_sender_rcv_settle_mode_second(ch, amqp) -> None:
     """Our receiving link in mode second: the outcome arrives unsettled; the client then settles."""
-    queue = _queue(channel)
+    queue = _queue(ch)
     sender = amqp.create_sender(f"/queues/{queue}", options=RcvSecond())
     assert sender.link.remote_rcv_settle_mode == Link.RCV_SECOND
     delivery = sender.link.delivery(b"t1")
@@ -187,12 +173,12 @@ def test_sender_rcv_settle_mode_second(channel, amqp) -> None:
     amqp.wait(lambda: delivery.remote_state == Delivery.ACCEPTED, timeout=TIMEOUT, msg="outcome")
     assert not delivery.settled  # mode second: the receiver waits for our settlement
     delivery.settle()
-    wait_until(lambda: _count(channel, queue) == 1, what="stored")
+    wait_until(lambda: _count(ch, queue) == 1, what="stored")
 
 
-def test_message_larger_than_max_frame_size(channel, amqp) -> None:
+def test_message_larger_than_max_frame_size(ch, amqp) -> None:
     """2.6.14 multi-frame transfers, both directions: 600 KB through 128 KB / 32 KB frames."""
-    queue = _queue(channel)
+    queue = _queue(ch)
     body = bytes(range(256)) * 2400
     sender = amqp.create_sender(f"/queues/{queue}")
     assert sender.send(Message(body=body)).remote_state == Delivery.ACCEPTED
@@ -202,9 +188,9 @@ def test_message_larger_than_max_frame_size(channel, amqp) -> None:
     assert bytes(got.body) == body
 
 
-def test_request_reply_dynamic_receiver(broker, channel, amqp) -> None:
+def test_request_reply_dynamic_receiver(broker, ch, amqp) -> None:
     """3.5.3 dynamic source: a temporary queue; the reply is sent through a null target with ``to``."""
-    requests = _queue(channel)
+    requests = _queue(ch)
     replies = amqp.create_receiver(None, dynamic=True, credit=1)
     reply_to = replies.remote_source.address
     assert reply_to.startswith("/queues/")
@@ -224,26 +210,26 @@ def test_request_reply_dynamic_receiver(broker, channel, amqp) -> None:
     assert (reply.body, reply.correlation_id) == ("pong", "c-1")
     queue = reply_to[len("/queues/"):]
     replies.close()
-    wait_until(lambda: _gone(channel, queue), what="temporary queue deleted with its receiver")
+    wait_until(lambda: _gone(ch, queue), what="temporary queue deleted with its receiver")
 
 
-def _gone(channel, queue: str) -> bool:
+def _gone(ch, queue: str) -> bool:
     try:
-        channel.queue_declare(queue, passive=True)
+        ch.queue_declare(queue, passive=True)
     except pika.exceptions.ChannelClosedByBroker:
         return True
     return False
 
 
-def test_pika_to_amqp10_and_back(channel, amqp) -> None:
+def test_pika_to_amqp10_and_back(ch, amqp) -> None:
     """0-9-1 -> 1.0 -> 0-9-1 (RabbitMQ 4's conversions): properties and headers survive both ways."""
-    queue, back = _queue(channel), _queue(channel)
+    queue, back = _queue(ch), _queue(ch)
     message_id = f"urn:uuid:{uuid.uuid4()}"
     props = pika.BasicProperties(content_type="application/json", content_encoding="utf-8", delivery_mode=2,
                                  priority=5, correlation_id="corr-1", reply_to="/queues/r", expiration="60000",
                                  message_id=message_id, timestamp=1_700_000_000, type="order", user_id="guest",
                                  app_id="shop", headers={"tenant": "acme", "count": 7, "x-trace": "t1"})
-    channel.basic_publish("", queue, b'{"a": 1}', props)
+    ch.basic_publish("", queue, b'{"a": 1}', props)
     receiver = amqp.create_receiver(f"/queues/{queue}", credit=1)
     m = receiver.receive(timeout=TIMEOUT)
     receiver.accept()
@@ -264,7 +250,7 @@ def test_pika_to_amqp10_and_back(channel, amqp) -> None:
     method, p, body = None, None, None
     deadline = time.monotonic() + TIMEOUT
     while method is None and time.monotonic() < deadline:
-        method, p, body = channel.basic_get(back, auto_ack=True)
+        method, p, body = ch.basic_get(back, auto_ack=True)
     assert body == b"bin"
     assert (p.content_type, p.delivery_mode, p.priority, p.message_id, p.correlation_id, p.reply_to) == (
         "text/plain", 2, 3, "mid-2", "corr-2", "/queues/rr")
@@ -298,10 +284,10 @@ def _assert_typed(got) -> None:
     assert got.annotations["x-opt-partition"] == "p1" and type(got.annotations["x-opt-n"]) is proton.uint
 
 
-def test_amqp10_to_amqp10_keeps_what_0_9_1_cannot_carry(channel, amqp) -> None:
+def test_amqp10_to_amqp10_keeps_what_0_9_1_cannot_carry(ch, amqp) -> None:
     """1.0 -> 1.0 (format AMQP100, docs/message-mapping.md): the bare message (3.2: properties,
     application-properties) comes back as sent, every value with its type; the annotations too."""
-    queue = _queue(channel)
+    queue = _queue(ch)
     amqp.create_sender(f"/queues/{queue}").send(_typed_message())
     receiver = amqp.create_receiver(f"/queues/{queue}", credit=1)
     got = receiver.receive(timeout=TIMEOUT)
@@ -311,19 +297,19 @@ def test_amqp10_to_amqp10_keeps_what_0_9_1_cannot_carry(channel, amqp) -> None:
     assert got.annotations["x-routing-key"] == queue and got.annotations["x-exchange"] == ""
 
 
-def test_amqp10_via_0_9_1_and_back(channel, amqp) -> None:
+def test_amqp10_via_0_9_1_and_back(ch, amqp) -> None:
     """1.0 -> 0-9-1 -> 1.0: a pika consumer gets RabbitMQ 4's conversion, republishes the message as it
     got it, and a 1.0 consumer gets back what 0-9-1 carries (values as plain types)."""
-    first, second = _queue(channel), _queue(channel)
+    first, second = _queue(ch), _queue(ch)
     amqp.create_sender(f"/queues/{first}").send(_typed_message())
     method, props, body = None, None, None
     deadline = time.monotonic() + TIMEOUT
     while method is None and time.monotonic() < deadline:
-        method, props, body = channel.basic_get(first, auto_ack=True)
+        method, props, body = ch.basic_get(first, auto_ack=True)
     assert body == b"bin" and props.message_id == "99" and props.app_id == "g"
     assert (props.delivery_mode, props.priority, props.expiration, props.timestamp) == (2, 6, "120000", 1_700_000_000)
     assert props.headers["u8"] == 200 and props.headers["sym"] == "s" and props.headers["x-opt-partition"] == "p1"
-    channel.basic_publish("", second, body, props)
+    ch.basic_publish("", second, body, props)
     receiver = amqp.create_receiver(f"/queues/{second}", credit=1)
     got = receiver.receive(timeout=TIMEOUT)
     receiver.accept()
@@ -333,17 +319,17 @@ def test_amqp10_via_0_9_1_and_back(channel, amqp) -> None:
     assert got.annotations["x-opt-partition"] == "p1" and got.annotations["x-opt-n"] == 5
 
 
-def test_headers_exchange_and_dead_letters_read_amqp10_messages(channel, amqp) -> None:
+def test_headers_exchange_and_dead_letters_read_amqp10_messages(ch, amqp) -> None:
     """The core reads a 1.0 message's application-properties as its headers (headers exchange, x-match
     all) and writes x-death into its message-annotations when it dead-letters it; the bare message
     still comes back as sent."""
     exchange, dlx = uniq("a10h"), uniq("a10dlx")
-    channel.exchange_declare(exchange, "headers")
-    channel.exchange_declare(dlx, "fanout")
-    dead = _queue(channel)
-    channel.queue_bind(dead, dlx)
-    queue = _queue(channel, **{"x-dead-letter-exchange": dlx})
-    channel.queue_bind(queue, exchange, arguments={"x-match": "all", "plain": "v", "u8": 200})
+    ch.exchange_declare(exchange, "headers")
+    ch.exchange_declare(dlx, "fanout")
+    dead = _queue(ch)
+    ch.queue_bind(dead, dlx)
+    queue = _queue(ch, **{"x-dead-letter-exchange": dlx})
+    ch.queue_bind(queue, exchange, arguments={"x-match": "all", "plain": "v", "u8": 200})
     sender = amqp.create_sender(f"/exchanges/{exchange}")
     assert sender.send(_typed_message()).remote_state == Delivery.ACCEPTED
     with pytest.raises(SendException):  # no binding matches: released (unroutable)
@@ -362,14 +348,14 @@ def test_headers_exchange_and_dead_letters_read_amqp10_messages(channel, amqp) -
     assert again.annotations["x-exchange"] == dlx
 
 
-def test_quorum_redeliveries_and_deduplication_of_amqp10_messages(channel, amqp) -> None:
+def test_quorum_redeliveries_and_deduplication_of_amqp10_messages(ch, amqp) -> None:
     """A quorum queue's x-delivery-count (written into a 1.0 message's annotations by the core) is
     header.delivery-count for a 1.0 consumer (3.2.1: unsuccessful previous delivery attempts) and the
     x-delivery-count header for a 0-9-1 one; the delivery limit dead-letters it.  A deduplicating
     queue reads x-deduplication-header from application-properties."""
-    dlq = _queue(channel)
+    dlq = _queue(ch)
     queue = uniq("a10q")
-    channel.queue_declare(queue, durable=True, arguments={
+    ch.queue_declare(queue, durable=True, arguments={
         "x-queue-type": "quorum", "x-delivery-limit": 2, "x-dead-letter-exchange": "",
         "x-dead-letter-routing-key": dlq})
     amqp.create_sender(f"/queues/{queue}").send(Message(body=b"poison", inferred=True, durable=True,
@@ -388,13 +374,13 @@ def test_quorum_redeliveries_and_deduplication_of_amqp10_messages(channel, amqp)
     deadline = time.monotonic() + TIMEOUT
     while method is None and time.monotonic() < deadline:
         _pump(amqp)
-        method, props, body = channel.basic_get(queue, auto_ack=False)
+        method, props, body = ch.basic_get(queue, auto_ack=False)
     assert counts == [0, 1] and body == b"poison" and props.headers["x-delivery-count"] == 2
     assert props.headers["k"] == "v"
-    channel.basic_nack(method.delivery_tag, requeue=True)  # the third failure: over the limit
-    wait_until(lambda: _count(channel, dlq) == 1, what="dead-lettered after the delivery limit")
+    ch.basic_nack(method.delivery_tag, requeue=True)  # the third failure: over the limit
+    wait_until(lambda: _count(ch, dlq) == 1, what="dead-lettered after the delivery limit")
     dedup = uniq("a10dd")
-    channel.queue_declare(dedup, durable=True, arguments={"x-message-deduplication": True})
+    ch.queue_declare(dedup, durable=True, arguments={"x-message-deduplication": True})
     sender = amqp.create_sender(f"/queues/{dedup}")
     for body in (b"a", b"again", b"b"):
         key = "k2" if body == b"b" else "k1"
@@ -406,12 +392,12 @@ def test_quorum_redeliveries_and_deduplication_of_amqp10_messages(channel, amqp)
         message = dedup_receiver.receive(timeout=TIMEOUT)  # (kept: its body is a view of its buffer)
         got.append(bytes(message.body))
         dedup_receiver.accept()
-    assert got == [b"a", b"b"] and _count(channel, dedup) == 0
+    assert got == [b"a", b"b"] and _count(ch, dedup) == 0
 
 
-def test_amqp_value_body_round_trip(channel, amqp) -> None:
+def test_amqp_value_body_round_trip(ch, amqp) -> None:
     """A non-data body (amqp-value map) travels as encoded 1.0 sections (type amqp-1.0) and comes back whole."""
-    queue = _queue(channel)
+    queue = _queue(ch)
     amqp.create_sender(f"/queues/{queue}").send(Message(body={"a": [1, 2], "b": "c"}))
     receiver = amqp.create_receiver(f"/queues/{queue}", credit=1)
     got = receiver.receive(timeout=TIMEOUT)
@@ -419,12 +405,12 @@ def test_amqp_value_body_round_trip(channel, amqp) -> None:
     assert got.body == {"a": [1, 2], "b": "c"}
 
 
-def test_exchange_addresses(channel, amqp) -> None:
+def test_exchange_addresses(ch, amqp) -> None:
     """/exchanges/:x/:key and /exchanges/:x with the message's subject as key."""
-    queue = _queue(channel)
+    queue = _queue(ch)
     exchange = uniq("a10x")
-    channel.exchange_declare(exchange, "direct")
-    channel.queue_bind(queue, exchange, "k1")
+    ch.exchange_declare(exchange, "direct")
+    ch.queue_bind(queue, exchange, "k1")
     assert amqp.create_sender(f"/exchanges/{exchange}/k1").send(Message(body="a")).remote_state == Delivery.ACCEPTED
     by_subject = amqp.create_sender(f"/exchanges/{exchange}")
     assert by_subject.send(Message(body="b", subject="k1")).remote_state == Delivery.ACCEPTED
@@ -432,11 +418,11 @@ def test_exchange_addresses(channel, amqp) -> None:
     with pytest.raises(SendException) as info:
         by_subject.send(Message(body="c", subject="nobody"))
     assert info.value.state == Delivery.RELEASED
-    wait_until(lambda: _count(channel, queue) == 2, what="two routed")
+    wait_until(lambda: _count(ch, queue) == 2, what="two routed")
 
 
-def test_plain_queue_name_addresses(channel, amqp) -> None:
-    queue = _queue(channel)
+def test_plain_queue_name_addresses(ch, amqp) -> None:
+    queue = _queue(ch)
     amqp.create_sender(queue).send(Message(body="plain"))
     receiver = amqp.create_receiver(queue, credit=1)
     assert receiver.receive(timeout=TIMEOUT).body == "plain"

@@ -17,7 +17,7 @@ from proton import Described, Message, symbol  # noqa: E402
 from proton.reactor import Filter, Selector  # noqa: E402
 from proton.utils import BlockingConnection, LinkDetached  # noqa: E402
 
-from tests.integration.helpers import pika_params, uniq, wait_until  # noqa: E402
+from tests.integration.helpers import uniq, wait_until  # noqa: E402
 
 TIMEOUT = 10
 QUIET = 0.5  # seconds a receiver waits to show that nothing more comes
@@ -29,22 +29,8 @@ def _raftmq_only(broker) -> None:
         pytest.skip("RabbitMQ 3.10's 1.0 plugin is not enabled in the reference peer")
 
 
-@pytest.fixture
-def channel(broker):
-    conn = pika.BlockingConnection(pika_params(broker.url))
-    yield conn.channel()
-    conn.close()
-
-
-@pytest.fixture
-def amqp(broker):
-    conn = BlockingConnection(f"amqp://guest:guest@{broker.host}:{broker.port}", timeout=TIMEOUT)
-    yield conn
-    conn.close()
-
-
-def _count(channel, queue: str) -> int:
-    return channel.queue_declare(queue, passive=True).method.message_count
+def _count(ch, queue: str) -> int:
+    return ch.queue_declare(queue, passive=True).method.message_count
 
 
 MIXED = [  # (body, subject, application-properties, priority)
@@ -93,27 +79,27 @@ def _reply_filter(receiver) -> dict:
     return data.get_object() if data.next() else {}
 
 
-def test_selector_selects_matching_and_leaves_the_rest(channel, amqp) -> None:
+def test_selector_selects_matching_and_leaves_the_rest(ch, amqp) -> None:
     """JMS 3.8.1 selector on application-properties: only the green ones; the others stay, in order,
     for an unfiltered receiver; the reply's source filter echoes the selector (3.5.3)."""
     queue = uniq("sel")
-    channel.queue_declare(queue)
+    ch.queue_declare(queue)
     _fill(amqp, queue)
     receiver = amqp.create_receiver(f"/queues/{queue}", credit=20, options=Selector("colour = 'green'"))
     echoed = _reply_filter(receiver)
     assert [str(d.descriptor) for d in echoed.values()] == ["apache.org:selector-filter:string"]
     assert _take(receiver, 2) == ["g1", "g2"]
     receiver.close()
-    assert _count(channel, queue) == 4
+    assert _count(ch, queue) == 4
     assert _rest(amqp, queue, 4) == ["r1", "b1", "n1", "r2"]
 
 
-def test_selector_headers_arithmetic_between_like(channel, amqp) -> None:
+def test_selector_headers_arithmetic_between_like(ch, amqp) -> None:
     """JMS header names mapped to 1.0 fields (JMSPriority -> header priority, JMSType -> subject),
     arithmetic, BETWEEN, LIKE, IN and IS NULL, three-valued: n1 has no colour, so ``colour <> 'x'`` is
     unknown for it."""
     queue = uniq("sel")
-    channel.queue_declare(queue)
+    ch.queue_declare(queue)
     _fill(amqp, queue)
     selector = ("JMSPriority >= 4 AND weight / 10 BETWEEN 1 AND 300 AND JMSType LIKE 'f%' "
                 "AND colour IN ('red', 'blue') AND colour IS NOT NULL AND colour <> 'x'")
@@ -123,11 +109,11 @@ def test_selector_headers_arithmetic_between_like(channel, amqp) -> None:
     assert _rest(amqp, queue, 4) == ["g1", "g2", "n1", "r2"]
 
 
-def test_complementary_selectors_share_a_queue(channel, amqp, broker) -> None:
+def test_complementary_selectors_share_a_queue(ch, amqp, broker) -> None:
     """Two receivers with complementary selectors on one queue each get exactly their half; a message
     neither matches (no colour: unknown for both) stays queued."""
     queue = uniq("sel")
-    channel.queue_declare(queue)
+    ch.queue_declare(queue)
     other = BlockingConnection(f"amqp://guest:guest@{broker.host}:{broker.port}", timeout=TIMEOUT)
     try:
         red = amqp.create_receiver(f"/queues/{queue}", credit=20, options=Selector("colour = 'red'"))
@@ -139,15 +125,15 @@ def test_complementary_selectors_share_a_queue(channel, amqp, broker) -> None:
         rest.close()
     finally:
         other.close()
-    assert _count(channel, queue) == 1
+    assert _count(ch, queue) == 1
     assert _rest(amqp, queue, 1) == ["n1"]
 
 
-def test_properties_filter(channel, amqp) -> None:
+def test_properties_filter(ch, amqp) -> None:
     """amqp:properties-filter (AMQP Filter Expressions 4.2.4, RabbitMQ 4.1): subject with a prefix
     match (``&p:``); everything else stays."""
     queue = uniq("prop")
-    channel.queue_declare(queue)
+    ch.queue_declare(queue)
     _fill(amqp, queue)
     receiver = amqp.create_receiver(
         f"/queues/{queue}", credit=20,
@@ -158,10 +144,10 @@ def test_properties_filter(channel, amqp) -> None:
     assert _rest(amqp, queue, 3) == ["g1", "n1", "r2"]
 
 
-def test_application_properties_filter(channel, amqp) -> None:
+def test_application_properties_filter(ch, amqp) -> None:
     """amqp:application-properties-filter (4.2.5): every entry must match, numbers by value."""
     queue = uniq("aprop")
-    channel.queue_declare(queue)
+    ch.queue_declare(queue)
     _fill(amqp, queue)
     receiver = amqp.create_receiver(
         f"/queues/{queue}", credit=20,
@@ -171,11 +157,11 @@ def test_application_properties_filter(channel, amqp) -> None:
     assert _rest(amqp, queue, 5) == ["r1", "g1", "b1", "g2", "n1"]
 
 
-def test_sql_filter(channel, amqp) -> None:
+def test_sql_filter(ch, amqp) -> None:
     """amqp:sql-filter (RabbitMQ 4.2; Filter Expressions section 6): section-qualified fields
     (``properties.subject``, ``h.priority``), unqualified names are application properties."""
     queue = uniq("sql")
-    channel.queue_declare(queue)
+    ch.queue_declare(queue)
     _fill(amqp, queue)
     receiver = amqp.create_receiver(
         f"/queues/{queue}", credit=20,
@@ -186,13 +172,13 @@ def test_sql_filter(channel, amqp) -> None:
     assert _rest(amqp, queue, 4) == ["r1", "g1", "b1", "g2"]
 
 
-def test_selector_on_messages_published_with_0_9_1(channel, amqp) -> None:
+def test_selector_on_messages_published_with_0_9_1(ch, amqp) -> None:
     """A 0-9-1 message is seen as a 1.0 consumer gets it: headers are application-properties,
     priority the header priority."""
     queue = uniq("sel091")
-    channel.queue_declare(queue)
+    ch.queue_declare(queue)
     for i, colour in enumerate(["red", "green", "red"]):
-        channel.basic_publish("", queue, f"p{i}".encode(),
+        ch.basic_publish("", queue, f"p{i}".encode(),
                               pika.BasicProperties(headers={"colour": colour}, priority=i))
     receiver = amqp.create_receiver(f"/queues/{queue}", credit=20,
                                     options=Selector("colour = 'red' AND JMSPriority = 2"))
@@ -202,13 +188,13 @@ def test_selector_on_messages_published_with_0_9_1(channel, amqp) -> None:
     with pytest.raises(proton.Timeout):
         receiver.receive(timeout=QUIET)
     receiver.close()
-    assert _count(channel, queue) == 2
+    assert _count(ch, queue) == 2
 
 
-def test_unsupported_filter_left_out_of_the_reply(channel, amqp) -> None:
+def test_unsupported_filter_left_out_of_the_reply(ch, amqp) -> None:
     """3.5.3: a filter we do not apply is not in the reply's source; the receiver gets every message."""
     queue = uniq("unsup")
-    channel.queue_declare(queue)
+    ch.queue_declare(queue)
     _fill(amqp, queue)
     receiver = amqp.create_receiver(
         f"/queues/{queue}", credit=20,
@@ -219,31 +205,31 @@ def test_unsupported_filter_left_out_of_the_reply(channel, amqp) -> None:
 
 
 @pytest.mark.parametrize("selector", ["colour = ", "colour LIKE 5", "colour = 'x", "a.b = 1 AND (", "colour ! 3"])
-def test_malformed_selector_refused(amqp, channel, selector: str) -> None:
+def test_malformed_selector_refused(amqp, ch, selector: str) -> None:
     """A selector that does not parse: the attach is refused with amqp:invalid-field and the reason."""
     queue = uniq("bad")
-    channel.queue_declare(queue)
+    ch.queue_declare(queue)
     with pytest.raises(LinkDetached) as info:
         amqp.create_receiver(f"/queues/{queue}", options=Selector(selector))
     assert "amqp:invalid-field" in str(info.value)
     assert "position" in str(info.value) or "character" in str(info.value)
 
 
-def test_deep_match_past_the_scan_bound(channel, amqp) -> None:
+def test_deep_match_past_the_scan_bound(ch, amqp) -> None:
     """A match behind more non-matching messages than one dispatch examines (store/delivery.py
     SCAN_LIMIT): the scan goes on in later applies (TICK), the match arrives, the rest stays."""
     from raftmq.store.delivery import SCAN_LIMIT
 
     queue = uniq("deep")
-    channel.queue_declare(queue)
+    ch.queue_declare(queue)
     filler = 2 * SCAN_LIMIT + 100
     for i in range(filler):
-        channel.basic_publish("", queue, b"x", pika.BasicProperties(headers={"n": i}))
-    channel.basic_publish("", queue, b"wanted", pika.BasicProperties(headers={"n": -1}))
-    wait_until(lambda: _count(channel, queue) == filler + 1, what="all published")
+        ch.basic_publish("", queue, b"x", pika.BasicProperties(headers={"n": i}))
+    ch.basic_publish("", queue, b"wanted", pika.BasicProperties(headers={"n": -1}))
+    wait_until(lambda: _count(ch, queue) == filler + 1, what="all published")
     receiver = amqp.create_receiver(f"/queues/{queue}", credit=5, options=Selector("n < 0"))
     got = receiver.receive(timeout=TIMEOUT)
     receiver.accept()
     assert bytes(got.body) == b"wanted"
     receiver.close()
-    assert _count(channel, queue) == filler
+    assert _count(ch, queue) == filler

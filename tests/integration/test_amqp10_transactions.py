@@ -30,23 +30,6 @@ def _raftmq_only(broker) -> None:
         pytest.skip("RabbitMQ 3.10's 1.0 plugin is not enabled in the reference peer (and has no transactions)")
 
 
-@pytest.fixture
-def channel(broker):
-    conn = pika.BlockingConnection(pika_params(broker.url))
-    yield conn.channel()
-    conn.close()
-
-
-@pytest.fixture
-def amqp(broker):
-    conn = BlockingConnection(f"amqp://guest:guest@{broker.host}:{broker.port}", timeout=TIMEOUT)
-    yield conn
-    try:
-        conn.close()
-    except Exception:  # noqa: BLE001 - a test may have dropped it already
-        pass
-
-
 class TxEvents(TransactionHandler):
     """What proton tells the application about one transaction."""
 
@@ -98,14 +81,14 @@ def discharge(amqp: BlockingConnection, txn, events: TxEvents, commit: bool) -> 
     return events.outcome
 
 
-def _queue(channel) -> str:
+def _queue(ch) -> str:
     name = uniq("tx")
-    channel.queue_declare(name)
+    ch.queue_declare(name)
     return name
 
 
-def _count(channel, queue: str) -> int:
-    return channel.queue_declare(queue, passive=True).method.message_count
+def _count(ch, queue: str) -> int:
+    return ch.queue_declare(queue, passive=True).method.message_count
 
 
 def _move_in_transaction(amqp: BlockingConnection, txn, a: str, b: str):
@@ -121,23 +104,23 @@ def _move_in_transaction(amqp: BlockingConnection, txn, a: str, b: str):
     return receiver, received, sent
 
 
-def test_move_a_to_b_committed(broker, channel, amqp) -> None:
+def test_move_a_to_b_committed(broker, ch, amqp) -> None:
     """4.4.1 + 4.4.2: a message received from A, sent to B and accepted in one transaction.  The send is
     answered with transactional-state(txn, accepted) before the discharge (4.4.1) but B stays empty
     until the commit; the commit (4.3, fail=false) makes both happen: B holds the message, A's is gone
     for good (still gone after the connection closed), and the unsettled accept is settled by us."""
-    a, b = _queue(channel), _queue(channel)
-    channel.basic_publish("", a, b"moved")
+    a, b = _queue(ch), _queue(ch)
+    ch.basic_publish("", a, b"moved")
     txn, events = declare(amqp)
     _receiver, received, sent = _move_in_transaction(amqp, txn, a, b)
     assert _txn_state(sent)[:2] == (bytes(txn.id), 0x24)  # the txn it was posted in, accepted
-    assert _count(channel, b) == 0  # held by the transaction: not published before the commit
+    assert _count(ch, b) == 0  # held by the transaction: not published before the commit
     assert discharge(amqp, txn, events, commit=True) == "committed"
-    assert _count(channel, b) == 1
-    assert _count(channel, a) == 0
+    assert _count(ch, b) == 1
+    assert _count(ch, a) == 0
     amqp.wait(lambda: received.settled, timeout=TIMEOUT, msg="our settlement of the accepted delivery")
     amqp.close()
-    wait_until(lambda: _count(channel, a) == 0 and _count(channel, b) == 1, timeout=5, what="after close")
+    wait_until(lambda: _count(ch, a) == 0 and _count(ch, b) == 1, timeout=5, what="after close")
     reader = BlockingConnection(f"amqp://guest:guest@{broker.host}:{broker.port}", timeout=TIMEOUT)
     try:
         assert reader.create_receiver(f"/queues/{b}", credit=1).receive(timeout=TIMEOUT).body == b"moved"
@@ -146,29 +129,29 @@ def test_move_a_to_b_committed(broker, channel, amqp) -> None:
 
 
 @pytest.mark.parametrize("settle_before_discharge", [False, True])
-def test_move_a_to_b_rolled_back(channel, amqp, settle_before_discharge: bool) -> None:
+def test_move_a_to_b_rolled_back(ch, amqp, settle_before_discharge: bool) -> None:
     """4.3 fail=true rolls the transaction back: the held send to B is dropped, and A's message is
     released to A -- delivered again to the receiver that still has credit.  Settled before the
     discharge (4.4.4.2: the resource applies the default outcome, released) or left unsettled (4.4.2: it
     stays acquired; proton releases it after the abort)."""
-    a, b = _queue(channel), _queue(channel)
-    channel.basic_publish("", a, b"stays")
+    a, b = _queue(ch), _queue(ch)
+    ch.basic_publish("", a, b"stays")
     txn, events = declare(amqp, settle_before_discharge)
     receiver, _received, _sent = _move_in_transaction(amqp, txn, a, b)
     assert discharge(amqp, txn, events, commit=False) == "aborted"
     again = receiver.receive(timeout=TIMEOUT)  # released back to A, so delivered again
     assert again.body == b"stays" and again.delivery_count == 0  # released, not modified (3.4.4)
-    assert _count(channel, b) == 0
+    assert _count(ch, b) == 0
     receiver.close()
-    wait_until(lambda: _count(channel, a) == 1, timeout=5, what="A's message back")
+    wait_until(lambda: _count(ch, a) == 1, timeout=5, what="A's message back")
 
 
-def test_several_messages_across_queues_in_one_commit(channel, amqp) -> None:
+def test_several_messages_across_queues_in_one_commit(ch, amqp) -> None:
     """4.1: one transaction's work spans links: 10 sends to two queues and 3 accepts from a third,
     all visible at once after the commit and none before."""
-    a, b, c = _queue(channel), _queue(channel), _queue(channel)
+    a, b, c = _queue(ch), _queue(ch), _queue(ch)
     for i in range(3):
-        channel.basic_publish("", a, f"a{i}".encode())
+        ch.basic_publish("", a, f"a{i}".encode())
     txn, events = declare(amqp)
     receiver = amqp.create_receiver(f"/queues/{a}", credit=3)
     for _ in range(3):
@@ -180,16 +163,16 @@ def test_several_messages_across_queues_in_one_commit(channel, amqp) -> None:
     amqp.wait(lambda: all(d.remote_state == TRANSACTIONAL_STATE for d in sent), timeout=TIMEOUT, msg="posted")
     for delivery in accepted:
         txn.accept(delivery)
-    assert (_count(channel, b), _count(channel, c)) == (0, 0)
+    assert (_count(ch, b), _count(ch, c)) == (0, 0)
     assert discharge(amqp, txn, events, commit=True) == "committed"
-    assert (_count(channel, a), _count(channel, b), _count(channel, c)) == (0, 5, 5)
+    assert (_count(ch, a), _count(ch, b), _count(ch, c)) == (0, 5, 5)
 
 
-def test_discharge_unknown_id_and_twice(channel, amqp) -> None:
+def test_discharge_unknown_id_and_twice(ch, amqp) -> None:
     """4.5.8 amqp:transaction:unknown-id: a discharge naming a txn-id that was never declared, and one of
     a transaction already discharged, are rejected with it; a transfer posted in an unknown
     transaction is rejected too and publishes nothing."""
-    b = _queue(channel)
+    b = _queue(ch)
     txn, events = declare(amqp)
     real_id = txn.id
     txn.id = b"no-such-txn"
@@ -204,15 +187,15 @@ def test_discharge_unknown_id_and_twice(channel, amqp) -> None:
     amqp.wait(lambda: stale.remote_state != 0, timeout=TIMEOUT, msg="outcome")
     assert stale.remote_state == Delivery.REJECTED
     assert stale.remote.condition.name == "amqp:transaction:unknown-id"
-    assert _count(channel, b) == 0
+    assert _count(ch, b) == 0
 
 
-def test_connection_closed_mid_transaction_rolls_back(broker, channel) -> None:
+def test_connection_closed_mid_transaction_rolls_back(broker, ch) -> None:
     """4.1: a transaction not discharged when its connection goes is rolled back -- for a clean close
     and for a dropped socket: the send never reaches B, A's accepted message returns to A."""
     for how in ("close", "drop"):
-        a, b = _queue(channel), _queue(channel)
-        channel.basic_publish("", a, b"x")
+        a, b = _queue(ch), _queue(ch)
+        ch.basic_publish("", a, b"x")
         amqp = BlockingConnection(f"amqp://guest:guest@{broker.host}:{broker.port}", timeout=TIMEOUT)
         txn, _events = declare(amqp, settle_before_discharge=True)
         _move_in_transaction(amqp, txn, a, b)
@@ -222,28 +205,28 @@ def test_connection_closed_mid_transaction_rolls_back(broker, channel) -> None:
             amqp.conn.transport.close_tail()  # the socket dropped: no close, no detach
             amqp.conn.transport.close_head()
             amqp.container.process()
-        wait_until(lambda a=a: _count(channel, a) == 1, timeout=10, what=f"A's message back after {how}")
-        assert _count(channel, b) == 0, how
+        wait_until(lambda a=a: _count(ch, a) == 1, timeout=10, what=f"A's message back after {how}")
+        assert _count(ch, b) == 0, how
 
 
-def test_coordinator_link_detached_rolls_back(channel, amqp) -> None:
+def test_coordinator_link_detached_rolls_back(ch, amqp) -> None:
     """4.1: "If the control link is closed while there exist non-discharged transactions it created,
     then all such transactions are immediately rolled back" -- the connection stays open."""
-    a, b = _queue(channel), _queue(channel)
-    channel.basic_publish("", a, b"y")
+    a, b = _queue(ch), _queue(ch)
+    ch.basic_publish("", a, b"y")
     txn, _events = declare(amqp, settle_before_discharge=True)
     receiver, _received, _sent = _move_in_transaction(amqp, txn, a, b)
     txn.txn_ctrl.close()
     assert receiver.receive(timeout=TIMEOUT).body == b"y"  # released back to A, delivered again
-    assert _count(channel, b) == 0
+    assert _count(ch, b) == 0
 
 
-def test_accepting_link_detached_before_commit_is_a_rollback(channel, amqp) -> None:
+def test_accepting_link_detached_before_commit_is_a_rollback(ch, amqp) -> None:
     """4.4.4.1/4.5.8: the receiving link whose accept the transaction holds detaches before the commit
     (its deliveries return to A): the work cannot be done, so the commit is rejected with
     amqp:transaction:rollback and nothing of it is applied (B stays empty)."""
-    a, b = _queue(channel), _queue(channel)
-    channel.basic_publish("", a, b"z")
+    a, b = _queue(ch), _queue(ch)
+    ch.basic_publish("", a, b"z")
     txn, events = declare(amqp, settle_before_discharge=True)
     receiver = amqp.create_receiver(f"/queues/{a}", credit=1)
     receiver.receive(timeout=TIMEOUT)
@@ -255,19 +238,19 @@ def test_accepting_link_detached_before_commit_is_a_rollback(channel, amqp) -> N
     receiver.close()
     assert discharge(amqp, txn, events, commit=True) == "commit_failed"
     assert events.condition == "amqp:transaction:rollback"
-    wait_until(lambda: _count(channel, a) == 1, timeout=5, what="A's message back")
-    assert _count(channel, b) == 0
+    wait_until(lambda: _count(ch, a) == 1, timeout=5, what="A's message back")
+    assert _count(ch, b) == 0
 
 
-def test_target_deleted_before_commit_is_a_rollback(channel, amqp) -> None:
+def test_target_deleted_before_commit_is_a_rollback(ch, amqp) -> None:
     """4.4.4.1: "If the resource can no longer apply the outcome that it originally indicated ... it
     MUST NOT allow the successful discharge": B is deleted after a send to it was posted (and told
     accepted), so the commit is rejected with amqp:transaction:rollback and A keeps its message."""
-    a, b = _queue(channel), _queue(channel)
-    channel.basic_publish("", a, b"w")
+    a, b = _queue(ch), _queue(ch)
+    ch.basic_publish("", a, b"w")
     txn, events = declare(amqp, settle_before_discharge=True)
     receiver, _received, _sent = _move_in_transaction(amqp, txn, a, b)
-    channel.queue_delete(b)
+    ch.queue_delete(b)
     assert discharge(amqp, txn, events, commit=True) == "commit_failed"
     assert events.condition == "amqp:transaction:rollback"
     assert receiver.receive(timeout=TIMEOUT).body == b"w"  # released back to A, delivered again
@@ -375,12 +358,12 @@ def _next(raw, p, kind):
             return body
 
 
-def test_settled_control_message_and_transactional_acquisition_refused(broker, channel) -> None:
+def test_settled_control_message_and_transactional_acquisition_refused(broker, ch) -> None:
     """4.2: a declare sent settled detaches the control link with amqp:illegal-state (the controller
     must hear the outcome).  4.4.3: a flow asking for transactional acquisition (txn-id in its
     properties) detaches that receiving link with amqp:not-implemented, as the spec requires of a
     resource that does not support it."""
-    a = _queue(channel)
+    a = _queue(ch)
     raw, encode_frame, p = _raw_session(broker)
     try:
         raw.send(encode_frame(p.Attach(name="ctl", handle=0, role=False, source=p.Source(),
