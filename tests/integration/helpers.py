@@ -6,10 +6,13 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
+
+from raftmq.ops.local.node import RaftmqNode, free_port
 
 OP_TIMEOUT = 10.0  # upper bound for any single wait in these tests
 
@@ -141,3 +144,17 @@ def fresh_status(node) -> dict:
             return data
         time.sleep(0.05)
     raise AssertionError("no fresh status.json")
+
+
+def http_node(directory: Path, rabbitmq_compat: bool = False) -> RaftmqNode:
+    """A raftmq node (not started) in ``directory`` with its HTTP API on a free port (``node.http``, its
+    base URL) and guest/guest as an administrator; ``rabbitmq_compat`` turns on amqp10_rabbitmq_compat
+    (RabbitMQ 4's clients)."""
+    config = directory / "node.toml"
+    http_port = free_port()
+    compat = "amqp10_rabbitmq_compat = true\n" if rabbitmq_compat else ""
+    config.write_text(f'{compat}http_port = {http_port}\n'
+                      '[users.guest]\npassword = "guest"\ntags = ["administrator"]\n')
+    node = RaftmqNode(directory / "data", config=config)
+    node.http = f"http://127.0.0.1:{http_port}"
+    return node

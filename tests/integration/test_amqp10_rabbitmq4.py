@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from raftmq.ops.local.node import RaftmqNode, free_port
+from tests.integration.helpers import http_node
 from tests.integration.test_amqp10_management import rabbitmq_client_dir as _cached_client  # noqa: F401
 from tests.support.http_api import call
 
@@ -27,14 +27,7 @@ SCRIPT = Path(__file__).with_name("amqp10_rabbitmq4_compat.py")
 
 @pytest.fixture(scope="module")
 def compat_node(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("amqp10-rmq4")
-    config = directory / "node.toml"
-    http_port = free_port()
-    config.write_text(f'amqp10_rabbitmq_compat = true\nhttp_port = {http_port}\n'
-                      '[users.guest]\npassword = "guest"\ntags = ["administrator"]\n')
-    node = RaftmqNode(directory / "data", config=config)
-    node.http = f"http://127.0.0.1:{http_port}"
-    with node:
+    with http_node(tmp_path_factory.mktemp("amqp10-rmq4"), rabbitmq_compat=True) as node:
         yield node
 
 

@@ -18,7 +18,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from raftmq.ops.local.node import RaftmqNode, free_port
+from tests.integration.helpers import http_node
 from tests.integration.test_amqp10_rabbitmq4 import _cached_client, client_path, run, uri  # noqa: F401
 from tests.support.http_api import call, path
 
@@ -29,14 +29,7 @@ FULL = {"configure": ".*", "write": ".*", "read": ".*"}
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("vhost-delete")
-    config = directory / "node.toml"
-    http_port = free_port()
-    config.write_text(f'amqp10_rabbitmq_compat = true\nhttp_port = {http_port}\n'
-                      '[users.guest]\npassword = "guest"\ntags = ["administrator"]\n')
-    node = RaftmqNode(directory / "data", config=config)
-    node.http = f"http://127.0.0.1:{http_port}"
-    with node:
+    with http_node(tmp_path_factory.mktemp("vhost-delete"), rabbitmq_compat=True) as node:
         yield node
 
 
@@ -212,12 +205,7 @@ def test_a_single_node_restart_keeps_the_delete_and_the_overlay(tmp_path) -> Non
     """Single node, LMDB: after a restart the deleted vhost and its durable queue are still gone, and
     the permissions set through the API for the configuration file's guest (a vhost another
     administrator created) still let guest log in with pika."""
-    config = tmp_path / "node.toml"
-    http_port = free_port()
-    config.write_text(f'http_port = {http_port}\n[users.guest]\npassword = "guest"\ntags = ["administrator"]\n')
-    node = RaftmqNode(tmp_path / "data", config=config)
-    node.http = f"http://127.0.0.1:{http_port}"
-    with node:
+    with http_node(tmp_path) as node:
         admin = ("boss", "pw")
         assert call(node.http, "PUT", path("users", "boss"), body={"password": "pw", "tags": "administrator"})[0] == 201
         for vhost in ("kept", "gone"):
