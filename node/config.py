@@ -109,6 +109,22 @@ class Config:
     http_port: int = 0
     http_tls_cert: str = ""
     http_tls_key: str = ""
+    # HTTP listener bounds (ops/http/listener.py, issue 31): a connection must send its first request's
+    # headers within http_header_timeout seconds (and a TLS handshake within it); an idle keep-alive
+    # connection, or one sending a later request's headers, is closed after http_idle_timeout.
+    # Beyond http_max_connections concurrent HTTP connections a new one gets 503 and is closed.
+    http_header_timeout: float = 10.0
+    http_idle_timeout: float = 60.0
+    http_max_connections: int = 512
+    # Request bodies: larger than http_max_body bytes -> 413 (RabbitMQ: management.http.max_body_size,
+    # 20 MB); a JSON body of more than http_max_json_elements values (counted as commas and opening
+    # brackets before parsing, an over-estimate) -> 413 too: parsed, each value costs ~32-80 bytes.
+    http_max_body: int = 20 << 20
+    http_max_json_elements: int = 2_000_000
+    # File descriptors kept free for AMQP logins: the HTTP listener refuses connections while fewer than
+    # this many remain below RLIMIT_NOFILE (whose soft limit the node raises to the hard one at start:
+    # node/descriptors.py).  At most half the limit is reserved.
+    fd_reserve: int = 256
     admin_tls_cert: str = ""  # PEM files: serve the admin API over TLS instead of plaintext
     admin_tls_key: str = ""
     tls_port: int = 0  # AMQP over TLS (amqps, usually 5671) besides the plain port; 0 disables

@@ -23,6 +23,7 @@ from .amqp010.connection import Amqp010Connection
 from .amqp091.connection import Amqp091Connection
 from .amqp10.connection import Amqp10Connection
 from .broker import Broker
+from .descriptors import DescriptorReserve, raise_nofile_limit
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,9 @@ def use_batch_scheduling() -> None:
 
 def run(config: Config, services: Sequence[Service] = ()) -> None:
     tune_gc()
+    old_soft, soft = raise_nofile_limit()  # issue 31: every socket is a descriptor (node/descriptors.py)
+    log.info("file descriptor limit %d (raised from %d); %d kept free of HTTP for AMQP logins",
+             soft, old_soft, DescriptorReserve(config.fd_reserve, soft).reserve)
     if config.sched_batch:
         use_batch_scheduling()
     if config.clustered:

@@ -10,7 +10,9 @@ Metric names (all prefixed ``raftmq_``): ``messages_published_total``, ``message
 ``queue_messages_ready``, ``queue_messages_unacked``, ``queue_consumers`` (labels vhost, queue);
 ``connections``, ``sessions``, ``commands_applied_total``, ``raft_is_leader``, ``raft_term``,
 ``raft_commit_index``, ``raft_applied_index``, ``raft_commit_latency_seconds_avg``,
-``raft_leader_changes_total``, ``resource_alarm`` (1 while publishers are blocked).
+``raft_leader_changes_total``, ``resource_alarm`` (1 while publishers are blocked);
+``fd_limit``, ``fd_open``, ``listener_connections``, ``listener_refused_total`` (labels listener,
+reason), ``listener_timed_out_total`` (the HTTP API's listener, issue 31).
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class BrokerCollector:
         yield _gauge("raftmq_resource_alarm", "1 while a resource alarm blocks publishers", node,
                      1 if broker.alarm else 0)
         yield from _body_metrics(broker, node)
+        yield from _listener_metrics(node)
         applied = CounterMetricFamily("raftmq_commands_applied", "commands applied by the state machine",
                                       labels=["node"])
         applied.add_metric([node], broker.log.commands_applied)
@@ -141,6 +144,25 @@ def _body_metrics(broker: Broker, node: str):
         family = CounterMetricFamily(name, doc, labels=["node"])
         family.add_metric([node], value)
         yield family
+
+
+def _listener_metrics(node: str):
+    """Descriptors, and the sockets of listeners other than AMQP's (node/descriptors.py, issue 31)."""
+    from raftmq.node.descriptors import LISTENERS, nofile_limit, open_descriptors
+
+    yield _gauge("raftmq_fd_limit", "the soft RLIMIT_NOFILE", node, nofile_limit())
+    yield _gauge("raftmq_fd_open", "file descriptors open", node, open_descriptors() or 0)
+    held = GaugeMetricFamily("raftmq_listener_connections", "connections a listener holds", labels=["node", "listener"])
+    refused = CounterMetricFamily("raftmq_listener_refused", "connections refused at accept, by reason",
+                                  labels=["node", "listener", "reason"])
+    timed_out = CounterMetricFamily("raftmq_listener_timed_out", "connections closed for not sending a request "
+                                    "(or handshake) in time", labels=["node", "listener"])
+    for name, stats in list(LISTENERS.items()):
+        held.add_metric([node, name], stats.open)
+        for reason, count in list(stats.refused.items()):
+            refused.add_metric([node, name, reason], count)
+        timed_out.add_metric([node, name], stats.timed_out)
+    yield from (held, refused, timed_out)
 
 
 def _protocol(endpoint) -> str:

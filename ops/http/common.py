@@ -24,6 +24,7 @@ from raftmq.node.core.access import Access, AccessRefused
 
 from ..control import AdminError, Control
 from ..operator import MANAGEMENT, Gatekeeper, Operator
+from .bodies import SMALL_BODY_VALUES, BodyError, read_json
 
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
@@ -189,13 +190,15 @@ def access_in(request: web.Request, vhost: str) -> Access:
     return Access(operator(request).principal, vhost)
 
 
-async def body(request: web.Request) -> dict:
+async def body(request: web.Request, max_values: int = SMALL_BODY_VALUES) -> dict:
+    """The JSON object of the request, within http_max_body and ``max_values`` (413) and parsed off
+    the loop when large (ops/http/bodies.py); 400 if it is not a JSON object."""
     if not request.can_read_body:
         return {}
     try:
-        data = await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"body is not JSON: {exc}") from None
+        data = await read_json(request, context(request).broker.config, max_values)
+    except BodyError as exc:
+        raise HttpError(exc.status, "bad_request" if exc.status == 400 else "payload_too_large", exc.reason) from None
     if data is None:
         return {}
     if not isinstance(data, dict):

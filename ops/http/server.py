@@ -15,10 +15,14 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from raftmq.node.descriptors import DescriptorReserve
+
 from ..control import Control
 from ..operator import Gatekeeper
 from . import resources, system, users
 from .common import CONTEXT, Context, authenticate
+from .crosssite import cross_site, security_headers
+from .listener import HttpListener
 from .rates import Rates
 
 if TYPE_CHECKING:
@@ -29,7 +33,10 @@ log = logging.getLogger(__name__)
 
 def build_app(broker: Broker, gatekeeper: Gatekeeper | None = None) -> tuple[web.Application, Rates]:
     rates = Rates(broker)
-    app = web.Application(middlewares=[authenticate], client_max_size=64 << 20)
+    # Cross-site and non-JSON changes are refused before the login is checked (ops/http/crosssite.py);
+    # bodies are capped at http_max_body (ops/http/bodies.py).
+    app = web.Application(middlewares=[cross_site, authenticate], client_max_size=broker.config.http_max_body)
+    app.on_response_prepare.append(security_headers)
     app[CONTEXT] = Context(broker, Control(broker), gatekeeper or Gatekeeper(broker), rates)
     app.router.add_get("/", _page)
     app.router.add_get("/index.html", _page)
@@ -64,7 +71,7 @@ async def _page(request: web.Request) -> web.Response:
     """The management page (ops/http/static/index.html): it reads this node's API."""
     return web.Response(text=PAGE.read_text(), content_type="text/html",
                         headers={"Content-Security-Policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; "
-                                                            "style-src 'self' 'unsafe-inline'"})
+                                                            "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'"})
 
 
 def _tls(broker: Broker) -> ssl.SSLContext | None:
@@ -81,13 +88,19 @@ def serve_http(broker: Broker) -> Callable[[], None]:
     """Start the API on host:http_port; returns its stop function (a service: node/server.py)."""
     loop = asyncio.get_running_loop()
     app, rates = build_app(broker)
-    runner = web.AppRunner(app, access_log=None)
     config = broker.config
+    # aiohttp closes a connection without a complete request after keepalive_timeout (its default:
+    # 3,630 s); the first request's headers are timed by HttpListener (ops/http/listener.py).
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=config.http_idle_timeout)
+    servers: list[asyncio.Server] = []
 
     async def start() -> None:
         await runner.setup()
-        site = web.TCPSite(runner, config.host, config.http_port, ssl_context=_tls(broker), reuse_address=True)
-        await site.start()
+        listener = HttpListener(runner.server, config, DescriptorReserve(config.fd_reserve))
+        tls = _tls(broker)
+        handshake = {"ssl_handshake_timeout": config.http_header_timeout} if tls and config.http_header_timeout > 0 else {}
+        servers.append(await loop.create_server(listener, config.host, config.http_port, ssl=tls,
+                                                reuse_address=True, backlog=128, **handshake))
         log.info("HTTP management API on %s://%s:%d", "https" if config.http_tls_cert else "http",
                  config.host, config.http_port)
 
@@ -104,6 +117,8 @@ def serve_http(broker: Broker) -> Callable[[], None]:
     def stop() -> None:
         sampler.cancel()
         started.cancel()
+        for server in servers:
+            server.close()
         loop.create_task(runner.cleanup())
 
     return stop

@@ -324,10 +324,11 @@ async def post_definitions(request: web.Request) -> web.Response:
     """Import: vhosts, users, permissions, exchanges, queues, bindings in that order, each one a
     log command; an error stops the import there (what came before stays, as in RabbitMQ)."""
     require(request, ADMINISTRATOR)
-    data = await body(request)
+    data = await body(request, context(request).broker.config.http_max_json_elements)
     for unsupported in ("policies", "parameters", "topic_permissions"):
         if data.get(unsupported):
             raise bad_request(f"raftmq has no {unsupported.replace('_', ' ')}: remove them to import the rest")
+    check_definitions(data)
     control = context(request).control
     for vhost in data.get("vhosts") or []:
         await control.add_vhost(str(vhost["name"]))
@@ -347,6 +348,45 @@ async def post_definitions(request: web.Request) -> web.Response:
                            b.get("destination_type", "queue") == "queue", str(b.get("routing_key", "")),
                            b.get("arguments") or {})
     return web.Response(status=204)
+
+
+# Each section of a definitions file: the fields its items must have as strings, and those that, when
+# present and not null, must be strings, objects or lists.  Checked before anything is imported, so
+# that a malformed file is refused whole with 400 and the reason (issue 31: 4 of 8 got 500).
+DEFINITION_FIELDS: dict[str, tuple[tuple[str, ...], dict[str, type | tuple[type, ...]]]] = {
+    "vhosts": (("name",), {}),
+    "users": (("name",), {"password": str, "password_hash": str, "hashing_algorithm": str, "tags": (str, list)}),
+    "permissions": (("user", "vhost", "configure", "write", "read"), {}),
+    "exchanges": (("vhost", "name", "type"), {"arguments": dict}),
+    "queues": (("vhost", "name"), {"arguments": dict}),
+    "bindings": (("vhost", "source", "destination"), {"destination_type": str, "routing_key": str,
+                                                      "arguments": dict}),
+}
+
+
+def check_definitions(data: dict) -> None:
+    """400 with the first reason a definitions file cannot be imported as it is."""
+    for section, (required, optional) in DEFINITION_FIELDS.items():
+        items = data.get(section)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise bad_request(f"{section} must be a list")
+        for index, item in enumerate(items):
+            where = f"{section}[{index}]"
+            if not isinstance(item, dict):
+                raise bad_request(f"{where} must be an object")
+            for key in required:
+                if not isinstance(item.get(key), str):
+                    raise bad_request(f"{where}.{key} must be a string")
+            for key, kinds in optional.items():
+                if item.get(key) is not None and not isinstance(item[key], kinds):
+                    raise bad_request(f"{where}.{key} has the wrong type")
+            if section == "users" and isinstance(item.get("tags"), list) and not all(
+                    isinstance(t, str) for t in item["tags"]):
+                raise bad_request(f"{where}.tags must be strings")
+            if section == "bindings" and item.get("destination_type", "queue") not in ("queue", "exchange"):
+                raise bad_request(f"{where}.destination_type must be queue or exchange")
 
 
 def add_routes(app: web.Application) -> None:
