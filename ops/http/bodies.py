@@ -11,6 +11,8 @@ stalled other clients for seconds).
   strings count too; 21 ms for 20 MB) and a body over ``http_max_json_elements`` is refused (413).
 * Bodies over ``LARGE`` (or of unknown length) are read and parsed one at a time
   (``_large``): the others wait with their bytes in the kernel's socket buffers (TCP back-pressure).
+  A body must arrive within ``http_idle_timeout`` of its turn (408), so a trickled one cannot keep
+  the gate.
 * json.loads holds the GIL for the whole parse, so a worker thread alone leaves the loop stalled
   (measured on the shared 2-core machine: 0.31-0.72 s gaps in the loop for the 24 MB definitions).
   Parsing with a Python ``object_pairs_hook`` gives the interpreter a switch point at every JSON
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import weakref
 
 from aiohttp import web
 
@@ -35,7 +38,12 @@ from raftmq.node.config import Config
 
 LARGE = 1 << 20
 SMALL_BODY_VALUES = 10_000
-_large = asyncio.Semaphore(1)  # one node (one loop) per process
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+def _large() -> asyncio.Lock:
+    """The gate of large bodies, one per event loop (a node has one; tests run several)."""
+    return _gates.setdefault(asyncio.get_running_loop(), asyncio.Lock())
 
 
 class BodyError(Exception):
@@ -61,7 +69,7 @@ async def read_json(request: web.Request, config: Config, max_values: int = SMAL
         raise BodyError(413, f"body of {length} bytes is above the limit of {config.http_max_body} (http_max_body)")
     if length is not None and length <= LARGE:
         return _parse(await _read(request, config), max_values, in_thread=False)
-    async with _large:
+    async with _large():
         raw = await _read(request, config)
         start = time.monotonic()
         try:
@@ -72,10 +80,15 @@ async def read_json(request: web.Request, config: Config, max_values: int = SMAL
 
 
 async def _read(request: web.Request, config: Config) -> bytes:
+    """The body's bytes, within http_max_body and, once its turn has come, http_idle_timeout seconds:
+    a body trickled in must not hold the gate of large bodies for ever (408)."""
     try:
-        return await request.read()
+        async with asyncio.timeout(config.http_idle_timeout or None):
+            return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise BodyError(413, f"body above the limit of {config.http_max_body} bytes (http_max_body)") from None
+    except TimeoutError:
+        raise BodyError(408, f"body not received within {config.http_idle_timeout} s (http_idle_timeout)") from None
 
 
 def _parse(raw: bytes, max_values: int, *, in_thread: bool):

@@ -198,7 +198,8 @@ async def body(request: web.Request, max_values: int = SMALL_BODY_VALUES) -> dic
     try:
         data = await read_json(request, context(request).broker.config, max_values)
     except BodyError as exc:
-        raise HttpError(exc.status, "bad_request" if exc.status == 400 else "payload_too_large", exc.reason) from None
+        error = {400: "bad_request", 408: "request_timeout"}.get(exc.status, "payload_too_large")
+        raise HttpError(exc.status, error, exc.reason) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
