@@ -44,6 +44,7 @@ from raftmq.store.machine import StateMachine
 from .admission import Admission
 from .auth import Authenticator
 from .core import formats  # noqa: F401  (every protocol's property codec, before the machine applies anything)
+from .limits import Usage
 from .status import status_loop
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ class Broker:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.admission = Admission(config)  # connection limits of the protocol front ends
+        # Vhost and user limits against this node's clients (node/limits.py; the limits are replicated).
+        self.usage = Usage(lambda: self.machine.vhost_limits, lambda: self.machine.user_limits)
         data_dir = config.resolved_data_dir()
         # Connection ids must never repeat across restarts once the log is replicated: prefix a
         # boot stamp (taken here, outside apply, so the state machine stays deterministic).
@@ -240,6 +243,7 @@ class Broker:
         return conn_id
 
     def unregister(self, conn_id: str) -> None:
+        self.usage.close(conn_id)
         endpoint = self.endpoints.pop(conn_id, None)
         if endpoint is not None:
             self.flow_paused.discard(endpoint)
