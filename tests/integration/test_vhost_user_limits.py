@@ -372,3 +372,33 @@ def test_amqp010_connection_and_queue_limits(node) -> None:
     while time.monotonic() < deadline and len(call(node.http, "GET", path("queues", vhost))[1]) != 1:
         time.sleep(0.1)
     assert len(call(node.http, "GET", path("queues", vhost))[1]) == 1
+
+
+def test_amqp010_session_counts_against_max_channels(node) -> None:
+    """0-10: with the user's max-channels 1, a second session.attach closes the connection with 320
+    connection-forced and the limit's text (as a 0-9-1 channel.open past the limit closes the
+    connection); the client's session call fails instead of hanging, and the node logs why."""
+    from raftmq.client.amqp010 import ClientError, Connection
+
+    from raftmq.node.limits import LOG_INTERVAL
+
+    user = user_with(node, ["/"], max_channels=1)
+    time.sleep(LOG_INTERVAL)  # an earlier test's max-channels refusal must not hold this one's log line back
+
+    async def scenario() -> None:
+        conn = await Connection.connect([f"127.0.0.1:{node.port}"], user=user, password="pw",
+                                        reconnect_timeout=0.5, stall_timeout=0)
+        try:
+            await conn.session()
+            with pytest.raises(ClientError):  # the client reports the close as ConnectionLost
+                await asyncio.wait_for(conn.session(), 10)
+        finally:
+            await conn.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+    # Why, from the node's log (the refusal is logged, node/limits.py).
+    wanted = f"refused (user max-channels): number of channels opened for user '{user}'"
+    deadline = time.monotonic() + 5
+    while wanted not in (node.data_dir / "node.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert wanted in (node.data_dir / "node.log").read_text()
