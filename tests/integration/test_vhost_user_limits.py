@@ -379,7 +379,6 @@ def test_amqp010_session_counts_against_max_channels(node) -> None:
     connection-forced and the limit's text (as a 0-9-1 channel.open past the limit closes the
     connection); the client's session call fails instead of hanging, and the node logs why."""
     from raftmq.client.amqp010 import ClientError, Connection
-
     from raftmq.node.limits import LOG_INTERVAL
 
     user = user_with(node, ["/"], max_channels=1)
