@@ -121,6 +121,9 @@ class Broker:
             self.log.on_fatal = self._on_disk_failure
             self._configured_members = {}
         self.machine.delayed_limit = config.max_delayed_messages
+        # max-queues refusals (applied on every node): counted and logged by the node of the client.
+        self.machine.limit_commands.on_refused = lambda conn, reason: (
+            self.usage.refuse("vhost max-queues", reason) if conn in self.endpoints else None)
         machine = self.machine
         # A refused delivery of a damaged body names its queue in the log (store/bodies.py).
         self.bodies.queue_name = lambda qid: getattr(machine.queues_by_id.get(qid), "name", None)

@@ -19,7 +19,9 @@ Each front end asks :meth:`Usage.open` once its connection has a user and a vhos
 connection.open, 0-10 connection.open, 1.0 open) and :meth:`Usage.channel_opened` for each channel;
 :meth:`Usage.close` (from ``Broker.unregister``, for every protocol) forgets a connection with its
 channels.  Refusals are counted per limit (``refused``, ops/metrics.py) and logged at most once a
-second per limit, with the number not logged: a flood of refused logins must not flood the log.
+second per limit, with the number not logged: a flood of refused logins must not flood the log.  The
+state machine's max-queues refusals of this node's clients are counted and logged here too
+(``Broker`` hooks ``LimitCommands.on_refused``).
 """
 
 from __future__ import annotations
@@ -70,11 +72,11 @@ class Usage:
             return None
         limit = limit_of(self.vhost_limits().get(vhost), "max-connections")
         if limit is not None and self.by_vhost[vhost] >= limit:
-            return self._refuse("vhost max-connections", f"access to vhost '{vhost}' refused for user "
+            return self.refuse("vhost max-connections", f"access to vhost '{vhost}' refused for user "
                                                          f"'{user}': connection limit ({limit}) is reached")
         limit = limit_of(self.user_limits().get(user), "max-connections")
         if limit is not None and self.by_user[user] >= limit:
-            return self._refuse("user max-connections", f"connection refused for user '{user}': "
+            return self.refuse("user max-connections", f"connection refused for user '{user}': "
                                                         f"user connection limit ({limit}) is reached")
         self.held[conn_id] = _Held(user, vhost)
         self.by_vhost[vhost] += 1
@@ -89,7 +91,7 @@ class Usage:
             return None
         limit = limit_of(self.user_limits().get(held.user), "max-channels")
         if limit is not None and self.channels_by_user[held.user] >= limit:
-            return self._refuse("user max-channels", f"number of channels opened for user '{held.user}' has "
+            return self.refuse("user max-channels", f"number of channels opened for user '{held.user}' has "
                                                      f"reached the maximum allowed user limit of {limit}")
         held.channels += 1
         self.channels_by_user[held.user] += 1
@@ -111,7 +113,8 @@ class Usage:
         for _ in range(held.channels):
             _decrement(self.channels_by_user, held.user)
 
-    def _refuse(self, limit: str, reason: str) -> str:
+    def refuse(self, limit: str, reason: str) -> str:
+        """Count and (rate-limited) log a refusal of ``limit``; the reason back."""
         self.refused[limit] += 1
         now = time.monotonic()
         if now - self._logged_at.get(limit, -LOG_INTERVAL) >= LOG_INTERVAL:

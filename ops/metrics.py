@@ -82,9 +82,10 @@ class BrokerCollector:
         yield _gauge("raftmq_resource_alarm", "1 while a resource alarm blocks publishers", node,
                      1 if broker.alarm else 0)
         yield from _body_metrics(broker, node)
-        limited = CounterMetricFamily("raftmq_limit_refusals", "connections and channels refused by a vhost or "
-                                      "user limit (node/limits.py)", labels=["node", "limit"])
-        for limit in ("vhost max-connections", "user max-connections", "user max-channels"):
+        limited = CounterMetricFamily("raftmq_limit_refusals", "this node's clients' queues, connections and "
+                                      "channels refused by a vhost or user limit (node/limits.py)",
+                                      labels=["node", "limit"])
+        for limit in ("vhost max-queues", "vhost max-connections", "user max-connections", "user max-channels"):
             limited.add_metric([node, limit], broker.usage.refused[limit])
         yield limited
         applied = CounterMetricFamily("raftmq_commands_applied", "commands applied by the state machine",

@@ -23,6 +23,7 @@ as for permissions).  A snapshot or LMDB store written before limits existed loa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .commands import LimitsSet, Op
@@ -62,6 +63,9 @@ class LimitCommands:
 
     def __init__(self, machine: StateMachine) -> None:
         self.m = machine
+        # Told of each max-queues refusal (connection, reason): the node counts and logs those of its
+        # own clients (node/limits.py).  Not state; None in a bare machine (tests, tools).
+        self.on_refused: Callable[[str | None, str], None] | None = None
 
     def handlers(self) -> dict:
         return {Op.LIMITS_SET: self.limits_set}
@@ -101,10 +105,12 @@ class LimitCommands:
         if m._persist is not None:
             m._persist.put_limits(scope, name, limits)
 
-    def check_queue_limit(self, vhost: str, count: int, queue: str) -> None:
-        """Refuse a new queue when the vhost has ``max-queues`` already (rabbit_amqqueue:
+    def check_queue_limit(self, conn: str | None, vhost: str, count: int, queue: str) -> None:
+        """Refuse a new queue when the vhost has ``max-queues`` already (rabbit_queue_type:
         check_vhost_queue_limit: precondition_failed, the same text)."""
         limit = limit_of(self.m.vhost_limits.get(vhost), "max-queues")
         if limit is not None and count >= limit:
-            raise CommandError(406, f"cannot declare queue '{queue}': queue limit in vhost '{vhost}' "
-                                    f"({limit}) is reached")
+            text = f"cannot declare queue '{queue}': queue limit in vhost '{vhost}' ({limit}) is reached"
+            if self.on_refused is not None:
+                self.on_refused(conn, text)
+            raise CommandError(406, text)

@@ -302,7 +302,7 @@ class Topology:
         if name.startswith("amq.") and not server_named:
             raise CommandError(403, f"queue name '{name}' contains reserved prefix 'amq.*'")
         settings = parse_queue_arguments(args, name, vhost_name)  # refused before anything changes
-        m.limit_commands.check_queue_limit(vhost_name, len(vhost.queues), name)  # max-queues (store/limits.py)
+        m.limit_commands.check_queue_limit(conn, vhost_name, len(vhost.queues), name)  # max-queues (store/limits.py)
         owner = (m._caller_owner or conn) if exclusive else None  # 0-10: the session owns it
         queue = Queue(m.next_qid, vhost_name, name, durable, owner, auto_delete, args)
         self.configure_queue(queue, settings)

@@ -185,9 +185,10 @@ def test_max_queues_flood_is_refused_fast_and_the_node_stays_healthy(node) -> No
     """The issue's flood, scaled: with max-queues 100 a client declares 100 queues, then 1,000 more
     declares (each on a fresh channel: a refusal closes its channel) are all refused with 406 and
     RabbitMQ's text; the vhost holds exactly 100 queues, RSS grows by less than 50 MB, another
-    client's round trip works during and after, and a deleted queue frees a place."""
+    client's round trip works during and after, the node logs the refusals at most once a second, and
+    a deleted queue frees a place."""
     vhost = vhost_with(node, max_queues=100)
-    before = rss(node.pid)
+    before, started = rss(node.pid), time.monotonic()
     conn = pika.BlockingConnection(params(node, vhost))
     ch = conn.channel()
     for i in range(100):
@@ -206,6 +207,9 @@ def test_max_queues_flood_is_refused_fast_and_the_node_stays_healthy(node) -> No
         if i == 500:
             round_trip(node.url)
     assert refused == 1000
+    logged = [line for line in (node.data_dir / "node.log").read_text().splitlines()
+              if "refused (vhost max-queues)" in line and f"vhost '{vhost}'" in line]
+    assert 1 <= len(logged) <= 2 + int(time.monotonic() - started)  # at most one a second
     status, queues = call(node.http, "GET", path("queues", vhost))
     assert status == 200 and len(queues) == 100
     assert rss(node.pid) - before < 50 * 1024 * 1024

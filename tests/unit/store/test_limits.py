@@ -69,6 +69,17 @@ def test_max_queues_refuses_new_queues_only():
     assert d.call(Op.QUEUE_DECLARE, "/", "c", False, False, False, False, {}, conn=C, ch=2)[0][0] == OK
 
 
+def test_refusals_are_told_to_the_node():
+    """``on_refused`` (the node's hook for counting and logging) hears each max-queues refusal with
+    the issuing connection; the refusal is the same without it."""
+    d = driver()
+    heard = []
+    d.machine.limit_commands.on_refused = lambda conn, text: heard.append((conn, text))
+    set_limits(d, "vhost", "/", max_queues=0)
+    assert declare(d, "q")[1] == 406
+    assert heard == [(C, "cannot declare queue 'q': queue limit in vhost '/' (0) is reached")]
+
+
 def test_zero_allows_none_and_negative_is_unlimited():
     d = driver()
     set_limits(d, "vhost", "v", max_queues=0)
