@@ -44,6 +44,7 @@ from raftmq.store.machine import StateMachine
 from .admission import Admission
 from .auth import Authenticator
 from .core import formats  # noqa: F401  (every protocol's property codec, before the machine applies anything)
+from .limits import Usage
 from .status import status_loop
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ class Broker:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.admission = Admission(config)  # connection limits of the protocol front ends
+        # Vhost and user limits against this node's clients (node/limits.py; the limits are replicated).
+        self.usage = Usage(lambda: self.machine.vhost_limits, lambda: self.machine.user_limits)
         data_dir = config.resolved_data_dir()
         # Connection ids must never repeat across restarts once the log is replicated: prefix a
         # boot stamp (taken here, outside apply, so the state machine stays deterministic).
@@ -118,6 +121,9 @@ class Broker:
             self.log.on_fatal = self._on_disk_failure
             self._configured_members = {}
         self.machine.delayed_limit = config.max_delayed_messages
+        # max-queues refusals (applied on every node): counted and logged by the node of the client.
+        self.machine.limit_commands.on_refused = lambda conn, reason: (
+            self.usage.refuse("vhost max-queues", reason) if conn in self.endpoints else None)
         machine = self.machine
         # A refused delivery of a damaged body names its queue in the log (store/bodies.py).
         self.bodies.queue_name = lambda qid: getattr(machine.queues_by_id.get(qid), "name", None)
@@ -240,6 +246,7 @@ class Broker:
         return conn_id
 
     def unregister(self, conn_id: str) -> None:
+        self.usage.close(conn_id)
         endpoint = self.endpoints.pop(conn_id, None)
         if endpoint is not None:
             self.flow_paused.discard(endpoint)

@@ -24,6 +24,7 @@ from raftmq.store.commands import (
     ExchangeDelete,
     ExchangeUnbind,
     Get,
+    LimitsSet,
     Nack,
     PermissionClear,
     PermissionSet,
@@ -256,6 +257,10 @@ class Control:
 
     async def add_vhost(self, name: str) -> None:
         await self.endpoint.add_vhost(name)
+
+    async def set_limits(self, scope: str, name: str, limits: dict) -> None:
+        """Set (int) or clear (None) limits of a vhost or user (store/limits.py)."""
+        await self.endpoint.command(LimitsSet, scope, name, dict(limits))
 
     async def delete_vhost(self, name: str) -> None:
         """Everything in the vhost goes, and its connections are closed (store/topology.py)."""

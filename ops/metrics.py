@@ -85,6 +85,12 @@ class BrokerCollector:
                      1 if broker.alarm else 0)
         yield from _body_metrics(broker, node)
         yield from _listener_metrics(node)
+        limited = CounterMetricFamily("raftmq_limit_refusals", "this node's clients' queues, connections and "
+                                      "channels refused by a vhost or user limit (node/limits.py)",
+                                      labels=["node", "limit"])
+        for limit in ("vhost max-queues", "vhost max-connections", "user max-connections", "user max-channels"):
+            limited.add_metric([node, limit], broker.usage.refused[limit])
+        yield limited
         applied = CounterMetricFamily("raftmq_commands_applied", "commands applied by the state machine",
                                       labels=["node"])
         applied.add_metric([node], broker.log.commands_applied)

@@ -79,6 +79,7 @@ class Op(IntEnum):
     PERMISSION_SET = 63
     PERMISSION_CLEAR = 64
     VHOST_DELETE = 65  # (name): a vhost and everything in it, permissions included (store/topology.py)
+    LIMITS_SET = 66  # (scope, name, {limit: value or None}): vhost and user limits, store/limits.py
     SESSION_WINDOW_CREDIT = 87  # (destination, messages, bytes): 0-10 window credit for completed transfers
     MESSAGE_MODIFY = 95  # AMQP 1.0 modified outcome with message-annotations: see store/modify.py
 
@@ -569,6 +570,19 @@ class PermissionClear(NamedTuple):
     op: Op = Op.PERMISSION_CLEAR
 
 
+class LimitsSet(NamedTuple):
+    """Set (an int; negative: no limit) or clear (None) limits of a vhost or a user: ``scope`` is
+    ``"vhost"`` or ``"user"``, ``limits`` maps RabbitMQ's limit names to values (store/limits.py)."""
+
+    conn: str | None
+    token: int | None
+    channel: int | None
+    scope: str
+    name: str
+    limits: dict
+    op: Op = Op.LIMITS_SET
+
+
 # -------------------------------------------------------- AMQP 0-10 sessions (store/sessions.py)
 
 class SessionAttach(NamedTuple):
@@ -778,7 +792,8 @@ Command = (ChannelOpen | ChannelClose | ConnectionClose | Qos | Flow | ExchangeD
            | PermissionClear | SessionAttach | SessionDetach | SessionTimeout | SessionCommand
            | SessionKnownCompleted | SessionTxSelect | MessageSubscribe | MessageFlow | MessageFlowMode
            | MessageStop | MessageFlush | MessageSettle | MessageAcquire | MessageResume | QueueQuery
-           | ExchangeQuery | ExchangeBound | SessionWindowCredit | MessageModify | VhostDelete)
+           | ExchangeQuery | ExchangeBound | SessionWindowCredit | MessageModify | VhostDelete
+           | LimitsSet)
 
 COMMAND_TYPES: dict[int, type] = {cls._field_defaults["op"]: cls for cls in Command.__args__}
 assert len(COMMAND_TYPES) == len(Op), "every Op has exactly one command type"

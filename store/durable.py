@@ -10,7 +10,9 @@ Key layouts (all big-endian so LMDB's byte order is the natural order):
               b"format" -> msgpack STORE_FORMAT (store/versions.py);
               b"overlay/" + user name (utf-8) -> msgpack {vhost: [configure, write, read] or None}: the
               admin API's permissions for a user of the configuration file (store/users.py).  In meta,
-              not a table of its own: an older raftmq reads past the key, and the tables stay the same
+              not a table of its own: an older raftmq reads past the key, and the tables stay the same;
+              b"limits/vhost/" or b"limits/user/" + name (utf-8) -> msgpack {limit: value} (store/limits.py,
+              in meta for the same reason)
   vhosts      name (utf-8) -> b""
   users       name (utf-8) -> msgpack [password_hash, tags, loopback_only, {vhost: [configure, write, read]}]
   exchanges   msgpack [vhost, name] -> msgpack [type, auto_delete, internal, arguments]
@@ -136,6 +138,7 @@ def _check_payload(table: str, key: bytes, payload) -> None:
 
 
 OVERLAY_PREFIX = b"overlay/"  # meta keys of configuration-file users' permissions (store/users.py)
+LIMITS_PREFIX = b"limits/"  # meta keys of vhost and user limits: limits/<scope>/<name> (store/limits.py)
 
 
 def _pack(obj: object) -> bytes:
@@ -159,6 +162,7 @@ class LoadedState:
     vhosts: list[str] = field(default_factory=list)
     users: list[tuple[str, list]] = field(default_factory=list)
     permission_overlay: list[tuple[str, dict]] = field(default_factory=list)
+    limits: list[tuple[str, str, dict]] = field(default_factory=list)  # (scope, name, {limit: value})
     exchanges: list[tuple[str, str, str, bool, bool, dict]] = field(default_factory=list)
     queues: list[tuple[str, str, int, bool, dict]] = field(default_factory=list)
     bindings: list[tuple[str, str, bool, str, str, dict]] = field(default_factory=list)
@@ -300,6 +304,10 @@ class DurableStore:
             state.vhosts = [k.decode() for k, _ in records("vhosts")]
             state.permission_overlay = [(k[len(OVERLAY_PREFIX):].decode(), v) for k, v in sorted(meta.items())
                                         if k.startswith(OVERLAY_PREFIX)]
+            for k, v in sorted(meta.items()):
+                if k.startswith(LIMITS_PREFIX):
+                    scope, _, name = k[len(LIMITS_PREFIX):].decode().partition("/")
+                    state.limits.append((scope, name, v))
             state.users = [(k.decode(), v) for k, v in records("users")]
             for k, v in records("exchanges"):
                 vhost, name = _unpack(k)
@@ -476,6 +484,15 @@ class PersistenceRecorder:
 
     def delete_overlay(self, name: str) -> None:
         self._delete("meta", OVERLAY_PREFIX + name.encode())
+        self.sync_needed = True
+
+    def put_limits(self, scope: str, name: str, limits: dict) -> None:
+        """A vhost's or user's limits (store/limits.py); none left: the key goes."""
+        key = LIMITS_PREFIX + f"{scope}/{name}".encode()
+        if limits:
+            self._put("meta", key, _pack(limits))
+        else:
+            self._delete("meta", key)
         self.sync_needed = True
 
     def put_user(self, name: str, record: list) -> None:

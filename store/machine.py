@@ -40,6 +40,7 @@ from .durable import DurableStore, PersistenceRecorder
 from .effects import Effects
 from .errors import HARD_ERRORS, CommandError
 from .expiry import Expiry
+from .limits import LimitCommands
 from .message import AMQP091
 from .model import ChannelState, Entry, Exchange, Message, Queue, Session, VHost
 from .modify import message_modify
@@ -102,6 +103,7 @@ class StateMachine:
         self.session_commands = SessionCommands(self)
         self.user_commands = UserCommands(self)
         self.plugin_exchanges = PluginExchanges(self)
+        self.limit_commands = LimitCommands(self)
         self.vhosts: dict[str, VHost] = {}
         self.channels: dict[str, dict[int, ChannelState]] = {}
         self.exclusive_queues: dict[str, dict[int, Queue]] = {}
@@ -137,6 +139,9 @@ class StateMachine:
         # configuration file): name -> vhost -> (configure, write, read), or None where a permission
         # of the file was cleared (users.py, node/auth.py applies them on top of the file's).
         self.permission_overlay: dict[str, dict[str, tuple[str, str, str] | None]] = {}
+        # Vhost and user limits (store/limits.py): name -> {limit name: value}, only those set.
+        self.vhost_limits: dict[str, dict[str, int]] = {}
+        self.user_limits: dict[str, dict[str, int]] = {}
         self.detached_sessions: dict[str, Session] = {}  # the ones waiting out their timeout
         self.delayed = DelayedMessages()  # held by x-delayed-message exchanges (store/delayed.py)
         self.delayed_limit = DEFAULT_DELAYED_LIMIT  # configuration (max_delayed_messages), not state
@@ -189,6 +194,7 @@ class StateMachine:
             Op.MESSAGE_MODIFY: partial(message_modify, self),
             **self.session_commands.session_handlers(),
             **self.user_commands.user_handlers(),
+            **self.limit_commands.handlers(),
         }
         if store is not None:
             self._load(store)
@@ -364,6 +370,8 @@ class StateMachine:
                                           {vh: tuple(p) for vh, p in permissions.items()})
         for name, overlay in state.permission_overlay:
             self.permission_overlay[name] = {vh: tuple(p) if p is not None else None for vh, p in overlay.items()}
+        for scope, name, limits in state.limits:
+            self.limit_commands.table(scope)[name] = dict(limits)
         for vhost_name, name, type_, auto_delete, internal, args in state.exchanges:
             vhost = self.vhosts.setdefault(vhost_name, VHost(vhost_name))
             vhost.exchanges[name] = Exchange(vhost_name, name, type_, True, auto_delete, internal, args)

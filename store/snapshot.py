@@ -53,6 +53,7 @@ MODEL_FIELDS = (
     "delayed", "exchange_caches",  # issue 21 (store/delayed.py, store/exchange_dedup.py)
     "rescan",  # issue 37 (filtered consumers, store/delivery.py)
     "permission_overlay",  # issue 37 (configuration-file users' permissions, store/users.py)
+    "vhost_limits", "user_limits",  # issue 31 (store/limits.py); absent in older snapshots: no limits
 )
 
 
@@ -365,6 +366,9 @@ def digest(machine: StateMachine) -> str:
         put("user", name, u.password_hash, u.tags, u.loopback_only, sorted(u.permissions.items()))
     for name in sorted(machine.permission_overlay):
         put("permission-overlay", name, sorted(machine.permission_overlay[name].items()))
+    for scope, table in (("vhost-limits", machine.vhost_limits), ("user-limits", machine.user_limits)):
+        for name in sorted(table):
+            put(scope, name, sorted(table[name].items()))
     for key in sorted(machine.sessions):
         s = machine.sessions[key]
         put("session", key, s.channel.conn, s.channel.number, s.timeout, s.detached_at, s.completed,

@@ -93,6 +93,7 @@ class Topology:
             self.delete_exchange(exchange)
         del m.vhosts[name]
         m.user_commands.forget_vhost(name)
+        m.limit_commands.forget("vhost", name)
         if m._persist is not None:
             m._persist.delete_vhost(name)
         m._out.append((None, OUT_VHOST_CLOSED, name, 320, f"CONNECTION_FORCED - vhost '{name}' is deleted"))
@@ -301,6 +302,7 @@ class Topology:
         if name.startswith("amq.") and not server_named:
             raise CommandError(403, f"queue name '{name}' contains reserved prefix 'amq.*'")
         settings = parse_queue_arguments(args, name, vhost_name)  # refused before anything changes
+        m.limit_commands.check_queue_limit(conn, vhost_name, len(vhost.queues), name)  # max-queues (store/limits.py)
         owner = (m._caller_owner or conn) if exclusive else None  # 0-10: the session owns it
         queue = Queue(m.next_qid, vhost_name, name, durable, owner, auto_delete, args)
         self.configure_queue(queue, settings)

@@ -88,6 +88,7 @@ class UserCommands:
             m._persist.delete_user(name)
         if m.permission_overlay.pop(name, None) is not None and m._persist is not None:
             m._persist.delete_overlay(name)  # a user's permissions go with it (RabbitMQ)
+        m.limit_commands.forget("user", name)  # and its limits (store/limits.py)
 
     def permission_set(self, cmd: PermissionSet) -> None:
         m = self.m

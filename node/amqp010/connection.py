@@ -255,6 +255,7 @@ class Amqp010Connection(asyncio.Protocol):
         """The session was taken over by another attachment (attach with force)."""
         session = self.sessions.pop(channel_no, None)
         if session is not None:
+            self.broker.usage.channel_closed(self.conn_id)
             session.attached = False
             self.send(channel_no, c.SessionDetached(name=name, code=1))
 
@@ -283,7 +284,8 @@ class Amqp010Connection(asyncio.Protocol):
         self.close(CLOSE_FORCED, text)
 
     def drop_session(self, channel: int) -> None:
-        self.sessions.pop(channel, None)
+        if self.sessions.pop(channel, None) is not None:
+            self.broker.usage.channel_closed(self.conn_id)
 
     # ------------------------------------------------------------------ dispatch
 
@@ -300,6 +302,11 @@ class Amqp010Connection(asyncio.Protocol):
             if held is not None and (held.attached or held.attaching):
                 self.send(channel, c.SessionDetached(name=method.name, code=1))
                 return
+            if held is None:  # a session counts as a channel of the user's max-channels (node/limits.py)
+                refusal = self.broker.usage.channel_opened(self.conn_id)
+                if refusal:  # a connection error, as a 0-9-1 channel.open over the limit
+                    self.close(CLOSE_FORCED, refusal)
+                    return
             # A session that an execution exception detached (3.4.1.3) leaves the channel free.
             session = self.sessions[channel] = ServerSession(self, channel, bytes(method.name or b""))
             session.attach(bool(method.force))
@@ -385,6 +392,10 @@ class Amqp010Connection(asyncio.Protocol):
             return
         if not self.broker.accepting:
             self.close(CLOSE_FORCED, f"this node has no cluster leader; try {self.broker.known_hosts}")
+            return
+        refusal = self.broker.usage.open(self.conn_id, self.principal.name, vhost)  # node/limits.py
+        if refusal:  # connection-forced, as the node-wide limits (node/admission.py)
+            self.close(CLOSE_FORCED, refusal)
             return
         self.vhost = vhost
         self.access = access

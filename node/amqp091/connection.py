@@ -390,12 +390,16 @@ class Amqp091Connection(asyncio.Protocol):
             raise ConnectionException(
                 530, f"NOT_ALLOWED - number of channels opened ({len(self.channels)}) has reached the "
                      f"negotiated channel_max ({self.channel_max})")
+        refusal = self.broker.usage.channel_opened(self.conn_id)  # the user's max-channels (node/limits.py)
+        if refusal:  # a connection error in RabbitMQ too (rabbit_reader create_channel: not_allowed)
+            raise ConnectionException(530, f"NOT_ALLOWED - {refusal}", method.CLASS_ID, method.METHOD_ID)
         channel = Channel(self, number)
         self.channels[number] = channel
         return channel
 
     def forget_channel(self, number: int) -> None:
-        self.channels.pop(number, None)
+        if self.channels.pop(number, None) is not None:
+            self.broker.usage.channel_closed(self.conn_id)
 
     # ------------------------------------------------------------------ connection class
 
@@ -514,6 +518,9 @@ class Amqp091Connection(asyncio.Protocol):
             self.access = Access.open(self.principal, vhost)
         except AccessRefused as exc:
             raise ConnectionException(530, f"NOT_ALLOWED - {exc.text}", method.CLASS_ID, method.METHOD_ID) from None
+        refusal = self.broker.usage.open(self.conn_id, self.principal.name, vhost)  # node/limits.py
+        if refusal:
+            raise ConnectionException(530, f"NOT_ALLOWED - {refusal}", method.CLASS_ID, method.METHOD_ID)
         self.vhost = vhost
         self.state = OPEN
         if self._handshake_handle is not None:

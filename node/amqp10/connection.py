@@ -81,6 +81,7 @@ class Amqp10Connection(asyncio.Protocol):
         self.remote_max_frame = 512
         self.channel_max = min(self.config.channel_max, 0xFFFF)
         self.sessions: dict[int, Session] = {}
+        self._uncounted: set[int] = set()  # sessions refused by the user's max-channels (node/limits.py)
         self.links_by_core: dict[int, object] = {}  # core channel number -> link (session.py)
         self.settle_due: dict[int, object] = {}  # links with settlements to submit at the next flush
         self.settles_pending = 0  # settlements in settle_due (links.py adds; flush decides when they go)
@@ -329,8 +330,12 @@ class Amqp10Connection(asyncio.Protocol):
         if isinstance(body, p.Begin):
             if channel in self.sessions:
                 raise _framing(f"begin on channel {channel}, which has a session")
+            refusal = self.broker.usage.channel_opened(self.conn_id)  # the user's max-channels
             session = self.sessions[channel] = Session(self, channel, body)
             session.begin()
+            if refusal:  # begun and ended with the error at once: the connection's other sessions go on
+                self._uncounted.add(channel)
+                session.end("amqp:resource-limit-exceeded", refusal)
             return
         session = self.sessions.get(channel)
         if session is None:
@@ -338,6 +343,10 @@ class Amqp10Connection(asyncio.Protocol):
         if isinstance(body, p.End):
             session.on_end(body)
             del self.sessions[channel]
+            if channel in self._uncounted:
+                self._uncounted.discard(channel)
+            else:
+                self.broker.usage.channel_closed(self.conn_id)
             return
         session.on_frame(body, frame.payload)
 
@@ -424,6 +433,10 @@ class Amqp10Connection(asyncio.Protocol):
             self.access = Access.open(self.principal, vhost)
         except AccessRefused as exc:
             self.close("amqp:unauthorized-access", exc.text)
+            return
+        refusal = self.broker.usage.open(self.conn_id, self.principal.name, vhost)  # node/limits.py
+        if refusal:  # as rabbit_amqp_reader check_vhost/user_connection_limit
+            self.close("amqp:resource-limit-exceeded", refusal)
             return
         leader = self.broker.leader_client_address()
         if self.config.amqp10_redirect_to_leader and leader and leader != self.broker.client_address():

@@ -281,21 +281,29 @@ class OutgoingLink(Link):
         conn = self.conn
         self._core_attach()
         self.destination = f"l{self.core}"
+        self._setup_refused: tuple | None = None
         for command in declare if isinstance(declare, list) else [declare] if declare is not None else []:
-            conn.broker.submit(command._replace(channel=self.core))
+            # With a token: a refused declare (a vhost's max-queues, store/limits.py) closes the core
+            # channel, and the link is refused with its reason rather than the subscribe's 504.
+            conn.request(command._replace(channel=self.core), self._setup_done)
         conn.request(subscribe._replace(channel=self.core, destination=self.destination), self._subscribed)
         return self
+
+    def _setup_done(self, result: tuple) -> None:
+        if result[0] != 0 and self._setup_refused is None:
+            self._setup_refused = result
 
     def _subscribed(self, result: tuple) -> None:
         if not self.alive:
             return
         a = self.attach_frame
         if result[0] != 0:
+            result = getattr(self, "_setup_refused", None) or result
             self.session.links.pop(self.handle, None)
             self.release()
             condition = "amqp:not-found" if result[1] == 404 else "amqp:resource-locked" \
                 if result[1] == 403 and "exclusive" in str(result[2]) else "amqp:unauthorized-access" \
-                if result[1] == 403 else "amqp:internal-error"
+                if result[1] == 403 else "amqp:precondition-failed" if result[1] == 406 else "amqp:internal-error"
             self._refuse(condition, str(result[2]))
             return
         self.subscribed = True

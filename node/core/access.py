@@ -197,7 +197,7 @@ _RULES: dict[int, Rule] = {
 }
 
 # Operations a client connection may never submit: the node's own (TICK, NODE_RESET, MEMBER_*)
-# and administration (VHOST_ADD, VHOST_DELETE, USER_*, PERMISSION_*), which come from the admin API.
+# and administration (VHOST_ADD, VHOST_DELETE, USER_*, PERMISSION_*, LIMITS_SET), which come from the admin API.
 CLIENT_OPS = frozenset(_RULES)
 
 

@@ -36,6 +36,8 @@ from .common import (
     require,
     require_vhost,
 )
+from .limits import add_routes as add_limit_routes
+from .limits import import_limits, user_limits, vhost_limits
 from .views import (
     MANAGEMENT_VERSION,
     PRODUCT,
@@ -64,11 +66,11 @@ def _users(broker) -> list[dict]:
     for name, user in managed.items():
         algorithm, stored = _exported_hash(user.password_hash)
         rows.append({"name": name, "password_hash": stored, "hashing_algorithm": algorithm,
-                     "tags": list(user.tags), "limits": {}})
+                     "tags": list(user.tags), "limits": user_limits(broker, name)})
     for name, user in broker.config.users.items():
         if name not in managed:
             rows.append({"name": name, "password_hash": "", "hashing_algorithm": "", "tags": list(user.tags),
-                         "limits": {}, "source": "config"})
+                         "limits": user_limits(broker, name), "source": "config"})
     return sorted(rows, key=lambda r: r["name"])
 
 
@@ -298,7 +300,7 @@ def export_definitions(broker) -> dict:
         "product_name": PRODUCT,
         "product_version": MANAGEMENT_VERSION,
         "users": users,
-        "vhosts": [{"name": name} for name in sorted(machine.vhosts)],
+        "vhosts": [{"name": name, "limits": vhost_limits(broker, name)} for name in sorted(machine.vhosts)],
         "permissions": [p for p in _permissions(broker) if p["user"] in machine.users],
         "topic_permissions": [],
         "parameters": [],
@@ -326,7 +328,10 @@ async def post_definitions(request: web.Request) -> web.Response:
     require(request, ADMINISTRATOR)
     data = await body(request, context(request).broker.config.http_max_json_elements)
     for unsupported in ("policies", "parameters", "topic_permissions"):
-        if data.get(unsupported):
+        items = data.get(unsupported) or []
+        if unsupported == "parameters":  # vhost limits are parameters in RabbitMQ 3.x exports
+            items = [p for p in items if not (isinstance(p, dict) and p.get("component") == "vhost-limits")]
+        if items:
             raise bad_request(f"raftmq has no {unsupported.replace('_', ' ')}: remove them to import the rest")
     check_definitions(data)
     control = context(request).control
@@ -336,6 +341,7 @@ async def post_definitions(request: web.Request) -> web.Response:
         await _put_user(request, str(user["name"]), user)
     for perm in data.get("permissions") or []:
         await _set_permission(request, str(perm["user"]), str(perm["vhost"]), perm)
+    await import_limits(request, data)  # before the queues: max-queues holds for them too
     for e in data.get("exchanges") or []:
         await control.declare_exchange(str(e["vhost"]), str(e["name"]), str(e["type"]), bool(e.get("durable", True)),
                                        bool(e.get("auto_delete", False)), bool(e.get("internal", False)),
@@ -407,3 +413,4 @@ def add_routes(app: web.Application) -> None:
     r.add_delete("/api/vhosts/{name}", delete_vhost)
     r.add_get("/api/definitions", get_definitions)
     r.add_post("/api/definitions", post_definitions)
+    add_limit_routes(app)  # /api/vhost-limits, /api/user-limits (ops/http/limits.py)
