@@ -160,7 +160,7 @@ class DurableOutgoingLink(OutgoingLink):
         return {transfer_id.to_bytes(8, "big"): None for transfer_id in self.offered}
 
     def send_replays(self) -> None:
-        while self.replays and self._credit() > 0:
+        while self.replays and self._credit() > 0 and not self.session.blocked():  # 2.5.6
             transfer_id, message, body, resume = self.replays.pop(0)
             if body is None:
                 body = self.conn.broker.bodies.for_send(message.id)
