@@ -350,7 +350,8 @@ class OutgoingLink(Link):
         if self.readahead and (self.client_credit >= READAHEAD_MIN_CREDIT or self.held):
             return self._read_ahead(wanted)
         if self.settled and self.session.blocked():
-            return  # pre-settled deliveries carry their bodies: none assigned until they can go
+            self.session.waiting[self] = None  # pre-settled deliveries carry their bodies: none
+            return  # assigned until they can go (resume_sending)
         delta = wanted - (self.granted - self.assigned + len(self.held))
         if delta > 0:
             self.granted += delta
@@ -392,9 +393,12 @@ class OutgoingLink(Link):
             if len(transfer) > 5:
                 self._owned(-len(transfer[5]))
             self._send(transfer, following)
-        if self.window_stop and not held and not self.conn._write_paused and self.alive:
-            self.window_stop = False  # what was held went out: the core may assign again
-            self.conn.broker.submit(Flow(self.conn.conn_id, None, self.core, True))
+        if held and session.blocked():
+            session.waiting[self] = None  # the rest goes when the window opens or the buffer drains
+        if self.window_stop and not held and self.alive:
+            self.window_stop = False  # what was held went out: the core may assign again (once the
+            if not self.conn._write_paused:  # write buffer drained: then resume_writing restarts it)
+                self.conn.broker.submit(Flow(self.conn.conn_id, None, self.core, True))
 
     def _hold(self, transfer: tuple) -> None:
         """Keep a core transfer until credit, window and write buffer allow it: by reference (an
@@ -402,6 +406,8 @@ class OutgoingLink(Link):
         core gave it, counted for the memory alarm; past ``write_buffer_high`` of those the core is
         stopped for this link (node/writeflow.py's rule) until they are sent."""
         self.held.append(transfer)
+        if self.session.blocked():
+            self.session.waiting[self] = None
         if len(transfer) > 5:
             self._owned(len(transfer[5]))
             if not self.window_stop and self.owned_bytes >= self.conn._flush_at:

@@ -170,6 +170,8 @@ class DurableOutgoingLink(OutgoingLink):
             data = delivery_octets(message, body, True)
             self.session.send_delivery(self, transfer_id, self.settled, data, transfer_id.to_bytes(8, "big"),
                                        resume)
+        if self.replays and self.session.blocked():
+            self.session.waiting[self] = None  # the rest when the window opens (links.resume_sending)
 
     def on_detach(self, detach) -> None:
         if detach.closed and self.core:  # closed: the link ends for good, its state with it

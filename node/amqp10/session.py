@@ -84,6 +84,7 @@ class Session:
         # them as references instead (links.OutgoingLink.held) while ``blocked()``.
         self.parked: deque[tuple] = deque()
         self.parked_bytes = 0  # octets in ``parked``: counted in the memory alarm (conn.delivery_bytes)
+        self.waiting: dict[object, None] = {}  # links that hold deliveries until ``blocked()`` ends, in order
         self.dispositions: list[tuple] = []  # (delivery id, settled, state) for incoming deliveries
         self.ended = False
         self.management_out = None  # the /management link answers go out on (management.py)
@@ -255,12 +256,14 @@ class Session:
     def resume_sending(self) -> None:
         """The window opened or the write buffer drained: what waits goes out, in order, while it can."""
         self._send_parked()
-        for link in list(self.links.values()):
+        if not self.waiting or self.blocked():
+            return
+        links, self.waiting = self.waiting, {}
+        for link in links:
             if self.blocked():
-                return
-            resume = getattr(link, "resume_sending", None)
-            if resume is not None:
-                resume()
+                self.waiting[link] = None  # still waiting: its turn comes at the next flow or drain
+            elif self.links.get(link.handle) is link:
+                link.resume_sending()
 
     def send_delivery(self, link, transfer_id: int | None, settled: bool, sections_bytes: bytes,
                       tag: bytes | None = None, resume: bool = False) -> None:
