@@ -467,8 +467,10 @@ class OutgoingLink(Link):
 
     def on_core_transfer(self, transfer: tuple) -> None:
         self.assigned += 1
+        session = self.session  # session.blocked(), inlined: this runs once per message sent
+        blocked = session.remote_incoming_window <= 0 or session.parked or self.conn._write_paused
         if self.readahead:
-            if self.held or self._credit() <= 0 or self.session.blocked():
+            if self.held or blocked or self._credit() <= 0:
                 self._hold(transfer)  # beyond the client's credit or window: sent when it grants more
                 return
             self._send(transfer)
@@ -476,7 +478,7 @@ class OutgoingLink(Link):
                     and self.granted - self.assigned + len(self.held) <= self.client_credit):
                 self._apply_credit()  # what the core holds fell to half of its read-ahead target
             return
-        if self.held or self.session.blocked():
+        if self.held or blocked:
             self._hold(transfer)  # 2.5.6: the client's window (or our write buffer) is full
             return
         self._send(transfer)
