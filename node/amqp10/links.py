@@ -21,6 +21,14 @@ counted as a delivery attempt).  Small credits, pre-settled links (the core forg
 assigned: a held one would be lost) and durable links (their unsettled state is the client's) keep the
 exact scheme below.
 
+*Held while blocked* (issue 31 item 2): while the client's session incoming-window is 0 (2.5.6), a
+delivery of the session waits for it, or the connection's write buffer is past ``write_buffer_high``
+(``Session.blocked``), every outgoing link holds what the core assigns in ``held`` too, as the core's
+transfer tuples: an unsettled one carries no body (store/bodies.fill_bodies), so credit alone never
+reads a backlog from disk; it goes out when the session resumes the link (``resume_sending``).  A
+pre-settled link's transfers carry their bodies: it gives the core no credit while blocked, counts
+what it holds for the memory alarm, and stops the core (``FLOW``) past ``write_buffer_high`` of it.
+
 The core's credit is additive; 1.0 credit is absolute (2.6.7: link-credit = the receiver's
 delivery-count + link-credit - the sender's delivery-count).  The link keeps ``granted``, the credit
 given to the core so far, and ``assigned``, the transfers the core gave us: the core still holds
