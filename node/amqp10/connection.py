@@ -98,6 +98,12 @@ class Amqp10Connection(asyncio.Protocol):
         self.reading = ReadGate(transport)  # why reading is paused: an alarm, the broker's backlog
         self.is_publisher = False
         self._write_paused = False
+        # Deliveries the links and sessions hold with their bytes (pre-settled bodies, deliveries
+        # waiting for a window): the memory alarm counts them (held_bytes).  ``_unflushed``: delivery
+        # octets written since the last flush (``wrote``).
+        self.delivery_bytes = 0
+        self._unflushed = 0
+        self._flush_at = self.config.write_buffer_high or 64 * 1024
         self._received = True  # a frame arrived since the last idle check
         self._written = False
         self._open_sent = False
@@ -182,17 +188,26 @@ class Amqp10Connection(asyncio.Protocol):
         self.pending.clear()
 
     def pause_writing(self) -> None:
-        """The client reads slower than we deliver: stop the core assigning to our links."""
+        """The client reads slower than we deliver: links hold what the core assigns by reference
+        (session.blocked) and the core stops assigning to them."""
         self._write_paused = True
         for number, link in self.links_by_core.items():
             if getattr(link, "sends", False):
                 self.broker.submit(Flow(self.conn_id, None, number, False))
 
     def resume_writing(self) -> None:
+        """Drained: what the links held goes out first (stopping again if the buffer refills), then
+        the core assigns again."""
         self._write_paused = False
         if self.state == OPEN:
+            for session in list(self.sessions.values()):
+                if not self._write_paused:
+                    session.resume_sending()
+            self.flush()
+            if self._write_paused:
+                return  # paused again while writing what was held: the core stays stopped
             for number, link in self.links_by_core.items():
-                if getattr(link, "sends", False):
+                if getattr(link, "sends", False) and not getattr(link, "window_stop", False):
                     self.broker.submit(Flow(self.conn_id, None, number, True))
 
     def resume_flow(self) -> None:
@@ -200,7 +215,8 @@ class Amqp10Connection(asyncio.Protocol):
             self.reading.resume_flow()
 
     def held_bytes(self) -> int:
-        return self.transport.get_write_buffer_size() + self.reader.buffered + self.assembling
+        return (self.transport.get_write_buffer_size() + self.reader.buffered + self.assembling
+                + self.delivery_bytes)
 
     # ------------------------------------------------------------------ writing
 
@@ -223,7 +239,15 @@ class Amqp10Connection(asyncio.Protocol):
         for link in due.values():
             link.flush_settles()
 
+    def wrote(self, size: int) -> None:
+        """Delivery octets were queued: flush once a high-water mark's worth waits, so that the
+        transport can pause us in the middle of a large batch (node/writeflow.py)."""
+        self._unflushed += size
+        if self._unflushed >= self._flush_at:
+            self.flush()
+
     def flush(self) -> None:
+        self._unflushed = 0
         if self.settle_due:
             if self.settles_pending >= SETTLE_BATCH or self.state != OPEN:
                 self.flush_settles()

@@ -21,6 +21,14 @@ counted as a delivery attempt).  Small credits, pre-settled links (the core forg
 assigned: a held one would be lost) and durable links (their unsettled state is the client's) keep the
 exact scheme below.
 
+*Held while blocked* (issue 31 item 2): while the client's session incoming-window is 0 (2.5.6), a
+delivery of the session waits for it, or the connection's write buffer is past ``write_buffer_high``
+(``Session.blocked``), every outgoing link holds what the core assigns in ``held`` too, as the core's
+transfer tuples: an unsettled one carries no body (store/bodies.fill_bodies), so credit alone never
+reads a backlog from disk; it goes out when the session resumes the link (``resume_sending``).  A
+pre-settled link's transfers carry their bodies: it gives the core no credit while blocked, counts
+what it holds for the memory alarm, and stops the core (``FLOW``) past ``write_buffer_high`` of it.
+
 The core's credit is additive; 1.0 credit is absolute (2.6.7: link-credit = the receiver's
 delivery-count + link-credit - the sender's delivery-count).  The link keeps ``granted``, the credit
 given to the core so far, and ``assigned``, the transfers the core gave us: the core still holds
@@ -55,6 +63,7 @@ from raftmq.store.bodies import READ_AHEAD, body_to_send
 from raftmq.store.commands import (
     REJECTED,
     ROUTED,
+    Flow,
     MessageFlow,
     MessageFlush,
     MessageSettle,
@@ -211,7 +220,9 @@ class OutgoingLink(Link):
         self.queue = ""
         self.settles: dict[int, list[int]] = {}  # outcome -> core transfer ids settled, not yet submitted
         self.readahead = not self.settled  # DurableOutgoingLink turns it off (module docstring)
-        self.held: deque[tuple] = deque()  # core transfers beyond the client's credit, in order
+        self.held: deque[tuple] = deque()  # core transfers beyond the client's credit or window, in order
+        self.owned_bytes = 0  # bodies the held transfers carry (pre-settled: nothing else holds them)
+        self.window_stop = False  # the core was stopped (Flow) because held bodies reached the high mark
         self.client_credit = 0  # the link-credit of the client's latest flow: how much it grants at a time
         self.browse = False  # distribution-mode copy (terminus.py): reads without taking, sends pre-settled
         self.subscription_queue: str | None = None  # a durable topic subscription's queue (terminus.py)
@@ -354,7 +365,10 @@ class OutgoingLink(Link):
         wanted = self._credit()
         if self.readahead and (self.client_credit >= READAHEAD_MIN_CREDIT or self.held):
             return self._read_ahead(wanted)
-        delta = wanted - (self.granted - self.assigned)
+        if self.settled and self.session.blocked():
+            self.session.waiting[self] = None  # pre-settled deliveries carry their bodies: none
+            return  # assigned until they can go (resume_sending)
+        delta = wanted - (self.granted - self.assigned + len(self.held))
         if delta > 0:
             self.granted += delta
             conn.broker.submit(MessageFlow(conn.conn_id, None, self.core, self.destination, 0, delta))
@@ -389,8 +403,43 @@ class OutgoingLink(Link):
         def following() -> list[int]:  # the next held ones, read with one that missed the cache
             return [t[4].id for t in islice(held, READ_AHEAD) if len(t) == 5]
 
-        while held and self._credit() > 0:
-            self._send(held.popleft(), following)
+        session = self.session
+        while held and self._credit() > 0 and not session.blocked():
+            transfer = held.popleft()
+            if len(transfer) > 5:
+                self._owned(-len(transfer[5]))
+            self._send(transfer, following)
+        if held and session.blocked():
+            session.waiting[self] = None  # the rest goes when the window opens or the buffer drains
+        if self.window_stop and not held and self.alive:
+            self.window_stop = False  # what was held went out: the core may assign again (once the
+            if not self.conn._write_paused:  # write buffer drained: then resume_writing restarts it)
+                self.conn.broker.submit(Flow(self.conn.conn_id, None, self.core, True))
+
+    def _hold(self, transfer: tuple) -> None:
+        """Keep a core transfer until credit, window and write buffer allow it: by reference (an
+        unsettled one carries no body, store/bodies.fill_bodies) -- or, pre-settled, with the body the
+        core gave it, counted for the memory alarm; past ``write_buffer_high`` of those the core is
+        stopped for this link (node/writeflow.py's rule) until they are sent."""
+        self.held.append(transfer)
+        if self.session.blocked():
+            self.session.waiting[self] = None
+        if len(transfer) > 5:
+            self._owned(len(transfer[5]))
+            if not self.window_stop and self.owned_bytes >= self.conn._flush_at:
+                self.window_stop = True
+                self.conn.broker.submit(Flow(self.conn.conn_id, None, self.core, False))
+
+    def _owned(self, size: int) -> None:
+        self.owned_bytes += size
+        self.conn.delivery_bytes += size
+
+    def resume_sending(self) -> None:
+        """The session window opened or the write buffer drained (session.resume_sending)."""
+        if self.subscribed and self.alive:
+            self.send_replays()
+            self._send_held()
+            self._apply_credit()
 
     def send_replays(self) -> None:
         """Deliveries a resumed durable link owes the client before new ones (recovery.py)."""
@@ -434,14 +483,19 @@ class OutgoingLink(Link):
 
     def on_core_transfer(self, transfer: tuple) -> None:
         self.assigned += 1
+        session = self.session  # session.blocked(), inlined: this runs once per message sent
+        blocked = session.remote_incoming_window <= 0 or session.parked or self.conn._write_paused
         if self.readahead:
-            if self.held or self._credit() <= 0:
-                self.held.append(transfer)  # beyond the client's credit: sent when it grants more
+            if self.held or blocked or self._credit() <= 0:
+                self._hold(transfer)  # beyond the client's credit or window: sent when it grants more
                 return
             self._send(transfer)
             if (not self.stopping and self.client_credit >= READAHEAD_MIN_CREDIT
                     and self.granted - self.assigned + len(self.held) <= self.client_credit):
                 self._apply_credit()  # what the core holds fell to half of its read-ahead target
+            return
+        if self.held or blocked:
+            self._hold(transfer)  # 2.5.6: the client's window (or our write buffer) is full
             return
         self._send(transfer)
 
@@ -506,10 +560,12 @@ class OutgoingLink(Link):
 
     def release(self) -> None:
         self.flush_settles()  # what the client settled before it left is settled, not requeued
-        if self.held and self.alive:  # never sent: back to the queue, not counted as delivered
+        if self.owned_bytes:
+            self._owned(-self.owned_bytes)
+        if self.held and self.alive and not self.settled:  # never sent: back to the queue, not counted
             ranges = [list(r) for r in rs.from_ids(sorted(t[0] for t in self.held))]
-            self.held.clear()
             self.conn.broker.submit(MessageSettle(self.conn.conn_id, None, self.core, ranges, SETTLE_RELEASE))
+        self.held.clear()  # (pre-settled ones left the queue when assigned: at most once, 2.6.12)
         session = self.session
         for delivery_id in [d for d, (link, _) in session.unsettled.items() if link is self]:
             del session.unsettled[delivery_id]

@@ -160,7 +160,7 @@ class DurableOutgoingLink(OutgoingLink):
         return {transfer_id.to_bytes(8, "big"): None for transfer_id in self.offered}
 
     def send_replays(self) -> None:
-        while self.replays and self._credit() > 0:
+        while self.replays and self._credit() > 0 and not self.session.blocked():  # 2.5.6
             transfer_id, message, body, resume = self.replays.pop(0)
             if body is None:
                 body = self.conn.broker.bodies.for_send(message.id)
@@ -170,6 +170,8 @@ class DurableOutgoingLink(OutgoingLink):
             data = delivery_octets(message, body, True)
             self.session.send_delivery(self, transfer_id, self.settled, data, transfer_id.to_bytes(8, "big"),
                                        resume)
+        if self.replays and self.session.blocked():
+            self.session.waiting[self] = None  # the rest when the window opens (links.resume_sending)
 
     def on_detach(self, detach) -> None:
         if detach.closed and self.core:  # closed: the link ends for good, its state with it

@@ -78,7 +78,13 @@ class Session:
         self.remote_incoming_window = begin.incoming_window or 0
         self.next_delivery_id = 0
         self.unsettled: dict[int, tuple] = {}  # delivery id we sent -> (link, core transfer id)
-        self.parked: deque[tuple] = deque()  # transfers waiting for the client's incoming window
+        # Encoded deliveries waiting for the client's incoming window (2.5.6), each with the offset of
+        # its first unsent octet: a delivery cut at the window, and what links without a hold of their
+        # own (management answers, durable replays) sent meanwhile.  Links holding core transfers keep
+        # them as references instead (links.OutgoingLink.held) while ``blocked()``.
+        self.parked: deque[tuple] = deque()
+        self.parked_bytes = 0  # octets in ``parked``: counted in the memory alarm (conn.delivery_bytes)
+        self.waiting: dict[object, None] = {}  # links that hold deliveries until ``blocked()`` ends, in order
         self.dispositions: list[tuple] = []  # (delivery id, settled, state) for incoming deliveries
         self.ended = False
         self.management_out = None  # the /management link answers go out on (management.py)
@@ -94,6 +100,7 @@ class Session:
         for link in list(self.links.values()):
             link.release()
         self.links.clear()
+        self.drop_parked()
         if not self.ended:
             self.conn.send(self.channel, p.End())
         self.ended = True
@@ -106,6 +113,7 @@ class Session:
         for link in list(self.links.values()):
             link.release()
         self.links.clear()
+        self.drop_parked()
         self.ended = True
         self.conn.send(self.channel, p.End(error=error(condition, text)))
 
@@ -180,7 +188,7 @@ class Session:
                                            - self.next_outgoing_id) % SERIAL
         else:
             self.remote_incoming_window = flow.incoming_window
-        self._send_parked()
+        self.resume_sending()
         if flow.handle is not None:
             link = self.links.get(flow.handle)
             if link is None:
@@ -239,6 +247,24 @@ class Session:
             link.release()
             self.send_detach(link.handle, err)
 
+    def blocked(self) -> bool:
+        """Whether a delivery must wait: the client's incoming-window is used up (2.5.6: no transfer
+        frame while it is 0), a delivery waits before it, or the connection's write buffer is full
+        (node/writeflow.py).  Links then hold core transfers by reference, bodies unread."""
+        return self.remote_incoming_window <= 0 or bool(self.parked) or self.conn._write_paused
+
+    def resume_sending(self) -> None:
+        """The window opened or the write buffer drained: what waits goes out, in order, while it can."""
+        self._send_parked()
+        if not self.waiting or self.blocked():
+            return
+        links, self.waiting = self.waiting, {}
+        for link in links:
+            if self.blocked():
+                self.waiting[link] = None  # still waiting: its turn comes at the next flow or drain
+            elif self.links.get(link.handle) is link:
+                link.resume_sending()
+
     def send_delivery(self, link, transfer_id: int | None, settled: bool, sections_bytes: bytes,
                       tag: bytes | None = None, resume: bool = False) -> None:
         """One message to the client: a delivery id, split into frames of the client's max-frame-size.
@@ -249,35 +275,63 @@ class Session:
             self.unsettled[delivery_id] = (link, transfer_id)
         tag = tag if tag is not None else delivery_id.to_bytes(4, "big")
         if self.parked or self.remote_incoming_window <= 0:
-            self.parked.append((link, delivery_id, settled, sections_bytes, tag, resume))
+            self._park((link, delivery_id, settled, sections_bytes, tag, resume, 0))
             return
         self._write_delivery(link, delivery_id, settled, sections_bytes, tag, resume)
 
+    def _park(self, item: tuple, first: bool = False) -> None:
+        waiting = len(item[3]) - item[6]
+        self.parked_bytes += waiting
+        self.conn.delivery_bytes += waiting
+        if first:
+            self.parked.appendleft(item)
+        else:
+            self.parked.append(item)
+
     def _send_parked(self) -> None:
         while self.parked and self.remote_incoming_window > 0:
-            link, delivery_id, settled, data, tag, resume = self.parked.popleft()
+            item = self.parked.popleft()
+            waiting = len(item[3]) - item[6]
+            self.parked_bytes -= waiting
+            self.conn.delivery_bytes -= waiting
+            link = item[0]
             if self.links.get(link.handle) is link:
-                self._write_delivery(link, delivery_id, settled, data, tag, resume)
+                self._write_delivery(*item)
+
+    def drop_parked(self) -> None:
+        """The session ended: what waits for its window is never sent."""
+        self.conn.delivery_bytes -= self.parked_bytes
+        self.parked_bytes = 0
+        self.parked.clear()
 
     def _write_delivery(self, link, delivery_id: int, settled: bool, data: bytes, tag: bytes,
-                        resume: bool = False) -> None:
+                        resume: bool = False, pos: int = 0) -> None:
+        """Frames of one delivery from octet ``pos`` while the client's incoming-window lasts (2.5.6:
+        no transfer frame while it is 0); the rest waits at the head of ``parked`` for its flow."""
         encoded = encode_transfer(link.handle, delivery_id, tag, settled, resume)
         room = max(256, self.conn.remote_max_frame - len(encoded) - 16)
-        if len(data) <= room:  # one frame: the performative encoded once
+        if pos == 0 and len(data) <= room:  # one frame: the performative encoded once
             self.conn.send_raw(encode_frame_raw(encoded + data, self.channel))
             self._sent_frame()
+            self.conn.wrote(len(data))
             return
-        pos = 0
-        frame = p.Transfer(handle=link.handle, delivery_id=delivery_id, delivery_tag=tag, message_format=0,
-                           settled=settled, more=False, resume=resume)
+        start = pos
+        if pos == 0:
+            frame = p.Transfer(handle=link.handle, delivery_id=delivery_id, delivery_tag=tag, message_format=0,
+                               settled=settled, more=False, resume=resume)
+        else:
+            frame = p.Transfer(handle=link.handle)
         while pos < len(data):
+            if self.remote_incoming_window <= 0:
+                self._park((link, delivery_id, settled, data, tag, resume, pos), first=True)
+                break
             chunk = data[pos:pos + room]
             pos += len(chunk)
             frame.more = pos < len(data)
             self.conn.send(self.channel, frame, chunk)
             self._sent_frame()
             frame = p.Transfer(handle=link.handle)
-        # (frames beyond the window are sent anyway once a delivery started: a delivery is never cut)
+        self.conn.wrote(pos - start)
 
     def _sent_frame(self) -> None:
         self.next_outgoing_id = (self.next_outgoing_id + 1) % SERIAL
