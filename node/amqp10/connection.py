@@ -174,6 +174,10 @@ class Amqp10Connection(asyncio.Protocol):
             self.broker.pause_for_flow(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        # Settlements read before the socket went are final (2.6.12): submitted ahead of the close,
+        # not dropped with the batching timer (they would return to the queue and be delivered again).
+        if self.settle_due and self.conn_id is not None:
+            self.flush_settles()
         self.state = CLOSED
         for timer in self._timers.values():
             timer.cancel()

@@ -366,3 +366,25 @@ def test_twenty_thousand_unsettled_deliveries(node) -> None:
     finally:
         rx.close()
     assert queue_depth(node, queue) == 0  # all settled: none returned to the queue
+
+
+def test_accept_then_socket_closed_at_once_is_not_redelivered(node) -> None:
+    """Spec 2.6.12: a delivery the receiver settled (accepted, settled=true) is done; the node batches
+    settlements for SETTLE_DELAY, and a socket closed right after the disposition (no detach, no
+    close frame) must not lose them: the messages were accepted and must not come back."""
+    queue = "credit-accept-then-drop"
+    fill_queue(node, queue, 10, 1024)
+    rx = Receiver(node.port)
+    try:
+        rx.open(queue, window=1000)
+        rx.flow(window=1000, credit=10)
+        got = rx.deliveries(10, window=1000)
+        check_all(got, 10, 1024)
+        rx.accept(got[0][0], got[-1][0])
+    finally:
+        rx.close()  # at once: the settlement timer has not fired yet
+    deadline = time.monotonic() + 5
+    while queue_depth(node, queue) != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)  # the connection's close has been applied: unsettled ones would be back by now
+    assert queue_depth(node, queue) == 0
