@@ -50,6 +50,7 @@ from raftmq.store.sessions import (
     SETTLE_RELEASE_REDELIVERED,
 )
 
+from .limits import durable_refusal
 from .links import SERIAL, OutgoingLink, delivery_octets
 
 UNSETTLED_STATE = 2  # terminus-durability unsettled-state (3.5.5)
@@ -92,9 +93,13 @@ class DurableOutgoingLink(OutgoingLink):
     def _start(self, declare: list | None, subscribe: list):
         self.setup = declare if isinstance(declare, list) else []  # a durable topic subscription's queue and binding
         conn = self.conn
+        name = f"amqp10-link\x00{conn.container_id}\x00{self.name}".encode()
+        refusal = durable_refusal(conn, name)  # limits.py: amqp10_durable_links_per_user
+        if refusal is not None:
+            self._refuse("amqp:resource-limit-exceeded", refusal)
+            return None
         self.core = conn.core_channel(self)
         self.destination = "durable"
-        name = f"amqp10-link\x00{conn.container_id}\x00{self.name}".encode()
         self.resuming = True
         conn.request(SessionAttach(conn.conn_id, None, self.core, conn.vhost, conn.principal.name, name, True),
                       lambda result: self._core_attached(result, subscribe))
