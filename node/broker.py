@@ -118,6 +118,7 @@ class Broker:
             self.log.on_fatal = self._on_disk_failure
             self._configured_members = {}
         self.machine.delayed_limit = config.max_delayed_messages
+        self.machine.durable_links_limit = config.amqp10_durable_links_per_user  # store/sessions.py
         machine = self.machine
         # A refused delivery of a damaged body names its queue in the log (store/bodies.py).
         self.bodies.queue_name = lambda qid: getattr(machine.queues_by_id.get(qid), "name", None)

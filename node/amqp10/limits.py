@@ -17,8 +17,9 @@ attach 60,000 of them on one connection (+105 MB, other clients stalled 2 s), an
 * ``amqp10_durable_links_per_user`` durable links (terminus-durability unsettled-state) of one user
   kept in the replicated state, attached or waiting for their client: a new one beyond is refused as
   above; re-attaching an existing one is always allowed.  Counted from this node's copy of the state
-  when the attach arrives (not at apply: a command carrying the bound would change the log format), so
-  attaches racing on several nodes may pass it by the few still in flight.
+  when the attach arrives (no log entry for a refusal), and again where it is exact: when SESSION_ATTACH
+  is applied (store/sessions.py; attaches racing on one or several nodes), which needs the same value on
+  every cluster member, as ``max_delayed_messages``.
 * ``amqp10_management_pending_max`` /management replies a connection holds (management.py).
 
 Refusals are logged at most once per :data:`LOG_INTERVAL` per kind (a flood logs one line and the count
@@ -32,7 +33,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from raftmq.store.sessions import session_key
+from raftmq.store.sessions import durable_links_of, session_key
 
 if TYPE_CHECKING:
     from raftmq.node.config import Config
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOG_INTERVAL = 10.0  # seconds between two log lines of one refusal kind
-DURABLE_PREFIX = b"amqp10-link\x00"  # the core session name of a durable link (recovery.py)
 
 
 def channel_max(config: Config, client: int | None) -> int:
@@ -71,19 +71,13 @@ def link_refusal(session) -> str | None:
     return text
 
 
-def durable_links_of(machine, principal: str) -> int:
-    """Durable links of ``principal`` in the replicated state (all vhosts, attached or detached)."""
-    return sum(1 for s in machine.sessions.values()
-               if s.principal == principal and s.name.startswith(DURABLE_PREFIX))
-
-
 def durable_refusal(conn, name: bytes) -> str | None:
     """Why the durable link whose core session is ``name`` may not be created, or None."""
     limit = conn.config.amqp10_durable_links_per_user
     machine = conn.broker.machine
     if session_key(conn.vhost, conn.principal.name, name) in machine.sessions:
         return None  # a re-attach: it exists already
-    if durable_links_of(machine, conn.principal.name) >= limit:
+    if durable_links_of(machine.sessions, conn.principal.name) >= limit:
         text = f"user '{conn.principal.name}' has {limit} durable links (amqp10_durable_links_per_user)"
         refusals(conn.broker).refused("durable link", conn.peer, text)
         return text

@@ -50,7 +50,7 @@ from raftmq.store.sessions import (
     SETTLE_RELEASE_REDELIVERED,
 )
 
-from .limits import durable_refusal
+from .limits import durable_refusal, refusals
 from .links import SERIAL, OutgoingLink, delivery_octets
 
 UNSETTLED_STATE = 2  # terminus-durability unsettled-state (3.5.5)
@@ -108,6 +108,12 @@ class DurableOutgoingLink(OutgoingLink):
     def _core_attached(self, result: tuple, subscribe: list) -> None:
         if not self.alive:
             return
+        if result[0] != 0 and "amqp10_durable_links_per_user" in str(result[2]):
+            self.resuming = False  # refused at apply (store/sessions.py): attaches raced past limits.py
+            refusals(self.conn.broker).refused("durable link", self.conn.peer, str(result[2]))
+            self.session.links.pop(self.handle, None)
+            self.release()
+            return self._refuse("amqp:resource-limit-exceeded", str(result[2]))
         if result[0] != 0 or not isinstance(result[1], SessionAttached):
             self.resuming = False
             return self._subscribed(result if result[0] != 0 else err(530, "the link is busy"))

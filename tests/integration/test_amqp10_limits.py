@@ -49,7 +49,8 @@ def node(broker_kind: str, tmp_path_factory) -> Iterator[RaftmqNode]:
     config.write_text(f"disk_free_limit = 1\nheartbeat = {HEARTBEAT}\namqp10_session_max = {SESSIONS}\n"
                       f"amqp10_link_max_per_session = {LINKS_PER_SESSION}\n"
                       f"amqp10_link_max_per_connection = {LINKS}\namqp10_durable_links_per_user = {DURABLE}\n"
-                      f"amqp10_management_pending_max = {PENDING}\n")
+                      f"amqp10_management_pending_max = {PENDING}\n"
+                      '[users.guest]\npassword = "guest"\n[users.racer]\npassword = "racer"\n')
     metrics_port = free_port()
     n = RaftmqNode(base / "data", config=config, extra_args=["--metrics-port", str(metrics_port)]).start()
     n.metrics_port = metrics_port
@@ -305,6 +306,47 @@ def test_durable_links_per_user_are_capped(node) -> None:
         wait_until(fits, timeout=10)
     finally:
         again.close()
+
+
+def test_durable_links_racing_past_the_front_end_are_refused_at_apply(node) -> None:
+    """Durable attaches pipelined in one write all pass the front end's check (none is applied yet); the
+    state machine's check at apply (store/sessions.py, the same on every replica) lets exactly
+    amqp10_durable_links_per_user of them in and refuses the rest with resource-limit-exceeded."""
+    queue = f"durable-race-{uuid.uuid4().hex[:6]}"
+    conn = pika.BlockingConnection(pika.URLParameters(node.url))
+    conn.channel().queue_declare(queue, durable=True)
+    conn.close()
+    client = Raw(node.port)
+    try:
+        login_as(client, "racer", "racer")
+        begin(client)
+        client.send(b"".join(encode_frame(durable_receiver(i, f"race-{i}", queue)) for i in range(DURABLE + 2)))
+        answers = collect(client, DURABLE + 2 + 2)  # an attach each, and a detach for each refused one
+        attached = [a for a in answers if isinstance(a, p.Attach) and a.source is not None]
+        refused = [a for a in answers if isinstance(a, p.Detach)]
+        assert len(attached) == DURABLE and len(refused) == 2, answers
+        assert all(d.error.condition == "amqp:resource-limit-exceeded" for d in refused)
+        assert all("amqp10_durable_links_per_user" in d.error.description for d in refused)
+        # refused by the state machine (its 530 text), not by the front end's early check
+        assert any(d.error.description.startswith("NOT_ALLOWED") for d in refused), refused
+    finally:
+        client.close()
+
+
+def login_as(raw: Raw, user: str, password: str) -> None:
+    """Raw.login for another user: SASL PLAIN, the AMQP header, open."""
+    from raftmq.protocol.amqp10.frames import AMQP_HEADER, SASL_HEADER, TYPE_SASL
+
+    raw.send(SASL_HEADER)
+    assert raw.header() == SASL_HEADER
+    assert isinstance(raw.performative(), p.SaslMechanisms)
+    raw.send(encode_frame(p.SaslInit(mechanism=t.Symbol("PLAIN"), initial_response=f"\0{user}\0{password}".encode()),
+                          0, frame_type=TYPE_SASL))
+    assert raw.performative().code == 0
+    raw.send(AMQP_HEADER)
+    assert raw.header() == AMQP_HEADER
+    raw.send(encode_frame(p.Open(container_id=f"{user}-{uuid.uuid4().hex[:6]}")))
+    assert isinstance(raw.performative(), p.Open)
 
 
 # -- /management replies ---------------------------------------------------------------------------------------

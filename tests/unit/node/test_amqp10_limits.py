@@ -32,12 +32,12 @@ def test_durable_links_are_counted_per_user_by_their_core_session_name() -> None
     """Only sessions named as durable links (recovery.py) of that user count, attached or not."""
     def session(principal: str, name: bytes):
         return SimpleNamespace(principal=principal, name=name)
-    machine = SimpleNamespace(sessions={
+    sessions = {
         1: session("alice", b"amqp10-link\x00c1\x00a"), 2: session("alice", b"amqp10-link\x00c2\x00b"),
-        3: session("alice", b"amqp10:conn-1:7"), 4: session("bob", b"amqp10-link\x00c1\x00a")})
-    assert limits.durable_links_of(machine, "alice") == 2
-    assert limits.durable_links_of(machine, "bob") == 1
-    assert limits.durable_links_of(machine, "carol") == 0
+        3: session("alice", b"amqp10:conn-1:7"), 4: session("bob", b"amqp10-link\x00c1\x00a")}
+    assert limits.durable_links_of(sessions, "alice") == 2
+    assert limits.durable_links_of(sessions, "bob") == 1
+    assert limits.durable_links_of(sessions, "carol") == 0
 
 
 def test_refusals_are_all_counted_and_logged_once_per_interval(caplog, monkeypatch) -> None:
