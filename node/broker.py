@@ -124,6 +124,7 @@ class Broker:
         # max-queues refusals (applied on every node): counted and logged by the node of the client.
         self.machine.limit_commands.on_refused = lambda conn, reason: (
             self.usage.refuse("vhost max-queues", reason) if conn in self.endpoints else None)
+        self.machine.durable_links_limit = config.amqp10_durable_links_per_user  # store/sessions.py
         machine = self.machine
         # A refused delivery of a damaged body names its queue in the log (store/bodies.py).
         self.bodies.queue_name = lambda qid: getattr(machine.queues_by_id.get(qid), "name", None)

@@ -70,6 +70,18 @@ class Config:
     amqp10_tx_max_messages: int = 10_000
     amqp10_tx_max_bytes: int = 16 * 1024 * 1024
     amqp10_tx_max_open: int = 64
+    # AMQP 1.0 per-connection bounds (node/amqp10/limits.py), RabbitMQ 4's session_max_per_connection
+    # and link_max_per_session with its defaults: announced as channel-max = sessions - 1 (2.7.1) and
+    # handle-max = links - 1 (2.7.2); a channel or handle beyond is a framing-error.  Links of all
+    # sessions of a connection together, and durable links (recovery.py) of one user kept in the
+    # replicated state: beyond, the attach is refused with amqp:resource-limit-exceeded.
+    amqp10_session_max: int = 64
+    amqp10_link_max_per_session: int = 256
+    amqp10_link_max_per_connection: int = 1024
+    amqp10_durable_links_per_user: int = 256
+    # /management replies (node/amqp10/management.py) a connection may hold for reply links without
+    # credit, requests in flight included; beyond, the request link is detached (resource-limit-exceeded).
+    amqp10_management_pending_max: int = 1000
     # Bytes the node holds for clients: message bodies in memory (cache and write-behind), client
     # write buffers, parked auto-ack deliveries, publishes being received (node/broker.py
     # memory_in_use).  Queued bodies live on disk (<data>/bodies): a backlog does not count.

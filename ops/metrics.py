@@ -12,7 +12,8 @@ Metric names (all prefixed ``raftmq_``): ``messages_published_total``, ``message
 ``raft_commit_index``, ``raft_applied_index``, ``raft_commit_latency_seconds_avg``,
 ``raft_leader_changes_total``, ``resource_alarm`` (1 while publishers are blocked);
 ``fd_limit``, ``fd_open``, ``listener_connections``, ``listener_refused_total`` (labels listener,
-reason), ``listener_timed_out_total`` (the HTTP API's listener, issue 31).
+reason), ``listener_timed_out_total`` (the HTTP API's listener, issue 31);
+``amqp10_limit_refusals_total`` (label kind: link, durable link, management request).
 """
 
 from __future__ import annotations
@@ -80,6 +81,13 @@ class BrokerCollector:
             delivered.add_metric([node, protocol], counts[1])
         yield published
         yield delivered
+        limits = getattr(broker, "amqp10_refusals", None)  # node/amqp10/limits.py, created on first refusal
+        refused = CounterMetricFamily("raftmq_amqp10_limit_refusals",
+                                      "AMQP 1.0 attaches and /management requests refused by a per-connection "
+                                      "or per-user bound", labels=["node", "kind"])
+        for kind in ("link", "durable link", "management request"):
+            refused.add_metric([node, kind], limits.counts.get(kind, 0) if limits is not None else 0)
+        yield refused
         yield _gauge("raftmq_sessions", "AMQP 0-10 sessions in the cluster", node, len(machine.sessions))
         yield _gauge("raftmq_resource_alarm", "1 while a resource alarm blocks publishers", node,
                      1 if broker.alarm else 0)

@@ -47,7 +47,7 @@ from .modify import message_modify
 from .plugin_exchanges import PluginExchanges
 from .queue_args import parse_stored_queue_arguments
 from .routing import Binding
-from .sessions import SessionCommands
+from .sessions import DEFAULT_DURABLE_LINKS, SessionCommands
 from .topology import Topology
 from .users import UserCommands, UserRecord
 
@@ -145,6 +145,7 @@ class StateMachine:
         self.detached_sessions: dict[str, Session] = {}  # the ones waiting out their timeout
         self.delayed = DelayedMessages()  # held by x-delayed-message exchanges (store/delayed.py)
         self.delayed_limit = DEFAULT_DELAYED_LIMIT  # configuration (max_delayed_messages), not state
+        self.durable_links_limit = DEFAULT_DURABLE_LINKS  # configuration (amqp10_durable_links_per_user)
         self.exchange_caches: dict[tuple[str, str], DedupCache] = {}  # x-message-deduplication exchanges
         self._now = 0
         self._out: list = []

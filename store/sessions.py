@@ -62,6 +62,11 @@ if TYPE_CHECKING:
     from .machine import StateMachine
 
 MAX_SESSION_TIMEOUT = 3600  # seconds: a detached session's state is kept at most this long
+# The AMQP 1.0 front end's durable links are sessions named with this prefix (node/amqp10/recovery.py);
+# a user may hold StateMachine.durable_links_limit of them (config amqp10_durable_links_per_user: every
+# cluster member needs the same value), checked when a new one is attached.
+DURABLE_LINK_PREFIX = b"amqp10-link\x00"
+DEFAULT_DURABLE_LINKS = 256
 UNLIMITED = 0xFFFFFFFF
 SETTLE_ACCEPT, SETTLE_RELEASE, SETTLE_RELEASE_REDELIVERED, SETTLE_REJECT = range(4)
 
@@ -73,6 +78,11 @@ MAX_BROWSED = 10_000  # not-acquired transfers remembered per session for a late
 
 def session_key(vhost: str, principal: str, name: bytes) -> str:
     return f"{vhost}\x00{principal}\x00{bytes(name).hex()}"
+
+
+def durable_links_of(sessions, principal: str) -> int:
+    """The 1.0 durable links of ``principal`` among ``sessions`` (all vhosts, attached or detached)."""
+    return sum(1 for s in sessions.values() if s.principal == principal and s.name.startswith(DURABLE_LINK_PREFIX))
 
 
 class SessionCommands:
@@ -110,6 +120,11 @@ class SessionCommands:
         m.vhost(vhost_name)
         key = session_key(vhost_name, principal, name)
         session = m.sessions.get(key)
+        if session is None and bytes(name).startswith(DURABLE_LINK_PREFIX) \
+                and durable_links_of(m.sessions, principal) >= m.durable_links_limit:
+            # a new 1.0 durable link beyond the user's bound (a re-attach is no new one); before any change
+            raise m.error(530, f"NOT_ALLOWED - user '{principal}' has {m.durable_links_limit} durable links "
+                               "(amqp10_durable_links_per_user)")
         if session is not None and session.channel.conn is not None:
             if session.channel.conn == conn and session.channel.number == number:
                 pass  # a repeated attach on the same channel: idempotent

@@ -27,7 +27,14 @@ from raftmq import __version__
 from raftmq.protocol.amqp10 import performatives as p
 from raftmq.protocol.amqp10 import types as t
 from raftmq.protocol.amqp10.errors import Amqp10Error
-from raftmq.protocol.amqp10.frames import AMQP_HEADER, SASL_HEADER, TYPE_SASL, FrameReader, encode_frame
+from raftmq.protocol.amqp10.frames import (
+    ALL_CHANNELS,
+    AMQP_HEADER,
+    SASL_HEADER,
+    TYPE_SASL,
+    FrameReader,
+    encode_frame,
+)
 from raftmq.store.commands import Command, Flow
 
 from ..auth import AuthError, Principal
@@ -35,6 +42,7 @@ from ..core.access import Access, AccessRefused
 from ..peer import peer_of
 from ..writeflow import ReadGate, peer_closed, set_write_limits
 from .failover import failover_server_list, redirect_info
+from .limits import channel_max
 from .session import Session, error
 
 if TYPE_CHECKING:
@@ -47,6 +55,9 @@ PRE_OPEN_FRAME_SIZE = 4096  # open frames carry client properties: a bound above
 MAX_FRAME_SIZE = 131072  # what we announce in open
 SASL_OK, SASL_AUTH, SASL_SYS_TEMP = 0, 1, 4
 CLOSE_TIMEOUT = 2.0
+# 2.4.5 idle timeout: checks per threshold (twice our idle-time-out), and how early a timer may fire
+IDLE_CHECKS = 8
+IDLE_EARLY = 0.005
 # Settlements (client dispositions) go to the core in batches: each MESSAGE_SETTLE is a log entry, and
 # proton sends a disposition per message, read ~30 at a time.  A batch goes once it holds
 # SETTLE_BATCH settlements or SETTLE_DELAY after the first; a client's settlement is final when it
@@ -79,9 +90,11 @@ class Amqp10Connection(asyncio.Protocol):
         self.vhost = "/"
         self.container_id = ""
         self.remote_max_frame = 512
-        self.channel_max = min(self.config.channel_max, 0xFFFF)
+        self.channel_max = channel_max(self.config, None)  # amqp10_session_max - 1 (limits.py)
         self.sessions: dict[int, Session] = {}
         self._uncounted: set[int] = set()  # sessions refused by the user's max-channels (node/limits.py)
+        self.discarding: set[int] = set()  # channels of sessions we ended: frames unread till the end (2.5.5)
+        self.management_pending = 0  # /management replies held or in flight (management.py bounds it)
         self.links_by_core: dict[int, object] = {}  # core channel number -> link (session.py)
         self.settle_due: dict[int, object] = {}  # links with settlements to submit at the next flush
         self.settles_pending = 0  # settlements in settle_due (links.py adds; flush decides when they go)
@@ -106,6 +119,8 @@ class Amqp10Connection(asyncio.Protocol):
         self._flush_at = self.config.write_buffer_high or 64 * 1024
         self._received = True  # a frame arrived since the last idle check
         self._written = False
+        self._idle_threshold = 0.0  # seconds without a frame before we close (2.4.5)
+        self._idle_seen = 0.0  # loop time octets were last seen, to within one idle check
         self._open_sent = False
         set_write_limits(transport, self.config.write_buffer_high)
 
@@ -156,7 +171,10 @@ class Amqp10Connection(asyncio.Protocol):
                 self.send_raw(AMQP_HEADER)
                 self.state = AWAIT_OPEN
             self._received = True
-            for frame in self.reader.feed(data):
+            # 2.5.5 / 2.4.6 DISCARDING: frames of a session we ended, and after our close all but a
+            # close, are dropped unread (frames.py looks at their descriptor only)
+            discard = ALL_CHANNELS if self.state == CLOSE_SENT else self.discarding
+            for frame in self.reader.frames(data, discard):
                 if self.state == CLOSED:
                     break
                 self._on_frame(frame)
@@ -375,6 +393,7 @@ class Amqp10Connection(asyncio.Protocol):
                 self._uncounted.discard(channel)
             else:
                 self.broker.usage.channel_closed(self.conn_id)
+            self.discarding.discard(channel)
             return
         session.on_frame(body, frame.payload)
 
@@ -478,8 +497,10 @@ class Amqp10Connection(asyncio.Protocol):
             handshake.cancel()
         if m.idle_time_out:  # 2.4.5: send something at least every half of the peer's timeout
             self._schedule("keepalive", max(0.05, m.idle_time_out / 2000), self._keepalive)
-        if our_idle:
-            self._schedule("idle", our_idle / 1000 * 2, self._idle_check)
+        if our_idle:  # 2.4.5: we announce half our threshold, so the threshold is twice ours
+            self._idle_threshold = our_idle / 1000 * 2
+            self._idle_seen = self._loop.time()
+            self._schedule("idle", self._idle_threshold / IDLE_CHECKS, self._idle_check)
 
     def _refused_as_rabbitmq(self, vhost: str) -> bool:
         """A virtual host that does not exist or that the user may not use, refused as RabbitMQ 4 does:
@@ -527,13 +548,20 @@ class Amqp10Connection(asyncio.Protocol):
         self._schedule("keepalive", delay, self._keepalive)
 
     def _idle_check(self, delay: float) -> None:
+        """Every threshold / IDLE_CHECKS: note when octets were last seen (to within one period; the
+        read path only sets a flag) and close once nothing came for the threshold -- between 2 and
+        2 + 2 / IDLE_CHECKS times our idle-time-out after the last frame.  (Checking once per
+        threshold closed between 2 and 4 times it.)"""
         if self.state != OPEN:
             return
-        if not self._received:
+        now = self._loop.time()
+        if self._received:
+            self._received = False
+            self._idle_seen = now
+        elif now - self._idle_seen >= self._idle_threshold - IDLE_EARLY:
             self.close("amqp:resource-limit-exceeded", "local-idle-timeout expired")
             self.flush()
             return
-        self._received = False
         self._schedule("idle", delay, self._idle_check)
 
     # ------------------------------------------------------------------ closing

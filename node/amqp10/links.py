@@ -89,6 +89,7 @@ from .address import AddressError, Target, parse_source, parse_target, queue_add
 from .connection import SETTLE_BATCH
 from .direct_reply import dynamic_queue_prefix
 from .filters import FilterRefused, SourceFilters, from_source
+from .limits import link_refusal
 from .modified import settle_modified
 from .session import SERIAL, SessionError, error
 from .terminus import Refusal, plan_source, target_of
@@ -125,6 +126,10 @@ def attach_link(session: Session, attach):
     from .recovery import DurableOutgoingLink, is_durable
     from .transactions import CoordinatorLink, is_coordinator
 
+    refusal = link_refusal(session)
+    if refusal is not None:  # limits.py: links of all sessions of the connection
+        Link(session, attach)._refuse("amqp:resource-limit-exceeded", refusal)
+        return None
     if is_management(attach):
         return ManagementLink(session, attach).attach()
     if is_coordinator(attach):  # 4.2 the transaction coordinator (transactions.py)

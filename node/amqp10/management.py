@@ -32,6 +32,7 @@ A core refusal destroys the link's core session (as for every link), so the next
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
@@ -54,7 +55,9 @@ from raftmq.store.commands import (
 from raftmq.store.queue_args import STREAMS_UNSUPPORTED
 
 from ..core.access import AccessRefused
+from .limits import refusals
 from .links import SERIAL, Link, _signed
+from .session import error
 
 if TYPE_CHECKING:
     from .session import Session
@@ -151,7 +154,7 @@ class ManagementLink(Link):
         self.sends = bool(attach.role)  # the client receives: we send answers here
         self.delivery_count = 0
         self.limit: int | None = None
-        self.waiting: list[bytes] = []
+        self.waiting: deque[bytes] = deque()  # answers for a client without credit (bounded: _request)
         self.parts: list[bytes] = []
         self.received = 0  # the client's delivery-count on the request link
 
@@ -189,7 +192,13 @@ class ManagementLink(Link):
     def _send_waiting(self) -> None:
         while self.waiting and self._credit() > 0 and self.alive:
             self.delivery_count = (self.delivery_count + 1) % SERIAL
-            self.session.send_delivery(self, None, True, self.waiting.pop(0))
+            self.conn.management_pending -= 1
+            self.session.send_delivery(self, None, True, self.waiting.popleft())
+
+    def release(self) -> None:
+        self.conn.management_pending -= len(self.waiting)  # never sent: no longer held
+        self.waiting.clear()
+        super().release()
 
     def answer(self, data: bytes) -> None:
         self.waiting.append(data)
@@ -214,9 +223,17 @@ class ManagementLink(Link):
 
     def _request(self, data: bytes) -> None:
         conn = self.conn
+        limit = conn.config.amqp10_management_pending_max
+        if conn.management_pending >= limit:
+            text = f"{limit} /management replies pending: grant credit on the reply link"
+            refusals(conn.broker).refused("management request", conn.peer, text)
+            self.session.detach_link(self, error("amqp:resource-limit-exceeded", text))
+            return
+        conn.management_pending += 1  # until the reply is written or dropped (_respond, _send_waiting)
         try:
             sections = p.decode_sections(data)
         except DecodeError:
+            conn.management_pending -= 1
             return
         props = next((s for s in sections if s.__class__ is p.Properties), p.Properties())
         body = next((s.value for s in sections if s.__class__ is p.AmqpValue), None)
@@ -261,6 +278,7 @@ class ManagementLink(Link):
         if out is None or not out.alive:
             out = getattr(session, "management_out", None)
         if out is None or not out.alive:
+            self.conn.management_pending -= 1  # nowhere to answer: dropped
             return
         sections = [p.Properties(correlation_id=request_id, subject=status), p.AmqpValue(body)]
         out.answer(convert.encode(sections))

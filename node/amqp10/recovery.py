@@ -50,6 +50,7 @@ from raftmq.store.sessions import (
     SETTLE_RELEASE_REDELIVERED,
 )
 
+from .limits import durable_refusal, refusals
 from .links import SERIAL, OutgoingLink, delivery_octets
 
 UNSETTLED_STATE = 2  # terminus-durability unsettled-state (3.5.5)
@@ -92,9 +93,13 @@ class DurableOutgoingLink(OutgoingLink):
     def _start(self, declare: list | None, subscribe: list):
         self.setup = declare if isinstance(declare, list) else []  # a durable topic subscription's queue and binding
         conn = self.conn
+        name = f"amqp10-link\x00{conn.container_id}\x00{self.name}".encode()
+        refusal = durable_refusal(conn, name)  # limits.py: amqp10_durable_links_per_user
+        if refusal is not None:
+            self._refuse("amqp:resource-limit-exceeded", refusal)
+            return None
         self.core = conn.core_channel(self)
         self.destination = "durable"
-        name = f"amqp10-link\x00{conn.container_id}\x00{self.name}".encode()
         self.resuming = True
         conn.request(SessionAttach(conn.conn_id, None, self.core, conn.vhost, conn.principal.name, name, True),
                       lambda result: self._core_attached(result, subscribe))
@@ -103,6 +108,12 @@ class DurableOutgoingLink(OutgoingLink):
     def _core_attached(self, result: tuple, subscribe: list) -> None:
         if not self.alive:
             return
+        if result[0] != 0 and "amqp10_durable_links_per_user" in str(result[2]):
+            self.resuming = False  # refused at apply (store/sessions.py): attaches raced past limits.py
+            refusals(self.conn.broker).refused("durable link", self.conn.peer, str(result[2]))
+            self.session.links.pop(self.handle, None)
+            self.release()
+            return self._refuse("amqp:resource-limit-exceeded", str(result[2]))
         if result[0] != 0 or not isinstance(result[1], SessionAttached):
             self.resuming = False
             return self._subscribed(result if result[0] != 0 else err(530, "the link is busy"))

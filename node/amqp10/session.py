@@ -18,6 +18,8 @@ from raftmq.protocol.amqp10 import types as t
 from raftmq.protocol.amqp10.errors import Amqp10Error
 from raftmq.protocol.amqp10.frames import encode_frame_raw
 
+from .limits import handle_max
+
 if TYPE_CHECKING:
     from .connection import Amqp10Connection
 
@@ -25,7 +27,6 @@ log = logging.getLogger(__name__)
 
 INCOMING_WINDOW = 2048  # transfer frames the client may send before we widen the window again
 OUTGOING_WINDOW = 0x7FFFFFFF
-HANDLE_MAX = 1023
 SERIAL = 1 << 32
 
 
@@ -67,7 +68,7 @@ class Session:
         self.conn = conn
         self.channel = channel
         self.remote_channel = channel
-        self.handle_max = min(HANDLE_MAX, begin.handle_max if begin.handle_max is not None else HANDLE_MAX)
+        self.handle_max = handle_max(conn.config, begin.handle_max)  # amqp10_link_max_per_session - 1
         self.links: dict[int, object] = {}  # the client's handle -> link
         self.detaching: set[int] = set()  # handles we detached; in use until the client's detach (2.6.5)
         # incoming (client -> us): 2.5.6
@@ -115,6 +116,7 @@ class Session:
         self.links.clear()
         self.drop_parked()
         self.ended = True
+        self.conn.discarding.add(self.channel)  # 2.5.5 DISCARDING: its frames go unread (frames.py)
         self.conn.send(self.channel, p.End(error=error(condition, text)))
 
     # ------------------------------------------------------------------ frames

@@ -16,6 +16,7 @@ Before the frames each side sends a protocol header (2.2): ``AMQP 0 1 0 0`` for 
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from struct import Struct
 
@@ -131,11 +132,20 @@ class FrameReader:
         return len(self._buf)
 
     def feed(self, data: bytes) -> list[Frame]:
+        return list(self.frames(data))
+
+    def frames(self, data: bytes, discard: Container[int] = ()) -> Iterator[Frame]:
+        """The complete frames after ``data``, each decoded only when the caller takes it (so that what
+        the caller does with one frame -- end a session -- applies to the next).
+
+        ``discard``: channels whose frames are dropped unread but for an end or a close (2.5.4/2.5.5
+        DISCARDING: a session that sent an end with an error discards incoming frames until the peer's
+        end; :data:`ALL_CHANNELS` after a close, 2.4.6 CLOSE_SENT / DISCARDING); only the performative's
+        descriptor is looked at."""
         if self._failed:
-            return []
+            return
         buf = self._buf
         buf += data
-        out: list[Frame] = []
         pos = 0
         # One zero-width element budget for all the frames of this call: thousands of tiny frames each
         # holding an array of 1,024 empty lists would otherwise turn 64 KB read into hundreds of MB.
@@ -156,13 +166,48 @@ class FrameReader:
                     raise FramingError(f"unknown frame type {frame_type:#04x}")
                 if len(buf) - pos < size:
                     break
-                body = bytes(buf[pos + doff * 4:pos + size])
-                pos += size
-                out.append(decode_body(frame_type, channel, body, budget))
+                start, pos = pos + doff * 4, pos + size
+                if discard and channel in discard and not _ends(buf, start, pos):
+                    continue
+                yield decode_body(frame_type, channel, bytes(buf[start:pos]), budget)
         except (FramingError, DecodeError):
             self._failed = True
             self._buf = bytearray()
             raise
-        if pos:
-            del buf[:pos]
-        return out
+        finally:
+            if pos and not self._failed:
+                del buf[:pos]
+
+
+class _AllChannels:
+    """Every channel: ``FrameReader.frames(data, ALL_CHANNELS)`` keeps only ends and closes."""
+
+    def __contains__(self, channel: object) -> bool:
+        return True
+
+    def __bool__(self) -> bool:
+        return True
+
+
+ALL_CHANNELS = _AllChannels()
+_ENDING_CODES = (0x17, 0x18)  # the end and close performatives' descriptor codes (2.7.8, 2.7.9)
+_ENDING_SYMBOLS = (b"amqp:end:list", b"amqp:close:list")
+
+
+def _ends(buf: bytearray, start: int, stop: int) -> bool:
+    """Whether the frame body ``buf[start:stop]`` is an end or a close, from its descriptor alone
+    (smallulong, ulong or symbol, 1.2): nothing else of the frame is read."""
+    if stop - start < 3 or buf[start] != 0x00:
+        return False
+    code = buf[start + 1]
+    if code == 0x53:
+        return buf[start + 2] in _ENDING_CODES
+    if code == 0x80:
+        return stop - start >= 10 and int.from_bytes(buf[start + 2:start + 10], "big") in _ENDING_CODES
+    if code == 0xA3:  # sym8
+        size, at = buf[start + 2], start + 3
+    elif code == 0xB3:  # sym32
+        size, at = int.from_bytes(buf[start + 2:start + 6], "big"), start + 6
+    else:
+        return False
+    return size <= 16 and bytes(buf[at:at + size]) in _ENDING_SYMBOLS
