@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from raftmq.node.amqp10.session import Session
+from raftmq.node.config import Config
 from raftmq.protocol.amqp10 import performatives as p
 from raftmq.protocol.amqp10.frames import FrameReader, encode_frame
 
@@ -24,6 +25,7 @@ class Conn:
     delivery_bytes: int = 0
     written: int = 0
     frames: list = field(default_factory=list)
+    config: Config = field(default_factory=Config)  # the session reads its caps from it (amqp10_link_max_per_session)
 
     def send(self, channel: int, performative, payload: bytes = b"") -> None:
         self.frames.extend((f.performative, f.payload) for f in FrameReader(1 << 20).feed(
