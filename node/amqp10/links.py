@@ -613,7 +613,7 @@ class IncomingLink(Link):
     def _deliver(self, delivery_id: int, settled: bool, data: bytes, txn_state=None) -> None:
         session = self.session
         try:
-            message = convert.publish_of(data)
+            message = convert.publish_of(data, self.conn.config.amqp10_max_message_elements)
         except DecodeError as exc:
             self._outcome(delivery_id, settled, p.Rejected(error=error(exc.condition, exc.text)))
             return

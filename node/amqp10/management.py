@@ -215,7 +215,7 @@ class ManagementLink(Link):
     def _request(self, data: bytes) -> None:
         conn = self.conn
         try:
-            sections = p.decode_sections(data)
+            sections = p.decode_sections(data, conn.config.amqp10_max_message_elements)
         except DecodeError:
             return
         props = next((s for s in sections if s.__class__ is p.Properties), p.Properties())
