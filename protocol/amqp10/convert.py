@@ -110,6 +110,30 @@ def _data_tail(payload: bytes) -> tuple[int, int] | None:
 
 
 _PUBLISHED: dict[bytes, Published] = {}  # sections before a trailing data section -> their template
+_KEPT = (p.Header, p.MessageAnnotations, p.Properties, p.ApplicationProperties)
+_SECTIONS_PUBLISHED: dict[bytes, Published] = {}  # kept sections of a body of sections -> their template
+
+
+def _of_sections(payload: bytes, elements: int) -> Published:
+    """:func:`_decoded` for a body that is not one trailing data section (proton sends amqp-value by
+    default): one walk over every section (nothing decoded), the template of the kept sections looked
+    up by their octets, decoded only when new."""
+    walk = stored.spans(payload, None, stored.ALL_SECTIONS)
+    body = [s for s in walk if s.cls in _BODY_SECTIONS]
+    if len(body) == 1 and body[0].cls is p.Data:  # a data section before a footer, say: not the usual
+        return _decoded(payload, elements)
+    key = b"".join(payload[s.start:s.end] for s in walk if s.cls in _KEPT)
+    template = _SECTIONS_PUBLISHED.get(key)
+    if template is None:
+        template = _template(stored.spans(key, elements), key, stored.BODY_SECTIONS)
+        if len(key) <= _MAX_PREFIX:
+            if len(_SECTIONS_PUBLISHED) >= _MAX_CACHED:
+                _SECTIONS_PUBLISHED.clear()
+            _SECTIONS_PUBLISHED[key] = template
+    octets = payload[body[0].start:body[0].end] if len(body) == 1 else \
+        b"".join(payload[s.start:s.end] for s in body)
+    t = template
+    return Published(t.properties, octets, t.persistent, t.priority, t.ttl, t.to, t.subject)
 
 
 def publish_of(payload: bytes, elements: int = MESSAGE_ELEMENTS) -> Published:
@@ -137,7 +161,7 @@ def publish_of(payload: bytes, elements: int = MESSAGE_ELEMENTS) -> Published:
         if template is not None:
             t = template
             return Published(t.properties, payload[body_at:], t.persistent, t.priority, t.ttl, t.to, t.subject)
-    return _decoded(payload, elements)
+    return _of_sections(payload, elements)
 
 
 def _delivery_annotated(annotated: bytes, exchange: str, routing_key: str, redelivered: bool) -> bytes:

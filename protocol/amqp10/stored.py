@@ -72,17 +72,17 @@ WALKED = frozenset((p.Data, p.AmqpValue, p.AmqpSequence, p.DeliveryAnnotations, 
 #: Every section: walk a whole message (a body that another protocol says holds 1.0 sections).
 ALL_SECTIONS = frozenset(p.BY_CODE[c] for c in p.BY_CODE if "section" in p.BY_CODE[c].PROVIDES)
 #: The format codes a walked section's value may have (3.2.5-3.2.11): data a binary, amqp-sequence a
-#: list, annotations and footer a map (or null); amqp-value any value (None: not checked here).
+#: list, annotations and footer a map; amqp-value any value (None: not checked here).
 _VALUE_CODES: dict[type, frozenset[int] | None] = {
     p.Data: frozenset((0xA0, 0xB0)),
     p.AmqpSequence: frozenset((0x45, 0xC0, 0xD0)),
     p.AmqpValue: None,
-    p.DeliveryAnnotations: frozenset((0x40, 0xC1, 0xD1)),
-    p.Footer: frozenset((0x40, 0xC1, 0xD1)),
+    p.DeliveryAnnotations: frozenset((0xC1, 0xD1)),
+    p.Footer: frozenset((0xC1, 0xD1)),
     p.Header: frozenset((0x45, 0xC0, 0xD0)),
     p.Properties: frozenset((0x45, 0xC0, 0xD0)),
-    p.MessageAnnotations: frozenset((0x40, 0xC1, 0xD1)),
-    p.ApplicationProperties: frozenset((0x40, 0xC1, 0xD1)),
+    p.MessageAnnotations: frozenset((0xC1, 0xD1)),
+    p.ApplicationProperties: frozenset((0xC1, 0xD1)),
 }
 _DESCRIPTOR_CODES = frozenset((0x44, 0x53, 0x80, 0xA3, 0xB3))  # ulong0, smallulong, ulong, sym8, sym32
 
@@ -91,6 +91,10 @@ def _section_class(buf, pos: int, end: int) -> tuple[type, int]:
     """The section class whose descriptor is at ``pos`` (after the 0x00), and where its value starts."""
     if pos >= end or buf[pos] not in _DESCRIPTOR_CODES:
         raise DecodeError(f"a section's descriptor (a ulong or symbol) was expected at {pos}")
+    if buf[pos] == 0x53 and pos + 1 < end:  # smallulong: what every client sends
+        cls = p.BY_CODE.get(buf[pos + 1])
+        if cls is not None and "section" in cls.PROVIDES:
+            return cls, pos + 2
     after = skip_value(buf, pos, end, 1)
     descriptor, _ = t.decode_value(buf, pos, after, 1)
     cls = (p.BY_SYMBOL if isinstance(descriptor, str) else p.BY_CODE).get(descriptor)

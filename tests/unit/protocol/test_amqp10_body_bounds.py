@@ -269,3 +269,17 @@ def test_fuzz_section_walk_and_budgeted_decode(payload, cut, junk, elements):
         except DecodeError:
             pass
     assert time.perf_counter() - started < 1.0
+
+
+@pytest.mark.parametrize("body", [
+    [p.AmqpValue(b"x" * 300)], [p.AmqpValue({"a": [1]})], [p.AmqpSequence([1, 2])], [p.Data(b"a"), p.Data(b"b")],
+    [], [p.Data(b"a"), p.Footer({t.Symbol("x-f"): 1})],
+], ids=repr)
+def test_bodies_of_sections_use_the_cached_template_and_match_the_full_walk(body):
+    """A body that is not one trailing data section (proton's default amqp-value): publish_of walks the
+    message once and looks the kept sections' template up; the result equals the section-by-section
+    :func:`convert._decoded`, the first time (template made) and the second (template reused)."""
+    payload = p.encode_sections([p.Header(durable=True), p.Properties(message_id="m"),
+                                 p.ApplicationProperties({"k": 1}), *body])
+    for _ in range(2):
+        assert cv.publish_of(payload) == cv._decoded(payload)
