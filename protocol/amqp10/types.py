@@ -353,8 +353,10 @@ def _compound(name: str, width: int, is_map: bool) -> Decoder:
         count, pos, stop = _header(name, width, buf, pos, end, width)
         if count > stop - pos:  # every item takes at least its constructor octet
             raise DecodeError(f"{name} declares {count} items, more than its {stop - pos} octets can hold")
-        if count:
-            _charge(budget, count, name)
+        left = budget[1] - count  # inline: every performative is a list, decoded on the hot path
+        if left < 0:
+            _charge(budget, count, name)  # raises
+        budget[1] = left
         if is_map:
             if count & 1:
                 raise DecodeError(f"{name} holds an odd number ({count}) of keys and values")
