@@ -511,6 +511,8 @@ class OutgoingLink(Link):
 class IncomingLink(Link):
     """We receive: each delivery is a PUBLISH."""
 
+    decode_refusal_logged = False  # one log line per link for deliveries that do not decode (a flood)
+
     def __init__(self, session: Session, attach) -> None:
         super().__init__(session, attach)
         self.target: Target | None = None
@@ -615,6 +617,10 @@ class IncomingLink(Link):
         try:
             message = convert.publish_of(data, self.conn.config.amqp10_max_message_elements)
         except DecodeError as exc:
+            if not self.decode_refusal_logged:
+                self.decode_refusal_logged = True
+                log.info("1.0 connection %s link %r: delivery rejected (%s): %s; further ones on this link "
+                         "are not logged", self.conn.peer, self.name, exc.condition, exc.text)
             self._outcome(delivery_id, settled, p.Rejected(error=error(exc.condition, exc.text)))
             return
         target = self.target

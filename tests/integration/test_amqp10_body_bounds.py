@@ -17,7 +17,7 @@ Checked, with hand-built frames over a real socket (the 8 MiB body would cost th
    section byte for byte, a 0-9-1 consumer gets those octets as its body with type ``amqp-1.0``
    (docs/amqp10.md, "Message conversion");
 2. sections the node must read (application-properties) past ``amqp10_max_message_elements`` are
-   rejected with amqp:decode-error; the link stays usable;
+   rejected with amqp:decode-error, logged once per link; the link stays usable;
 3. attach frames holding a 130k-element list are closed with amqp:decode-error, one log line each,
    and the others' round trip stays bounded.
 """
@@ -201,20 +201,25 @@ def test_8_mib_body_of_empty_lists_is_stored_and_delivered_as_octets(node):
 
 def test_properties_past_the_element_budget_are_rejected(node):
     """3.2.5/3.4.3: application-properties of 40,000 entries (80,000 elements > 65,536) cannot be read
-    within the budget: rejected with amqp:decode-error; the next message on the link is accepted."""
+    within the budget: rejected with amqp:decode-error (three times, one log line); the next message on
+    the link is accepted."""
     conn = connect(node.url)
     conn.channel().queue_declare("budget", durable=True)
     conn.close()
+    offset = node.log_path.stat().st_size
     raw = attached_sender(node, "/queues/budget")
     try:
         big = p.ApplicationProperties({f"k{i}": i for i in range(40_000)}).encode() + p.Data(b"x").encode()
-        send_message(raw, 0, big)
-        state = outcome(raw)
-        assert isinstance(state, p.Rejected) and state.error.condition == "amqp:decode-error", state
-        send_message(raw, 1, p.ApplicationProperties({"k": 1}).encode() + p.Data(b"y").encode())
+        for delivery_id in (0, 1, 2):
+            send_message(raw, delivery_id, big)
+            state = outcome(raw)
+            assert isinstance(state, p.Rejected) and state.error.condition == "amqp:decode-error", state
+        send_message(raw, 3, p.ApplicationProperties({"k": 1}).encode() + p.Data(b"y").encode())
         assert isinstance(outcome(raw), p.Accepted)
     finally:
         raw.close()
+    log = node.log_path.read_bytes()[offset:].decode(errors="replace")
+    assert log.count("delivery rejected (amqp:decode-error)") == 1, log[-2000:]  # once per link
 
 
 def attach_with_huge_list(count: int) -> bytes:
