@@ -32,7 +32,8 @@ HEADER_SIZE = 8
 MIN_MAX_FRAME_SIZE = 512
 #: Default element budget of one frame's performative (Config ``amqp10_max_frame_elements``): the lists,
 #: maps and arrays of an open, attach or flow a client sends hold tens of items (capabilities, filters,
-#: properties); 4,096 is far beyond them and costs at most ~1.5 ms to decode.
+#: properties); 4,096 is far beyond them, and the costliest frame within it (a 100 KB attach whose
+#: properties map holds 2,040 string entries, or 4,080 symbols in an array) took 2.4-2.7 ms to decode here.
 FRAME_ELEMENTS = 4096
 TYPE_AMQP, TYPE_SASL = 0x00, 0x01
 
