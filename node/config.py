@@ -82,6 +82,13 @@ class Config:
     # /management replies (node/amqp10/management.py) a connection may hold for reply links without
     # credit, requests in flight included; beyond, the request link is detached (resource-limit-exceeded).
     amqp10_management_pending_max: int = 1000
+    # AMQP 1.0 element budgets (protocol/amqp10/types.py): the items that the lists, maps and arrays of
+    # one frame's performative, and of one message's header, annotations, properties and
+    # application-properties together, may declare (~0.3 us and ~70 octets each to decode).  Beyond: a
+    # frame is amqp:decode-error (connection closed), a message rejected with amqp:decode-error.  Message
+    # bodies are never decoded (their octets are stored and forwarded), so no budget applies to them.
+    amqp10_max_frame_elements: int = 4096
+    amqp10_max_message_elements: int = 65536
     # Bytes the node holds for clients: message bodies in memory (cache and write-behind), client
     # write buffers, parked auto-ack deliveries, publishes being received (node/broker.py
     # memory_in_use).  Queued bodies live on disk (<data>/bodies): a backlog does not count.

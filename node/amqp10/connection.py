@@ -82,7 +82,7 @@ class Amqp10Connection(asyncio.Protocol):
         self.transport = transport
         self.peer, self.peer_host = peer_of(transport)
         self.sasl = sasl
-        self.reader = FrameReader(PRE_OPEN_FRAME_SIZE)
+        self.reader = FrameReader(PRE_OPEN_FRAME_SIZE, self.config.amqp10_max_frame_elements)
         self.state = SASL if sasl else AWAIT_OPEN
         self.conn_id: str | None = None
         self.principal: Principal | None = None

@@ -580,6 +580,8 @@ class OutgoingLink(Link):
 class IncomingLink(Link):
     """We receive: each delivery is a PUBLISH."""
 
+    decode_refusal_logged = False  # one log line per link for deliveries that do not decode (a flood)
+
     def __init__(self, session: Session, attach) -> None:
         super().__init__(session, attach)
         self.target: Target | None = None
@@ -682,8 +684,12 @@ class IncomingLink(Link):
     def _deliver(self, delivery_id: int, settled: bool, data: bytes, txn_state=None) -> None:
         session = self.session
         try:
-            message = convert.publish_of(data)
+            message = convert.publish_of(data, self.conn.config.amqp10_max_message_elements)
         except DecodeError as exc:
+            if not self.decode_refusal_logged:
+                self.decode_refusal_logged = True
+                log.info("1.0 connection %s link %r: delivery rejected (%s): %s; further ones on this link "
+                         "are not logged", self.conn.peer, self.name, exc.condition, exc.text)
             self._outcome(delivery_id, settled, p.Rejected(error=error(exc.condition, exc.text)))
             return
         target = self.target

@@ -231,7 +231,7 @@ class ManagementLink(Link):
             return
         conn.management_pending += 1  # until the reply is written or dropped (_respond, _send_waiting)
         try:
-            sections = p.decode_sections(data)
+            sections = p.decode_sections(data, conn.config.amqp10_max_message_elements)
         except DecodeError:
             conn.management_pending -= 1
             return

@@ -298,7 +298,7 @@ class CoordinatorLink(Link):
     def _control(self, delivery_id: int, data: bytes) -> None:
         try:
             body = None
-            for section in p.decode_sections(data):
+            for section in p.decode_sections(data, self.conn.config.amqp10_max_message_elements):
                 if isinstance(section, p.AmqpValue):
                     body = p.from_described(section.value)
         except DecodeError as exc:

@@ -1,9 +1,11 @@
 """AMQP 1.0 message octets to and from what the core stores (format ``AMQP100``, protocol/amqp10/stored.py).
 
-Publishing (:func:`publish_of`): the sections of a delivery are decoded (checked) and stored as sent:
-header and message-annotations, properties and application-properties in the stored properties
-(``stored.pack``); delivery-annotations (for this hop only, 3.2.1) and the footer are not kept.  The
-body is the octets of a single data section, else the body sections as sent (``BODY_SECTIONS``).
+Publishing (:func:`publish_of`): the sections of a delivery are checked and stored as sent: header and
+message-annotations, properties and application-properties (decoded, within the element budget
+``amqp10_max_message_elements``) in the stored properties (``stored.pack``); delivery-annotations (for
+this hop only, 3.2.1) and the footer are not kept.  The body is never decoded (``stored.spans`` walks
+over it): it is the octets of a single data section, else the body sections as sent
+(``BODY_SECTIONS``).
 What the core needs besides (durable, priority, ttl) and what routing needs (``to``, ``subject``) are
 read on the way.
 
@@ -30,6 +32,13 @@ _BODY_SECTIONS = (p.Data, p.AmqpValue, p.AmqpSequence)
 _DATA = b"\x00\x53\x75"  # the data section's descriptor (3.2.6, 0x75)
 _MAX_CACHED = 1024
 _MAX_PREFIX = 4096
+#: Default element budget of a message's decoded sections (Config ``amqp10_max_message_elements``):
+#: header, message-annotations, properties and application-properties together.  Applications put tens
+#: of entries there (a message dead-lettered a hundred times carries ~1,000 in x-death); 65,536 costs at
+#: 30-45 ms and a few MB to decode here (32,767 application-properties entries of ints or 40-octet
+#: strings), a bound on what one publish can make the event loop do; it is as large as it is so that a
+#: 0-9-1 headers table of a full 128 KiB header frame, converted to 1.0 and published again, still fits.
+MESSAGE_ELEMENTS = 65536
 
 
 @dataclass(slots=True)
@@ -45,12 +54,11 @@ class Published:
     subject: str | None = None
 
 
-def _template(sections: list, buf: bytes, flags: int) -> Published:
+def _template(sections: list[stored.Span], buf: bytes, flags: int) -> Published:
     """What the non-body sections (with their spans in ``buf``) make; the body is the caller's."""
     annotated, bare = [], []
     out = Published(b"", b"")
-    for section, start, end in sections:
-        cls = section.__class__
+    for cls, section, start, end, _at in sections:
         if cls is p.Header:
             annotated.append(buf[start:end])
             out.persistent = bool(section.durable)
@@ -67,16 +75,17 @@ def _template(sections: list, buf: bytes, flags: int) -> Published:
     return out
 
 
-def _decoded(payload: bytes) -> Published:
-    sections = stored.spans(payload)
-    body = [(s, start, end) for s, start, end in sections if s.__class__ in _BODY_SECTIONS]
-    if len(body) == 1 and body[0][0].__class__ is p.Data:
-        flags, octets = 0, bytes(body[0][0].value)
+def _decoded(payload: bytes, elements: int = MESSAGE_ELEMENTS) -> Published:
+    sections = stored.spans(payload, elements)
+    body = [s for s in sections if s.cls in _BODY_SECTIONS]
+    if len(body) == 1 and body[0].cls is p.Data:
+        at = body[0].value_at  # vbin8 or vbin32 (checked by the walk): the octets after its size
+        flags, octets = 0, payload[at + (2 if payload[at] == 0xA0 else 5):body[0].end]
     elif not body:  # no body section (3.2 allows none): stored as "the body sections sent", i.e. none
         flags, octets = stored.BODY_SECTIONS, b""
     else:
-        flags, octets = stored.BODY_SECTIONS, b"".join(payload[start:end] for _s, start, end in body)
-    out = _template([x for x in sections if x[0].__class__ not in _BODY_SECTIONS], payload, flags)
+        flags, octets = stored.BODY_SECTIONS, b"".join(payload[s.start:s.end] for s in body)
+    out = _template([s for s in sections if s.cls not in _BODY_SECTIONS], payload, flags)
     out.body = octets
     return out
 
@@ -103,24 +112,60 @@ def _data_tail(payload: bytes) -> tuple[int, int] | None:
 
 
 _PUBLISHED: dict[bytes, Published] = {}  # sections before a trailing data section -> their template
+_KEPT = (p.Header, p.MessageAnnotations, p.Properties, p.ApplicationProperties)
+_SECTIONS_PUBLISHED: dict[bytes, Published] = {}  # kept sections of a body of sections -> their template
+#: Payloads longer than this skip the guess of :func:`_data_tail` (an rfind through the body: ~150 ms
+#: for 128 MiB here) and are walked at once (O(sections), whatever the body's size).
+_MAX_GUESS = 64 * 1024
 
 
-def publish_of(payload: bytes) -> Published:
+def _of_sections(payload: bytes, elements: int) -> Published:
+    """:func:`_decoded`, with a cache: one walk over every section (nothing decoded), the template of
+    the kept sections looked up by their octets, decoded only when new (a body of sections, as proton
+    sends amqp-value by default; a large message; a data section followed by a footer)."""
+    walk = stored.spans(payload, None, stored.ALL_SECTIONS)
+    body = [s for s in walk if s.cls in _BODY_SECTIONS]
+    if len(body) == 1 and body[0].cls is p.Data:
+        flags, cache = 0, _PUBLISHED  # the same templates as the data-tail path's (kept sections, flags 0)
+    else:
+        flags, cache = stored.BODY_SECTIONS, _SECTIONS_PUBLISHED
+    key = b"".join(payload[s.start:s.end] for s in walk if s.cls in _KEPT)
+    template = cache.get(key)
+    if template is None:
+        template = _template(stored.spans(key, elements), key, flags)
+        if len(key) <= _MAX_PREFIX:
+            if len(cache) >= _MAX_CACHED:
+                cache.clear()
+            cache[key] = template
+    if not flags:
+        at = body[0].value_at  # vbin8 or vbin32 (checked by the walk): the octets after its size
+        octets = payload[at + (2 if payload[at] == 0xA0 else 5):body[0].end]
+    elif len(body) == 1:
+        octets = payload[body[0].start:body[0].end]
+    else:
+        octets = b"".join(payload[s.start:s.end] for s in body)
+    t = template
+    return Published(t.properties, octets, t.persistent, t.priority, t.ttl, t.to, t.subject)
+
+
+def publish_of(payload: bytes, elements: int = MESSAGE_ELEMENTS) -> Published:
     """The stored form of a delivery's octets; raises DecodeError (the delivery is rejected).
 
-    Fast for what most publishers send: the same sections before one data section, message after
-    message (their template is looked up, not decoded)."""
-    tail = _data_tail(payload)
+    ``elements``: the element budget of the sections decoded (:data:`MESSAGE_ELEMENTS`); the body is
+    walked over, never decoded, so its size alone bounds its cost.  Fast for what most publishers send:
+    the same sections before one data section, message after message (their template is looked up,
+    not decoded)."""
+    tail = _data_tail(payload) if len(payload) <= _MAX_GUESS else None
     if tail is not None:
         start, body_at = tail
         prefix = payload[:start]
         template = _PUBLISHED.get(prefix)
         if template is None and len(prefix) <= _MAX_PREFIX:
             try:
-                sections = stored.spans(prefix)
+                sections = stored.spans(prefix, elements)
             except Exception:  # a guess inside the body: decode the whole payload instead
                 sections = None
-            if sections is not None and not any(s.__class__ in _BODY_SECTIONS for s, _a, _b in sections):
+            if sections is not None and not any(s.cls in _BODY_SECTIONS for s in sections):
                 template = _template(sections, prefix, 0)
                 if len(_PUBLISHED) >= _MAX_CACHED:
                     _PUBLISHED.clear()
@@ -128,16 +173,16 @@ def publish_of(payload: bytes) -> Published:
         if template is not None:
             t = template
             return Published(t.properties, payload[body_at:], t.persistent, t.priority, t.ttl, t.to, t.subject)
-    return _decoded(payload)
+    return _of_sections(payload, elements)
 
 
 def _delivery_annotated(annotated: bytes, exchange: str, routing_key: str, redelivered: bool) -> bytes:
     """The header and message-annotations sent with a delivery, from the stored ones."""
     header = annotations = None
-    for section, start, end in stored.spans(annotated):
-        if section.__class__ is p.Header:
+    for cls, section, start, end, _at in stored.spans(annotated):
+        if cls is p.Header:
             header = section
-        elif section.__class__ is p.MessageAnnotations:
+        elif cls is p.MessageAnnotations:
             annotations = stored.entries(annotated, start, end)
     count = (annotations or {}).get("x-delivery-count", (None,))[0]
     if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < 1 << 32:
@@ -179,7 +224,8 @@ def encode_delivery(properties: bytes, body: bytes, exchange: str, routing_key: 
         return head + body
     if flags & stored.BODY_UNCHECKED:  # another protocol's message that says its body is 1.0 sections
         try:
-            sections = [body[a:b] for s, a, b in stored.spans(body) if s.__class__ in _BODY_SECTIONS]
+            walk = stored.spans(body, None, stored.ALL_SECTIONS)  # walked over, nothing decoded
+            sections = [body[s.start:s.end] for s in walk if s.cls in _BODY_SECTIONS]
         except Exception:  # not 1.0 octets after all: sent as data
             sections = []
         if sections or not body:  # an empty body of 1.0 sections is a message without a body section

@@ -378,14 +378,15 @@ def decode_described(buf, pos: int = 0, end: int | None = None, provides: str | 
     return obj, pos
 
 
-def decode_sections(payload) -> list:
+def decode_sections(payload, elements: int | None = None) -> list:
     """The sections of a message (3.2): each described value of ``payload`` as its class, in order.
 
     Sections this table does not know (a descriptor of another domain) are a DecodeError: a message is
-    made only of the sections of 3.2."""
+    made only of the sections of 3.2.  ``elements``: the element budget of the whole message
+    (:func:`.types.new_budget`; None: unlimited, for messages the node encoded itself)."""
     out = []
     pos, end = 0, len(payload)
-    budget = [t.MAX_ZERO_WIDTH_ELEMENTS]  # one for the whole message, not one per section
+    budget = t.new_budget(elements)  # one for the whole message, not one per section
     while pos < end:
         section, pos = decode_described(payload, pos, end, "section", budget)
         out.append(section)

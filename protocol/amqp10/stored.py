@@ -15,17 +15,24 @@ the octets of one data section.
 
 Also here: sections with the spans of their octets, and maps read and written entry by entry with
 each entry's octets, so that a rewrite keeps the octets (and 1.0 types) of whatever it did not touch.
+
+:func:`spans` decodes only the sections the node reads (header, message-annotations, properties,
+application-properties), within an element budget (:func:`.types.new_budget`); the body sections
+(data, amqp-value, amqp-sequence), delivery-annotations and the footer are walked over
+(protocol/amqp10/skip.py: their constructor and size are checked, in O(1) per section, and no Python
+object is built for what they hold).  The node never decodes a body: it stores and forwards its octets.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from struct import Struct
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import performatives as p
 from . import types as t
 from .errors import DecodeError
+from .skip import skip_value
 
 BODY_SECTIONS = 0x01
 BODY_UNCHECKED = 0x02
@@ -49,14 +56,77 @@ def unpack(raw: bytes) -> tuple[int, bytes, bytes]:
     return flags, raw[5:5 + n], raw[5 + n:]
 
 
-def spans(buf: bytes) -> list[tuple[Any, int, int]]:
-    """Each section of ``buf`` with where its octets start and end; raises DecodeError."""
+class Span(NamedTuple):
+    """One section of a message: its class, the section decoded (None when walked over), where its
+    octets start and end, and where its value's constructor is (after the descriptor)."""
+
+    cls: type
+    section: Any
+    start: int
+    end: int
+    value_at: int
+
+
+#: Sections walked over, not decoded: the node stores or drops them, never reads them.
+WALKED = frozenset((p.Data, p.AmqpValue, p.AmqpSequence, p.DeliveryAnnotations, p.Footer))
+#: Every section: walk a whole message (a body that another protocol says holds 1.0 sections).
+ALL_SECTIONS = frozenset(p.BY_CODE[c] for c in p.BY_CODE if "section" in p.BY_CODE[c].PROVIDES)
+#: The format codes a walked section's value may have (3.2.5-3.2.11): data a binary, amqp-sequence a
+#: list, annotations and footer a map; amqp-value any value (None: not checked here).
+_VALUE_CODES: dict[type, frozenset[int] | None] = {
+    p.Data: frozenset((0xA0, 0xB0)),
+    p.AmqpSequence: frozenset((0x45, 0xC0, 0xD0)),
+    p.AmqpValue: None,
+    p.DeliveryAnnotations: frozenset((0xC1, 0xD1)),
+    p.Footer: frozenset((0xC1, 0xD1)),
+    p.Header: frozenset((0x45, 0xC0, 0xD0)),
+    p.Properties: frozenset((0x45, 0xC0, 0xD0)),
+    p.MessageAnnotations: frozenset((0xC1, 0xD1)),
+    p.ApplicationProperties: frozenset((0xC1, 0xD1)),
+}
+_DESCRIPTOR_CODES = frozenset((0x44, 0x53, 0x80, 0xA3, 0xB3))  # ulong0, smallulong, ulong, sym8, sym32
+
+
+def _section_class(buf, pos: int, end: int) -> tuple[type, int]:
+    """The section class whose descriptor is at ``pos`` (after the 0x00), and where its value starts."""
+    if pos >= end or buf[pos] not in _DESCRIPTOR_CODES:
+        raise DecodeError(f"a section's descriptor (a ulong or symbol) was expected at {pos}")
+    if buf[pos] == 0x53 and pos + 1 < end:  # smallulong: what every client sends
+        cls = p.BY_CODE.get(buf[pos + 1])
+        if cls is not None and "section" in cls.PROVIDES:
+            return cls, pos + 2
+    after = skip_value(buf, pos, end, 1)
+    descriptor, _ = t.decode_value(buf, pos, after, 1)
+    cls = (p.BY_SYMBOL if isinstance(descriptor, str) else p.BY_CODE).get(descriptor)
+    if cls is None or "section" not in cls.PROVIDES:
+        raise DecodeError(f"expected a section, got the descriptor {descriptor!r}")
+    return cls, after
+
+
+def spans(buf: bytes, elements: int | None = None, walked: frozenset = WALKED) -> list[Span]:
+    """Each section of ``buf`` (:class:`Span`); raises DecodeError.
+
+    Sections of a class in ``walked`` are walked over (:func:`.skip.skip_value`), the others decoded
+    with one element budget for all of them (``elements``; None: unlimited, for stored octets, which
+    passed the budget when published)."""
     out = []
     pos, end = 0, len(buf)
-    budget = [t.MAX_ZERO_WIDTH_ELEMENTS]
+    budget = t.new_budget(elements)
     while pos < end:
-        section, after = p.decode_described(buf, pos, end, "section", budget)
-        out.append((section, pos, after))
+        if buf[pos] != 0x00:
+            raise DecodeError(f"a section (a described value) was expected at {pos}")
+        cls, value_at = _section_class(buf, pos + 1, end)
+        if cls in walked:
+            codes = _VALUE_CODES.get(cls)
+            if value_at >= end:
+                raise DecodeError(f"the {cls.NAME} section at {pos} has no value")
+            if codes is not None and buf[value_at] not in codes:
+                raise DecodeError(f"the {cls.NAME} section's value has the format code {buf[value_at]:#04x}")
+            after = skip_value(buf, value_at, end, 1)
+            out.append(Span(cls, None, pos, after, value_at))
+        else:
+            section, after = p.decode_described(buf, pos, end, "section", budget)
+            out.append(Span(cls, section, pos, after, value_at))
         pos = after
     return out
 
@@ -106,8 +176,7 @@ def parse(raw: bytes) -> Sections:
     out = Sections(flags)
     try:
         for buf in (annotated, bare):
-            for section, start, end in spans(buf):
-                cls = section.__class__
+            for cls, section, start, end, _at in spans(buf):
                 if cls is p.Header:
                     out.header, out.header_raw = section, buf[start:end]
                 elif cls is p.MessageAnnotations:
