@@ -12,7 +12,8 @@ Metric names (all prefixed ``raftmq_``): ``messages_published_total``, ``message
 ``raft_commit_index``, ``raft_applied_index``, ``raft_commit_latency_seconds_avg``,
 ``raft_leader_changes_total``, ``resource_alarm`` (1 while publishers are blocked);
 ``fd_limit``, ``fd_open``, ``listener_connections``, ``listener_refused_total`` (labels listener,
-reason), ``listener_timed_out_total`` (the HTTP API's listener, issue 31).
+reason), ``listener_timed_out_total`` (the HTTP API's and this port's listeners, issue 31).
+Served by ops/metrics_server.py (bounded like the HTTP API's listener).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import logging
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
@@ -177,12 +177,3 @@ def _gauge(name: str, doc: str, node: str, value: float) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, doc, labels=["node"])
     family.add_metric([node], value)
     return family
-
-
-def serve_metrics(broker: Broker, host: str, port: int):
-    """Serve /metrics on host:port in a thread; returns the server (call ``shutdown()`` to stop)."""
-    registry = CollectorRegistry()
-    registry.register(BrokerCollector(broker))
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-    log.info("metrics on http://%s:%d/metrics", host, port)
-    return server
