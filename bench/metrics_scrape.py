@@ -1,7 +1,7 @@
 """The cost of a /metrics scrape on a node with many queues, and what it does to another client.
 
 Starts one node with ``--metrics-port``, declares QUEUES queues (3 samples each in the exposition),
-then prints: (a) 20 sequential scrapes: time per scrape (p50, max) and size; (b) for SECONDS, 4
+then prints: (a) 20 sequential scrapes: time per scrape (p50, max) and size; (b) for SECONDS, 1 and 4
 scrapers in parallel in a loop while a pika client does round trips (connect, declare, publish,
 get): scrapes done and failed, the round trips' p50 and max, and the node's threads at the end; (c) the same
 round trips without scrapers, as the baseline.
@@ -85,7 +85,7 @@ def main() -> None:
             size = len(scrape(port))
             times.append(time.monotonic() - start)
         print(f"sequential scrapes: {summary(times)}, {size / 1e6:.2f} MB each")
-        for scrapers in (0, 4):
+        for scrapers in (0, 1, 4):
             stop = threading.Event()
             done, failed = [0], [0]
             trips: list[float] = []
