@@ -116,6 +116,9 @@ class Config:
     log_level: str = "INFO"
     log_format: str = "text"  # or "json": one object per line (ops/logs.py)
     metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0 disables
+    # Connections the metrics port keeps at once (ops/metrics_server.py; beyond: 503, closed); it shares
+    # http_header_timeout, http_idle_timeout and fd_reserve with the HTTP API's listener.
+    metrics_max_connections: int = 32
     # Message history in <data>/events (store/event_writer.py): none (off), metadata, body.  A queue's
     # x-audit-retention argument and audit_vhosts ({vhost = retention}) override it where history is on.
     audit_retention: str = "none"

@@ -48,7 +48,6 @@ def _admin(broker: Broker) -> Callable[[], None]:
 
 
 def _metrics(broker: Broker) -> Callable[[], None]:
-    from .metrics import serve_metrics
+    from .metrics_server import serve_metrics
 
-    server = serve_metrics(broker, broker.config.host, broker.config.metrics_port)
-    return server.shutdown
+    return serve_metrics(broker)
