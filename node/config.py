@@ -57,6 +57,10 @@ class Config:
     # Seconds from accepting a socket to connection.open-ok (both protocols): a client that has not
     # opened its connection by then is closed.  0 disables (not advised: idle sockets hold slots).
     handshake_timeout: float = 10.0
+    # Password checks (one PBKDF2 each, ~5 ms) run in this many threads, off the event loop; beyond
+    # login_queue_limit logins hashing or waiting, a login is refused at once (node/logins.py).
+    login_workers: int = 2
+    login_queue_limit: int = 64
     # AMQP 1.0 SASL ANONYMOUS (and 1.0 without SASL) logs in as this user; empty: not offered.
     amqp10_anonymous_user: str = ""
     # AMQP 1.0: a follower answers open with amqp:connection:redirect to the leader (node/amqp10/failover.py).

@@ -45,6 +45,9 @@ def status_of(broker: Broker) -> dict:
         "event_seq": broker.machine.event_seq,
         "apply_internal_errors": broker.machine.internal_errors,
         "delayed_messages": len(broker.machine.delayed),  # held by x-delayed-message exchanges
+        # The login pool (node/logins.py): logins hashing or queued, done, refused as too many.
+        "logins_pending": broker.auth.pool.pending, "logins_completed": broker.auth.pool.completed,
+        "logins_refused_busy": broker.auth.pool.refused,
         **bodies_status(broker),
     }
     if broker.events is not None:
