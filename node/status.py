@@ -82,6 +82,9 @@ def status_of(broker: Broker) -> dict:
             storage_repair=raft.repair, snapshots_damaged=raft.snapshots_damaged,
             storage_scrub_passes=raft.scrub[0], storage_scrub_bytes=raft.scrub[1],
             storage_damage_found=raft.scrub[2], storage_last_damage=raft.scrub[3],
+            # Issue 31 (raft/gate.py): sockets on the Raft port that have not authenticated.
+            raft_port_unauthenticated=raft.peer_gate[0], raft_port_timed_out=raft.peer_gate[1],
+            raft_port_evicted=raft.peer_gate[2], raft_port_stalled=raft.peer_gate[3],
         )
     else:
         status.update(role="single", leader=None, leader_node=broker.config.node_id, ready=True)
