@@ -26,6 +26,7 @@ import socket
 import statistics
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -270,3 +271,52 @@ def test_anonymous_from_a_non_loopback_address_obeys_loopback_only(remote_node):
     code, _ = sasl_login(n.host, n.port, "PLAIN", plain("remote", "pw"))
     assert code == 0
     assert "can only connect via localhost" in n.log_tail(200)
+
+
+# ---------------------------------------------------------------------------------------------- the pool's bound
+
+def test_logins_beyond_the_pool_bound_are_refused_at_once(raftmq_only, tmp_path):
+    """With login_workers = 1 and login_queue_limit = 2, 40 concurrent wrong-password logins (1.0 SASL
+    PLAIN) and 40 concurrent HTTP requests with wrong Basic credentials: every login is answered
+    (sasl-outcome auth; HTTP 401, or 503 for the busy refusal), some were refused as busy
+    (status.json ``logins_refused_busy``), the refusal is logged at most a few times (once per
+    10 s), and a correct login works afterwards.  HTTP requests with credentials verified before
+    (guest, interleaved with the flood) all get 200: they are answered without the pool."""
+    from tests.integration.helpers import fresh_status
+
+    n = http_node(tmp_path)
+    config = Path(n.config)
+    config.write_text("login_workers = 1\nlogin_queue_limit = 2\n" + config.read_text())
+    n.start()
+    try:
+        assert put_json(f"{n.http}/api/users/{MANAGED}", {"password": "right", "tags": ""}) in (201, 204)
+
+        def amqp(i: int) -> int | None:
+            return sasl_login("127.0.0.1", n.port, "PLAIN", plain(MANAGED, f"wrong-{i}"))[0]
+
+        def http(i: int, user: str = MANAGED, password: str | None = None) -> int:
+            credentials = f"{user}:{password or f'wrong-{i}'}"
+            request = urllib.request.Request(f"{n.http}/api/overview", headers={
+                "Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as answer:
+                    return answer.status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        assert http(0, "guest", "guest") == 200  # verified once: remembered
+        with ThreadPoolExecutor(20) as pool:
+            codes = list(pool.map(amqp, range(40)))
+            answers = list(pool.map(lambda i: http(i) if i % 3 else http(i, "guest", "guest"), range(60)))
+        statuses = [a for i, a in enumerate(answers) if i % 3]
+        assert codes == [1] * 40, codes
+        assert set(statuses) <= {401, 503}, statuses
+        assert [a for i, a in enumerate(answers) if not i % 3] == [200] * 20, answers
+        status = fresh_status(n)
+        print(f"\nbusy refusals: {status['logins_refused_busy']} of 80; HTTP answers {sorted(statuses)}")
+        assert status["logins_refused_busy"] > 0, status
+        lines = [line for line in n.log_tail(2000).splitlines() if "login refused:" in line]
+        assert 1 <= len(lines) <= 3, lines
+        assert sasl_login("127.0.0.1", n.port, "PLAIN", plain(MANAGED, "right"))[0] == 0
+    finally:
+        n.terminate()
