@@ -483,6 +483,11 @@ class Amqp091Connection(asyncio.Protocol):
         self.principal, self.access = principal, access
         self.send_method(0, m.ConnectionUpdateSecretOk())
 
+    @property
+    def checking_login(self) -> bool:
+        """A start-ok or update-secret is in the login pool: what the client sent after it waits."""
+        return self._login is not None
+
     def _hold(self, login: asyncio.Future, then, method) -> None:
         """While ``login`` runs in the login pool, hold every frame after ``method`` (the rest of
         this read, and reading), so that the answer keeps its place: the client sees tune, or
