@@ -10,7 +10,9 @@ Metric names (all prefixed ``raftmq_``): ``messages_published_total``, ``message
 ``queue_messages_ready``, ``queue_messages_unacked``, ``queue_consumers`` (labels vhost, queue);
 ``connections``, ``sessions``, ``commands_applied_total``, ``raft_is_leader``, ``raft_term``,
 ``raft_commit_index``, ``raft_applied_index``, ``raft_commit_latency_seconds_avg``,
-``raft_leader_changes_total``, ``resource_alarm`` (1 while publishers are blocked).
+``raft_leader_changes_total``, ``resource_alarm`` (1 while publishers are blocked);
+``logins_refused_busy_total`` (node/logins.py), ``raft_port_sockets_closed_total`` (label reason:
+raft/gate.py).
 """
 
 from __future__ import annotations
