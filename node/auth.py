@@ -82,9 +82,9 @@ class Attempt:
 
     mechanism: str
     username: str
-    password: str
-    stored: str | None
-    plain: bool
+    password: str = field(repr=False)  # never in a log line or a traceback's repr
+    stored: str | None = field(repr=False)
+    plain: bool = True
 
 
 def check_password(attempt: Attempt) -> bool:
