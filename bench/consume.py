@@ -45,12 +45,16 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def connection(broker: Broker, product: str) -> tuple[Amqp091Connection, RecordingTransport]:
+async def connection(broker: Broker, product: str) -> tuple[Amqp091Connection, RecordingTransport]:
     transport = RecordingTransport()
     conn = Amqp091Connection(broker, transport)
     conn.start(b"")
     for frame in raw.opening_frames(QUEUE, product=product):
         conn.data_received(frame)
+    for _ in range(2000):  # the password is checked in the login pool; what follows start-ok waits
+        if not conn.checking_login:
+            break
+        await asyncio.sleep(0.001)
     return conn, transport
 
 
@@ -63,14 +67,14 @@ async def one_run(args) -> tuple[float, float, dict]:
     broker = Broker(config)
     await broker.start()
     await asyncio.sleep(0.01)
-    publisher, _ = connection(broker, "bench-publisher")
+    publisher, _ = await connection(broker, "bench-publisher")
     body = b"x" * args.size
     message = (raw.basic_publish(1, "", QUEUE) + raw.content_header_frame(1, len(body)) + raw.body_frame(1, body))
     for start in range(0, args.count, 500):
         publisher.data_received(message * min(500, args.count - start))
         await settle()
     await asyncio.sleep(0.05)
-    consumer, transport = connection(broker, "bench-consumer")
+    consumer, transport = await connection(broker, "bench-consumer")
     await settle()
     if not args.no_ack:
         consumer.data_received(raw.method_frame(1, BASIC_QOS, struct.pack(">IHB", 0, args.prefetch, 0)))

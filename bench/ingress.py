@@ -61,6 +61,10 @@ async def measure(args) -> None:
     conn.start(b"")
     for frame in raw.opening_frames("bench-ingress", product="bench", durable=True, confirms=True):
         conn.data_received(frame)
+    for _ in range(2000):  # the password is checked in the login pool; what follows start-ok waits
+        if not conn.checking_login:
+            break
+        await asyncio.sleep(0.001)
     await settle()
     if 1 not in conn.channels:
         raise SystemExit(f"the channel did not open: {bytes(transport.data[-300:])!r}")

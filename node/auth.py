@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from raftmq.node.config import UserConfig
 from raftmq.store.users import UserRecord, overlaid
 
+from .logins import LoginPool
+
 MECHANISMS = ("PLAIN", "AMQPLAIN")
 HASH_SCHEME = "pbkdf2-sha256"
 HASH_ITERATIONS = 20_000  # ~5 ms per login on this machine: cheap for clients, costly to brute-force
@@ -59,8 +61,44 @@ def _verify_rabbit(stored: str, password: str) -> bool:
     return len(raw) > 4 and hmac.compare_digest(hashlib.new(algorithm, salt + password.encode()).digest(), expected)
 
 
+# A record no password matches, verified for logins that have no PBKDF2 record of their own (an
+# unknown user, a configuration-file user, a RabbitMQ-imported hash): every login then costs one
+# PBKDF2 at HASH_ITERATIONS, so that its time does not tell whether the user exists (issue 31).
+_DUMMY_HASH = hash_password(base64.b64encode(os.urandom(18)).decode())
+
+
 class AuthError(Exception):
     pass
+
+
+class LoginBusy(AuthError):
+    """Too many logins pending in the login pool: refused without hashing (node/logins.py)."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A parsed login, its user's stored credential read on the loop (``None``: no such user), and
+    whether that credential is the configuration file's plain password."""
+
+    mechanism: str
+    username: str
+    password: str = field(repr=False)  # never in a log line or a traceback's repr
+    stored: str | None = field(repr=False)
+    plain: bool = True
+
+
+def check_password(attempt: Attempt) -> bool:
+    """The CPU-bound half of a login, for any thread (hashlib releases the GIL): one PBKDF2
+    whatever the user, then the real comparison."""
+    stored = attempt.stored
+    if stored is not None and not attempt.plain and stored.startswith(HASH_SCHEME + "$"):
+        return verify_password(stored, attempt.password)
+    verify_password(_DUMMY_HASH, attempt.password)  # the same cost as a stored PBKDF2 record
+    if stored is None:
+        return False
+    if attempt.plain:
+        return hmac.compare_digest(stored.encode(), attempt.password.encode())
+    return verify_password(stored, attempt.password)
 
 
 def parse_plain(response: bytes) -> tuple[str, str]:
@@ -157,8 +195,10 @@ class Authenticator:
 
     def __init__(self, users: dict[str, UserConfig],
                  managed: Callable[[], Mapping[str, UserRecord]] = dict,
-                 overlay: Callable[[], Mapping[str, dict]] = dict) -> None:
+                 overlay: Callable[[], Mapping[str, dict]] = dict, *,
+                 login_workers: int = 2, login_limit: int = 64) -> None:
         self._users = users
+        self.pool = LoginPool(LoginBusy, login_workers, login_limit)
         self._managed = managed
         self._overlay = overlay
         self._principals = {name: Principal(name, _compile(user.permissions)) for name, user in users.items()}
@@ -166,22 +206,47 @@ class Authenticator:
         self._overlaid_principals: dict[str, tuple[tuple, Principal]] = {}
 
     def authenticate(self, mechanism: str, response: bytes, peer_host: str | None) -> Principal:
+        """A login checked on the calling thread (one PBKDF2, ~5 ms): front ends on the event loop
+        use :meth:`login`, which hashes in the bounded login pool."""
+        attempt = self.prepare(mechanism, response)
+        return self.conclude(attempt, check_password(attempt), peer_host)
+
+    async def login(self, mechanism: str, response: bytes, peer_host: str | None) -> Principal:
+        """:meth:`authenticate` with the hash in the login pool (node/logins.py): the loop only
+        parses and looks up; ``LoginBusy`` (an AuthError) when too many logins are pending."""
+        attempt = self.prepare(mechanism, response)
+        return self.conclude(attempt, await self.pool.run(check_password, attempt), peer_host)
+
+    def prepare(self, mechanism: str, response: bytes) -> Attempt:
+        """Parse the response and read the user's stored credential (on the loop: no hashing)."""
         if mechanism == "PLAIN":
             username, password = parse_plain(response)
         elif mechanism == "AMQPLAIN":
             username, password = parse_amqplain(response)
         else:
             raise AuthError(f"unsupported authentication mechanism '{mechanism}'")
-        refused = AuthError(f"Login was refused using authentication mechanism {mechanism}.")
         record = self._managed().get(username)
         if record is not None:
-            if not verify_password(record.password_hash, password):
+            return Attempt(mechanism, username, password, record.password_hash, False)
+        user = self._users.get(username)
+        return Attempt(mechanism, username, password, None if user is None else user.password, True)
+
+    def conclude(self, attempt: Attempt, matched: bool, peer_host: str | None) -> Principal:
+        """The principal of a checked attempt.  The user is read again: a user deleted or given a
+        new password while the hash ran is refused."""
+        username = attempt.username
+        refused = AuthError(f"Login was refused using authentication mechanism {attempt.mechanism}.")
+        if not matched:
+            raise refused
+        record = self._managed().get(username)
+        if record is not None:
+            if attempt.plain or record.password_hash != attempt.stored:
                 raise refused
             loopback_only = record.loopback_only
             principal = self._managed_principal(record)
         else:
             user = self._users.get(username)
-            if user is None or not hmac.compare_digest(user.password.encode(), password.encode()):
+            if user is None or not attempt.plain or user.password != attempt.stored:
                 raise refused
             loopback_only = user.loopback_only
             principal = self._config_principal(username)
@@ -189,15 +254,21 @@ class Authenticator:
             raise AuthError(f"user '{username}' can only connect via localhost")
         return principal
 
-    def principal_named(self, username: str) -> Principal:
+    def principal_named(self, username: str, peer_host: str | None) -> Principal:
         """The principal of a user without a password check: the AMQP 1.0 ANONYMOUS login, which logs
-        in as the one user the operator configured for it (``amqp10_anonymous_user``)."""
+        in as the one user the operator configured for it (``amqp10_anonymous_user``).  Everything
+        :meth:`conclude` checks besides the password applies: a loopback-only user (guest, by
+        default) is refused from another address (issue 31)."""
         record = self._managed().get(username)
         if record is not None:
-            return self._managed_principal(record)
-        if username not in self._principals:
+            loopback_only, principal = record.loopback_only, self._managed_principal(record)
+        elif username in self._principals:
+            loopback_only, principal = self._users[username].loopback_only, self._config_principal(username)
+        else:
             raise AuthError(f"anonymous login user '{username}' does not exist")
-        return self._config_principal(username)
+        if loopback_only and not is_loopback(peer_host):
+            raise AuthError(f"user '{username}' can only connect via localhost")
+        return principal
 
     def _config_principal(self, name: str) -> Principal:
         """A configured user's principal: the file's permissions, or with the overlay applied."""

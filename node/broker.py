@@ -106,6 +106,9 @@ class Broker:
                 max_batch_bytes=config.raft_batch_bytes, high_water_bytes=config.raft_backlog_bytes,
                 pipeline_min_bytes=config.raft_pipeline_min_bytes, defer_seconds=config.raft_defer_seconds,
                 bodies=self.bodies, scrub_bytes_per_second=config.scrub_bytes_per_second,
+                peer_gate={"handshake_timeout": config.raft_handshake_timeout,
+                           "max_unauthenticated": config.raft_max_unauthenticated,
+                           "stall_timeout": config.raft_frame_stall_timeout},
             )
             self._configured_members = {m.node_id: (m.raft, m.amqp) for m in config.cluster}
         else:
@@ -143,7 +146,8 @@ class Broker:
             if not config.clustered:
                 # One node: the history continues its numbering (a cluster's comes from the log).
                 self.machine.event_seq = max(self.machine.event_seq, self.events.last_seq)
-        self.auth = Authenticator(config.users, lambda: self.machine.users, lambda: self.machine.permission_overlay)
+        self.auth = Authenticator(config.users, lambda: self.machine.users, lambda: self.machine.permission_overlay,
+                                  login_workers=config.login_workers, login_limit=config.login_queue_limit)
         self.endpoints: dict[str, Endpoint] = {}
         self.log.is_local = self.endpoints.__contains__  # outputs for other nodes' connections get no body
         # Messages published and delivered through this node, per protocol (ops/metrics.py):

@@ -57,6 +57,10 @@ class Config:
     # Seconds from accepting a socket to connection.open-ok (both protocols): a client that has not
     # opened its connection by then is closed.  0 disables (not advised: idle sockets hold slots).
     handshake_timeout: float = 10.0
+    # Password checks (one PBKDF2 each, ~5 ms) run in this many threads, off the event loop; beyond
+    # login_queue_limit logins hashing or waiting, a login is refused at once (node/logins.py).
+    login_workers: int = 2
+    login_queue_limit: int = 64
     # AMQP 1.0 SASL ANONYMOUS (and 1.0 without SASL) logs in as this user; empty: not offered.
     amqp10_anonymous_user: str = ""
     # AMQP 1.0: a follower answers open with amqp:connection:redirect to the leader (node/amqp10/failover.py).
@@ -149,6 +153,11 @@ class Config:
     fd_reserve: int = 256
     admin_tls_cert: str = ""  # PEM files: serve the admin API over TLS instead of plaintext
     admin_tls_key: str = ""
+    # The admin port's sockets: seconds to finish the HTTP/2 handshake, seconds a connection without
+    # a call is kept, and connections at once (beyond, new ones are refused) -- ops/admin.py.
+    admin_handshake_timeout: float = 5.0
+    admin_idle_timeout: float = 120.0
+    admin_max_connections: int = 64
     tls_port: int = 0  # AMQP over TLS (amqps, usually 5671) besides the plain port; 0 disables
     tls_cert: str = ""  # PEM certificate chain of the node
     tls_key: str = ""  # PEM private key
@@ -196,6 +205,13 @@ class Config:
     raft_tick_period: float = 0.02
     raft_election_timeout_min: float = 0.25  # 0.15 s saw spurious elections on a loaded 2-core CI machine
     raft_election_timeout_max: float = 0.5
+    # Sockets on the Raft port that have not proved the cluster secret (the first sealed frame of
+    # the handshake) are closed after raft_handshake_timeout seconds, and at most
+    # raft_max_unauthenticated are kept: the oldest goes for a new one (raft/gate.py).  A connection
+    # stalled in the middle of a frame (no byte for raft_frame_stall_timeout) is closed too.
+    raft_handshake_timeout: float = 5.0
+    raft_max_unauthenticated: int = 64
+    raft_frame_stall_timeout: float = 30.0
 
     def resolved_data_dir(self) -> str:
         return self.data_dir or os.path.join("data", self.node_id)

@@ -45,6 +45,9 @@ def status_of(broker: Broker) -> dict:
         "event_seq": broker.machine.event_seq,
         "apply_internal_errors": broker.machine.internal_errors,
         "delayed_messages": len(broker.machine.delayed),  # held by x-delayed-message exchanges
+        # The login pool (node/logins.py): logins hashing or queued, done, refused as too many.
+        "logins_pending": broker.auth.pool.pending, "logins_completed": broker.auth.pool.completed,
+        "logins_refused_busy": broker.auth.pool.refused,
         **bodies_status(broker),
     }
     if broker.events is not None:
@@ -79,6 +82,9 @@ def status_of(broker: Broker) -> dict:
             storage_repair=raft.repair, snapshots_damaged=raft.snapshots_damaged,
             storage_scrub_passes=raft.scrub[0], storage_scrub_bytes=raft.scrub[1],
             storage_damage_found=raft.scrub[2], storage_last_damage=raft.scrub[3],
+            # Issue 31 (raft/gate.py): sockets on the Raft port that have not authenticated.
+            raft_port_unauthenticated=raft.peer_gate[0], raft_port_timed_out=raft.peer_gate[1],
+            raft_port_evicted=raft.peer_gate[2], raft_port_stalled=raft.peer_gate[3],
         )
     else:
         status.update(role="single", leader=None, leader_node=broker.config.node_id, ready=True)

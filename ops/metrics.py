@@ -13,7 +13,9 @@ Metric names (all prefixed ``raftmq_``): ``messages_published_total``, ``message
 ``raft_leader_changes_total``, ``resource_alarm`` (1 while publishers are blocked);
 ``fd_limit``, ``fd_open``, ``listener_connections``, ``listener_refused_total`` (labels listener,
 reason), ``listener_timed_out_total`` (the HTTP API's and this port's listeners, issue 31);
-``amqp10_limit_refusals_total`` (label kind: link, durable link, management request).
+``amqp10_limit_refusals_total`` (label kind: link, durable link, management request);
+``logins_refused_busy_total`` (node/logins.py), ``raft_port_sockets_closed_total`` (label reason:
+raft/gate.py).
 Served by ops/metrics_server.py (bounded like the HTTP API's listener).
 """
 
@@ -118,8 +120,17 @@ class BrokerCollector:
                                       labels=["node"])
         applied.add_metric([node], broker.log.commands_applied)
         yield applied
+        busy = CounterMetricFamily("raftmq_logins_refused_busy", "logins refused: too many pending (node/logins.py)",
+                                   labels=["node"])
+        busy.add_metric([node], broker.auth.pool.refused)
+        yield busy
         raft = broker.log.raft_status()
         if raft is not None:
+            closed = CounterMetricFamily("raftmq_raft_port_sockets_closed",
+                                         "Raft port sockets closed by raft/gate.py, by reason", labels=["node", "reason"])
+            for reason, count in zip(("handshake_timeout", "unauthenticated_cap", "frame_stall"), raft.peer_gate[1:], strict=True):
+                closed.add_metric([node, reason], count)
+            yield closed
             yield _gauge("raftmq_raft_is_leader", "1 on the Raft leader", node, 1 if broker.log.is_leader else 0)
             yield _gauge("raftmq_raft_term", "current Raft term", node, raft.term)
             yield _gauge("raftmq_raft_commit_index", "Raft commit index", node, raft.commit_index)

@@ -189,7 +189,8 @@ class ClusterLog:
             repair=None if r.repair is None else {"until": r.repair.until, "reason": r.repair.reason,
                                                   "votes_withheld": r.repair.votes_withheld},
             snapshots_damaged=r.snapshot_damaged,
-            scrub=(r.scrubber.passes, r.scrubber.bytes, r.damage_found, r.last_damage))
+            scrub=(r.scrubber.passes, r.scrubber.bytes, r.damage_found, r.last_damage),
+            peer_gate=(r.gate.unauthenticated, r.gate.timed_out, r.gate.evicted, r.gate.stalled))
 
     def compact(self, timeout: float = 60.0) -> Compaction:
         """Blocking (the admin API's worker thread): force a snapshot at the applied index and wait

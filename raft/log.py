@@ -49,6 +49,9 @@ class RaftStatus:
     snapshots_damaged: int = 0  # snapshots found damaged at start and set aside
     # The storage scrubber (raft/scrub.py): passes, bytes verified, damage found, the last one.
     scrub: tuple[int, int, int, str] = (0, 0, 0, "")
+    # The Raft port's gate (raft/gate.py): unauthenticated sockets open now, and sockets closed for
+    # not authenticating in time, for more unauthenticated ones beyond the cap, for stalling mid-frame.
+    peer_gate: tuple[int, int, int, int] = (0, 0, 0, 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,8 @@ from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import _RAFT_STATE
 
-from . import prevote, wire
+from . import gate, prevote, wire
+from .gate import PeerGate
 from .journal import AppendJournal
 from .repair import Repair
 from .scrub import StorageScrubber, scrub_segment
@@ -76,6 +77,11 @@ PYSYNCOBJ_INTERNALS = {
         "processConnection", "processSend", "processRead", "processParseMessage",
     ),
     "TcpUtility": ("connection",),  # raft/wire.py: admin_utility
+    "TcpServer": (  # raft/gate.py (which also reads TcpConnection's socket and readBuffer, and
+        # TCPTransport's _server, _connections, _unknownConnections, _onNewIncomingConnection)
+        "onNewConnectionCallback", "onNewConnection", "socket", "poller", "sendBufferSize", "recvBufferSize",
+        "connectionTimeout", "keepalive",
+    ),
 }
 
 # Messages that tell the leader "I have these entries": never sent before the entries are on disk.
@@ -112,6 +118,7 @@ KEEPALIVE_PERIOD = 1.0
 _KEEPALIVE_MESSAGE = {"type": KEEPALIVE}
 
 wire.install()
+gate.install()
 
 # pysyncobj's clock (CLOCK_MONOTONIC_RAW here, not time.monotonic's): times compared with its own.
 raft_clock = _syncobj_module.monotonicTime
@@ -126,7 +133,8 @@ class Replica(SyncObj):
                  election_timeout: tuple[float, float] = (0.25, 0.5), batch_append_entries: bool = False,
                  message_bytes: int = 4 << 20, leader_fallback: float = 1.0, pre_vote: bool = True,
                  on_state_changed: Callable[[int, int], None] | None = None,
-                 sink_backlog: Callable[[], int] | None = None, scrub_bytes_per_second: int = 8 << 20) -> None:
+                 sink_backlog: Callable[[], int] | None = None, scrub_bytes_per_second: int = 8 << 20,
+                 peer_gate: dict | None = None) -> None:
         os.makedirs(data_dir, exist_ok=True)
         self.data_dir = data_dir
         self.snapshot_path = os.path.join(data_dir, "snapshot.lmdb")
@@ -219,6 +227,9 @@ class Replica(SyncObj):
             return unsafe_send(node, message)
 
         transport.send = send
+        # Unauthenticated and stalled sockets on the Raft port are closed (raft/gate.py, issue 31).
+        self.gate = PeerGate(transport, **(peer_gate or {}))
+        self.addOnTickCallback(self.gate.tick)
         self._next_keepalive = 0.0
         self.addOnTickCallback(self._flush_journal)
         self.addOnTickCallback(self._keep_links_warm)

@@ -42,6 +42,7 @@ import logging
 import os
 import pickle
 import struct
+import time
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -131,6 +132,7 @@ class SealedConnection(TcpConnection):
     rx_aead: AESGCM | None = None
     rx_count = 0
     rx_prefix = b""
+    last_byte_at = 0.0  # time.monotonic() of the last bytes read
 
     def send(self, message: object) -> None:
         plain = pickle.dumps(message, PICKLE_PROTOCOL)
@@ -195,6 +197,7 @@ class SealedConnection(TcpConnection):
             self.disconnect()
             return False
         self._read_buffer().extend(incoming)
+        self.last_byte_at = time.monotonic()  # raft/gate.py: a connection stalled mid-frame is closed
         return True
 
     def _TcpConnection__processParseMessage(self) -> object | None:  # noqa: N802

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING
 
@@ -64,6 +64,9 @@ class Amqp010Connection(asyncio.Protocol):
         self.reader = FrameReader(MAX_FRAME_SIZE, max_assembly_size=self.config.max_message_size + PENDING_MARGIN,
                                   max_pending_bytes=PRE_OPEN_PENDING_BYTES)
         self.state = AWAIT_START_OK
+        self._login: asyncio.Future | None = None  # start-ok's password in the login pool (node/logins.py)
+        self._held: list | None = None  # what followed a start-ok being checked: assemblies, then bytes read
+        self._assemblies: Iterator = iter(())
         self.conn_id: str | None = None
         self.principal: Principal | None = None
         self.access: Access | None = None  # set by connection.open: what the principal may do in the vhost
@@ -108,8 +111,17 @@ class Amqp010Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.state == CLOSED:
             return
+        if self._held is not None:  # start-ok is being checked: what follows it waits (_logged_in)
+            self._held.append(data)
+            self.transport.pause_reading()
+            return
+        self._on_input(data)
+
+    def _on_input(self, data: bytes, held: list | None = None) -> None:
         try:
-            for assembly in self.reader.feed(data):
+            # start-ok takes the rest of this iterator while its password is checked
+            self._assemblies = assemblies = iter(held if held is not None else self.reader.feed(data))
+            for assembly in assemblies:
                 if self.state == CLOSED:
                     break
                 try:
@@ -140,6 +152,9 @@ class Amqp010Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = CLOSED
+        if self._login is not None:
+            self._login.cancel()
+            self._login = None
         for handle in (self._close_handle, self._handshake_handle):
             if handle is not None:
                 handle.cancel()
@@ -327,20 +342,14 @@ class Amqp010Connection(asyncio.Protocol):
             session.on_command(method)
 
     def _connection_control(self, m) -> None:
-        if isinstance(m, c.ConnectionStartOk) and self.state == AWAIT_START_OK:
-            try:
-                self.principal = self.broker.auth.authenticate(m.mechanism or "", bytes(m.response or b""),
-                                                               self.peer_host)
-            except AuthError as exc:
-                self.close(CLOSE_FORCED, f"authentication failed: {exc}")
-                return
-            if self._refusal:
-                self.close(CLOSE_FORCED, self._refusal)
-                return
-            self.follows_redirect = bool((m.client_properties or {}).get(FOLLOWS_REDIRECT))
-            self.state = AWAIT_TUNE_OK
-            self.send(0, c.ConnectionTune(channel_max=self.config.channel_max, max_frame_size=MAX_FRAME_SIZE,
-                                          heartbeat_min=0, heartbeat_max=self.config.heartbeat or 0))
+        if isinstance(m, c.ConnectionStartOk) and self.state == AWAIT_START_OK and self._login is None:
+            # The password is hashed in the login pool; what follows start-ok (the rest of this
+            # read, and reading) waits for the answer, as it waited before the hash moved off the loop.
+            self._held = list(self._assemblies)
+            self.transport.pause_reading()
+            self._login = login = asyncio.ensure_future(
+                self.broker.auth.login(m.mechanism or "", bytes(m.response or b""), self.peer_host))
+            login.add_done_callback(lambda done: self._logged_in(done, m))
         elif isinstance(m, c.ConnectionTuneOk) and self.state == AWAIT_TUNE_OK:
             size = m.max_frame_size or MAX_FRAME_SIZE
             if size < 4096:
@@ -362,6 +371,34 @@ class Amqp010Connection(asyncio.Protocol):
             self._finish_close()
         elif self.state != CLOSING:
             raise FramingError(f"unexpected {m.NAME}")
+
+    def _logged_in(self, login: asyncio.Future, m) -> None:
+        """start-ok's check, back from the login pool: connection.tune, or the refusal."""
+        self._login = None
+        if self.state != AWAIT_START_OK or login.cancelled():
+            return
+        held, self._held = self._held or [], None
+        self.transport.resume_reading()  # a refusal below waits for the client's close-ok
+        try:
+            self.principal = login.result()
+        except AuthError as exc:
+            self.close(CLOSE_FORCED, f"authentication failed: {exc}")
+            return
+        except Exception:
+            log.exception("0-10 connection %s: internal error", self.peer)
+            self.close(CLOSE_FORCED, "internal error")
+            return
+        if self._refusal:
+            self.close(CLOSE_FORCED, self._refusal)
+            return
+        self.follows_redirect = bool((m.client_properties or {}).get(FOLLOWS_REDIRECT))
+        self.state = AWAIT_TUNE_OK
+        self.send(0, c.ConnectionTune(channel_max=self.config.channel_max, max_frame_size=MAX_FRAME_SIZE,
+                                      heartbeat_min=0, heartbeat_max=self.config.heartbeat or 0))
+        self._on_input(b"", [a for a in held if not isinstance(a, bytes)])  # the rest of start-ok's read ...
+        for data in (d for d in held if isinstance(d, bytes)):
+            self.data_received(data)  # ... then what was read after it
+        self.flush()
 
     def _open(self, m) -> None:
         vhost = m.virtual_host or "/"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING
 
@@ -98,6 +98,9 @@ class Amqp091Connection(asyncio.Protocol):
         self._heartbeat_handle: asyncio.TimerHandle | None = None
         self._close_handle: asyncio.TimerHandle | None = None
         self._handshake_handle: asyncio.TimerHandle | None = None
+        self._login: asyncio.Future | None = None  # start-ok's password in the login pool (node/logins.py)
+        self._held: list | None = None  # frames read after a start-ok or update-secret being checked
+        self._frames: Iterator = iter(())  # the frames being processed
         self._refusal: str | None = None  # why the connection limits refuse this connection
         self._admitted_as: str | None = None  # the address counted in broker.admission
         self._received = True
@@ -149,6 +152,14 @@ class Amqp091Connection(asyncio.Protocol):
             self.close_connection(exc.reply_code, exc.reply_text)
             self.flush()
             return
+        if self._held is not None:  # a login is being checked: what follows it waits (see _hold)
+            self._held += frames
+            self.transport.pause_reading()
+            return
+        self._on_frames(frames)
+
+    def _on_frames(self, frames: list) -> None:
+        self._frames = frames = iter(frames)  # _hold takes the rest of it
         try:
             channels = self.channels
             for frame in frames:
@@ -181,6 +192,9 @@ class Amqp091Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = CLOSED
         self._cancel_timers()
+        if self._login is not None:
+            self._login.cancel()
+            self._login = None
         if self._admitted_as is not None:
             self.broker.admission.release(self._admitted_as)
             self._admitted_as = None
@@ -451,9 +465,17 @@ class Amqp091Connection(asyncio.Protocol):
         """
         secret = method.new_secret if isinstance(method.new_secret, bytes) else str(method.new_secret).encode()
         name = self.principal.name
+        login = asyncio.ensure_future(self.broker.auth.login("PLAIN", b"\x00" + name.encode() + b"\x00" + secret,
+                                                             self.peer_host))
+        self._hold(login, self._updated_secret, method)
+
+    def _updated_secret(self, login: asyncio.Future, method) -> None:
+        """update-secret's check, back from the login pool (the connection went on meanwhile)."""
+        if self.state != OPEN:
+            return
+        name = self.principal.name
         try:
-            principal = self.broker.auth.authenticate("PLAIN", b"\x00" + name.encode() + b"\x00" + secret,
-                                                      self.peer_host)
+            principal = login.result()
         except AuthError as exc:
             log.info("connection %s: update-secret refused for user '%s': %s", self.peer, name, exc)
             raise ConnectionException(530, "NOT_ALLOWED - New secret was refused by one of the backends",
@@ -465,13 +487,56 @@ class Amqp091Connection(asyncio.Protocol):
         self.principal, self.access = principal, access
         self.send_method(0, m.ConnectionUpdateSecretOk())
 
+    @property
+    def checking_login(self) -> bool:
+        """A start-ok or update-secret is in the login pool: what the client sent after it waits."""
+        return self._login is not None
+
+    def _hold(self, login: asyncio.Future, then, method) -> None:
+        """While ``login`` runs in the login pool, hold every frame after ``method`` (the rest of
+        this read, and reading), so that the answer keeps its place: the client sees tune, or
+        update-secret-ok, before the answers to what it pipelined after (as from RabbitMQ)."""
+        self._login = login
+        self._held = list(self._frames)
+        self.transport.pause_reading()
+        login.add_done_callback(lambda done: self._after_login(done, then, method))
+
+    def _after_login(self, login: asyncio.Future, then, method) -> None:
+        """Run ``then(login, method)`` with data_received's handling of what it raises, then the
+        frames held meanwhile."""
+        if self.state == CLOSED or login.cancelled():
+            return
+        self._login = None
+        held, self._held = self._held or [], None
+        try:
+            then(login, method)
+        except ConnectionException as exc:
+            self.close_connection(exc.code, exc.text, exc.class_id, exc.method_id)
+        except Exception:
+            log.exception("connection %s: internal error", self.peer)
+            self.close_connection(541, "INTERNAL_ERROR - internal error")
+        if held and self.state != CLOSED:
+            self._on_frames(held)  # may hold again (another update-secret)
+        else:
+            self.flush()
+        if self._held is None and not self._reading_paused and self.state != CLOSED:
+            self.transport.resume_reading()
+
     def _on_start_ok(self, method) -> None:
         self.client_properties = method.client_properties or {}
         capabilities = self.client_properties.get("capabilities")
         self.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
         response = method.response if isinstance(method.response, bytes) else str(method.response).encode()
+        # The password is hashed in the login pool (node/logins.py); what the client sends
+        # meanwhile waits (the client should wait for connection.tune anyway).
+        self._hold(asyncio.ensure_future(self.broker.auth.login(method.mechanism, response, self.peer_host)),
+                   self._logged_in, method)
+
+    def _logged_in(self, login: asyncio.Future, method) -> None:
+        if self.state != AWAIT_START_OK:
+            return
         try:
-            self.principal = self.broker.auth.authenticate(method.mechanism, response, self.peer_host)
+            self.principal = login.result()
         except AuthError as exc:
             log.info("connection %s: authentication failed: %s", self.peer, exc)
             raise ConnectionException(403, f"ACCESS_REFUSED - {exc}", method.CLASS_ID, method.METHOD_ID) from exc

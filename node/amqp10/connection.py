@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SASL, AWAIT_HEADER, AWAIT_OPEN, OPEN, CLOSE_SENT, CLOSED = range(6)
+SASL_CHECKING = 6  # sasl-init read, its password being hashed in the login pool: input is held
 PRE_OPEN_FRAME_SIZE = 4096  # open frames carry client properties: a bound above 2.7.1's 512
 MAX_FRAME_SIZE = 131072  # what we announce in open
 SASL_OK, SASL_AUTH, SASL_SYS_TEMP = 0, 1, 4
@@ -122,6 +123,7 @@ class Amqp10Connection(asyncio.Protocol):
         self._idle_threshold = 0.0  # seconds without a frame before we close (2.4.5)
         self._idle_seen = 0.0  # loop time octets were last seen, to within one idle check
         self._open_sent = False
+        self._login: asyncio.Future | None = None  # a PLAIN login in the login pool
         set_write_limits(transport, self.config.write_buffer_high)
 
     # ------------------------------------------------------------------ asyncio.Protocol
@@ -151,6 +153,12 @@ class Amqp10Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.state == CLOSED:
+            return
+        if self.state == SASL_CHECKING:  # the header the client may pipeline (5.3.2) waits for the outcome
+            self._buffer += data
+            if len(self._buffer) > PRE_OPEN_FRAME_SIZE + 8:  # more than a header and an open
+                log.info("1.0 connection %s: %d octets sent before the SASL outcome", self.peer, len(self._buffer))
+                self._abort()
             return
         try:
             if self.state == SASL:
@@ -197,6 +205,9 @@ class Amqp10Connection(asyncio.Protocol):
         if self.settle_due and self.conn_id is not None:
             self.flush_settles()
         self.state = CLOSED
+        if self._login is not None:
+            self._login.cancel()
+            self._login = None
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
@@ -414,20 +425,51 @@ class Amqp10Connection(asyncio.Protocol):
             frame, self._buffer = self._buffer[:size], self._buffer[size:]
             for decoded in self.reader.feed(frame):
                 self._on_frame(decoded)
+        if self.state == SASL_CHECKING:
+            return None  # the rest stays in the buffer until the login is decided
         rest, self._buffer = self._buffer, b""
         return rest if self.state != CLOSED else None
 
     def _sasl_init(self, init) -> None:
         mechanism = str(init.mechanism)
+        if mechanism == "PLAIN":  # the password is hashed in the login pool (node/logins.py)
+            self.state = SASL_CHECKING
+            login = asyncio.ensure_future(self.broker.auth.login("PLAIN", bytes(init.initial_response or b""),
+                                                                 self.peer_host))
+            self._login = login
+            login.add_done_callback(self._sasl_checked)
+            return
         try:
-            if mechanism == "PLAIN":
-                self.principal = self.broker.auth.authenticate("PLAIN", bytes(init.initial_response or b""),
-                                                               self.peer_host)
-            elif mechanism == "ANONYMOUS" and self.config.amqp10_anonymous_user:
-                self.principal = self.broker.auth.principal_named(self.config.amqp10_anonymous_user)
+            if mechanism == "ANONYMOUS" and self.config.amqp10_anonymous_user:
+                self.principal = self.broker.auth.principal_named(self.config.amqp10_anonymous_user, self.peer_host)
             else:
                 raise AuthError(f"unsupported mechanism {mechanism}")
         except AuthError as exc:
+            self._sasl_outcome(exc)
+            return
+        self._sasl_outcome(None)
+
+    def _sasl_checked(self, login: asyncio.Future) -> None:
+        """The login pool's answer to a PLAIN sasl-init; then the input held meanwhile."""
+        self._login = None
+        if self.state != SASL_CHECKING or login.cancelled():
+            return
+        exc = login.exception()
+        if exc is not None and not isinstance(exc, AuthError):
+            log.error("1.0 connection %s: login failed: %r", self.peer, exc)
+            exc = AuthError("internal error")
+        if exc is None:
+            self.principal = login.result()
+        self.state = SASL
+        self._sasl_outcome(exc)
+        held, self._buffer = self._buffer, b""
+        if held and self.state == AWAIT_HEADER:
+            self.data_received(held)
+        else:
+            self.flush()
+
+    def _sasl_outcome(self, exc: AuthError | None) -> None:
+        if exc is not None:
             log.info("1.0 connection %s: authentication failed: %s", self.peer, exc)
             self._send_sasl(p.SaslOutcome(code=SASL_AUTH))
             self.flush()
@@ -444,7 +486,7 @@ class Amqp10Connection(asyncio.Protocol):
 
     def _login_anonymous(self) -> bool:
         try:
-            self.principal = self.broker.auth.principal_named(self.config.amqp10_anonymous_user)
+            self.principal = self.broker.auth.principal_named(self.config.amqp10_anonymous_user, self.peer_host)
         except AuthError as exc:
             log.info("1.0 connection %s: anonymous login refused: %s", self.peer, exc)
             self.send_raw(SASL_HEADER)

@@ -11,7 +11,6 @@ HTTP's code for an authenticated but unauthorized request) with the same body.  
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from raftmq.node.auth import LoginBusy
 from raftmq.node.core.access import Access, AccessRefused
 
 from ..control import AdminError, Control
@@ -212,10 +212,17 @@ async def authenticate(request: web.Request, handler):
     """Every /api path needs a management user (RabbitMQ has no anonymous management access)."""
     try:
         if request.path.startswith("/api/") or request.path in PROTECTED_PAGES:
-            # A login not seen before costs a PBKDF2 verification (~5 ms): in a worker thread, so
-            # that wrong passwords cannot stall the broker's loop.
-            op = await asyncio.to_thread(context(request).gatekeeper.login_header,
-                                         request.headers.get("Authorization"), request.remote)
+            # A login not seen before costs a PBKDF2 verification (~5 ms): in the bounded login
+            # pool (node/logins.py), so that wrong passwords cannot stall the broker's loop.
+            # Credentials verified before are answered here (a dashboard polling keeps working
+            # while the pool is busy).
+            ctx, header = context(request), request.headers.get("Authorization")
+            op = ctx.gatekeeper.login_header(header, request.remote, cached_only=True)
+            if op is None:
+                try:
+                    op = await ctx.broker.auth.pool.run(ctx.gatekeeper.login_header, header, request.remote)
+                except LoginBusy:
+                    raise HttpError(503, "busy", "too many logins in progress; try again") from None
             if op is None:
                 raise HttpError(401, "not_authorized", "Login failed", headers={"WWW-Authenticate": REALM})
             if not op.has(MANAGEMENT):

@@ -71,6 +71,50 @@ def test_a_configured_user_gets_the_overlay_of_the_admin_api():
     principal = login()
     assert principal.may_configure("new", "n") and not principal.may_configure("new", "m")
     assert not principal.may_access_vhost("/")
-    assert auth.principal_named("guest").permissions.keys() == {"new"}  # ANONYMOUS logins alike
+    assert auth.principal_named("guest", "127.0.0.1").permissions.keys() == {"new"}  # ANONYMOUS logins alike
     overlay.clear()
     assert login().may_access_vhost("/") and not login().may_access_vhost("new")
+
+
+def test_anonymous_login_obeys_loopback_only():
+    """Issue 31 item 6: ``principal_named`` (the 1.0 ANONYMOUS login) checks what a password login
+    checks besides the password: a loopback-only user (configured or managed) is refused from
+    another address, and allowed from loopback."""
+    managed = {"ops": UserRecord("ops", hash_password("pw"), loopback_only=True, permissions={"/": (".*",) * 3})}
+    auth = Authenticator({"guest": UserConfig("guest", loopback_only=True), "any": UserConfig("x")}, lambda: managed)
+    for name in ("guest", "ops"):
+        assert auth.principal_named(name, "127.0.0.1").name == name
+        assert auth.principal_named(name, "::1").name == name
+        for host in ("10.0.0.5", None, "not-an-address"):
+            with pytest.raises(AuthError, match="localhost"):
+                auth.principal_named(name, host)
+    assert auth.principal_named("any", "10.0.0.5").name == "any"
+    with pytest.raises(AuthError, match="does not exist"):
+        auth.principal_named("nobody", "127.0.0.1")
+
+
+def test_every_login_costs_one_pbkdf2_and_a_user_changed_meanwhile_is_refused(monkeypatch):
+    """Issue 31 item 8: unknown users, configuration-file users (plain password) and managed users
+    (PBKDF2 record) each cost exactly one PBKDF2 (counted), so the time does not tell which users
+    exist; ``conclude`` refuses a user whose password changed while the hash ran."""
+    import hashlib
+
+    from raftmq.node import auth as auth_module
+
+    calls = []
+    real = hashlib.pbkdf2_hmac
+    monkeypatch.setattr(auth_module.hashlib, "pbkdf2_hmac", lambda *a: calls.append(a[3]) or real(*a))
+    managed = {"m": UserRecord("m", hash_password("pw"), permissions={"/": (".*",) * 3})}
+    auth = Authenticator({"c": UserConfig("cpw")}, lambda: managed)
+    calls.clear()
+    for user, password, ok in (("m", "pw", True), ("m", "no", False), ("c", "cpw", True), ("c", "no", False),
+                               ("nobody", "pw", False)):
+        before = len(calls)
+        attempt = auth.prepare("PLAIN", plain(user, password))
+        assert auth_module.check_password(attempt) is ok
+        assert calls[before:] == [auth_module.HASH_ITERATIONS], (user, password)
+    attempt = auth.prepare("PLAIN", plain("m", "pw"))
+    matched = auth_module.check_password(attempt)
+    managed["m"] = UserRecord("m", hash_password("new"), permissions={"/": (".*",) * 3})
+    with pytest.raises(AuthError):
+        auth.conclude(attempt, matched, "127.0.0.1")

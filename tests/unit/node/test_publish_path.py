@@ -51,6 +51,10 @@ async def run_broker(steps: list[bytes], chunks: list[bytes]) -> tuple[bytes, li
     conn.start(b"")
     for step in steps:
         conn.data_received(step)
+        for _ in range(2000):  # start-ok's password is checked in the login pool (node/logins.py)
+            if not conn.checking_login:
+                break
+            await asyncio.sleep(0.001)
         await settle(broker)
     transport.data.clear()
     for chunk in chunks:

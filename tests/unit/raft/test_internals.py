@@ -7,11 +7,11 @@ import inspect
 import pathlib
 import re
 
-from pysyncobj import syncobj, tcp_connection, utility
+from pysyncobj import syncobj, tcp_connection, tcp_server, transport, utility
 
-from raftmq.raft import replica, wire
+from raftmq.raft import gate, replica, wire
 
-CLASSES = {"SyncObj": syncobj, "TcpConnection": tcp_connection, "TcpUtility": utility}
+CLASSES = {"SyncObj": syncobj, "TcpConnection": tcp_connection, "TcpUtility": utility, "TcpServer": tcp_server}
 
 
 def test_every_private_name_raft_uses_exists_in_the_installed_pysyncobj():
@@ -24,7 +24,14 @@ def test_every_private_name_raft_uses_exists_in_the_installed_pysyncobj():
 def test_the_list_names_every_private_name_used_in_raft():
     listed = {f"_{cls}__{name}" for cls, names in replica.PYSYNCOBJ_INTERNALS.items() for name in names}
     used = set()
-    for module in (replica, wire):
-        used |= set(re.findall(r"_(?:SyncObj|TcpConnection|TcpUtility)__[A-Za-z]+",
+    for module in (replica, wire, gate):
+        used |= set(re.findall(r"_(?:SyncObj|TcpConnection|TcpUtility|TcpServer)__[A-Za-z]+",
                                pathlib.Path(module.__file__).read_text()))
     assert used == listed, (sorted(used - listed), sorted(listed - used))
+
+
+def test_the_transport_names_the_gate_uses_exist():
+    """raft/gate.py reads TCPTransport's single-underscore names: they must still be there."""
+    source = inspect.getsource(transport.TCPTransport)
+    for name in ("_server", "_connections", "_unknownConnections", "_onNewIncomingConnection"):
+        assert re.search(rf"\bself\.{name}\b", source), f"TCPTransport.{name} is gone"
