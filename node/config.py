@@ -70,6 +70,12 @@ class Config:
     amqp10_tx_max_messages: int = 10_000
     amqp10_tx_max_bytes: int = 16 * 1024 * 1024
     amqp10_tx_max_open: int = 64
+    # A pre-settled 1.0 receiver (snd-settle-mode settled) gets its client's credit passed to the core
+    # in slices of at most this many deliveries beyond what it has written -- fewer when its recent
+    # message sizes fit fewer into write_buffer_high, at least 4 -- topped up as deliveries are written
+    # (node/amqp10/links.py): the core forgets a pre-settled message once assigned, so credit for a
+    # backlog would otherwise pull all of it, bodies included, into the node's memory at once.
+    amqp10_presettled_slice: int = 256
     # Bytes the node holds for clients: message bodies in memory (cache and write-behind), client
     # write buffers, parked auto-ack deliveries, publishes being received (node/broker.py
     # memory_in_use).  Queued bodies live on disk (<data>/bodies): a backlog does not count.
