@@ -403,7 +403,8 @@ def test_presettled_receiver_that_never_reads_holds_no_backlog(node) -> None:
     body: the link gives the core credit in slices, topped up as deliveries are written, and the
     backlog stays queued while the socket takes nothing.  The heap grows by less than 48 MB (before:
     all 100 assigned in one batch), another client's round trip completes throughout; then the
-    receiver reads: all 100, intact, in order, once (2.6.12 at-most-once: none lost), queue empty."""
+    receiver reads: all 100, intact, in order, once (2.6.12 at-most-once: none lost), queue empty, and
+    an echo flow reports delivery-count 100 and the client's link-credit (2.6.7), not the slice."""
     queue = "credit-unread-presettled"
     fill_queue(node, queue, BACKLOG, BODY_SIZE)
     time.sleep(0.5)
@@ -430,6 +431,13 @@ def test_presettled_receiver_that_never_reads_holds_no_backlog(node) -> None:
         assert depth > BACKLOG // 2, f"only {depth} left queued: credit pulled the backlog off the queue"
         got = rx.deliveries(BACKLOG, window=100_000)
         check_all(got, BACKLOG, BODY_SIZE)
+        # 2.6.7: an echo is answered with the sender's view of the client's credit, not the slice
+        rx.flow(window=100_000, credit=CREDIT - BACKLOG, echo=True)
+        while True:
+            frame = rx.performative()
+            if isinstance(frame, p.Flow) and frame.handle == 0 and frame.delivery_count == BACKLOG:
+                break
+        assert frame.link_credit == CREDIT - BACKLOG
         rx.detach()
     finally:
         rx.close()
