@@ -90,15 +90,16 @@ class _Send(MessagingHandler):
 
 
 class _Receive(MessagingHandler):
-    def __init__(self, url: str, address: str, count: int) -> None:
-        super().__init__(prefetch=256, auto_accept=True)
+    def __init__(self, url: str, address: str, count: int, prefetch: int = 256, settled: bool = False) -> None:
+        super().__init__(prefetch=prefetch, auto_accept=True)
         self.url, self.address, self.count = url, address, count
+        self.settled = settled
         self.received = 0
         self.start = self.elapsed = 0.0
 
     def on_start(self, event) -> None:
         conn = event.container.connect(self.url)
-        event.container.create_receiver(conn, self.address)
+        event.container.create_receiver(conn, self.address, options=AtMostOnce() if self.settled else None)
         self.start = time.perf_counter()
 
     def on_message(self, event) -> None:
@@ -167,8 +168,8 @@ def amqp10_publish(url: str, queue: str, count: int, size: int, window: int) -> 
     return handler.accepted / handler.elapsed
 
 
-def amqp10_consume(url: str, queue: str, count: int) -> float:
-    handler = _Receive(url, f"/queues/{queue}", count)
+def amqp10_consume(url: str, queue: str, count: int, prefetch: int = 256, settled: bool = False) -> float:
+    handler = _Receive(url, f"/queues/{queue}", count, prefetch, settled)
     Container(handler).run()
     return handler.received / handler.elapsed
 
@@ -371,6 +372,12 @@ def amqp10_round(target, args) -> dict[str, float]:
     out.measure("confirmed publish 1.0", args.count,
                 lambda: amqp10_publish(amqp10_url, queue, args.count, args.size, args.window))
     out.measure("consume 1.0", args.count, lambda: amqp10_consume(amqp10_url, queue, args.count))
+    if args.presettled:  # a pre-settled receiver whose credit (1,000) exceeds the link's slice (links.py)
+        queue = f"bench10-ps-{uuid.uuid4().hex[:8]}"
+        _declare(amqp091_url, queue)
+        amqp10_publish(amqp10_url, queue, args.count, args.size, args.window)
+        out.measure("consume pre-settled 1.0", args.count,
+                    lambda: amqp10_consume(amqp10_url, queue, args.count, 1000, True))
     if args.latency:
         queue = f"bench10-l-{uuid.uuid4().hex[:8]}"
         _declare(amqp091_url, queue, durable=False)
@@ -417,6 +424,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--cluster", type=int, default=0)
     parser.add_argument("--latency", type=int, default=500, help="latency samples per round (0: none)")
+    parser.add_argument("--presettled", action="store_true",
+                        help="with --baseline: also consume with a pre-settled receiver, credit 1,000")
     parser.add_argument("--baseline", help="a git ref to measure side by side with this tree (1.0 only)")
     parser.add_argument("--profile", action="store_true", help="profile the node while consumers drain")
     args = parser.parse_args()

@@ -93,6 +93,12 @@ class Config:
     # bodies are never decoded (their octets are stored and forwarded), so no budget applies to them.
     amqp10_max_frame_elements: int = 4096
     amqp10_max_message_elements: int = 65536
+    # A pre-settled 1.0 receiver (snd-settle-mode settled) gets its client's credit passed to the core
+    # in slices of at most this many deliveries beyond what it has written -- fewer when its recent
+    # message sizes fit fewer into write_buffer_high, at least 4 -- topped up as deliveries are written
+    # (node/amqp10/links.py): the core forgets a pre-settled message once assigned, so credit for a
+    # backlog would otherwise pull all of it, bodies included, into the node's memory at once.
+    amqp10_presettled_slice: int = 256
     # Bytes the node holds for clients: message bodies in memory (cache and write-behind), client
     # write buffers, parked auto-ack deliveries, publishes being received (node/broker.py
     # memory_in_use).  Queued bodies live on disk (<data>/bodies): a backlog does not count.

@@ -29,6 +29,17 @@ reads a backlog from disk; it goes out when the session resumes the link (``resu
 pre-settled link's transfers carry their bodies: it gives the core no credit while blocked, counts
 what it holds for the memory alarm, and stops the core (``FLOW``) past ``write_buffer_high`` of it.
 
+*Pre-settled slices* (issue 31 item 2): a pre-settled link whose client grants credit for a large
+backlog would have the core assign all of it in one apply, bodies included (the core forgets the
+messages, so the link must keep them), before the write buffer could stop it.  Such a link gives the
+core at most a slice of the client's credit beyond what it has written -- ``write_buffer_high`` over
+the size of its recent deliveries, between ``PRESETTLED_MIN_SLICE`` and ``amqp10_presettled_slice``
+-- and tops it up at half as deliveries are written (and when the session resumes it), so a backlog
+leaves the queue only as fast as the socket takes it.  While the client's credit is below the slice
+the link grants exactly as below.  A drain is flushed slice by slice: while a flush used up all the
+core was given, another slice follows; the client's credit is used up (2.6.7) only once the core
+reports the queue empty with credit to spare, or deliveries used it up.
+
 The core's credit is additive; 1.0 credit is absolute (2.6.7: link-credit = the receiver's
 delivery-count + link-credit - the sender's delivery-count).  The link keeps ``granted``, the credit
 given to the core so far, and ``assigned``, the transfers the core gave us: the core still holds
@@ -104,6 +115,7 @@ FIRST, SECOND = 0, 1  # receiver-settle-mode
 INCOMING_CREDIT = 256  # link credit we give a publishing client, topped up at half
 MAX_CREDIT = 1 << 30
 READAHEAD_MIN_CREDIT = 32  # client credit from which an outgoing link reads ahead (module docstring)
+PRESETTLED_MIN_SLICE = 4  # a pre-settled link's smallest credit slice to the core (module docstring)
 ASSEMBLY_MARGIN = 1 << 20  # unfinished deliveries per connection: max_message_size + this
 
 
@@ -229,6 +241,13 @@ class OutgoingLink(Link):
         self.owned_bytes = 0  # bodies the held transfers carry (pre-settled: nothing else holds them)
         self.window_stop = False  # the core was stopped (Flow) because held bodies reached the high mark
         self.client_credit = 0  # the link-credit of the client's latest flow: how much it grants at a time
+        # Pre-settled slices (module docstring): whether the core's credit is a slice smaller than the
+        # client's, the core's credit left at which it is topped up, a recent delivery size (a decaying
+        # maximum, 0 until one is seen) and the assigned count when the pending drain flush was sent.
+        self.sliced = False
+        self.topup_at = 0
+        self.unit = 0
+        self.flush_mark = 0
         self.browse = False  # distribution-mode copy (terminus.py): reads without taking, sends pre-settled
         self.subscription_queue: str | None = None  # a durable topic subscription's queue (terminus.py)
         self.filters = SourceFilters()  # the source's filters we apply (filters.py)
@@ -373,17 +392,35 @@ class OutgoingLink(Link):
         if self.settled and self.session.blocked():
             self.session.waiting[self] = None  # pre-settled deliveries carry their bodies: none
             return  # assigned until they can go (resume_sending)
-        delta = wanted - (self.granted - self.assigned + len(self.held))
+        have = self.granted - self.assigned + len(self.held)
+        delta = wanted - have
+        if self.settled and delta > 0:
+            target = self._presettled_slice()
+            self.sliced = target < wanted
+            if self.sliced:  # a slice of the client's credit, topped up at half (module docstring)
+                delta = target - have if 2 * have <= target or self.drain_wanted else 0
         if delta > 0:
             self.granted += delta
             conn.broker.submit(MessageFlow(conn.conn_id, None, self.core, self.destination, 0, delta))
-        elif delta < 0:
+        elif delta < 0 and wanted < have:
             self.stopping = True
             conn.request(MessageStop(conn.conn_id, None, self.core, self.destination), self._stopped)
             return
         if self.drain_wanted:
             self.stopping = True
+            self.flush_mark = self.assigned
             conn.request(MessageFlush(conn.conn_id, None, self.core, self.destination), self._drained)
+
+    def _presettled_slice(self) -> int:
+        """How much of the client's credit a pre-settled link lets the core hold (module docstring):
+        what fits ``write_buffer_high`` at the recent delivery size, within the configured bounds."""
+        if self.unit <= 0:
+            target = PRESETTLED_MIN_SLICE  # sizes unknown yet: a small first slice, then what fits
+        else:
+            most = max(PRESETTLED_MIN_SLICE, self.conn.config.amqp10_presettled_slice)
+            target = max(PRESETTLED_MIN_SLICE, min(most, self.conn._flush_at // self.unit))
+        self.topup_at = target // 2
+        return target
 
     def _read_ahead(self, wanted: int) -> None:
         """The core's credit for a reading-ahead link: up to twice the credit the client grants at a
@@ -463,11 +500,18 @@ class OutgoingLink(Link):
                                  UNLIMITED))
 
     def _drained(self, result: tuple) -> None:
-        """2.6.7 drain: everything available was sent; the rest of the credit is used up."""
+        """2.6.7 drain: everything available was sent; the rest of the credit is used up.  A sliced
+        pre-settled link (module docstring) first flushes slice after slice while the core used up
+        what it was given (the queue may hold more) or deliveries are held for the window."""
         self.stopping = False
+        used_all = self.granted == self.assigned and self.assigned > self.flush_mark
         self.granted = self.assigned
         if result[0] != 0:
             return self.failed(result)
+        if self.settled and self.drain_wanted and self._credit() > 0 and (self.held or (used_all and self.sliced)):
+            self._unlimited_bytes()  # the flush zeroed the core's byte credit
+            self._send_held()
+            return self._apply_credit()  # the next slice and flush (or, blocked, once resumed)
         self.drain_wanted = False
         unused = self.limit is not None and _signed(self.limit - self.delivery_count) > 0
         if unused:
@@ -499,10 +543,16 @@ class OutgoingLink(Link):
                     and self.granted - self.assigned + len(self.held) <= self.client_credit):
                 self._apply_credit()  # what the core holds fell to half of its read-ahead target
             return
+        if self.settled:  # the recent delivery size, for the slice (a maximum decaying by 1/8 a delivery)
+            size = transfer[4].size
+            unit = self.unit
+            self.unit = size if size >= unit else unit - ((unit - size) >> 3)
         if self.held or blocked:
             self._hold(transfer)  # 2.5.6: the client's window (or our write buffer) is full
             return
         self._send(transfer)
+        if self.sliced and not self.stopping and self.granted - self.assigned <= self.topup_at:
+            self._apply_credit()  # a written delivery makes room for the next slice
 
     def _send(self, transfer: tuple, following: Callable[[], list[int]] | None = None) -> None:
         """One core transfer to the client.  An unsettled one carries no body

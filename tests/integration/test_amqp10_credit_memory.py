@@ -12,7 +12,12 @@ so that what the node holds for a link is not hidden by cached bodies), with han
 2. a receiver that never reads its socket, same backlog (before: the whole backlog encoded into the
    write buffer in one batch, heap +110 MB);
 3. 20,000 unsettled deliveries on one link (small bodies): what the node keeps per unsettled
-   delivery is the delivery id and the core transfer id, no body.
+   delivery is the delivery id and the core transfer id, no body;
+4. a PRE-SETTLED receiver (the core forgets a message once assigned, so the link must hold its body)
+   with an open window, credit 100,000 and a socket it does not read: the link gives the core its
+   credit in slices (links.OutgoingLink._presettled_slice), so the backlog stays queued (before: all
+   100 assigned with their bodies in one batch); and a drain on such a link still uses up or returns
+   all of the client's credit (2.6.7).
 
 Each measures the node's RSS growth and another client's round trip (pika) during the attack, then
 opens the window (or reads) and checks that every message arrives intact, in order, once.
@@ -177,10 +182,11 @@ class Receiver:
                                    target=p.Target())))
         assert isinstance(self.performative(), p.Attach)
 
-    def flow(self, window: int, credit: int) -> None:
+    def flow(self, window: int, credit: int, drain: bool = False, echo: bool = False) -> None:
         self.sock.sendall(encode_frame(p.Flow(
             next_incoming_id=self.next_incoming_id, incoming_window=window, next_outgoing_id=0,
-            outgoing_window=1000, handle=0, delivery_count=self.delivery_count, link_credit=credit)))
+            outgoing_window=1000, handle=0, delivery_count=self.delivery_count, link_credit=credit,
+            drain=drain, echo=echo)))
 
     def deliveries(self, n: int, window: int, timeout: float = 30.0) -> list[tuple[int, bytes]]:
         """The next ``n`` deliveries, (delivery id, data section), transfers of one delivery joined;
@@ -388,3 +394,84 @@ def test_accept_then_socket_closed_at_once_is_not_redelivered(node) -> None:
         time.sleep(0.1)
     time.sleep(0.5)  # the connection's close has been applied: unsettled ones would be back by now
     assert queue_depth(node, queue) == 0
+
+
+def test_presettled_receiver_that_never_reads_holds_no_backlog(node) -> None:
+    """Issue 31 item 2, the pre-settled case: snd-settle-mode settled, an open window (100,000) and link
+    credit 100,000 on 100 x 1 MiB queued, a socket that is not read (64 KiB receive buffer).  The core
+    forgets a pre-settled message when it assigns it, so whatever it assigns the link holds with its
+    body: the link gives the core credit in slices, topped up as deliveries are written, and the
+    backlog stays queued while the socket takes nothing.  The heap grows by less than 48 MB (before:
+    all 100 assigned in one batch), another client's round trip completes throughout; then the
+    receiver reads: all 100, intact, in order, once (2.6.12 at-most-once: none lost), queue empty, and
+    an echo flow reports delivery-count 100 and the client's link-credit (2.6.7), not the slice."""
+    queue = "credit-unread-presettled"
+    fill_queue(node, queue, BACKLOG, BODY_SIZE)
+    time.sleep(0.5)
+    before = rss(node.pid)
+    rx = Receiver(node.port, rcvbuf=65536)
+    try:
+        rx.open(queue, window=100_000, settled=True)
+        rx.flow(window=100_000, credit=CREDIT)
+        conn = pika_conn(node)
+        probe = f"{queue}-probe"
+        conn.channel().queue_declare(probe, exclusive=True)
+        worst, peak = 0.0, 0
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            worst = max(worst, round_trip_seconds(conn, probe))
+            peak = max(peak, rss(node.pid))
+            time.sleep(0.05)
+        conn.close()
+        depth = queue_depth(node, queue)
+        growth = peak - before
+        print(f"\nunread socket, pre-settled: RSS {before / MB:.0f} -> {peak / MB:.0f} MB (+{growth / MB:.1f}); "
+              f"other client's worst round trip {worst * 1000:.0f} ms; {depth} of {BACKLOG} still queued")
+        assert growth < RSS_BOUND, f"RSS grew {growth / MB:.0f} MB for a pre-settled receiver that does not read"
+        assert depth > BACKLOG // 2, f"only {depth} left queued: credit pulled the backlog off the queue"
+        got = rx.deliveries(BACKLOG, window=100_000)
+        check_all(got, BACKLOG, BODY_SIZE)
+        # 2.6.7: an echo is answered with the sender's view of the client's credit, not the slice
+        rx.flow(window=100_000, credit=CREDIT - BACKLOG, echo=True)
+        while True:
+            frame = rx.performative()
+            if isinstance(frame, p.Flow) and frame.handle == 0 and frame.delivery_count == BACKLOG:
+                break
+        assert frame.link_credit == CREDIT - BACKLOG
+        rx.detach()
+    finally:
+        rx.close()
+    assert queue_depth(node, queue) == 0
+
+
+@pytest.mark.parametrize("credit", [1000, 300])
+def test_presettled_drain_uses_up_or_returns_all_credit(node, credit: int) -> None:
+    """Spec 2.6.7 (flow control, drain): with drain set the sender sends all available messages, then
+    advances its delivery-count to use up all link-credit and sends its flow state.  On a pre-settled
+    link whose credit is given to the core in slices: 600 x 1 KiB queued (more than one slice), a
+    drain with credit 1,000 delivers all 600 in order and then a flow with delivery-count 1,000 and
+    link-credit 0; with credit 300, exactly 300 arrive (the credit is used up by deliveries) and 300 stay
+    queued.  Either way an echo flow afterwards reports delivery-count = credit, link-credit 0."""
+    queue, count, size = f"credit-drain-presettled-{credit}", 600, 1024
+    fill_queue(node, queue, count, size)
+    rx = Receiver(node.port)
+    try:
+        rx.open(queue, window=100_000, settled=True)
+        rx.flow(window=100_000, credit=credit, drain=True)
+        got = rx.deliveries(min(count, credit), window=100_000)
+        check_all(got, min(count, credit), size)
+        rx.flow(window=100_000, credit=0, echo=True)  # the receiver's view: delivery-count advanced by what arrived
+        deadline = time.monotonic() + READ_TIMEOUT
+        state = None
+        while time.monotonic() < deadline:
+            frame = rx.performative()
+            assert not isinstance(frame, p.Transfer), "a transfer beyond the drained credit"
+            if isinstance(frame, p.Flow) and frame.handle == 0 and frame.delivery_count == credit:
+                state = frame
+                break
+        assert state is not None, "no flow reporting the credit used up"
+        assert state.link_credit == 0
+        rx.detach()
+    finally:
+        rx.close()
+    assert queue_depth(node, queue) == max(0, count - credit)
