@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from raftmq.store.limits import check_limits
+from raftmq.store.limits import check_limits, limit_of
 
 from ..operator import ADMINISTRATOR
 from .common import (
@@ -131,11 +131,10 @@ async def delete_user_limit(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-async def import_limits(request: web.Request, data: dict) -> None:
-    """Definitions: ``vhosts[].limits``, ``users[].limits`` and ``parameters`` of component
-    ``vhost-limits`` (RabbitMQ 3.x exports), after the vhosts and users exist.  Each object sets the
-    limits it names (others stay); a bad one is 400 and stops the import there."""
-    control = context(request).control
+def limit_changes(data: dict) -> list[tuple[str, str, dict]]:
+    """The limits a definitions file sets, in import order: ``vhosts[].limits``, ``parameters`` of
+    component ``vhost-limits`` (RabbitMQ 3.x exports), ``users[].limits``.  Each is checked here, so
+    that a bad one refuses the file (400) before anything of it is imported."""
     changes: list[tuple[str, str, dict]] = []
     for vhost in data.get("vhosts") or []:
         if vhost.get("limits"):
@@ -152,6 +151,45 @@ async def import_limits(request: web.Request, data: dict) -> None:
         reason = check_limits(scope, limits)
         if reason is not None:
             raise bad_request(f"{scope} '{name}': {reason}")
+    return changes
+
+
+def check_queue_limits(broker, data: dict, changes: list[tuple[str, str, dict]]) -> None:
+    """400 unless the file's queues fit each vhost's ``max-queues`` (issue 31), checked before any
+    change, as RabbitMQ's rabbit_definitions validate_limits ("Import aborted!"): the limit in
+    force once the file's own limits are set, against the vhost's queues now plus the file's queues
+    that do not exist yet (each name once).  A queue declared by a client between this check and the
+    import's declares can still meet the limit there (the state machine's check, store/limits.py)."""
+    machine = broker.machine
+    limits: dict[str, dict[str, int]] = {}
+    for scope, name, values in changes:
+        if scope == "vhost":
+            merged = limits.setdefault(name, dict(machine.vhost_limits.get(name, {})))
+            for key, value in values.items():
+                if value is None:
+                    merged.pop(key, None)
+                else:
+                    merged[key] = value
+    new: dict[str, set[str]] = {}
+    for queue in data.get("queues") or []:
+        vhost, name = str(queue["vhost"]), str(queue["name"])
+        existing = machine.vhosts.get(vhost)
+        if existing is None or name not in existing.queues:
+            new.setdefault(vhost, set()).add(name)
+    for vhost, names in sorted(new.items()):
+        limit = limit_of(limits.get(vhost, machine.vhost_limits.get(vhost)), "max-queues")
+        existing = machine.vhosts.get(vhost)
+        count = len(existing.queues) if existing is not None else 0
+        if limit is not None and count + len(names) > limit:
+            raise bad_request(f"adding {len(names)} queue(s) to vhost '{vhost}' would pass its max-queues "
+                              f"limit of {limit} (it has {count} queue(s)); nothing was imported")
+
+
+async def import_limits(request: web.Request, changes: list[tuple[str, str, dict]]) -> None:
+    """Definitions: the limits of :func:`limit_changes`, after the vhosts and users exist.  Each
+    object sets the limits it names (others stay)."""
+    control = context(request).control
+    for scope, name, limits in changes:
         await control.set_limits(scope, name, limits)
 
 

@@ -37,7 +37,7 @@ from .common import (
     require_vhost,
 )
 from .limits import add_routes as add_limit_routes
-from .limits import import_limits, user_limits, vhost_limits
+from .limits import check_queue_limits, import_limits, limit_changes, user_limits, vhost_limits
 from .views import (
     MANAGEMENT_VERSION,
     PRODUCT,
@@ -324,7 +324,10 @@ async def get_definitions(request: web.Request) -> web.Response:
 
 async def post_definitions(request: web.Request) -> web.Response:
     """Import: vhosts, users, permissions, exchanges, queues, bindings in that order, each one a
-    log command; an error stops the import there (what came before stays, as in RabbitMQ)."""
+    log command.  What can be known before (the file's form, its limits, the queues against each
+    vhost's max-queues) is checked first: such a file is refused whole (400).  An error met later
+    (a command refused by the state machine) stops the import there; what came before stays, as in
+    RabbitMQ."""
     require(request, ADMINISTRATOR)
     data = await body(request, context(request).broker.config.http_max_json_elements)
     for unsupported in ("policies", "parameters", "topic_permissions"):
@@ -334,6 +337,8 @@ async def post_definitions(request: web.Request) -> web.Response:
         if items:
             raise bad_request(f"raftmq has no {unsupported.replace('_', ' ')}: remove them to import the rest")
     check_definitions(data)
+    changes = limit_changes(data)
+    check_queue_limits(context(request).broker, data, changes)
     control = context(request).control
     for vhost in data.get("vhosts") or []:
         await control.add_vhost(str(vhost["name"]))
@@ -341,7 +346,7 @@ async def post_definitions(request: web.Request) -> web.Response:
         await _put_user(request, str(user["name"]), user)
     for perm in data.get("permissions") or []:
         await _set_permission(request, str(perm["user"]), str(perm["vhost"]), perm)
-    await import_limits(request, data)  # before the queues: max-queues holds for them too
+    await import_limits(request, changes)  # before the queues: max-queues holds for them too
     for e in data.get("exchanges") or []:
         await control.declare_exchange(str(e["vhost"]), str(e["name"]), str(e["type"]), bool(e.get("durable", True)),
                                        bool(e.get("auto_delete", False)), bool(e.get("internal", False)),
