@@ -14,6 +14,7 @@ guest/guest by default, which RabbitMQ also admits from loopback only).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from concurrent import futures
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from raftmq.raft.log import NotReplicated
+from raftmq.store.limits import SCOPES, check_limits
 from raftmq.store.users import overlaid
 
 from .control import AdminEndpoint, AdminError, Control
@@ -278,6 +280,85 @@ class AdminService(pb_grpc.AdminServicer):
 
     def _config_permissions(self, name: str) -> dict:
         return overlaid(self.broker.config.users[name].permissions, self.broker.machine.permission_overlay.get(name))
+
+    # ------------------------------------------------------------------ vhost and user limits
+
+    def SetLimits(self, request, context):  # noqa: N802
+        return self._run(self._set_limits(request), context)
+
+    def ClearLimits(self, request, context):  # noqa: N802
+        return self._run(self._clear_limits(request), context)
+
+    def ListLimits(self, request, context):  # noqa: N802
+        return self._run(self._list_limits(request), context)
+
+    def _limits_target(self, r) -> tuple[str, str, dict[str, int]]:
+        """(scope, name, its limits now); 400 for an unknown scope, 404 for an unknown vhost or user
+        (a user of the configuration file may have limits, as over HTTP: ops/http/limits.py)."""
+        scope = r.scope
+        if scope not in SCOPES:
+            raise AdminError(400, f"unknown limit scope '{scope}' (vhost or user)")
+        machine = self.broker.machine
+        if scope == "vhost":
+            name = r.name or "/"
+            if name not in machine.vhosts:
+                raise AdminError(404, f"NOT_FOUND - no vhost '{name}'")
+            return scope, name, dict(machine.vhost_limits.get(name, {}))
+        name = r.name
+        if name not in machine.users and name not in self.broker.config.users:
+            raise AdminError(404, f"NOT_FOUND - no user '{name}'")
+        return scope, name, dict(machine.user_limits.get(name, {}))
+
+    async def _set_limits(self, r):
+        """rabbitmqctl's set_vhost_limits replaces the vhost's limits with the definition
+        (rabbit_vhost_limit:set); set_user_limits adds the definition's to the user's others
+        (internal_user:update_limits add)."""
+        scope, name, current = self._limits_target(r)
+        try:
+            definition = json.loads(r.definition)
+        except ValueError as exc:
+            raise AdminError(400, f"the limits are not JSON: {exc}") from None
+        if not isinstance(definition, dict) or not definition:
+            raise AdminError(400, 'the limits must be a JSON object such as {"max-queues": 100}')
+        if any(value is None for value in definition.values()):
+            raise AdminError(400, f"a limit is an integer (clear it with clear-{scope}-limits)")
+        reason = check_limits(scope, definition)
+        if reason is not None:
+            raise AdminError(400, reason)
+        changes: dict[str, int | None] = dict(definition)
+        if scope == "vhost":
+            changes.update({key: None for key in current if key not in definition})
+        await self.control.set_limits(scope, name, changes)
+        return self._limits_info(scope, name)
+
+    async def _clear_limits(self, r):
+        """One limit, or every one ("" or "all", as clear_user_limits' ``all``)."""
+        scope, name, current = self._limits_target(r)
+        if r.limit in ("", "all"):
+            names = list(current)
+        else:
+            reason = check_limits(scope, {r.limit: None})
+            if reason is not None:
+                raise AdminError(400, reason)
+            names = [r.limit] if r.limit in current else []
+        if names:
+            await self.control.set_limits(scope, name, dict.fromkeys(names))
+        return self._limits_info(scope, name)
+
+    async def _list_limits(self, r):
+        if r.name:
+            scope, name, _ = self._limits_target(r)
+            return pb.LimitsList(limits=[self._limits_info(scope, name)])
+        if r.scope not in SCOPES:
+            raise AdminError(400, f"unknown limit scope '{r.scope}' (vhost or user)")
+        machine = self.broker.machine
+        table = machine.vhost_limits if r.scope == "vhost" else machine.user_limits
+        return pb.LimitsList(limits=[self._limits_info(r.scope, name) for name in sorted(table) if table[name]])
+
+    def _limits_info(self, scope: str, name: str) -> pb.LimitsInfo:
+        machine = self.broker.machine
+        table = machine.vhost_limits if scope == "vhost" else machine.user_limits
+        return pb.LimitsInfo(scope=scope, name=name, value=json.dumps(table.get(name, {}), sort_keys=True))
 
     # ------------------------------------------------------------------ Raft log compaction
 

@@ -106,6 +106,18 @@ def _call(stub, args):
                                                         write=args.write, read=args.read), timeout=10), None, None
     if cmd == "clear-permissions":
         return stub.ClearPermissions(pb.PermissionRequest(user=args.user, vhost=args.vhost), timeout=10), None, None
+    if cmd in ("set-vhost-limits", "set-user-limits"):
+        scope, name = ("vhost", args.vhost) if cmd == "set-vhost-limits" else ("user", args.user)
+        return stub.SetLimits(pb.LimitsRequest(scope=scope, name=name, definition=args.definition),
+                              timeout=10), None, None
+    if cmd in ("clear-vhost-limits", "clear-user-limits"):
+        scope, name = ("vhost", args.vhost) if cmd == "clear-vhost-limits" else ("user", args.user)
+        return stub.ClearLimits(pb.LimitsRequest(scope=scope, name=name, limit=getattr(args, "limit", "all")),
+                                timeout=10), None, None
+    if cmd in ("list-vhost-limits", "list-user-limits"):
+        scope, name = ("vhost", args.vhost) if cmd == "list-vhost-limits" else ("user", args.user)
+        return stub.ListLimits(pb.LimitsRequest(scope=scope, name=name or ""), timeout=10), "limits", [
+            "name", "value"]
     if cmd == "compact":
         return stub.CompactLog(pb.Empty(), timeout=90), None, None
     if cmd == "snapshot":
@@ -139,6 +151,7 @@ def add_parser(sub) -> None:
     clear_perms = cmds.add_parser("clear-permissions")
     clear_perms.add_argument("user")
     clear_perms.add_argument("--vhost", default="/")
+    _add_limit_parsers(cmds)
     cmds.add_parser("compact", help="snapshot the state and compact this node's Raft journal")
     for name in ("declare-queue", "delete-queue", "purge-queue"):
         p = cmds.add_parser(name)
@@ -168,3 +181,23 @@ def add_parser(sub) -> None:
     snap = cmds.add_parser("snapshot", help="snapshot the node's message history (on the node's disk)")
     snap.add_argument("path", help="an empty or absent directory on the node's machine")
     admin.set_defaults(func=run)
+
+
+def _add_limit_parsers(cmds) -> None:
+    """rabbitmqctl's limit commands, with its argument forms (a JSON object of limits)."""
+    example = 'limits as a JSON object, e.g. \'{"max-queues": 100}\' (negative: no limit)'
+    p = cmds.add_parser("set-vhost-limits", help="replace a vhost's limits (max-queues, max-connections)")
+    p.add_argument("definition", help=example)
+    p.add_argument("--vhost", "-p", default="/")
+    cmds.add_parser("clear-vhost-limits", help="clear every limit of a vhost").add_argument(
+        "--vhost", "-p", default="/")
+    cmds.add_parser("list-vhost-limits", help="the vhost's limits; without --vhost every vhost's").add_argument(
+        "--vhost", "-p", default="")
+    p = cmds.add_parser("set-user-limits", help="set a user's limits (max-connections, max-channels); others stay")
+    p.add_argument("user")
+    p.add_argument("definition", help=example)
+    p = cmds.add_parser("clear-user-limits", help="clear one limit of a user, or all")
+    p.add_argument("user")
+    p.add_argument("limit", help="max-connections, max-channels or all")
+    cmds.add_parser("list-user-limits", help="the user's limits; without --user every user's").add_argument(
+        "--user", default="")

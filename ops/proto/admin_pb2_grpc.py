@@ -139,6 +139,21 @@ class AdminStub:
                 request_serializer=admin__pb2.Empty.SerializeToString,
                 response_deserializer=admin__pb2.CompactReply.FromString,
                 _registered_method=True)
+        self.SetLimits = channel.unary_unary(
+                '/raftmq.admin.Admin/SetLimits',
+                request_serializer=admin__pb2.LimitsRequest.SerializeToString,
+                response_deserializer=admin__pb2.LimitsInfo.FromString,
+                _registered_method=True)
+        self.ClearLimits = channel.unary_unary(
+                '/raftmq.admin.Admin/ClearLimits',
+                request_serializer=admin__pb2.LimitsRequest.SerializeToString,
+                response_deserializer=admin__pb2.LimitsInfo.FromString,
+                _registered_method=True)
+        self.ListLimits = channel.unary_unary(
+                '/raftmq.admin.Admin/ListLimits',
+                request_serializer=admin__pb2.LimitsRequest.SerializeToString,
+                response_deserializer=admin__pb2.LimitsList.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -270,6 +285,24 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetLimits(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClearLimits(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLimits(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -377,6 +410,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.CompactLog,
                     request_deserializer=admin__pb2.Empty.FromString,
                     response_serializer=admin__pb2.CompactReply.SerializeToString,
+            ),
+            'SetLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLimits,
+                    request_deserializer=admin__pb2.LimitsRequest.FromString,
+                    response_serializer=admin__pb2.LimitsInfo.SerializeToString,
+            ),
+            'ClearLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearLimits,
+                    request_deserializer=admin__pb2.LimitsRequest.FromString,
+                    response_serializer=admin__pb2.LimitsInfo.SerializeToString,
+            ),
+            'ListLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLimits,
+                    request_deserializer=admin__pb2.LimitsRequest.FromString,
+                    response_serializer=admin__pb2.LimitsList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -946,6 +994,87 @@ class Admin:
             '/raftmq.admin.Admin/CompactLog',
             admin__pb2.Empty.SerializeToString,
             admin__pb2.CompactReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.admin.Admin/SetLimits',
+            admin__pb2.LimitsRequest.SerializeToString,
+            admin__pb2.LimitsInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.admin.Admin/ClearLimits',
+            admin__pb2.LimitsRequest.SerializeToString,
+            admin__pb2.LimitsInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.admin.Admin/ListLimits',
+            admin__pb2.LimitsRequest.SerializeToString,
+            admin__pb2.LimitsList.FromString,
             options,
             channel_credentials,
             insecure,
