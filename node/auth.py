@@ -6,15 +6,19 @@ import base64
 import hashlib
 import hmac
 import ipaddress
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from raftmq.node.config import UserConfig
+from raftmq.ratelog import RateLimitedLog
 from raftmq.store.users import UserRecord, overlaid
 
 from .logins import LoginPool
+
+log = logging.getLogger(__name__)
 
 MECHANISMS = ("PLAIN", "AMQPLAIN")
 HASH_SCHEME = "pbkdf2-sha256"
@@ -196,9 +200,16 @@ class Authenticator:
     def __init__(self, users: dict[str, UserConfig],
                  managed: Callable[[], Mapping[str, UserRecord]] = dict,
                  overlay: Callable[[], Mapping[str, dict]] = dict, *,
-                 login_workers: int = 2, login_limit: int = 64) -> None:
+                 login_workers: int = 2, login_limit: int = 64, refusal_log_interval: float = 1.0) -> None:
         self._users = users
         self.pool = LoginPool(LoginBusy, login_workers, login_limit)
+        # Client logins refused (wrong password, unknown user, loopback-only, malformed response;
+        # not those refused as too many pending, counted by the pool): counted, and logged at most
+        # once per ``refusal_log_interval`` seconds with the number not logged in between -- a
+        # flood of wrong passwords wrote a line each (issue 31).  Every front end's login goes
+        # through :meth:`login` or :meth:`principal_named`, so this is the one place that logs them.
+        self.refused = 0
+        self._refusal_log = RateLimitedLog(log, refusal_log_interval)
         self._managed = managed
         self._overlay = overlay
         self._principals = {name: Principal(name, _compile(user.permissions)) for name, user in users.items()}
@@ -214,8 +225,23 @@ class Authenticator:
     async def login(self, mechanism: str, response: bytes, peer_host: str | None) -> Principal:
         """:meth:`authenticate` with the hash in the login pool (node/logins.py): the loop only
         parses and looks up; ``LoginBusy`` (an AuthError) when too many logins are pending."""
-        attempt = self.prepare(mechanism, response)
-        return self.conclude(attempt, await self.pool.run(check_password, attempt), peer_host)
+        try:
+            attempt = self.prepare(mechanism, response)
+        except AuthError as exc:
+            self.note_refused(None, peer_host, exc)
+            raise
+        matched = await self.pool.run(check_password, attempt)  # LoginBusy: counted by the pool
+        try:
+            return self.conclude(attempt, matched, peer_host)
+        except AuthError as exc:
+            self.note_refused(attempt.username, peer_host, exc)
+            raise
+
+    def note_refused(self, username: str | None, peer_host: str | None, exc: Exception) -> None:
+        """Count a refused client login and log it, rate-limited (see ``refused`` in __init__)."""
+        self.refused += 1
+        who = f"user '{username}'" if username is not None else "a client"
+        self._refusal_log.warning("login refused for %s from %s: %s", who, peer_host or "an unknown address", exc)
 
     def prepare(self, mechanism: str, response: bytes) -> Attempt:
         """Parse the response and read the user's stored credential (on the loop: no hashing)."""
@@ -259,6 +285,13 @@ class Authenticator:
         in as the one user the operator configured for it (``amqp10_anonymous_user``).  Everything
         :meth:`conclude` checks besides the password applies: a loopback-only user (guest, by
         default) is refused from another address (issue 31)."""
+        try:
+            return self._named(username, peer_host)
+        except AuthError as exc:
+            self.note_refused(username, peer_host, exc)
+            raise
+
+    def _named(self, username: str, peer_host: str | None) -> Principal:
         record = self._managed().get(username)
         if record is not None:
             loopback_only, principal = record.loopback_only, self._managed_principal(record)

@@ -147,7 +147,8 @@ class Broker:
                 # One node: the history continues its numbering (a cluster's comes from the log).
                 self.machine.event_seq = max(self.machine.event_seq, self.events.last_seq)
         self.auth = Authenticator(config.users, lambda: self.machine.users, lambda: self.machine.permission_overlay,
-                                  login_workers=config.login_workers, login_limit=config.login_queue_limit)
+                                  login_workers=config.login_workers, login_limit=config.login_queue_limit,
+                                  refusal_log_interval=config.login_refusal_log_interval)
         self.endpoints: dict[str, Endpoint] = {}
         self.log.is_local = self.endpoints.__contains__  # outputs for other nodes' connections get no body
         # Messages published and delivered through this node, per protocol (ops/metrics.py):

@@ -61,6 +61,9 @@ class Config:
     # login_queue_limit logins hashing or waiting, a login is refused at once (node/logins.py).
     login_workers: int = 2
     login_queue_limit: int = 64
+    # Refused client logins (wrong password...) are logged at most once per this many seconds, the
+    # line saying how many were not logged in between (node/auth.py; a flood wrote a line each).
+    login_refusal_log_interval: float = 1.0
     # AMQP 1.0 SASL ANONYMOUS (and 1.0 without SASL) logs in as this user; empty: not offered.
     amqp10_anonymous_user: str = ""
     # AMQP 1.0: a follower answers open with amqp:connection:redirect to the leader (node/amqp10/failover.py).

@@ -48,6 +48,7 @@ def status_of(broker: Broker) -> dict:
         # The login pool (node/logins.py): logins hashing or queued, done, refused as too many.
         "logins_pending": broker.auth.pool.pending, "logins_completed": broker.auth.pool.completed,
         "logins_refused_busy": broker.auth.pool.refused,
+        "logins_refused": broker.auth.refused,  # wrong password, unknown user... (node/auth.py)
         **bodies_status(broker),
     }
     if broker.events is not None:

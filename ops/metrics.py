@@ -13,8 +13,9 @@ Metric names (all prefixed ``raftmq_``): ``messages_published_total``, ``message
 ``raft_leader_changes_total``, ``resource_alarm`` (1 while publishers are blocked);
 ``fd_limit``, ``fd_open``, ``listener_connections``, ``listener_refused_total`` (labels listener,
 reason), ``listener_timed_out_total`` (the HTTP API's and this port's listeners, issue 31);
-``amqp10_limit_refusals_total`` (label kind: link, durable link, management request);
-``logins_refused_busy_total`` (node/logins.py), ``raft_port_sockets_closed_total`` (label reason:
+``amqp10_limit_refusals_total`` (label kind: link, durable link, management request, undecodable
+delivery, undecodable frame); ``logins_refused_busy_total`` (node/logins.py), ``logins_refused_total``
+(node/auth.py), ``raft_port_sockets_closed_total`` (label reason:
 raft/gate.py).
 Served by ops/metrics_server.py (bounded like the HTTP API's listener).
 """
@@ -26,6 +27,8 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from raftmq.node.amqp10.limits import KINDS
 
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
@@ -102,7 +105,7 @@ class BrokerCollector:
         refused = CounterMetricFamily("raftmq_amqp10_limit_refusals",
                                       "AMQP 1.0 attaches and /management requests refused by a per-connection "
                                       "or per-user bound", labels=["node", "kind"])
-        for kind in ("link", "durable link", "management request"):
+        for kind in KINDS:
             refused.add_metric([node, kind], limits.counts.get(kind, 0) if limits is not None else 0)
         yield refused
         yield _gauge("raftmq_sessions", "AMQP 0-10 sessions in the cluster", node, len(machine.sessions))
@@ -124,6 +127,10 @@ class BrokerCollector:
                                    labels=["node"])
         busy.add_metric([node], broker.auth.pool.refused)
         yield busy
+        failed = CounterMetricFamily("raftmq_logins_refused", "client logins refused: wrong password, unknown "
+                                     "user, loopback-only user, bad response (node/auth.py)", labels=["node"])
+        failed.add_metric([node], broker.auth.refused)
+        yield failed
         raft = broker.log.raft_status()
         if raft is not None:
             closed = CounterMetricFamily("raftmq_raft_port_sockets_closed",

@@ -538,7 +538,7 @@ class Amqp091Connection(asyncio.Protocol):
         try:
             self.principal = login.result()
         except AuthError as exc:
-            log.info("connection %s: authentication failed: %s", self.peer, exc)
+            log.debug("connection %s: authentication failed: %s", self.peer, exc)  # node/auth.py logs it
             raise ConnectionException(403, f"ACCESS_REFUSED - {exc}", method.CLASS_ID, method.METHOD_ID) from exc
         if self._refusal:
             raise ConnectionException(530, f"NOT_ALLOWED - {self._refusal}", method.CLASS_ID, method.METHOD_ID)

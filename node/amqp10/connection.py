@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from raftmq import __version__
 from raftmq.protocol.amqp10 import performatives as p
 from raftmq.protocol.amqp10 import types as t
-from raftmq.protocol.amqp10.errors import Amqp10Error
+from raftmq.protocol.amqp10.errors import Amqp10Error, DecodeError, FramingError
 from raftmq.protocol.amqp10.frames import (
     ALL_CHANNELS,
     AMQP_HEADER,
@@ -42,7 +42,7 @@ from ..core.access import Access, AccessRefused
 from ..peer import peer_of
 from ..writeflow import ReadGate, peer_closed, set_write_limits
 from .failover import failover_server_list, redirect_info
-from .limits import channel_max
+from .limits import channel_max, refusals
 from .session import Session, error
 
 if TYPE_CHECKING:
@@ -187,6 +187,8 @@ class Amqp10Connection(asyncio.Protocol):
                     break
                 self._on_frame(frame)
         except Amqp10Error as exc:
+            if isinstance(exc, (DecodeError, FramingError)):  # counted (ops/metrics.py); close logs it
+                refusals(self.broker).count("undecodable frame")
             self.close(exc.condition, exc.text)
         except Exception:
             log.exception("1.0 connection %s: internal error", self.peer)
@@ -443,7 +445,9 @@ class Amqp10Connection(asyncio.Protocol):
             if mechanism == "ANONYMOUS" and self.config.amqp10_anonymous_user:
                 self.principal = self.broker.auth.principal_named(self.config.amqp10_anonymous_user, self.peer_host)
             else:
-                raise AuthError(f"unsupported mechanism {mechanism}")
+                refused = AuthError(f"unsupported mechanism {mechanism}")
+                self.broker.auth.note_refused(None, self.peer_host, refused)  # counted and logged there
+                raise refused
         except AuthError as exc:
             self._sasl_outcome(exc)
             return
@@ -470,7 +474,7 @@ class Amqp10Connection(asyncio.Protocol):
 
     def _sasl_outcome(self, exc: AuthError | None) -> None:
         if exc is not None:
-            log.info("1.0 connection %s: authentication failed: %s", self.peer, exc)
+            log.debug("1.0 connection %s: authentication failed: %s", self.peer, exc)  # node/auth.py logs it
             self._send_sasl(p.SaslOutcome(code=SASL_AUTH))
             self.flush()
             self._abort()
@@ -488,7 +492,7 @@ class Amqp10Connection(asyncio.Protocol):
         try:
             self.principal = self.broker.auth.principal_named(self.config.amqp10_anonymous_user, self.peer_host)
         except AuthError as exc:
-            log.info("1.0 connection %s: anonymous login refused: %s", self.peer, exc)
+            log.debug("1.0 connection %s: anonymous login refused: %s", self.peer, exc)  # node/auth.py logs it
             self.send_raw(SASL_HEADER)
             self._abort()
             return False

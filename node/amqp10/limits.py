@@ -84,6 +84,13 @@ def durable_refusal(conn, name: bytes) -> str | None:
     return None
 
 
+#: Kinds counted by :class:`Refusals` (the label ``kind`` of raftmq_amqp10_limit_refusals): attaches
+#: and /management requests refused by a bound above; deliveries rejected because their sections do
+#: not decode within ``amqp10_max_message_elements`` or at all (node/amqp10/links.py); connections
+#: closed because a frame does not decode or frame (decode-error, framing-error: connection.py).
+KINDS = ("link", "durable link", "management request", "undecodable delivery", "undecodable frame")
+
+
 class Refusals:
     """Counts refusals per kind and logs them rate-limited (one line per kind per LOG_INTERVAL)."""
 
@@ -91,6 +98,10 @@ class Refusals:
         self.counts: Counter[str] = Counter()
         self._logged: dict[str, float] = {}
         self._suppressed: Counter[str] = Counter()
+
+    def count(self, kind: str) -> None:
+        """Count without a log line (the caller logs already, once per connection)."""
+        self.counts[kind] += 1
 
     def refused(self, kind: str, peer: str, text: str) -> None:
         self.counts[kind] += 1

@@ -100,7 +100,7 @@ from .address import AddressError, Target, parse_source, parse_target, queue_add
 from .connection import SETTLE_BATCH
 from .direct_reply import dynamic_queue_prefix
 from .filters import FilterRefused, SourceFilters, from_source
-from .limits import link_refusal
+from .limits import link_refusal, refusals
 from .modified import settle_modified
 from .session import SERIAL, SessionError, error
 from .terminus import Refusal, plan_source, target_of
@@ -630,7 +630,6 @@ class OutgoingLink(Link):
 class IncomingLink(Link):
     """We receive: each delivery is a PUBLISH."""
 
-    decode_refusal_logged = False  # one log line per link for deliveries that do not decode (a flood)
 
     def __init__(self, session: Session, attach) -> None:
         super().__init__(session, attach)
@@ -736,10 +735,9 @@ class IncomingLink(Link):
         try:
             message = convert.publish_of(data, self.conn.config.amqp10_max_message_elements)
         except DecodeError as exc:
-            if not self.decode_refusal_logged:
-                self.decode_refusal_logged = True
-                log.info("1.0 connection %s link %r: delivery rejected (%s): %s; further ones on this link "
-                         "are not logged", self.conn.peer, self.name, exc.condition, exc.text)
+            # Counted, and logged at most once per LOG_INTERVAL per node (many links could each log one)
+            refusals(self.conn.broker).refused("undecodable delivery", self.conn.peer,
+                                               f"link {self.name!r}: {exc.condition}: {exc.text}")
             self._outcome(delivery_id, settled, p.Rejected(error=error(exc.condition, exc.text)))
             return
         target = self.target
