@@ -209,7 +209,10 @@ def test_grpc_admin_requires_an_administrator(node):
              ("CloseConnection", pb.CloseConnectionRequest(id="x")),
              ("AddMember", pb.MemberRequest(raft_address="127.0.0.1:1")),
              ("RemoveMember", pb.MemberRequest(raft_address="127.0.0.1:1")),
-             ("CompactLog", pb.Empty())]
+             ("CompactLog", pb.Empty()),
+             ("SetLimits", pb.LimitsRequest(scope="vhost", name="/", definition='{"max-queues": 0}')),
+             ("ClearLimits", pb.LimitsRequest(scope="user", name="guest", limit="all")),
+             ("ListLimits", pb.LimitsRequest(scope="user"))]
     refusals = [(None, "", grpc.StatusCode.UNAUTHENTICATED), ("guest", "wrong", grpc.StatusCode.UNAUTHENTICATED),
                 (MGMT[0], MGMT[1], grpc.StatusCode.PERMISSION_DENIED),
                 (MONITOR[0], MONITOR[1], grpc.StatusCode.PERMISSION_DENIED)]

@@ -118,3 +118,40 @@ def test_every_login_costs_one_pbkdf2_and_a_user_changed_meanwhile_is_refused(mo
     managed["m"] = UserRecord("m", hash_password("new"), permissions={"/": (".*",) * 3})
     with pytest.raises(AuthError):
         auth.conclude(attempt, matched, "127.0.0.1")
+
+
+def test_refused_logins_are_counted_each_and_logged_once_per_interval(caplog):
+    """A flood of refused logins (wrong password, unknown user, loopback-only user from elsewhere,
+    anonymous as an unknown user) is counted one by one (``refused``: status and metrics) but logged
+    at most once per ``refusal_log_interval``; the next line after it says how many were not logged
+    (issue 31: a line per attempt).  A login that succeeds is not counted."""
+    import asyncio
+    import logging
+
+    auth = Authenticator({"guest": UserConfig("guest", loopback_only=True)}, refusal_log_interval=60.0)
+
+    async def flood() -> None:
+        for _ in range(20):
+            with pytest.raises(AuthError):
+                await auth.login("PLAIN", plain("guest", "wrong"), "127.0.0.1")
+            with pytest.raises(AuthError):
+                await auth.login("PLAIN", plain("nobody", "x"), "127.0.0.1")
+        with pytest.raises(AuthError):
+            await auth.login("PLAIN", plain("guest", "guest"), "10.1.2.3")  # loopback-only
+        with pytest.raises(AuthError):
+            await auth.login("PLAIN", b"no separators", "127.0.0.1")  # malformed response
+        assert (await auth.login("PLAIN", plain("guest", "guest"), "127.0.0.1")).name == "guest"
+        auth.pool.close()
+
+    with caplog.at_level(logging.INFO, logger="raftmq.node.auth"):
+        asyncio.run(flood())
+        with pytest.raises(AuthError):
+            auth.principal_named("nobody", "127.0.0.1")
+    assert auth.refused == 43
+    lines = [r.getMessage() for r in caplog.records if "login refused" in r.getMessage()]
+    assert lines == ["login refused for user 'guest' from 127.0.0.1: Login was refused using authentication "
+                     "mechanism PLAIN."]
+    auth._refusal_log._next = 0.0  # the interval has passed
+    auth.note_refused("guest", "127.0.0.1", AuthError("again"))
+    last = [r.getMessage() for r in caplog.records if "login refused" in r.getMessage()][-1]
+    assert last.endswith("again (42 more since the last report)"), last
