@@ -1,0 +1,57 @@
+"""Credit for 0-9-1 auto-ack consumers: the core assigns them only as fast as their socket takes it.
+
+An auto-ack delivery leaves its queue when the core assigns it, and basic.qos does not apply to it
+(no ack ever returns credit), so before this a consumer with ``no_ack`` attaching to a backlog was
+assigned all of it in one apply: 100 x 1 MiB queued and a socket that is not read put +84 MB of
+bodies into the node's heap (parked, node/writeflow.py) and emptied the queue at once.  The stop
+through the log (``Op.FLOW``) came too late, and every restart assigned the rest of the backlog again.
+
+So the channel gives the core a slice of message credit for each auto-ack consumer, as RabbitMQ's
+credit flow between queue, channel and writer does (and as pre-settled 1.0 receivers do,
+node/amqp10/links.py): the Consume carries the first slice (``store.delivery.AUTOACK_CREDIT``), and
+each delivery *written* to the transport lets the channel top the credit up once what the core may
+still assign plus what is assigned and not yet written falls to half a slice.  Parked deliveries
+are not written, so a consumer whose socket is full stops being assigned after at most a slice.
+
+A slice is what fits ``write_buffer_high`` at the recent delivery size (a maximum decaying by 1/8 a
+delivery), between ``MIN_SLICE`` and ``autoack_slice`` (the config); before any size is known, it
+is ``MIN_SLICE``.  A fast reader's top-ups cost one command per half slice (128 deliveries of small
+messages with the defaults), proposed without a token: ``SessionWindowCredit`` never fails, so a
+top-up racing a cancel (the client's, or the server's when the queue is deleted) is simply dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIN_SLICE = 4  # the smallest credit slice, and the first one (message sizes unknown yet)
+
+
+@dataclass(slots=True)
+class AutoAckCredit:
+    """One auto-ack consumer's credit as the channel sees it."""
+
+    most: int  # the largest slice (Config.autoack_slice)
+    high: int  # the connection's write_buffer_high
+    granted: int = MIN_SLICE  # credit given to the core so far (the Consume carried the first slice)
+    written: int = 0  # deliveries written to the transport
+    unit: int = 0  # recent delivery size
+
+    def slice(self) -> int:
+        """Deliveries the core may be ahead of the socket: ``high`` over the recent size, bounded."""
+        if self.unit <= 0:
+            return MIN_SLICE
+        return max(MIN_SLICE, min(max(MIN_SLICE, self.most), self.high // self.unit))
+
+    def wrote(self, size: int) -> int:
+        """A delivery of ``size`` body bytes was written: the credit to add now (0: none yet)."""
+        unit = self.unit
+        self.unit = size if size >= unit else unit - ((unit - size) >> 3)
+        self.written += 1
+        outstanding = self.granted - self.written
+        target = self.slice()
+        if outstanding > target // 2:
+            return 0
+        delta = target - outstanding
+        self.granted += delta
+        return delta
