@@ -13,9 +13,11 @@ each delivery *written* to the transport lets the channel top the credit up once
 still assign plus what is assigned and not yet written falls to half a slice.  Parked deliveries
 are not written, so a consumer whose socket is full stops being assigned after at most a slice.
 
-A slice is what fits ``write_buffer_high`` at the recent delivery size (a maximum decaying by 1/8 a
-delivery), between ``MIN_SLICE`` and ``autoack_slice`` (the config); before any size is known, it
-is ``MIN_SLICE``.  A fast reader's top-ups cost one command per half slice (128 deliveries of small
+A slice is what fits ``write_buffer_high`` at the recent delivery size (the largest written since
+the last top-up, or the earlier size halved towards it), between ``MIN_SLICE`` and
+``autoack_slice`` (the config); before any size is known, it is ``MIN_SLICE``.  The credit counts
+messages, so a slice granted for small messages may be taken by large ones: the bound is then
+``autoack_slice`` messages, not bytes (as for pre-settled 1.0 receivers).  A fast reader's top-ups cost one command per half slice (128 deliveries of small
 messages with the defaults), proposed without a token: ``SessionWindowCredit`` never fails, so a
 top-up racing a cancel (the client's, or the server's when the queue is deleted) is simply dropped.
 """
@@ -29,13 +31,17 @@ MIN_SLICE = 4  # the smallest credit slice, and the first one (message sizes unk
 
 @dataclass(slots=True)
 class AutoAckCredit:
-    """One auto-ack consumer's credit as the channel sees it."""
+    """One auto-ack consumer's credit as the channel sees it.  Per delivery written only a count and
+    a maximum are kept (``wrote``: the delivery path of every auto-ack message); the slice is worked
+    out every half slice (``_top_up``)."""
 
     most: int  # the largest slice (Config.autoack_slice)
     high: int  # the connection's write_buffer_high
     granted: int = MIN_SLICE  # credit given to the core so far (the Consume carried the first slice)
     written: int = 0  # deliveries written to the transport
-    unit: int = 0  # recent delivery size
+    unit: int = 0  # recent delivery size: a maximum, decaying by half at each top-up
+    peak: int = 0  # the largest delivery written since the last top-up
+    due: int = MIN_SLICE // 2  # deliveries to write before the next top-up
 
     def slice(self) -> int:
         """Deliveries the core may be ahead of the socket: ``high`` over the recent size, bounded."""
@@ -45,13 +51,25 @@ class AutoAckCredit:
 
     def wrote(self, size: int) -> int:
         """A delivery of ``size`` body bytes was written: the credit to add now (0: none yet)."""
-        unit = self.unit
-        self.unit = size if size >= unit else unit - ((unit - size) >> 3)
         self.written += 1
-        outstanding = self.granted - self.written
+        if size > self.peak:
+            self.peak = size
+        self.due -= 1
+        if self.due > 0:
+            return 0
+        return self._top_up()
+
+    def _top_up(self) -> int:
+        unit, peak = self.unit, self.peak
+        self.unit = peak if peak >= unit else unit - ((unit - peak) >> 1)
+        self.peak = 0
         target = self.slice()
-        if outstanding > target // 2:
+        outstanding = self.granted - self.written
+        half = max(1, target // 2)
+        if outstanding > target - half:  # the slice shrank (larger messages): wait for the writes
+            self.due = outstanding - (target - half)
             return 0
         delta = target - outstanding
         self.granted += delta
+        self.due = half
         return delta
