@@ -103,6 +103,7 @@ class Config:
     # slices of at most this many deliveries beyond what it has written -- fewer when its recent
     # message sizes fit fewer into write_buffer_high, at least 4 (node/amqp091/autoack.py): an
     # auto-ack message leaves its queue when assigned, so a backlog is not pulled into memory.
+    # 0 turns it off: during a rolling upgrade from a version without it (replicas would differ).
     autoack_slice: int = 256
     # Bytes the node holds for clients: message bodies in memory (cache and write-behind), client
     # write buffers, parked auto-ack deliveries, publishes being received (node/broker.py

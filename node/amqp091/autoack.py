@@ -20,6 +20,12 @@ messages, so a slice granted for small messages may be taken by large ones: the 
 ``autoack_slice`` messages, not bytes (as for pre-settled 1.0 receivers).  A fast reader's top-ups cost one command per half slice (128 deliveries of small
 messages with the defaults), proposed without a token: ``SessionWindowCredit`` never fails, so a
 top-up racing a cancel (the client's, or the server's when the queue is deleted) is simply dropped.
+
+Rolling upgrades: the command format is unchanged, and a node older than this ignores the argument, so
+in a cluster of mixed versions its replica would assign an auto-ack consumer the whole backlog where
+the others assign a slice, and their states would part.  ``autoack_slice = 0`` turns the credit off
+(auto-ack consumers are assigned as before): set it on the upgraded nodes until every node runs this
+version.
 """
 
 from __future__ import annotations
