@@ -8,6 +8,7 @@ anything):
   raw socket client counting basic.deliver frames: pika would measure itself) -- msg/s from consume to
   the last delivery.  The old node assigns the whole backlog in one apply; the new one in credit
   slices topped up as the deliveries are written;
+* (``--cluster``: 3-node clusters, the client on a follower)
 * latency: publish -> delivery of single messages to an auto-ack consumer (pika), p50 and p99 in ms
   (bench/throughput.bench_latency).
 
@@ -42,17 +43,27 @@ from tests.integration import rawamqp as raw  # noqa: E402
 _NODE = r"""
 import json, sys, tempfile
 from raftmq.ops.local.node import RaftmqNode
-node = RaftmqNode(tempfile.mkdtemp(prefix="raftmq-autoack-ab-"),
-                  env={"RAFTMQ_DISK_FREE_LIMIT": "1", **json.loads(sys.argv[1])}, start_timeout=120).start()
+from raftmq.ops.local.cluster import Cluster
+env = {"RAFTMQ_DISK_FREE_LIMIT": "1", **json.loads(sys.argv[1])}
+if sys.argv[2] == "cluster":  # the client on a follower: top-ups go through the leader's commit
+    extra = "".join(f"{k[len('RAFTMQ_'):].lower()} = {v}\n" for k, v in env.items())
+    cluster = Cluster(3, tempfile.mkdtemp(prefix="raftmq-autoack-ab-"), extra_config=extra).start()
+    leader = cluster.leader()
+    node = next(n for n in cluster.nodes if n is not leader)
+    cluster.connection(node).close()
+else:
+    cluster = None
+    node = RaftmqNode(tempfile.mkdtemp(prefix="raftmq-autoack-ab-"), env=env, start_timeout=120).start()
 print(json.dumps({"url": node.url, "port": node.port}), flush=True)
 for line in sys.stdin:
     pass
-node.terminate()
+cluster.stop() if cluster is not None else node.terminate()
 """
 
 
-def start(checkout: str, env: dict[str, str]) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen([str(Path(checkout) / ".venv/bin/python"), "-c", _NODE, json.dumps(env)], cwd=checkout,
+def start(checkout: str, env: dict[str, str], cluster: bool) -> tuple[subprocess.Popen, dict]:
+    proc = subprocess.Popen([str(Path(checkout) / ".venv/bin/python"), "-c", _NODE, json.dumps(env),
+                             "cluster" if cluster else "node"], cwd=checkout,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     return proc, json.loads(proc.stdout.readline())
 
@@ -114,9 +125,11 @@ def main() -> None:
     parser.add_argument("--latency-count", type=int, default=300)
     parser.add_argument("--node-env", action="append", default=[], metavar="RAFTMQ_X=V",
                         help="an environment setting for both nodes (e.g. RAFTMQ_WRITE_BUFFER_HIGH=4194304)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="3-node clusters, the client on a follower (its top-ups commit through the leader)")
     args = parser.parse_args()
     env = dict(item.split("=", 1) for item in args.node_env)
-    nodes = {"old": start(args.old, env), "new": start(args.new, env)}
+    nodes = {"old": start(args.old, env, args.cluster), "new": start(args.new, env, args.cluster)}
     results: dict[str, dict[str, list[float]]] = {k: {"msgs": [], "p50": [], "p99": []} for k in nodes}
     try:
         for r in range(args.rounds):

@@ -104,7 +104,7 @@ class Config:
     # message sizes fit fewer into write_buffer_high, at least 4 (node/amqp091/autoack.py): an
     # auto-ack message leaves its queue when assigned, so a backlog is not pulled into memory.
     # 0 turns it off: during a rolling upgrade from a version without it (replicas would differ).
-    autoack_slice: int = 256
+    autoack_slice: int = 2048
     # Bytes the node holds for clients: message bodies in memory (cache and write-behind), client
     # write buffers, parked auto-ack deliveries, publishes being received (node/broker.py
     # memory_in_use).  Queued bodies live on disk (<data>/bodies): a backlog does not count.
