@@ -102,6 +102,12 @@ class Config:
     # (node/amqp10/links.py): the core forgets a pre-settled message once assigned, so credit for a
     # backlog would otherwise pull all of it, bodies included, into the node's memory at once.
     amqp10_presettled_slice: int = 256
+    # A 0-9-1 auto-ack consumer (basic.consume no-ack) is given message credit by its channel in
+    # slices of at most this many deliveries beyond what it has written -- fewer when its recent
+    # message sizes fit fewer into write_buffer_high, at least 4 (node/amqp091/autoack.py): an
+    # auto-ack message leaves its queue when assigned, so a backlog is not pulled into memory.
+    # 0 turns it off: during a rolling upgrade from a version without it (replicas would differ).
+    autoack_slice: int = 2048
     # Bytes the node holds for clients: message bodies in memory (cache and write-behind), client
     # write buffers, parked auto-ack deliveries, publishes being received (node/broker.py
     # memory_in_use).  Queued bodies live on disk (<data>/bodies): a backlog does not count.

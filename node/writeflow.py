@@ -22,6 +22,9 @@ What a connection does (docs/design.md, "Back-pressure towards consumers"):
   stopped (its parked deliveries are not counted toward the threshold); an auto-ack consumer or one
   without prefetch reaches it at once, a 0-10 session when it parked that much. Messages not assigned
   stay in their queues, where other consumers can take them and the memory alarm counts them.
+  An auto-ack consumer is also bounded by the credit slices its channel gives the core as it
+  writes (node/amqp091/autoack.py): the stop comes one apply late, and the apply that attaches it
+  to a backlog (or restarts it) would otherwise assign all of it.
 
 On resume the parked deliveries are written in order (stopping again if the buffer refills) and
 then the stopped channels' assignment is re-enabled with ``Op.FLOW`` active=true.

@@ -41,6 +41,13 @@ if TYPE_CHECKING:
 #: Ready entries one dispatch examines for a queue's filtered consumers (dispatch_selective).
 SCAN_LIMIT = 1024
 
+#: A Consume argument the 0-9-1 front end sets (and strips from what clients send) on an auto-ack
+#: consumer: the message credit it starts with.  The front end tops it up (``SessionWindowCredit``,
+#: never an error) as it writes the deliveries, so that the core assigns an auto-ack consumer -- whose
+#: messages leave their queue when assigned -- only as fast as its socket takes them, not a whole
+#: backlog in one apply (node/amqp091/autoack.py; docs/design.md "Back-pressure towards consumers").
+AUTOACK_CREDIT = "x-raftmq-autoack-credit"
+
 
 class Delivery:
     def __init__(self, machine: StateMachine) -> None:
@@ -70,6 +77,12 @@ class Delivery:
                 403, f"queue '{queue_name}' in vhost '{vhost_name}' in exclusive use"
             )
         consumer = Consumer(ch, tag, queue, bool(no_ack), bool(exclusive), ch.consumer_prefetch)
+        if no_ack and ch.session is None and arguments and isinstance(arguments, dict):
+            credit = arguments.get(AUTOACK_CREDIT)
+            if type(credit) is int and credit >= 0:
+                # Credit in window mode: SessionWindowCredit adds to it; deliver takes one each.
+                consumer.credit_messages = credit
+                consumer.window_mode = True
         ch.consumers[tag] = consumer
         queue.consumers.append(consumer)
         if selection is not None:
@@ -405,6 +418,8 @@ class Delivery:
             session.next_transfer += 1
             if not consumer.no_ack:
                 session.transfers[transfer_id] = (queue.qid, entry.seq, consumer.tag)
+        elif consumer.credit_messages is not None:  # a 0-9-1 auto-ack consumer's credit (AUTOACK_CREDIT)
+            consumer.credit_messages -= 1
         if consumer.no_ack:
             self.drop(queue, entry)
         else:

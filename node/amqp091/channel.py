@@ -47,14 +47,17 @@ from raftmq.store.commands import (
     QueuePurge,
     QueueUnbind,
     Recover,
+    SessionWindowCredit,
     TxCommit,
 )
+from raftmq.store.delivery import AUTOACK_CREDIT
 from raftmq.store.errors import HARD_ERRORS
 from raftmq.store.message import AMQP091, properties_in
 from raftmq.store.model import Message
 from raftmq.store.values import to_plain
 
 from ..core.access import WRITE, AccessRefused
+from .autoack import MIN_SLICE, AutoAckCredit
 from .errors import ChannelException, ConnectionException
 from .window import ClientWindow, assigned_window
 
@@ -99,6 +102,7 @@ class Channel:
         self._next_delivery_tag = 0
         self._unacked: dict[int, tuple[int, int]] = {}
         self._consumers: dict[str, bool] = {}  # consumer tag -> no_ack
+        self._autoack: dict[str, AutoAckCredit] = {}  # auto-ack consumers' credit (autoack.py)
         self._window = ClientWindow()  # the client's basic.qos, and deliveries held beyond it
         self._paused = False  # channel.flow active=false
         # Publisher confirms.
@@ -192,6 +196,7 @@ class Channel:
         self._body_parts = []
         self._unacked.clear()
         self._consumers.clear()
+        self._autoack.clear()
         self._window = ClientWindow()
         self._confirms.clear()
         self._unconfirmed = 0
@@ -420,12 +425,19 @@ class Channel:
             raise ConnectionException(530, f"NOT_ALLOWED - attempt to reuse consumer tag "
                                            f"'{method.consumer_tag}'", method.CLASS_ID, method.METHOD_ID)
         no_ack = bool(method.no_ack)
+        arguments = to_plain(method.arguments or {})
+        arguments.pop(AUTOACK_CREDIT, None)  # the node's own (autoack.py), never a client's
+        credited = no_ack and self.conn.config.autoack_slice > 0  # 0: off (rolling upgrades, autoack.py)
+        if credited:
+            arguments[AUTOACK_CREDIT] = MIN_SLICE
         command = self._command(Consume, self.conn.vhost, queue, method.consumer_tag, no_ack,
-                                bool(method.exclusive), to_plain(method.arguments or {}))
+                                bool(method.exclusive), arguments)
         limit = self._window.next_consumer_limit
 
         def consuming(tag):
             self._consumers[tag] = no_ack
+            if credited:
+                self._autoack[tag] = AutoAckCredit(self.conn.config.autoack_slice, self.conn.write_high)
             self._window.add_consumer(tag, limit)
             return m.BasicConsumeOk(consumer_tag=tag)
 
@@ -436,6 +448,7 @@ class Channel:
 
         def cancelled(tag):
             self._consumers.pop(tag, None)
+            self._autoack.pop(tag, None)
             self._return_held(tag)
             return m.BasicCancelOk(consumer_tag=tag)
 
@@ -697,11 +710,19 @@ class Channel:
         self.conn.write(encode_delivery(self.number, consumer_tag, tag, redelivered, message.exchange,
                                         message.routing_key, properties_091(message), body,
                                         self.conn.frame_max))
+        if no_ack:
+            credit = self._autoack.get(consumer_tag)
+            if credit is not None:
+                more = credit.wrote(message.size)
+                if more:  # the core may assign this many more (autoack.py)
+                    self.conn.broker.submit(SessionWindowCredit(self.conn.conn_id, None, self.number,
+                                                                consumer_tag, more, 0))
 
     def server_cancel(self, consumer_tag: str) -> None:
         """The queue went away: basic.cancel to clients that announced consumer_cancel_notify."""
         if self.state != OPEN or self._consumers.pop(consumer_tag, None) is None:
             return
+        self._autoack.pop(consumer_tag, None)
         self._window.remove_consumer(consumer_tag)  # the queue is gone, and its messages with it
         if self.conn.client_capabilities.get("consumer_cancel_notify"):
             self.conn.write(encode_method_frame(self.number, m.BasicCancel(consumer_tag=consumer_tag,

@@ -111,6 +111,7 @@ class Amqp091Connection(asyncio.Protocol):
         self._reading_paused = False
         # Deliveries held while the client's socket is full (writeflow.py).
         self._parking = Parking(stop_after=self.config.write_buffer_high or DEFAULT_HIGH)
+        self.write_high = self.config.write_buffer_high or DEFAULT_HIGH  # auto-ack credit (autoack.py)
         set_write_limits(transport, self.config.write_buffer_high)
 
     # ------------------------------------------------------------------ asyncio.Protocol

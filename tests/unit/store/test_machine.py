@@ -357,3 +357,28 @@ def test_a_batch_applied_without_replies_changes_the_state_alike_and_keeps_deliv
     assert machines[0].event_seq == machines[1].event_seq
     assert machines[0].channels.keys() == machines[1].channels.keys()  # the 404 closed the remote channel in both
     assert 1 not in machines[1].channels.get("remote", {})
+
+
+def test_auto_ack_consumer_with_node_credit_is_assigned_only_its_credit(driver):
+    """store/delivery.AUTOACK_CREDIT (node/amqp091/autoack.py): an auto-ack Consume carrying the node's
+    credit argument is assigned that many messages of a backlog, in queue order, and the rest stay
+    queued; SessionWindowCredit tops it up (the next ones in order), and is dropped without an error
+    once the consumer is gone.  Without the argument an auto-ack consumer takes the whole backlog."""
+    from raftmq.store.commands import SessionWindowCredit
+    from raftmq.store.delivery import AUTOACK_CREDIT
+
+    declare(driver, "q")
+    for i in range(10):
+        driver.publish("", "q", b"%d" % i)
+    _, outputs = driver.ok(Op.CONSUME, "/", "q", "c1", True, False, {AUTOACK_CREDIT: 3})
+    assert [o[4][4] for o in deliveries(outputs)] == [b"0", b"1", b"2"]
+    queue = driver.machine.vhosts["/"].queues["q"]
+    assert len(queue.ready) == 7
+    outputs = driver.apply(SessionWindowCredit(C, None, 1, "c1", 2, 0))
+    assert [o[4][4] for o in deliveries(outputs)] == [b"3", b"4"]
+    assert len(queue.ready) == 5
+    driver.ok(Op.CANCEL, "c1")
+    outputs = driver.apply(SessionWindowCredit(C, None, 1, "c1", 2, 0))
+    assert not [o for o in outputs if o[1] == OUT_REPLY]  # no error for a top-up racing a cancel
+    _, outputs = driver.ok(Op.CONSUME, "/", "q", "c2", True, False, {})
+    assert [o[4][4] for o in deliveries(outputs)] == [b"5", b"6", b"7", b"8", b"9"]
