@@ -106,8 +106,10 @@ class Config:
     # slices of at most this many deliveries beyond what it has written -- fewer when its recent
     # message sizes fit fewer into write_buffer_high, at least 4 (node/amqp091/autoack.py): an
     # auto-ack message leaves its queue when assigned, so a backlog is not pulled into memory.
-    # 0 turns it off: during a rolling upgrade from a version without it (replicas would differ).
-    autoack_slice: int = 2048
+    # 0 (the default) turns it off: it cost ~12% on the publish->delivery round trip of an auto-ack
+    # consumer (docs/benchmarks.md, issue 31), cause not located yet; and it must stay 0 during a
+    # rolling upgrade from a version without it (replicas would differ).  2048 is the tested setting.
+    autoack_slice: int = 0
     # Bytes the node holds for clients: message bodies in memory (cache and write-behind), client
     # write buffers, parked auto-ack deliveries, publishes being received (node/broker.py
     # memory_in_use).  Queued bodies live on disk (<data>/bodies): a backlog does not count.

@@ -28,7 +28,7 @@ def test_auto_ack_consumer_on_a_follower_attaching_to_a_backlog_it_does_not_read
     whole backlog assigned in the consume's apply), the replicas' state digests are equal; then the
     consumer reads all 100, intact, in order, once, the queue is empty and the digests are equal again.
     RSS is printed, not asserted: a cluster node also keeps recent Raft entries in memory."""
-    with Cluster(3, tmp_path, extra_config="disk_free_limit = 1\nbody_cache_bytes = 16777216\n") as cluster:
+    with Cluster(3, tmp_path, extra_config="disk_free_limit = 1\nbody_cache_bytes = 16777216\nautoack_slice = 2048\n") as cluster:
         leader = cluster.leader()
         follower = next(n for n in cluster.nodes if n is not leader)
         cluster.connection(follower).close()  # the follower accepts clients

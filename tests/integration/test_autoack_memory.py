@@ -40,7 +40,7 @@ def node(broker_kind: str, tmp_path_factory) -> Iterator[RaftmqNode]:
         pytest.skip("drives a private raftmq node")
     base = tmp_path_factory.mktemp("autoack-memory")
     config = base / "raftmq.toml"
-    config.write_text("disk_free_limit = 1\nbody_cache_bytes = 16777216\n"
+    config.write_text("disk_free_limit = 1\nbody_cache_bytes = 16777216\nautoack_slice = 2048\n"
                       '[users.guest]\npassword = "guest"\ntags = ["administrator"]\n')
     n = RaftmqNode(base / "data", config=config).start()
     yield n

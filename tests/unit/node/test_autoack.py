@@ -100,7 +100,7 @@ async def _consumer_credit(slice_setting: int) -> tuple[int | None, int, int]:
 
 
 def test_a_consumer_whose_socket_is_full_is_assigned_one_slice_and_0_turns_it_off() -> None:
-    """With the default autoack_slice, a paused consumer is assigned the first slice (MIN_SLICE) and no
+    """With autoack_slice 256, a paused consumer is assigned the first slice (MIN_SLICE) and no
     more, the core holding no credit for it; with autoack_slice = 0 (rolling upgrades) the node gives no
     credit and the whole backlog is assigned as before."""
     import asyncio
