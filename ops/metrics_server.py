@@ -58,34 +58,13 @@ SERVER = "raftmq"
 class MetricsListener(HttpListener):
     """The management API's bounded listener with the metrics port's cap, stats and log lines."""
 
+    what = "metrics"
+    cap_setting = "metrics_max_connections"
+
     def __init__(self, server: Callable[[], asyncio.Protocol], config: Config,
                  reserve: DescriptorReserve | None = None) -> None:
         super().__init__(server, config, reserve, listener_stats("metrics"))
         self.refusals.logger = log
-
-    def admit(self) -> str | None:
-        if self.stats.open >= self.config.metrics_max_connections:
-            return "connections"
-        if self.reserve.exhausted():
-            return "descriptors"
-        self.stats.open += 1
-        self.reserve.kept()
-        return None
-
-    def refused(self, kind: str, peer: object) -> None:
-        self.stats.refuse(kind)
-        if kind == "connections":
-            self.refusals.warning(kind, "metrics connection from %s refused: %d metrics connections open "
-                                  "(metrics_max_connections)", peer, self.stats.open)
-        else:
-            self.refusals.warning(kind, "metrics connection from %s refused: %s of %d file descriptors in use, "
-                                  "%d kept for AMQP logins (fd_reserve)", peer, self.reserve.in_use(),
-                                  self.reserve.limit, self.reserve.reserve)
-
-    def timed_out(self, peer: object) -> None:
-        self.stats.timed_out += 1
-        self.refusals.warning("header-timeout", "metrics connection from %s closed: no complete request "
-                              "headers within %.1f s (http_header_timeout)", peer, self.config.http_header_timeout)
 
 
 class _Collected:

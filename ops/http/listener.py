@@ -41,7 +41,11 @@ def _refusal(reason: str) -> bytes:
 
 class HttpListener:
     """Protocol factory for ``loop.create_server``: each connection gets a :class:`_Bounded` in front
-    of the protocol aiohttp's ``server`` makes."""
+    of the protocol aiohttp's ``server`` makes.  ``what`` names the listener in log lines and
+    ``cap_setting`` is the Config field bounding its open connections (ops/metrics_server.py sets both)."""
+
+    what = "HTTP"
+    cap_setting = "http_max_connections"
 
     def __init__(self, server: Callable[[], asyncio.Protocol], config: Config,
                  reserve: DescriptorReserve | None = None, stats: ListenerStats | None = None) -> None:
@@ -56,7 +60,7 @@ class HttpListener:
 
     def admit(self) -> str | None:
         """Why a new connection is refused, or None (then it is counted open)."""
-        if self.stats.open >= self.config.http_max_connections:
+        if self.stats.open >= getattr(self.config, self.cap_setting):
             return "connections"
         if self.reserve.exhausted():
             return "descriptors"
@@ -67,17 +71,17 @@ class HttpListener:
     def refused(self, kind: str, peer: object) -> None:
         self.stats.refuse(kind)
         if kind == "connections":
-            self.refusals.warning(kind, "HTTP connection from %s refused: %d HTTP connections open "
-                                  "(http_max_connections)", peer, self.stats.open)
+            self.refusals.warning(kind, "%s connection from %s refused: %d %s connections open (%s)",
+                                  self.what, peer, self.stats.open, self.what, self.cap_setting)
         else:
-            self.refusals.warning(kind, "HTTP connection from %s refused: %s of %d file descriptors in use, "
-                                  "%d kept for AMQP logins (fd_reserve)", peer, self.reserve.in_use(),
+            self.refusals.warning(kind, "%s connection from %s refused: %s of %d file descriptors in use, "
+                                  "%d kept for AMQP logins (fd_reserve)", self.what, peer, self.reserve.in_use(),
                                   self.reserve.limit, self.reserve.reserve)
 
     def timed_out(self, peer: object) -> None:
         self.stats.timed_out += 1
-        self.refusals.warning("header-timeout", "HTTP connection from %s closed: no complete request "
-                              "headers within %.1f s (http_header_timeout)", peer, self.config.http_header_timeout)
+        self.refusals.warning("header-timeout", "%s connection from %s closed: no complete request headers "
+                              "within %.1f s (http_header_timeout)", self.what, peer, self.config.http_header_timeout)
 
 
 class _Bounded(asyncio.Protocol):
