@@ -232,6 +232,24 @@ class Receiver:
         self.sock.close()
 
 
+def probe_for(n: RaftmqNode, queue: str, seconds: float) -> tuple[int, float]:
+    """The node's peak RSS and another pika client's worst round trip over ``seconds`` (a stalled
+    client holds the node meanwhile; nothing is waited for)."""
+    conn = pika_conn(n)
+    probe = f"{queue}-probe"
+    conn.channel().queue_declare(probe, exclusive=True)
+    worst, peak = 0.0, 0
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            worst = max(worst, round_trip_seconds(conn, probe))
+            peak = max(peak, rss(n.pid))
+            time.sleep(0.05)
+    finally:
+        conn.close()
+    return peak, worst
+
+
 def measure_during(n: RaftmqNode, queue: str, hold: float) -> tuple[int, float]:
     """RSS growth of the node (its peak over ``hold`` seconds after the queue was fully assigned) and the
     worst round trip of another pika client over that time."""
@@ -413,16 +431,7 @@ def test_presettled_receiver_that_never_reads_holds_no_backlog(node) -> None:
     try:
         rx.open(queue, window=100_000, settled=True)
         rx.flow(window=100_000, credit=CREDIT)
-        conn = pika_conn(node)
-        probe = f"{queue}-probe"
-        conn.channel().queue_declare(probe, exclusive=True)
-        worst, peak = 0.0, 0
-        end = time.monotonic() + 2.0
-        while time.monotonic() < end:
-            worst = max(worst, round_trip_seconds(conn, probe))
-            peak = max(peak, rss(node.pid))
-            time.sleep(0.05)
-        conn.close()
+        peak, worst = probe_for(node, queue, 2.0)
         depth = queue_depth(node, queue)
         growth = peak - before
         print(f"\nunread socket, pre-settled: RSS {before / MB:.0f} -> {peak / MB:.0f} MB (+{growth / MB:.1f}); "

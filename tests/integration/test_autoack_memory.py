@@ -25,7 +25,7 @@ import pytest
 from raftmq.ops.local.node import RaftmqNode
 
 from .rawamqp import BASIC_CONSUME_OK, FRAME_BODY, FRAME_HEADER, RawClient, basic_consume, read_shortstr
-from .test_amqp10_credit_memory import body_of, fill_queue, pika_conn, queue_depth, round_trip_seconds, rss
+from .test_amqp10_credit_memory import body_of, fill_queue, pika_conn, probe_for, queue_depth, rss
 
 MB = 1 << 20
 BACKLOG = 100  # x 1 MiB queued
@@ -99,16 +99,7 @@ def test_autoack_consumer_that_never_reads_holds_no_backlog(node) -> None:
         consumer.open_channel(1)
         consumer.send(basic_consume(1, queue, "unread", no_ack=True))
         consumer.expect_method(BASIC_CONSUME_OK, channel=1)
-        conn = pika_conn(node)
-        probe = f"{queue}-probe"
-        conn.channel().queue_declare(probe, exclusive=True)
-        worst, peak = 0.0, 0
-        end = time.monotonic() + 2.0
-        while time.monotonic() < end:
-            worst = max(worst, round_trip_seconds(conn, probe))
-            peak = max(peak, rss(node.pid))
-            time.sleep(0.05)
-        conn.close()
+        peak, worst = probe_for(node, queue, 2.0)
         depth = queue_depth(node, queue)
         growth = peak - before
         print(f"\nunread auto-ack consumer: RssAnon {before / MB:.0f} -> {peak / MB:.0f} MB (+{growth / MB:.1f}); "
