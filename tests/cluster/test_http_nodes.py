@@ -8,25 +8,14 @@ through every other node's (changes are log commands).  A killed member shows as
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from raftmq.ops.local.cluster import Cluster
 from raftmq.ops.local.node import free_port
 from tests.support.http_api import call, path
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
-
-
-def _wait(predicate, timeout: float = 15.0, what: str = ""):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def test_nodes_raft_view_and_replicated_changes(tmp_path):
@@ -51,7 +40,7 @@ def test_nodes_raft_view_and_replicated_changes(tmp_path):
             terms = {n["raft"]["term"] for nodes in views.values() for n in nodes}
             return views if leaders == {f"raftmq@{leader.node_id}"} and len(terms) == 1 else None
 
-        views = _wait(views_agree, what="every node to name the same leader in one term")
+        views = wait_for(views_agree, what="every node to name the same leader in one term")
         for node_id, nodes in views.items():
             me = next(n for n in nodes if n["name"] == f"raftmq@{node_id}")
             assert me["running"] and me["raft"]["role"] == ("leader" if node_id == leader.node_id else "follower")
@@ -75,7 +64,7 @@ def test_nodes_raft_view_and_replicated_changes(tmp_path):
                                         "payload": f"m{i}", "payload_encoding": "string"})
             assert (status, routed) == (200, {"routed": True})
         for node_id, base in bases.items():
-            view = _wait(lambda b=base: (lambda r: r[1] if r[0] == 200 and r[1]["messages"] == 3 else None)(
+            view = wait_for(lambda b=base: (lambda r: r[1] if r[0] == 200 and r[1]["messages"] == 3 else None)(
                 call(b, "GET", path("queues", "/", "replicated"))), what=f"the queue on {node_id}")
             assert view["durable"] is True
         got = call(bases[other.node_id], "POST", path("queues", "/", "replicated", "get"),
@@ -91,5 +80,5 @@ def test_nodes_raft_view_and_replicated_changes(tmp_path):
             gone = next(n for n in nodes if n["name"] == f"raftmq@{other.node_id}")
             return not gone["running"] and gone["raft"]["role"] == "unknown"
 
-        _wait(killed_not_running, what="the killed member to show as not running")
+        wait_for(killed_not_running, what="the killed member to show as not running")
         assert call(leader_base, "GET", "/api/health/checks/virtual-hosts")[1] == {"status": "ok"}

@@ -11,7 +11,6 @@ digests (which cover the limits) stay equal.
 from __future__ import annotations
 
 import re
-import time
 
 import pika
 import pika.exceptions as pex
@@ -20,6 +19,7 @@ import pytest
 from raftmq.ops.local.cluster import Cluster
 from raftmq.ops.local.node import free_port
 from tests.support.http_api import call, path
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -27,16 +27,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 def _params(node, vhost: str) -> pika.ConnectionParameters:
     return pika.ConnectionParameters("127.0.0.1", node.port, vhost, pika.PlainCredentials("guest", "guest"),
                                      connection_attempts=1, socket_timeout=5)
-
-
-def _wait(predicate, timeout: float = 15.0, what: str = ""):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def test_limits_set_on_one_node_hold_on_the_others(tmp_path):
@@ -57,13 +47,13 @@ def test_limits_set_on_one_node_hold_on_the_others(tmp_path):
         assert call(via, "PUT", path("vhost-limits", vhost, "max-connections"), body={"value": 1})[0] == 204
         expected = [{"vhost": vhost, "value": {"max-queues": 3, "max-connections": 1}}]
         for node_id, base in bases.items():
-            _wait(lambda b=base: call(b, "GET", path("vhost-limits", vhost))[1] == expected,
+            wait_for(lambda b=base: call(b, "GET", path("vhost-limits", vhost))[1] == expected,
                   what=f"the limits on {node_id}")
 
         # max-queues: two queues through the leader, one through the other follower, then refused there.
         conns = {}
         for node in (leader, other):
-            conns[node.node_id] = _wait(lambda n=node: _try_connect(n, vhost), what=f"a connection to {node.node_id}")
+            conns[node.node_id] = wait_for(lambda n=node: _try_connect(n, vhost), what=f"a connection to {node.node_id}")
         ch = conns[leader.node_id].channel()
         ch.queue_declare("a")
         ch.queue_declare("b")

@@ -16,18 +16,9 @@ import pytest
 from raftmq.ops.local.cluster import Cluster
 from raftmq.ops.local.node import free_port
 from tests.support.http_api import call, path
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
-
-
-def _wait(predicate, timeout: float = 15.0, what: str = ""):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def _connect(node, vhost: str, timeout: float = 15.0) -> pika.BlockingConnection:
@@ -76,7 +67,7 @@ def test_vhost_delete_through_a_follower_takes_effect_on_every_node(tmp_path):
             conns[follower.node_id].process_data_events(time_limit=0.1)
         assert len(got) == 2  # two unacked on the follower's connection, three ready
         for base in bases.values():
-            _wait(lambda b=base: call(b, "GET", path("queues", vhost, "dq"))[0] == 200, what="the queue everywhere")
+            wait_for(lambda b=base: call(b, "GET", path("queues", vhost, "dq"))[0] == 200, what="the queue everywhere")
 
         assert call(via, "DELETE", path("vhosts", vhost))[0] == 204
 
@@ -87,7 +78,7 @@ def test_vhost_delete_through_a_follower_takes_effect_on_every_node(tmp_path):
             assert closed.value.reply_code == 320, node_id
             assert "vhost 'doomed' is deleted" in closed.value.reply_text
         for node_id, base in bases.items():
-            _wait(lambda b=base: call(b, "GET", path("vhosts", vhost))[0] == 404, what=f"the delete on {node_id}")
+            wait_for(lambda b=base: call(b, "GET", path("vhosts", vhost))[0] == 404, what=f"the delete on {node_id}")
             assert not [q for q in call(base, "GET", "/api/queues")[1] if q["vhost"] == vhost]
             assert not [p for p in call(base, "GET", "/api/permissions")[1] if p["vhost"] == vhost]
             assert call(base, "DELETE", path("vhosts", vhost))[0] == 404

@@ -22,7 +22,6 @@ never asserted).  Checked:
 from __future__ import annotations
 
 import gzip
-import os
 import socket
 import time
 import urllib.error
@@ -34,7 +33,7 @@ import pytest
 
 from raftmq.ops.local.node import RaftmqNode, free_port
 from tests.integration.helpers import round_trip, wait_until
-from tests.integration.test_http_hardening import RoundTrips
+from tests.integration.test_http_hardening import RoundTrips, open_fds
 
 NOFILE = 200
 RESERVE = 80
@@ -48,10 +47,6 @@ def threads(pid: int) -> int:
         if line.startswith("Threads:"):
             return int(line.split()[1])
     raise AssertionError("no Threads")
-
-
-def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 @pytest.fixture(scope="module")
