@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import struct
 import time
-import tracemalloc
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -36,6 +35,7 @@ from raftmq.protocol.amqp10 import stored
 from raftmq.protocol.amqp10 import types as t
 from raftmq.protocol.amqp10.errors import DecodeError
 from raftmq.protocol.amqp10.skip import skip_value
+from tests.unit.protocol.test_amqp10_types import bounded
 
 U32 = struct.Struct(">I")
 HEADER = struct.Struct(">IBBH")
@@ -48,20 +48,6 @@ def list32_of_empty_lists(n: int) -> bytes:
 
 def amqp_value(encoded: bytes) -> bytes:
     return b"\x00\x53\x77" + encoded
-
-
-def measured(fn, *args):
-    """(result or exception, seconds, peak bytes allocated) of ``fn(*args)``."""
-    tracemalloc.start()
-    started = time.perf_counter()
-    try:
-        outcome = fn(*args)
-    except Exception as exc:  # noqa: BLE001 - returned for the caller to judge
-        outcome = exc
-    elapsed = time.perf_counter() - started
-    _size, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    return outcome, elapsed, peak
 
 
 # -- the skip walk (1.2) -------------------------------------------------------------------------------------------
@@ -85,7 +71,7 @@ def test_skip_ends_where_decode_ends(value):
 def test_skip_of_eight_million_empty_lists_builds_nothing():
     """The attack of issue 31 item 1: an 8 Mi-element list is one size field to the walk."""
     enc = list32_of_empty_lists(8 * MiB)
-    end, elapsed, peak = measured(skip_value, enc, 0, len(enc))
+    end, elapsed, peak = bounded(skip_value, enc, 0, len(enc))
     assert end == len(enc)
     assert elapsed < 0.05 and peak < 4096, (elapsed, peak)
 
@@ -149,7 +135,7 @@ def test_publish_of_an_8_mib_amqp_value_of_empty_lists_is_bounded():
     """Issue 31 item 1: publishing keeps the body's octets; building 8 Mi lists took 581 MB and seconds."""
     body = amqp_value(list32_of_empty_lists(8 * MiB))
     payload = p.Properties(to="/queues/q").encode() + body
-    published, elapsed, peak = measured(cv.publish_of, payload)
+    published, elapsed, peak = bounded(cv.publish_of, payload)
     assert published.body == body and published.to == "/queues/q"
     assert stored.unpack(published.properties)[0] == stored.BODY_SECTIONS
     assert elapsed < 0.5, elapsed
@@ -168,7 +154,7 @@ def test_delivery_of_unchecked_body_walks_its_sections():
     """A 0-9-1 message typed amqp-1.0 whose body is 1.0 sections: delivered as its body sections, walked."""
     body = amqp_value(list32_of_empty_lists(MiB))
     props = stored.pack(stored.BODY_UNCHECKED, b"", b"")
-    out, elapsed, peak = measured(cv.encode_delivery, props, body, "", "q", False)
+    out, elapsed, peak = bounded(cv.encode_delivery, props, body, "", "q", False)
     assert out.endswith(body)
     assert peak < 4 * len(body), peak
 
@@ -187,7 +173,7 @@ def test_budget_charges_declared_items_of_lists_maps_and_arrays():
 def test_budget_refuses_a_huge_list_before_building_it():
     """A list of 130k empty lists (the attach flood of issue 31) costs one check past the budget."""
     enc = list32_of_empty_lists(130_000)
-    outcome, elapsed, peak = measured(t.decode, enc, 4096)
+    outcome, elapsed, peak = bounded(t.decode, enc, 4096)
     assert isinstance(outcome, DecodeError) and "element budget" in str(outcome)
     assert elapsed < 0.01 and peak < 16 * 1024, (elapsed, peak)
 
@@ -214,7 +200,7 @@ def test_frame_of_130k_element_list_is_refused_at_once():
     items = b"\xa1\x01l" + b"\x43" + b"\x42" + b"\x40" * 9 + lst
     body = b"\x00\x53\x12\xd0" + U32.pack(len(items) + 4) + U32.pack(13) + items
     frame = HEADER.pack(8 + len(body), 2, 0, 0) + body
-    outcome, elapsed, peak = measured(f.FrameReader(1 << 20).feed, frame)
+    outcome, elapsed, peak = bounded(f.FrameReader(1 << 20).feed, frame)
     assert isinstance(outcome, DecodeError) and "element budget" in str(outcome), outcome
     assert elapsed < 0.05 and peak < 4 * len(frame), (elapsed, peak)  # the reader's copies
 
