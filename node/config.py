@@ -211,6 +211,9 @@ class Config:
     # this much (raft/cluster.py: a batch's fixed cost on every node is CPU taken from clients).
     # 64 KiB rather than 16: the nodes' CPU per confirmed publish fell ~9 % (docs/design.md).
     raft_pipeline_min_bytes: int = 64 << 10
+    # A small batch with a command someone waits for is proposed while fewer than this many
+    # batches are in flight (raft/cluster.py); beyond it, it waits for the first to commit.
+    raft_urgent_in_flight: int = 2
     # How long a batch of deferrable commands only (acks of consumers with read-ahead to spare,
     # publishes of publishers with several unconfirmed) waits for other commands before it is
     # proposed; 0 proposes at once.

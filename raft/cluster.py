@@ -12,6 +12,11 @@ flight), the client spent 12-16 % of its time waiting for a CPU against 6-8 % wi
 Pipelining only batches worth it halved the batches and raised confirmed publishes by ~8 %;
 a flood of publishes still fills batches fast enough to keep several in flight.
 
+A small batch that carries a command someone waits for (not deferrable) is proposed at once while
+fewer than ``urgent_in_flight`` (2) batches are in flight: the lone client of issue 30 otherwise
+waited a whole commit behind a batch it had no part in (a consumer's settlement, another client's
+publish).  A flood of such commands is still grouped: beyond two in flight they wait as before.
+
 A command submitted as *deferrable* (a consumer's acks while its node still holds read-ahead for
 it; a publish from a publisher that already has several unconfirmed: nobody waits for it alone)
 may wait up to ``defer_seconds`` for company when nothing else is pending, unless the pending
@@ -21,13 +26,18 @@ order of commands never changes.  Consuming through a follower, that cut the bat
 (~1,050 -> ~620 per 20k messages) and the client, preempted less, confirmed ~14 % more.
 
 Committed entries arrive from pysyncobj's tick thread and are applied here, in the asyncio loop, in
-log order; the loop is the only thread that touches the state machine.  Outputs go to the broker as
+log order; the loop is the only thread that touches the state machine.  The tick thread queues them
+and wakes the loop once, at the end of its tick (``_wake``): woken at the first entry, the loop took
+the GIL from the tick thread in the middle of the tick, while the leader still had the AppendEntries
+carrying the commit index to send.  Outputs go to the broker as
 soon as the entry is applied: commit in Raft means a majority has it fsynced (see ``replica.py``), so
 a confirm sent now survives the loss of any minority of nodes.
 
 Every batch carries (origin, sequence).  pysyncobj may report an error for an entry that did commit
-(leader change, timeouts), so a batch whose application this node has not seen after an error or
-``retry_after`` seconds is proposed again with the same id; the state machine applies an id once.
+(leader change, timeouts), so a batch whose application this node has not seen after an error, a
+leader change or ``retry_after`` seconds is proposed again with the same id; the state machine
+applies an id once.  A follower forwards its batches to the leader without asking for pysyncobj's
+per-command reply (see ``_propose``).
 """
 
 from __future__ import annotations
@@ -68,6 +78,7 @@ class ClusterLog:
     def __init__(self, machine: StateMachine, on_outputs: OutputsCallback, *, origin: str,
                  self_address: str, partners: list[str], data_dir: str, secret: str,
                  max_in_flight: int = 8, pipeline_min_bytes: int = 64 << 10, defer_seconds: float = 0.002,
+                 urgent_in_flight: int = 2,
                  retry_after: float = 5.0, use_fork: bool = True,
                  max_batch_bytes: int = 1 << 20, high_water_bytes: int = 16 << 20,
                  clock: Callable[[], int] = time.time_ns, bodies: Bodies | DictBodies | None = None,
@@ -88,6 +99,10 @@ class ClusterLog:
         self._clock = clock
         self.max_in_flight = max_in_flight
         self.pipeline_min_bytes = pipeline_min_bytes
+        # A small batch with a command someone waits for (not deferrable) does not wait for the
+        # batches in flight while fewer than this many are: a publish behind a consumer's
+        # settlement (1.0, 0-10) or behind another client's lone publish waited a whole commit.
+        self.urgent_in_flight = urgent_in_flight
         self.defer_seconds = defer_seconds
         # A batch is one Raft entry: pickled, compressed and encrypted in pysyncobj's tick thread
         # for every follower.  Multi-megabyte entries (large messages under load) held that thread
@@ -109,6 +124,7 @@ class ClusterLog:
         self._seq = 0
         self._in_flight: dict[int, tuple[float, int, bytes]] = {}  # seq -> (proposed at, now, blob)
         self._inbox: deque[tuple] = deque()
+        self._unannounced = False  # entries queued by the tick thread since the loop was last woken
         self._loop: asyncio.AbstractEventLoop | None = None
         self._retry_handle: asyncio.TimerHandle | None = None
         self.batches_applied = 0
@@ -127,10 +143,11 @@ class ClusterLog:
         """Start Raft (its tick thread); committed entries will flow into ``loop``."""
         self._loop = loop
         self.replica = Replica(*self._args, sink=self._from_raft, sink_backlog=self._inbox.__len__,
-                               **self._replica_options)
+                               sink_wake=self._wake, **self._replica_options)
         machine = self.machine
         # See Replica.compaction_floor; at most 1 GiB of journal (disk, and what a restart replays).
         self.replica.compaction_floor = lambda: min(machine.message_bytes // 4, 1 << 30)
+        self.replica.on_leader_changed = lambda: loop.call_soon_threadsafe(self._leader_changed)
         if isinstance(self.bodies, Bodies):
             serve_bodies(self.replica, self.bodies)  # members that installed a snapshot ask here
             self.bodies.repairer = self._repair_bodies  # damaged bodies are replaced from members
@@ -238,7 +255,7 @@ class ClusterLog:
         if not self._pending or in_flight >= self.max_in_flight:
             return
         if self._pending_bytes < self.pipeline_min_bytes:  # a small batch: worth waiting for
-            if in_flight:
+            if in_flight and (not self._urgent or in_flight >= self.urgent_in_flight):
                 return  # proposed when the batch in flight is applied (_drain), or once it is bigger
             if not self._urgent and self.defer_seconds > 0:
                 if self._defer_handle is None:
@@ -289,13 +306,29 @@ class ClusterLog:
             self.on_throttle(on)
 
     def _propose(self, seq: int, now_us: int, blob: bytes) -> None:
+        """Hand a batch to Raft.  On a follower that knows its leader, without a callback: the
+        leader then sends no ``apply_command_response`` (one message fewer per batch, which the
+        leader sent *before* the batch's AppendEntries).  What that callback reported is covered
+        otherwise: a batch lost with a leader change is proposed again by ``_leader_changed``; one
+        lost otherwise, after ``retry_after`` (``_retry_stale``), as before."""
+        replica = self.replica
+        if not replica.is_leader and replica.leader_address is not None:
+            replica.propose(now_us, self.origin, seq, blob, None)
+            return
         loop = self._loop
 
         def done(_result, error) -> None:  # tick thread
             if error:
                 loop.call_soon_threadsafe(self._failed, seq, error)
 
-        self.replica.propose(now_us, self.origin, seq, blob, done)
+        replica.propose(now_us, self.origin, seq, blob, done)
+
+    def _leader_changed(self) -> None:
+        """Propose every batch in flight again (the state machine applies a batch id once)."""
+        now = time.monotonic()
+        for seq, (_at, now_us, blob) in list(self._in_flight.items()):
+            self._in_flight[seq] = (now, now_us, blob)
+            self._propose(seq, now_us, blob)
 
     def _failed(self, seq: int, error: int) -> None:
         entry = self._in_flight.get(seq)
@@ -321,9 +354,17 @@ class ClusterLog:
     # ------------------------------------------------------------------ applying
 
     def _from_raft(self, item: tuple) -> None:
-        """Tick thread: queue a committed entry or marker for the loop, preserving order."""
+        """Tick thread: queue a committed entry or marker for the loop, preserving order.  The
+        loop is woken at the end of the tick (``_wake``), not here: woken now, it would compete
+        for the GIL with the rest of the tick (the leader's AppendEntries that carry the commit)."""
         self._inbox.append(item)
-        if len(self._inbox) == 1:
+        self._unannounced = True
+
+    def _wake(self) -> None:
+        """Tick thread, end of a tick (before its journal flush, which releases the GIL): wake the
+        loop for the entries queued during the tick."""
+        if self._unannounced:
+            self._unannounced = False
             self._loop.call_soon_threadsafe(self._drain)
 
     def _drain(self) -> None:

@@ -10,7 +10,9 @@ What it changes in pysyncobj's behaviour, and why (see shared/notes/pysyncobj.md
   journal is flushed (fsynced), so a follower never acknowledges entries it could lose.  The
   leader flushes at the end of every tick, before the next tick counts its own copy toward a
   majority; its AppendEntries go out *before* its own fsync, so the leader's and the followers'
-  fsyncs overlap (Raft allows this: the leader's copy only counts once it is durable).  Term and
+  fsyncs overlap (Raft allows this: the leader's copy only counts once it is durable).  An
+  acknowledgement that repeats the last one (the answer to an AppendEntries carrying only a commit
+  index) is not sent again for ``ACK_REPEAT_AFTER`` (:class:`RepeatedAcks`).  Term and
   vote are fsynced as soon as they change, before any vote or message reflecting them is sent.
 * **Snapshots**: pysyncobj's serializer hooks, made asynchronous with ``serializeChecker``.  The
   hook only posts a marker into the ordered entry stream; the loop reaches it with the state at
@@ -70,7 +72,7 @@ PYSYNCOBJ_INTERNALS = {
         "raftElectionDeadline",  # held while isolated; set past to campaign after a won pre-vote
         "raftCommitIndex",  # lowered during applyLogEntries (a cap on entries handed over per tick)
         # overridden
-        "onMessageReceived", "setState", "doApplyCommand", "applyLogEntries",
+        "onMessageReceived", "setState", "doApplyCommand", "applyLogEntries", "onLeaderChanged",
     ),
     "TcpConnection": (  # raft/wire.py
         "socket", "fileno", "poller", "readBuffer", "writeBuffer", "trySendBuffer",
@@ -112,6 +114,43 @@ _BATCH_HEAD = struct.Struct("<BqQH")
 # Replica._SyncObj__applyLogEntries): an entry is a batch of up to 1 MiB.
 APPLY_AHEAD = 64
 
+# A follower answers every AppendEntries, also those that carry only the leader's commit index
+# (one after every committed entry): an answer the leader already has is sent again only after
+# this long (see RepeatedAcks).
+ACK_REPEAT_AFTER = 0.03
+
+
+class RepeatedAcks:
+    """Which successful acknowledgements a follower need not send (they repeat the last one).
+
+    After each committed entry the leader sends every follower an AppendEntries with only the new
+    commit index, and pysyncobj answers each with the same ``next_node_idx`` success it sent for
+    the entry: two of the ten Raft messages of a lone publish through a follower, each pickled,
+    sealed and sent here and read, opened and handled by the leader's tick thread (the busiest
+    thread on the commit path).  The leader learns nothing from them but that the follower is
+    alive, which it only needs more often than ``leader_fallback`` (1 s): the same answer to the
+    same leader in the same term is sent again only ``ACK_REPEAT_AFTER`` seconds after the last,
+    more often than heartbeats (``append_entries_period``, 50 ms) come.  Anything new (a higher
+    index, another term or leader), a failure or a reset always goes at once.  A lost answer
+    (the connection dropped) costs at most ``ACK_REPEAT_AFTER`` of delay: the next heartbeat's
+    answer repeats it.
+    """
+
+    def __init__(self, repeat_after: float = ACK_REPEAT_AFTER) -> None:
+        self.repeat_after = repeat_after
+        self._last: dict[object, tuple[int, int, float]] = {}  # node -> (term, next index, sent at)
+        self.skipped = 0
+
+    def already_sent(self, node: object, term: int, next_index: int, now: float) -> bool:
+        """True: skip this acknowledgement; False: send it (it is recorded as sent)."""
+        last = self._last.get(node)
+        if last is not None and last[0] == term and last[1] == next_index and now - last[2] < self.repeat_after:
+            self.skipped += 1
+            return True
+        self._last[node] = (term, next_index, now)
+        return False
+
+
 # A message every member sends every other connected member, so that no link is ever idle.
 KEEPALIVE = "raftmq_keepalive"
 KEEPALIVE_PERIOD = 1.0
@@ -133,12 +172,14 @@ class Replica(SyncObj):
                  election_timeout: tuple[float, float] = (0.25, 0.5), batch_append_entries: bool = False,
                  message_bytes: int = 4 << 20, leader_fallback: float = 1.0, pre_vote: bool = True,
                  on_state_changed: Callable[[int, int], None] | None = None,
-                 sink_backlog: Callable[[], int] | None = None, scrub_bytes_per_second: int = 8 << 20,
+                 sink_backlog: Callable[[], int] | None = None, sink_wake: Callable[[], None] | None = None,
+                 scrub_bytes_per_second: int = 8 << 20,
                  peer_gate: dict | None = None) -> None:
         os.makedirs(data_dir, exist_ok=True)
         self.data_dir = data_dir
         self.snapshot_path = os.path.join(data_dir, "snapshot.lmdb")
         self._sink = sink
+        self.on_leader_changed: Callable[[], None] | None = None  # tick thread (see _SyncObj__onLeaderChanged)
         self.sink_backlog = sink_backlog  # entries handed to the sink and not yet applied
         self._snapshot_state = SERIALIZER_STATE.NOT_SERIALIZING
         self._snapshot_pid: int | None = None
@@ -221,9 +262,15 @@ class Replica(SyncObj):
         unsafe_send = transport.send
         journal = self.journal
 
+        repeats = self.repeated_acks = RepeatedAcks()
+
         def send(node, message):
-            if journal.dirty and isinstance(message, dict) and message.get("type") in ACKNOWLEDGEMENTS:
-                journal.flush()
+            if isinstance(message, dict) and message.get("type") in ACKNOWLEDGEMENTS:
+                if journal.dirty:
+                    journal.flush()
+                if message.get("success") and not message.get("reset") and repeats.already_sent(
+                        node, self.raftCurrentTerm, message["next_node_idx"], _syncobj_module.monotonicTime()):
+                    return True
             return unsafe_send(node, message)
 
         transport.send = send
@@ -231,7 +278,6 @@ class Replica(SyncObj):
         self.gate = PeerGate(transport, **(peer_gate or {}))
         self.addOnTickCallback(self.gate.tick)
         self._next_keepalive = 0.0
-        self.addOnTickCallback(self._flush_journal)
         self.addOnTickCallback(self._keep_links_warm)
         from raftmq.store.snapshot import verify_snapshot
 
@@ -242,6 +288,12 @@ class Replica(SyncObj):
                                         self._scrub_reports.append, scrub_bytes_per_second)
         self.journal.on_read_damage = self._scrub_reports.append
         self.addOnTickCallback(self._handle_scrub_reports)
+        # Last, in this order: the loop is woken for the entries committed in this tick just
+        # before the tick thread sleeps or flushes (both release the GIL, which the loop then
+        # takes at once: woken earlier, it waited for the rest of the tick).
+        if sink_wake is not None:
+            self.addOnTickCallback(sink_wake)
+        self.addOnTickCallback(self._flush_journal)
         self.scrubber.start()
 
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803 (pysyncobj's names)
@@ -322,6 +374,14 @@ class Replica(SyncObj):
         if newState == _RAFT_STATE.LEADER:
             self._led_term = self.raftCurrentTerm
         super()._SyncObj__setState(newState)
+
+    def _SyncObj__onLeaderChanged(self) -> None:  # noqa: N802 (pysyncobj's name)
+        """This node became a candidate or heard from a new leader: tell ``on_leader_changed``
+        (ClusterLog proposes its batches in flight again: one forwarded to the old leader may
+        never commit, and nobody else would say so)."""
+        super()._SyncObj__onLeaderChanged()
+        if self.on_leader_changed is not None:
+            self.on_leader_changed()
 
     def _SyncObj__onMessageReceived(self, node, message: dict) -> None:  # noqa: N802 (pysyncobj's name)
         """Keep the leader's nextIndex for a follower from moving back on a successful reply.

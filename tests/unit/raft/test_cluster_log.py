@@ -15,6 +15,9 @@ from raftmq.store.machine import StateMachine
 
 
 class RecordedProposals:
+    is_leader = True
+    leader_address = "127.0.0.1:1"
+
     def __init__(self) -> None:
         self.batches: list[tuple[int, list]] = []  # (seq, commands)
 
@@ -37,6 +40,7 @@ def publish(body: bytes) -> list:
 def commit(log: ClusterLog, recorder: RecordedProposals, index: int, seq: int) -> None:
     blob = encode_batch(next(c for s, c in recorder.batches if s == seq))
     log._from_raft((ENTRY, index, 1, log.origin, seq, memoryview(blob)))
+    log._wake()  # the end of the tick
 
 
 def settle(loop: asyncio.AbstractEventLoop) -> None:
@@ -47,7 +51,8 @@ def settle(loop: asyncio.AbstractEventLoop) -> None:
 def test_small_batches_wait_for_the_one_in_flight_and_large_ones_are_pipelined(tmp_path):
     loop = asyncio.new_event_loop()
     try:
-        log, recorder = make_log(tmp_path, loop, pipeline_min_bytes=4096, max_in_flight=3)
+        # (urgent_in_flight=1: no second small batch in flight, see the urgent tests below)
+        log, recorder = make_log(tmp_path, loop, pipeline_min_bytes=4096, max_in_flight=3, urgent_in_flight=1)
         log.submit(publish(b"a"))
         settle(loop)
         assert [len(c) for _, c in recorder.batches] == [1]
@@ -84,7 +89,7 @@ def test_small_batches_wait_for_the_one_in_flight_and_large_ones_are_pipelined(t
 def test_a_small_batch_goes_as_soon_as_the_one_in_flight_is_applied(tmp_path):
     loop = asyncio.new_event_loop()
     try:
-        log, recorder = make_log(tmp_path, loop)
+        log, recorder = make_log(tmp_path, loop, urgent_in_flight=1)
         log.submit(publish(b"a"))
         settle(loop)
         log.submit(publish(b"b"))
@@ -151,5 +156,65 @@ def test_deferrable_commands_worth_a_batch_do_not_wait(tmp_path):
         settle(loop)
         # Four kilobytes pending: as big as a batch worth pipelining, so waiting gains nothing.
         assert [len(batch) for _, batch in recorder.batches] == [4]
+    finally:
+        loop.close()
+
+
+def test_an_urgent_small_batch_does_not_wait_for_one_in_flight_but_a_third_does(tmp_path):
+    """Issue 30: a lone client's publish waited a whole commit behind a batch it had no part in
+    (another client's publish, a consumer's settlement).  Up to ``urgent_in_flight`` small batches
+    with a command someone waits for are in flight; the next waits as before, and deferrable
+    commands alone still wait for the one in flight."""
+    loop = asyncio.new_event_loop()
+    try:
+        log, recorder = make_log(tmp_path, loop, urgent_in_flight=2, defer_seconds=5.0)
+        log.submit(publish(b"a"))
+        settle(loop)
+        log.submit(publish(b"b"))
+        settle(loop)
+        assert [len(c) for _, c in recorder.batches] == [1, 1]  # the second went at once
+        log.submit(publish(b"c"))
+        log.submit(publish(b"d"))
+        settle(loop)
+        assert len(recorder.batches) == 2  # two in flight: these wait, together
+        commit(log, recorder, 1, 1)
+        settle(loop)
+        assert [len(c) for _, c in recorder.batches] == [1, 1, 2]
+        commit(log, recorder, 2, 2)
+        commit(log, recorder, 3, 3)
+        settle(loop)
+        log.submit(publish(b"e"))
+        settle(loop)
+        log.submit(ack([[1, 1]]), deferrable=True)
+        settle(loop)
+        assert len(recorder.batches) == 4  # one in flight, and only a deferrable command pending
+    finally:
+        loop.close()
+
+
+def test_a_follower_forwards_without_a_reply_and_proposes_again_at_a_leader_change(tmp_path):
+    """On a follower that knows its leader a batch is proposed without a callback (pysyncobj's
+    leader then sends no apply_command_response); a leader change proposes every batch in flight
+    again, with the same id (applied once, store/sessions)."""
+    loop = asyncio.new_event_loop()
+    try:
+        log, recorder = make_log(tmp_path, loop, urgent_in_flight=2)
+        callbacks: list = []
+        recorder.is_leader = False
+        recorder.propose = lambda now, origin, seq, blob, callback: (
+            recorder.batches.append((seq, decode_batch(blob))), callbacks.append(callback))
+        log.submit(publish(b"a"))
+        settle(loop)
+        log.submit(publish(b"b"))
+        settle(loop)
+        assert callbacks == [None, None]
+        commit(log, recorder, 1, 1)
+        settle(loop)
+        log._leader_changed()
+        assert [seq for seq, _ in recorder.batches] == [1, 2, 2]  # only the one still in flight
+        # With no leader known, the callback stays (pysyncobj reports the failure locally).
+        recorder.leader_address = None
+        log._leader_changed()
+        assert callbacks[-1] is not None
     finally:
         loop.close()

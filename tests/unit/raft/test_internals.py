@@ -35,3 +35,22 @@ def test_the_transport_names_the_gate_uses_exist():
     source = inspect.getsource(transport.TCPTransport)
     for name in ("_server", "_connections", "_unknownConnections", "_onNewIncomingConnection"):
         assert re.search(rf"\bself\.{name}\b", source), f"TCPTransport.{name} is gone"
+
+
+def test_repeated_acknowledgements_are_not_sent_again_until_the_repeat_interval():
+    """Issue 30: a follower's answer to an AppendEntries that carries only a commit index repeats
+    its last acknowledgement; it is skipped for ``repeat_after`` seconds.  A new index, a new term
+    or another leader always goes at once, and so does the same answer once the interval passed
+    (the leader must hear from its followers more often than its leader_fallback)."""
+    from raftmq.raft.replica import RepeatedAcks
+
+    acks = RepeatedAcks(repeat_after=0.03)
+    leader, other = object(), object()
+    assert not acks.already_sent(leader, 3, 10, now=1.000)  # the entry's acknowledgement: sent
+    assert acks.already_sent(leader, 3, 10, now=1.001)  # the same, for the commit index: skipped
+    assert not acks.already_sent(leader, 3, 11, now=1.002)  # a new entry
+    assert not acks.already_sent(other, 3, 11, now=1.003)  # another leader
+    assert not acks.already_sent(other, 4, 11, now=1.004)  # another term
+    assert acks.already_sent(other, 4, 11, now=1.020)
+    assert not acks.already_sent(other, 4, 11, now=1.040)  # past the interval: sent again
+    assert acks.skipped == 2
