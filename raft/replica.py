@@ -69,10 +69,12 @@ PYSYNCOBJ_INTERNALS = {
         "raftLastApplied", "raftMatchIndex", "newAppendEntriesTime", "transferInProgress",
         "transport", "generateRaftTimeout", "raftLeader",
         # written
+        "otherNodes",  # swapped for an ordered copy during sendAppendEntries (forwarder first)
         "raftElectionDeadline",  # held while isolated; set past to campaign after a won pre-vote
         "raftCommitIndex",  # lowered during applyLogEntries (a cap on entries handed over per tick)
         # overridden
         "onMessageReceived", "setState", "doApplyCommand", "applyLogEntries", "onLeaderChanged",
+        "sendAppendEntries",
     ),
     "TcpConnection": (  # raft/wire.py
         "socket", "fileno", "poller", "readBuffer", "writeBuffer", "trySendBuffer",
@@ -163,6 +165,20 @@ gate.install()
 raft_clock = _syncobj_module.monotonicTime
 
 
+class _FirstInUnion(set):
+    """A set of members whose union (``|``, as pysyncobj's sendAppendEntries takes it) is a list
+    with ``first`` at its head (see Replica._SyncObj__sendAppendEntries)."""
+
+    def __init__(self, nodes: set, first: object) -> None:
+        super().__init__(nodes)
+        self.first = first
+
+    def __or__(self, other: object) -> list:  # type: ignore[override]
+        union = set(self) | set(other)  # type: ignore[call-overload]
+        union.discard(self.first)
+        return [self.first, *union]
+
+
 class Replica(SyncObj):
     def __init__(self, self_address: str, partners: list[str], data_dir: str, secret: str,
                  sink: Callable[[tuple], None], *, bind_address: str | None = None,
@@ -203,6 +219,7 @@ class Replica(SyncObj):
         self.pre_vote = pre_vote
         self._lease = election_timeout[0]
         self._leader_heard_at: float | None = None
+        self._forwarder = None  # on the leader: the member whose apply_command came last
         self._pre_vote_round: prevote.PreVoteRound | None = None
         self._won_pre_vote = False
         self._term_ahead_of_leader = False
@@ -375,6 +392,28 @@ class Replica(SyncObj):
             self._led_term = self.raftCurrentTerm
         super()._SyncObj__setState(newState)
 
+    def _SyncObj__sendAppendEntries(self) -> None:  # noqa: N802 (pysyncobj's name)
+        """Send to the member that forwarded the latest command first.
+
+        pysyncobj sends AppendEntries member by member in the order of a set, which hash
+        randomisation fixes when the leader starts.  The member that forwarded a command has the
+        client waiting for its commit: with the commit index sent to the other follower first, it
+        reached the client's node 0.129 ms after the commit instead of 0.032 ms (issue 30, stage
+        tracer, 500 round trips each way).  The set is swapped, for this call only, for one whose
+        union with the read-only members iterates in that order (nothing else reads it meanwhile:
+        the tick thread is the only one in pysyncobj).
+        """
+        nodes = self._SyncObj__otherNodes
+        first = self._forwarder
+        if first is None or first not in nodes or len(nodes) < 2:
+            super()._SyncObj__sendAppendEntries()
+            return
+        self._SyncObj__otherNodes = _FirstInUnion(nodes, first)
+        try:
+            super()._SyncObj__sendAppendEntries()
+        finally:
+            self._SyncObj__otherNodes = nodes
+
     def _SyncObj__onLeaderChanged(self) -> None:  # noqa: N802 (pysyncobj's name)
         """This node became a candidate or heard from a new leader: tell ``on_leader_changed``
         (ClusterLog proposes its batches in flight again: one forwarded to the old leader may
@@ -425,6 +464,8 @@ class Replica(SyncObj):
                 self.repair.heard_leader(message["term"], message.get("commit_index", 0))
             if "prevLogIdx" not in message and message.get("commit_index", 0) > self._SyncObj__raftCommitIndex:
                 message = dict(message, commit_index=self._SyncObj__raftCommitIndex)
+        if kind == "apply_command":
+            self._forwarder = node
         if kind == "next_node_idx" and message.get("success") and not message.get("reset"):
             next_index = self._SyncObj__raftNextIndex
             sent_up_to = next_index.get(node)

@@ -54,3 +54,16 @@ def test_repeated_acknowledgements_are_not_sent_again_until_the_repeat_interval(
     assert acks.already_sent(other, 4, 11, now=1.020)
     assert not acks.already_sent(other, 4, 11, now=1.040)  # past the interval: sent again
     assert acks.skipped == 2
+
+
+def test_the_forwarder_comes_first_in_the_members_union():
+    """Issue 30: the leader sends AppendEntries to the member that forwarded the latest command
+    first; pysyncobj iterates ``otherNodes | readonlyNodes``, so the swapped set's union must
+    start with that member and hold every member once."""
+    from raftmq.raft.replica import _FirstInUnion
+
+    members = {"a", "b", "c"}
+    for first in members:
+        union = _FirstInUnion(members, first) | {"r"}
+        assert union[0] == first and sorted(union) == ["a", "b", "c", "r"]
+    assert _FirstInUnion(members, "b") == members  # still the same set for any other use
