@@ -13,6 +13,7 @@ the client measured.  The client stamps its send and receipt with the nodes' clo
 Bounded by ``--count`` and TIME_LIMIT per placement.  Usage::
 
     .venv/bin/python bench/latency_stages.py --count 1000
+    .venv/bin/python bench/latency_stages.py --count 1000 --no-trace   # the same client, tracer off
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import pika
 
 from raftmq.ops.local.cluster import Cluster
 from raftmq.trace import TraceDamaged, monotonic_ns, read_dump
-from raftmq.trace_report import Breakdown, ClientTrip, NodeEvents, breakdown, format_table, join_trip
+from raftmq.trace_report import Breakdown, ClientTrip, NodeEvents, Row, breakdown, format_table, join_trip
 
 TIME_LIMIT = 60.0  # seconds of round trips per placement, at most
 TRACE_EVENTS = 200_000  # ring per node: ~20 events per round trip on the busiest node
@@ -122,23 +123,34 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256, help="message body bytes")
     parser.add_argument("--where", default="follower,leader", help="client placements, in order")
     parser.add_argument("--warmup", type=int, default=100, help="round trips before each measured run")
+    parser.add_argument("--no-trace", action="store_true",
+                        help="tracer off: only the client's round trips (what tracing itself costs)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     base = Path(tempfile.mkdtemp(prefix="raftmq-stages-"))
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}: {args.count} round trips of {args.size} B per placement; "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    cluster = Cluster(3, base, extra_config=f"trace_stages = true\ntrace_stages_events = {TRACE_EVENTS}").start()
+    config = "" if args.no_trace else f"trace_stages = true\ntrace_stages_events = {TRACE_EVENTS}"
+    cluster = Cluster(3, base, extra_config=config).start()
     try:
         for where in [w.strip() for w in args.where.split(",") if w.strip()]:
             leader = cluster.leader()
             node = leader if where == "leader" else next(n for n in cluster.nodes if n is not leader)
             if args.warmup:
                 roundtrips(node.url, f"warm-{uuid.uuid4().hex[:8]}", args.warmup, args.size)
-            result, _ = measure(cluster, node, args.count, args.size)
+            if args.no_trace:
+                trips = roundtrips(node.url, f"stages-{uuid.uuid4().hex[:8]}", args.count, args.size)
+                total = Row("", [(trip.deliver - trip.send) / 1e6 for trip in trips])
+            else:
+                result, _ = measure(cluster, node, args.count, args.size)
             after = cluster.leader()
             moved = "" if after is leader else f" (WARNING: the leader changed to {after.node_id})"
-            print(f"\n{format_table(result, f'client on the {where} {node.node_id}, leader {leader.node_id}{moved}')}",
-                  flush=True)
+            title = f"client on the {where} {node.node_id}, leader {leader.node_id}{moved}"
+            if args.no_trace:
+                print(f"\n{title}, tracer off: publish -> delivery p50 {total.p(0.5):.3f} ms, p99 "
+                      f"{total.p(0.99):.3f} ms, mean {total.mean:.3f} ms ({total.n} round trips)", flush=True)
+            else:
+                print(f"\n{format_table(result, title)}", flush=True)
         print(f"\nload average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         cluster.stop()

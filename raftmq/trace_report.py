@@ -182,10 +182,11 @@ def join_trip(trip: ClientTrip, client_node: str, nodes: dict[str, NodeEvents]) 
         l_ack = leader.first_after(ACK_RECV, x_ack[0], lambda e, x=x: e[1] == x.address and e[2] >= idx) \
             if x_ack else None
         acks.append((_ts(l_ack) or float("inf"), ae[0], _ts(got), x_append and x_append[0], _ts(x_flushed),
-                     _ts(x_ack), _ts(l_ack), x_flushed and x_flushed[0] - x_flushed[3]))
+                     _ts(x_ack), _ts(l_ack), x_flushed and x_flushed[0] - x_flushed[3], x is o))
     acks.sort(key=lambda a: a[0])
     if acks:
-        _, points["l_ae_x"], *rest = acks[0]
+        _, points["l_ae_x"], *rest, x_is_o = acks[0]
+        points["_x_is_client_node"] = int(x_is_o)
         for name, value in zip(("x_ae_recv", "x_append", "x_flushed", "x_ack_send", "l_ack_recv", "x_flush_start"),
                                rest, strict=True):
             if value is not None:
@@ -255,6 +256,7 @@ class Breakdown:
     total: Row  # the client-measured publish -> delivery, every round trip
     total_joined: Row  # ... the joined ones
     durable_gated_by_leader: int  # joined trips whose ack waited for the leader's own fsync
+    acked_by_client_node: int  # joined trips whose first acknowledgement came from the client's node
 
 
 def breakdown(joined: Iterable[dict[str, int]]) -> Breakdown:
@@ -264,27 +266,30 @@ def breakdown(joined: Iterable[dict[str, int]]) -> Breakdown:
     labels = dict(POINTS)
     full = [p for p in joined if complete(p)]
     stages: dict[str, Row] = {name: Row(labels[name], []) for name in POINT_NAMES[1:]}
-    gated = 0
+    gated = by_o = 0
     for points in full:
         names = chain(points)
         for before, name in zip(names, names[1:], strict=False):
             stages[name].samples.append((points[name] - points[before]) / 1e6)
         gated += points["durable"] > points["x_ack_send"]
+        by_o += points.get("_x_is_client_node", 0)
     side = []
     for label, start, end in SIDE:
         side.append(Row(label, [(p[end] - p[start]) / 1e6 for p in full if start in p and end in p]))
     total = Row("publish -> delivery (client), all round trips", [(p["deliver"] - p["send"]) / 1e6 for p in joined])
     total_joined = Row("publish -> delivery (client), the joined ones", [(p["deliver"] - p["send"]) / 1e6 for p in full])
     return Breakdown(len(joined), len(full), [r for r in stages.values() if r.samples], side, total,
-                     total_joined, gated)
+                     total_joined, gated, by_o)
 
 
 def format_table(result: Breakdown, title: str) -> str:
     lines = [f"{title}: {result.joined} of {result.trips} round trips joined through every stage",
-             f"{'stage (time since the previous one)':74s}{'p50 ms':>9s}{'p99 ms':>9s}{'mean ms':>9s}"]
-    for row in result.stages:
-        lines.append(f"  {row.label:72s}{row.p(0.5):9.3f}{row.p(0.99):9.3f}{row.mean:9.3f}")
+             f"{'stage (time since the previous one)':74s}{'p50 ms':>9s}{'p99 ms':>9s}{'mean ms':>9s}"
+             f"{'of mean':>9s}"]
     sum_means = sum(row.mean for row in result.stages)
+    for row in result.stages:
+        lines.append(f"  {row.label:72s}{row.p(0.5):9.3f}{row.p(0.99):9.3f}{row.mean:9.3f}"
+                     f"{100 * row.mean / sum_means:8.1f}%")
     lines.append(f"  {'sum of the stage means (= the mean round trip of the joined trips)':72s}{'':18s}"
                  f"{sum_means:9.3f}")
     for row in (result.total_joined, result.total):
@@ -296,4 +301,6 @@ def format_table(result: Breakdown, title: str) -> str:
     if result.joined:
         lines.append(f"  the leader's own fsync ended after the follower's ack was sent in "
                      f"{result.durable_gated_by_leader} of {result.joined} round trips")
+        lines.append(f"  the first acknowledgement came from the client's node in {result.acked_by_client_node} "
+                     f"of {result.joined} round trips")
     return "\n".join(lines)

@@ -98,7 +98,7 @@ def test_a_round_trip_through_a_follower_is_joined_stage_by_stage():
     assert points["l_flush_start"] == t + 400 and points["x_flush_start"] == t + 380
     assert complete(points)
     result = breakdown([points])
-    assert result.joined == 1 and result.durable_gated_by_leader == 1
+    assert result.joined == 1 and result.durable_gated_by_leader == 1 and result.acked_by_client_node == 1
     assert sum(row.mean for row in result.stages) == pytest.approx(1200 / 1e6)  # telescopes to the round trip
     assert result.total.samples == [pytest.approx(1200 / 1e6)]
     durable = next(r for r in result.stages if r.label.startswith("leader: own fsync"))
@@ -114,7 +114,8 @@ def test_the_chain_follows_the_follower_whose_ack_came_first():
     assert points["l_ae_y"] == 320 and points["l_ack_recv_y"] == 860
     assert points["durable"] == points["x_ack_send"] == 610  # the leader's fsync was done (500)
     assert complete(points)
-    assert breakdown([points]).durable_gated_by_leader == 0
+    result = breakdown([points])
+    assert result.durable_gated_by_leader == 0 and result.acked_by_client_node == 0
 
 
 def test_many_trips_pick_their_own_batch_and_aggregate():
