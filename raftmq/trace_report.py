@@ -82,6 +82,9 @@ SIDE: list[tuple[str, str, str]] = [
     ("acking follower: the fsync itself (write + fdatasync)", "x_flush_start", "x_flushed"),
     ("other follower: AppendEntries sent -> its ack received", "l_ae_y", "l_ack_recv_y"),
     ("leader (client elsewhere): commit -> its own loop applies", "l_commit", "l_apply"),
+    ("leader (client elsewhere): commit -> hands the entry to its own loop", "l_commit", "l_handoff"),
+    ("leader (client elsewhere): that hand-off -> commit index sent to the client's node", "l_handoff",
+     "l_ae_commit"),
     ("client's node write starts -> confirm read by pika", "o_written", "confirm"),
     ("publish -> confirm (client)", "send", "confirm"),
 ]
@@ -210,6 +213,10 @@ def join_trip(trip: ClientTrip, client_node: str, nodes: dict[str, NodeEvents]) 
                 got = o.first_after(AE_RECV, commit[0], lambda e: e[1] == leader.address and e[4] >= idx)
                 if got is not None:
                     points["o_ae_commit"] = got[0]
+            other = leader.first_after(AE_SEND, commit[0], lambda e: e[1] not in (o.address, leader.address)
+                                       and e[4] >= idx)
+            if other is not None:
+                points["l_ae_commit_y"] = other[0]
     points["_leader_is_client_node"] = int(leader is o)
     return points
 
@@ -257,6 +264,7 @@ class Breakdown:
     total_joined: Row  # ... the joined ones
     durable_gated_by_leader: int  # joined trips whose ack waited for the leader's own fsync
     acked_by_client_node: int  # joined trips whose first acknowledgement came from the client's node
+    commit_to_other_first: int = 0  # ... whose commit index went to the other follower before the client's node
 
 
 def breakdown(joined: Iterable[dict[str, int]]) -> Breakdown:
@@ -266,20 +274,22 @@ def breakdown(joined: Iterable[dict[str, int]]) -> Breakdown:
     labels = dict(POINTS)
     full = [p for p in joined if complete(p)]
     stages: dict[str, Row] = {name: Row(labels[name], []) for name in POINT_NAMES[1:]}
-    gated = by_o = 0
+    gated = by_o = other_first = 0
     for points in full:
         names = chain(points)
         for before, name in zip(names, names[1:], strict=False):
             stages[name].samples.append((points[name] - points[before]) / 1e6)
         gated += points["durable"] > points["x_ack_send"]
         by_o += points.get("_x_is_client_node", 0)
+        other_first += "l_ae_commit" in points and points.get("l_ae_commit_y", points["l_ae_commit"] + 1) < points[
+            "l_ae_commit"]
     side = []
     for label, start, end in SIDE:
         side.append(Row(label, [(p[end] - p[start]) / 1e6 for p in full if start in p and end in p]))
     total = Row("publish -> delivery (client), all round trips", [(p["deliver"] - p["send"]) / 1e6 for p in joined])
     total_joined = Row("publish -> delivery (client), the joined ones", [(p["deliver"] - p["send"]) / 1e6 for p in full])
     return Breakdown(len(joined), len(full), [r for r in stages.values() if r.samples], side, total,
-                     total_joined, gated, by_o)
+                     total_joined, gated, by_o, other_first)
 
 
 def format_table(result: Breakdown, title: str) -> str:
@@ -303,4 +313,6 @@ def format_table(result: Breakdown, title: str) -> str:
                      f"{result.durable_gated_by_leader} of {result.joined} round trips")
         lines.append(f"  the first acknowledgement came from the client's node in {result.acked_by_client_node} "
                      f"of {result.joined} round trips")
+        lines.append(f"  the commit index went to the other follower before the client's node in "
+                     f"{result.commit_to_other_first} of {result.joined} round trips")
     return "\n".join(lines)

@@ -99,6 +99,8 @@ def test_a_round_trip_through_a_follower_is_joined_stage_by_stage():
     assert complete(points)
     result = breakdown([points])
     assert result.joined == 1 and result.durable_gated_by_leader == 1 and result.acked_by_client_node == 1
+    assert result.commit_to_other_first == 0  # (to n2 at +850, to n3 at +860)
+    assert points["l_handoff"] == t + 870 and points["l_ae_commit_y"] == t + 860
     assert sum(row.mean for row in result.stages) == pytest.approx(1200 / 1e6)  # telescopes to the round trip
     assert result.total.samples == [pytest.approx(1200 / 1e6)]
     durable = next(r for r in result.stages if r.label.startswith("leader: own fsync"))
