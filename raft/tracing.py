@@ -15,8 +15,9 @@ What is recorded where (``who``, ``a``, ``b``, ``c`` of each event, see ``raftmq
 * tick thread: ``forward`` / ``cmd_recv`` (origin, seq) for ``apply_command`` sent or received;
   ``ae_send`` / ``ae_recv`` (peer, first index, last index, commit index); ``ack_send`` /
   ``ack_recv`` (peer, index acknowledged); ``append`` (origin, seq, index) as the journal gets an
-  entry; ``flushed`` (index, ns spent writing and syncing) after each fdatasync; ``commit`` (index) as the commit index rises;
-  ``handoff`` (origin, seq, index) as a committed entry goes to the loop.
+  entry; ``flushed`` (index, ns spent writing and syncing) after each fdatasync; ``commit``
+  (index) as the commit index rises; ``handoff`` (origin, seq, index) as a committed entry goes
+  to the loop.
 
 Sends are stamped as they are handed to the transport (stamped after, the peer's receipt could come
 first: it runs on another core), a follower's acknowledgement after its flush barrier (the barrier's

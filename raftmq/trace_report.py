@@ -106,7 +106,8 @@ class NodeEvents:
     node_id: str
     address: str
     origin: str
-    by_key: dict[tuple[str, str, int], list[tuple[int, int]]] = field(default_factory=dict)  # (stage, origin, seq) -> [(ts, idx)]
+    # (stage, origin, seq) -> [(ts, idx)], in time order
+    by_key: dict[tuple[str, str, int], list[tuple[int, int]]] = field(default_factory=dict)
     by_stage: dict[str, list[tuple]] = field(default_factory=dict)  # stage -> events sorted by ts
 
     @classmethod
