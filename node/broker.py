@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import logging
 import os
+import signal
 import time
 from typing import Protocol
 
@@ -40,6 +41,7 @@ from raftmq.store.commands import (
 from raftmq.store.durable import DurableStore
 from raftmq.store.event_writer import EventStore, RetentionPolicy
 from raftmq.store.machine import StateMachine
+from raftmq.trace import Tracer
 
 from .admission import Admission
 from .auth import Authenticator
@@ -166,9 +168,16 @@ class Broker:
         self._cut_off = False  # leaderless since this node, the leader, lost its majority
         self._majority_lost_seen = 0  # Replica.majority_lost at the last look
         self._declared_down: set[str] = set()
+        # Issue 30's stage tracer (raftmq/trace.py): None unless trace_stages, and then hooked in at start.
+        self.tracer: Tracer | None = None
+        if config.trace_stages and config.clustered:
+            self.tracer = Tracer(config.node_id, config.trace_stages_events)
+        self.trace_path = os.path.join(data_dir, "trace.msgpack")
 
     async def start(self) -> None:
         self.log.start(asyncio.get_running_loop())
+        if self.tracer is not None:
+            self._start_tracing()
         if self.config.clustered:
             # Connections of this node's previous incarnation are gone: release what they held.
             self.submit(NodeReset(None, None, self.config.node_id, self._boot))
@@ -194,8 +203,29 @@ class Broker:
         if self.events is not None:
             self.events.close()
         self.scrubber.stop()
+        self.dump_trace()
         self.log.close()
         self.bodies.store.close()
+
+    def _start_tracing(self) -> None:
+        from raftmq.raft.tracing import install
+
+        install(self.log, self.tracer)
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, self.dump_trace)
+        except (NotImplementedError, RuntimeError):
+            pass
+        log.info("stage tracer on: the newest %d events go to %s on SIGUSR2 and at stop",
+                 self.config.trace_stages_events, self.trace_path)
+
+    def dump_trace(self) -> None:
+        """Write the tracer's ring to <data>/trace.msgpack (SIGUSR2, and at stop)."""
+        if self.tracer is None:
+            return
+        try:
+            self.tracer.dump(self.trace_path)
+        except OSError as exc:
+            log.warning("stage trace not written to %s: %s", self.trace_path, exc)
 
     def counts_for(self, protocol: str) -> list[int]:
         """The [published, delivered] counters of ``protocol`` (shared by its connections)."""

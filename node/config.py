@@ -232,6 +232,12 @@ class Config:
     raft_handshake_timeout: float = 5.0
     raft_max_unauthenticated: int = 64
     raft_frame_stall_timeout: float = 30.0
+    # Issue 30's stage tracer (raftmq/trace.py): stamp each stage of every batch's way from a client
+    # socket through Raft to the delivery write, into a ring of the newest trace_stages_events events,
+    # written to <data>/trace.msgpack on SIGUSR2 and at stop (bench/latency_stages.py reads it).  A
+    # cluster only.  Off: no hook is installed at all.
+    trace_stages: bool = False
+    trace_stages_events: int = 20_000
 
     def resolved_data_dir(self) -> str:
         return self.data_dir or os.path.join("data", self.node_id)

@@ -71,6 +71,9 @@ class HeaderSniffer(asyncio.Protocol):
                       AMQP10_HEADER: lambda broker, transport: Amqp10Connection(broker, transport, sasl=False)}
         if header in front_ends:
             front_end = front_ends[header](self.broker, self._transport)
+            if self.broker.tracer is not None:  # (before set_protocol: uvloop caches data_received)
+                front_end.data_received = self.broker.tracer.on_rx(front_end.data_received)
+                front_end.flush = self.broker.tracer.on_flush(front_end.flush)
             self._transport.set_protocol(front_end)
             front_end.start(rest, self._deadline)
         else:
