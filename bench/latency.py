@@ -483,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{n} {p} ({commits[n]})" for n, p in checkouts.items())
           + (", rabbitmq 3 nodes (quorum queues)" if args.rabbitmq else ""), flush=True)
     rounds: list[list[Cell]] = []
+    round_info: list[dict] = []  # per counted round: its start, load average and order of the systems
     with contextlib.ExitStack() as stack:
         systems: dict[str, object] = {}
         for name, checkout in checkouts.items():  # one at a time: clusters booting at once time out here
@@ -523,8 +524,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"--max-minutes {args.max_minutes} reached: {number} rounds", flush=True)
                 break
             order = orders[number % len(orders)]
-            print(f"round {number + 1} of {args.rounds} ({time.strftime('%H:%M:%S')}, load average "
-                  f"{os.getloadavg()[0]:.1f}), order {', '.join(order)}", flush=True)
+            started_at, load = time.strftime("%H:%M:%S"), round(os.getloadavg()[0], 1)
+            print(f"round {number + 1} of {args.rounds} ({started_at}, load average {load}), "
+                  f"order {', '.join(order)}", flush=True)
             this_round: list[Cell] = []
             try:
                 for protocol, placement in cells:
@@ -534,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
                     line = "  ".join(row[n].text() for n in names)
                     print(f"  {protocol:5s} {placement:8s} {line}", flush=True)
                     for n in names:
-                        if not row[n].placed:
+                        if not row[n].placed or "LEADER CHANGE" in row[n].where:
                             print(f"    WARNING {n}: {row[n].where}", flush=True)
             except (RuntimeError, pika.exceptions.AMQPError, ClientError, OSError, TimeoutError,
                     KeyboardInterrupt, SystemExit) as exc:
@@ -542,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"rounds before it", flush=True)
                 break
             rounds.append(this_round)
+            round_info.append({"round": number + 1, "started": started_at, "load_average": load, "order": order})
             wheres = {f"{c.system} {c.placement}": c.where for c in this_round if c.where}
             print("  placement: " + "; ".join(f"{k}: {v}" for k, v in sorted(wheres.items())), flush=True)
     for name, path in checkouts.items():
@@ -552,8 +555,10 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "count": args.count, "size": SIZE,
             "commits": commits, "systems": names,
-            "rounds": [[{"system": c.system, "protocol": c.protocol, "placement": c.placement, "samples": c.samples,
-                         "where": c.where, "placed": c.placed, "na": c.na, **c.values} for c in r] for r in rounds],
+            "rounds": [{**info, "cells": [
+                {"system": c.system, "protocol": c.protocol, "placement": c.placement, "samples": c.samples,
+                 "where": c.where, "placed": c.placed, "na": c.na, **c.values} for c in r]}
+                for info, r in zip(round_info, rounds, strict=True)],
             **summary}, indent=1))
         print(f"wrote {args.json}")
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}: done in {(time.monotonic() - started) / 60:.1f} min", flush=True)

@@ -47,7 +47,8 @@ def test_latency_bench_prints_every_cell(tmp_path: Path) -> None:
     assert "(leader), leader n" in out, out
 
     data = json.loads(out_json.read_text())
-    cells = data["rounds"][0]
+    assert data["rounds"][0]["round"] == 1 and data["rounds"][0]["order"] == ["new"]
+    cells = data["rounds"][0]["cells"]
     assert {(c["protocol"], c["placement"]) for c in cells} == {
         (p, q) for p in ("0-9-1", "1.0", "0-10") for q in ("follower", "leader")}
     for cell in cells:
