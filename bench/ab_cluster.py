@@ -86,7 +86,9 @@ try:
     follower = next(n for n in cluster.nodes if n is not leader)
     print(json.dumps({"url": follower.url, "leader": leader.node_id, "follower": follower.node_id,
                       "data_dir": str(follower.data_dir), "pids": [n.pid for n in cluster.nodes],
-                      "leader_url": leader.url, "leader_data_dir": str(leader.data_dir)}), flush=True)
+                      "leader_url": leader.url, "leader_data_dir": str(leader.data_dir),
+                      "nodes": [{"id": n.node_id, "url": n.url, "data_dir": str(n.data_dir)} for n in cluster.nodes]}),
+          flush=True)
     sys.stdin.read()
 finally:
     cluster.stop()

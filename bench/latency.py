@@ -24,11 +24,13 @@ with 3-replica quorum queues declared through r1.  RabbitMQ has no 0-10; it gets
 rabbitmq_amqp1_0 plugin (enabled on every node before boot; addresses ``/amq/queue/Q``).  A system
 that cannot do a protocol prints n/a, with the reason.
 
-Placements: ``follower`` (raftmq: a node that was a follower at start; RabbitMQ: r2, the queue's
-leader being r1) and ``leader`` (raftmq: the Raft leader; RabbitMQ: r1).  Before each raftmq cell
-the role of the client's node is read from its status.json: a leader change is reported and marked
-on the cell.  For RabbitMQ every queue's leader is read with ``rabbitmqctl list_queues`` before the
-cell (~2 s, not timed).
+Placements: ``follower`` (raftmq: a follower, the one chosen at start while it still is one;
+RabbitMQ: r2, the queue's leader being r1) and ``leader`` (raftmq: the Raft leader; RabbitMQ: r1).
+Before each raftmq cell every node's role is read from its status.json and the client goes to a node
+that has the role now: a leader change is printed and noted on the cell (under load elections
+happen here: e12cb5e's cluster changed leaders in a run at load average 7).  For RabbitMQ every
+queue's leader is read with ``rabbitmqctl list_queues`` before the cell (~2 s, not timed).  A cell
+whose client was not where its placement says is marked MISPLACED and left out of the medians.
 
 Rounds: a warm-up round (a tenth of ``--count``, at least 20, every cell, not counted), then
 ``--rounds`` rounds; in each the cells are measured cell by cell, every system back to back, in an
@@ -263,26 +265,39 @@ class Raftmq:
     na: dict[str, str] = field(default_factory=dict)  # protocol -> why not
 
     def __post_init__(self) -> None:
+        self.leader_seen = self.cluster.info["leader"]
         if not (self.checkout / "node" / "amqp10").is_dir():
             self.na["1.0"] = "no AMQP 1.0 front end in this checkout (node/amqp10 absent)"
 
-    def url(self, placement: str) -> str:
-        return self.cluster.info["url" if placement == "follower" else "leader_url"]
+    def roles(self) -> dict[str, tuple[str, str]]:
+        """Each node's (role, leader) from its status.json (("?", "?") if unreadable)."""
+        roles = {}
+        for node in self.cluster.info["nodes"]:
+            status: dict = {}
+            with contextlib.suppress(OSError, ValueError):
+                status = json.loads((Path(node["data_dir"]) / "status.json").read_text())
+            roles[node["id"]] = (status.get("role", "?"), status.get("leader_node", "?"))
+        return roles
 
-    def node(self, placement: str) -> str:
-        return self.cluster.info["follower" if placement == "follower" else "leader"]
+    def place(self, placement: str) -> tuple[str, str, bool]:
+        """The URL of a node that has the ``placement`` role now (the follower chosen at start while
+        it still is one), where that is, and whether a node had that role.  A leader change since
+        the last cell is printed and noted."""
+        roles = self.roles()
+        leaders = [i for i, (role, _) in roles.items() if role == "leader"]
+        leader = leaders[0] if leaders else "?"
+        note = ""
+        if leader != self.leader_seen:
+            note = f"; LEADER CHANGE ({self.leader_seen} -> {leader})"
+            print(f"    {self.name}: leader change {self.leader_seen} -> {leader} (roles {roles})", flush=True)
+            self.leader_seen = leader
+        preferred = self.cluster.info["follower" if placement == "follower" else "leader"]
+        candidates = sorted((i for i, (role, _) in roles.items() if role == placement), key=lambda i: i != preferred)
+        chosen = candidates[0] if candidates else preferred
+        url = next(n["url"] for n in self.cluster.info["nodes"] if n["id"] == chosen)
+        return url, f"client on {chosen} ({roles[chosen][0]}), leader {leader}{note}", bool(candidates)
 
-    def where(self, placement: str, queue: str) -> tuple[str, bool]:
-        """Where the client is, and whether that is the placement asked for."""
-        status = self.cluster.status(node=placement)
-        role, leader = status.get("role", "?"), status.get("leader_node", "?")
-        text = f"client on {self.node(placement)} ({role}), leader {leader}"
-        if leader != self.cluster.info["leader"]:
-            text += f"; LEADER CHANGE (was {self.cluster.info['leader']})"
-        return text, role == placement
-
-    def run(self, protocol: str, placement: str, count: int, limit: float) -> tuple[list[float], list[float]]:
-        url = self.url(placement)
+    def run(self, protocol: str, url: str, count: int, limit: float) -> tuple[list[float], list[float]]:
         queue = f"lat-{uuid.uuid4().hex[:8]}"
         if protocol == "0-9-1":
             return roundtrip_091(url, queue, count, False, limit)
@@ -389,9 +404,8 @@ def measure(system, protocol: str, placement: str, count: int, limit: float, war
             cell.where, cell.placed = system.where(placement, queue)
         delivered, confirmed = system.run(protocol, placement, count, limit, queue=queue)
     else:
-        if not warm:
-            cell.where, cell.placed = system.where(placement, "")
-        delivered, confirmed = system.run(protocol, placement, count, limit)
+        url, cell.where, cell.placed = system.place(placement)  # before every cell: leaders change
+        delivered, confirmed = system.run(protocol, url, count, limit)
     cell.samples = len(delivered)
     cell.values = {"p50": percentile(delivered, 0.5), "p99": percentile(delivered, 0.99),
                    "p999": percentile(delivered, 0.999), "confirm p50": percentile(confirmed, 0.5),
@@ -414,7 +428,7 @@ def summarise(rounds: list[list[Cell]], names: list[str]) -> dict:
         key = f"{protocol} {placement}"
         medians: dict[str, dict[str, float | None]] = {}
         for name in names:
-            mine = [c for c in cells if c.system == name and not c.na]
+            mine = [c for c in cells if c.system == name and not c.na and c.placed]
             medians[name] = {m: (statistics.median(c.values[m] for c in mine) if mine else None) for m in METRICS}
         summary[key] = medians
         for metric in METRICS:
@@ -445,7 +459,7 @@ def summarise(rounds: list[list[Cell]], names: list[str]) -> dict:
     misplaced = [c for r in rounds for c in r if not c.na and not c.placed]
     if misplaced:
         print(f"WARNING: {len(misplaced)} cell(s) ran with the client not where its placement says "
-              f"(marked MISPLACED above)")
+              f"(marked MISPLACED above; left out of the medians)")
     return {"medians": summary, "goals": goals}
 
 
