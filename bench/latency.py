@@ -413,12 +413,24 @@ def measure(system, protocol: str, placement: str, count: int, limit: float, war
     return cell
 
 
+def per_round_ratios(rounds: list[list[Cell]], protocol: str, placement: str, metric: str, other: str) -> list[float]:
+    """new/``other`` of ``metric`` in each round where both cells were measured where they should be."""
+    ratios = []
+    for cells in rounds:
+        mine = {c.system: c for c in cells if c.protocol == protocol and c.placement == placement
+                and not c.na and c.placed}
+        if "new" in mine and other in mine:
+            ratios.append(mine["new"].values[metric] / mine[other].values[metric])
+    return ratios
+
+
 def summarise(rounds: list[list[Cell]], names: list[str]) -> dict:
     """Print the medians per system, the ratios and issue 30's goals; return them for --json."""
     summary: dict = {}
-    print(f"\nsummary: medians over {len(rounds)} round(s), ms; ratios of the medians (lower is better for new)")
+    print(f"\nsummary: medians over {len(rounds)} round(s), ms; ratios of the medians and [range of the "
+          f"per-round ratios] (below 1: new is faster)")
     header = f"{'cell':22s}{'metric':>12s}" + "".join(f"{n:>10s}" for n in names)
-    header += "".join(f"{'new/' + n:>14s}" for n in ("rabbitmq", "old") if n in names)
+    header += "".join(f"{'new/' + n:>26s}" for n in ("rabbitmq", "old") if n in names)
     print(header)
     goals: list[str] = []
     for protocol, placement in itertools.product(PROTOCOLS, PLACEMENTS):
@@ -439,7 +451,10 @@ def summarise(rounds: list[list[Cell]], names: list[str]) -> dict:
             for other in ("rabbitmq", "old"):
                 if other in names:
                     a, b = medians["new"][metric], medians[other][metric]
-                    row += f"{'n/a' if a is None or b is None else f'{a / b:.2f}':>14s}"
+                    ratios = per_round_ratios(rounds, protocol, placement, metric, other)
+                    spread = f"[{min(ratios):.2f}-{max(ratios):.2f}]" if ratios else "[no round with both]"
+                    text = "n/a" if a is None or b is None else f"{a / b:.2f} {spread}"
+                    row += f"{text:>26s}"
             print(row)
         new, rabbit = medians["new"], medians.get("rabbitmq", {})
 
