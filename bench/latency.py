@@ -382,10 +382,13 @@ class Cell:
     where: str = ""
     placed: bool = True  # the client was where the placement says
     na: str = ""
+    failed: str = ""  # the error that ended this cell (it is left out of the medians)
 
     def text(self) -> str:
         if self.na:
             return f"{self.system} n/a"
+        if self.failed:
+            return f"{self.system} FAILED"
         v = self.values
         mark = "" if self.placed else " (MISPLACED)"
         return (f"{self.system} {v['p50']:.2f}/{v['p99']:.2f}/{v['p999']:.2f} "
@@ -418,7 +421,7 @@ def per_round_ratios(rounds: list[list[Cell]], protocol: str, placement: str, me
     ratios = []
     for cells in rounds:
         mine = {c.system: c for c in cells if c.protocol == protocol and c.placement == placement
-                and not c.na and c.placed}
+                and not c.na and not c.failed and c.placed}
         if "new" in mine and other in mine:
             ratios.append(mine["new"].values[metric] / mine[other].values[metric])
     return ratios
@@ -440,7 +443,7 @@ def summarise(rounds: list[list[Cell]], names: list[str]) -> dict:
         key = f"{protocol} {placement}"
         medians: dict[str, dict[str, float | None]] = {}
         for name in names:
-            mine = [c for c in cells if c.system == name and not c.na and c.placed]
+            mine = [c for c in cells if c.system == name and not c.na and not c.failed and c.placed]
             medians[name] = {m: (statistics.median(c.values[m] for c in mine) if mine else None) for m in METRICS}
         summary[key] = medians
         for metric in METRICS:
@@ -471,7 +474,10 @@ def summarise(rounds: list[list[Cell]], names: list[str]) -> dict:
     print("\nissue 30's goals (new):")
     for line in goals:
         print(f"  {line}")
-    misplaced = [c for r in rounds for c in r if not c.na and not c.placed]
+    failed = [c for r in rounds for c in r if c.failed]
+    if failed:
+        print(f"WARNING: {len(failed)} cell(s) failed (marked FAILED above; left out of the medians)")
+    misplaced = [c for r in rounds for c in r if not c.na and not c.failed and not c.placed]
     if misplaced:
         print(f"WARNING: {len(misplaced)} cell(s) ran with the client not where its placement says "
               f"(marked MISPLACED above; left out of the medians)")
@@ -559,17 +565,23 @@ def main(argv: list[str] | None = None) -> int:
             this_round: list[Cell] = []
             try:
                 for protocol, placement in cells:
-                    row = {n: measure(systems[n], protocol, placement, args.count, args.cell_seconds, warm=False)
-                           for n in order}
+                    row = {}
+                    for n in order:
+                        try:
+                            row[n] = measure(systems[n], protocol, placement, args.count, args.cell_seconds,
+                                             warm=False)
+                        except (RuntimeError, pika.exceptions.AMQPError, ClientError, OSError, TimeoutError) as exc:
+                            row[n] = Cell(n, protocol, placement, failed=repr(exc)[:300])
                     this_round += row.values()
                     line = "  ".join(row[n].text() for n in names)
                     print(f"  {protocol:5s} {placement:8s} {line}", flush=True)
                     for n in names:
-                        if not row[n].placed or "LEADER CHANGE" in row[n].where:
+                        if row[n].failed:
+                            print(f"    FAILED {n}: {row[n].failed}", flush=True)
+                        elif not row[n].placed or "LEADER CHANGE" in row[n].where:
                             print(f"    WARNING {n}: {row[n].where}", flush=True)
-            except (RuntimeError, pika.exceptions.AMQPError, ClientError, OSError, TimeoutError,
-                    KeyboardInterrupt, SystemExit) as exc:
-                print(f"round {number + 1} failed or was interrupted ({exc!r}): the summary covers the "
+            except (KeyboardInterrupt, SystemExit) as exc:
+                print(f"round {number + 1} was interrupted ({exc!r}): the summary covers the "
                       f"rounds before it", flush=True)
                 break
             rounds.append(this_round)
@@ -586,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
             "commits": commits, "systems": names,
             "rounds": [{**info, "cells": [
                 {"system": c.system, "protocol": c.protocol, "placement": c.placement, "samples": c.samples,
-                 "where": c.where, "placed": c.placed, "na": c.na, **c.values} for c in r]}
+                 "where": c.where, "placed": c.placed, "na": c.na, "failed": c.failed, **c.values} for c in r]}
                 for info, r in zip(round_info, rounds, strict=True)],
             **summary}, indent=1))
         print(f"wrote {args.json}")

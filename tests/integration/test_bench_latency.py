@@ -42,7 +42,7 @@ def test_latency_bench_prints_every_cell(tmp_path: Path) -> None:
             assert row, f"no {protocol} {placement} row with numbers in:\n{out}"
             assert re.search(rf"^{re.escape(protocol)} {placement}\s+p50\s+{NUMBER}$", out, re.M), out
             assert f"{protocol} {placement}".ljust(16) + " p50 < 1 ms: " in out
-    assert "MISPLACED" not in out and "WARNING" not in out, out
+    assert "MISPLACED" not in out and "WARNING" not in out and "FAILED" not in out, out
     assert "new follower: client on n" in out and "(follower)" in out, out
     assert "(leader), leader n" in out, out
 
@@ -52,7 +52,7 @@ def test_latency_bench_prints_every_cell(tmp_path: Path) -> None:
     assert {(c["protocol"], c["placement"]) for c in cells} == {
         (p, q) for p in ("0-9-1", "1.0", "0-10") for q in ("follower", "leader")}
     for cell in cells:
-        assert cell["system"] == "new" and cell["na"] == "" and cell["placed"], cell
+        assert cell["system"] == "new" and cell["na"] == "" and cell["failed"] == "" and cell["placed"], cell
         assert cell["samples"] == 20, cell
         assert 0 < cell["p50"] <= cell["p99"] <= cell["p999"], cell
         assert 0 < cell["confirm p50"] <= cell["confirm p99"], cell

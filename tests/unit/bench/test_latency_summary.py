@@ -51,3 +51,15 @@ def test_per_round_ratios_pair_cells_of_the_same_round() -> None:
         [cell("new", 3.0, 2.0), cell("old", 1.0, 2.0)],
     ]
     assert per_round_ratios(rounds, "0-9-1", "follower", "p50", "old") == [0.5, 3.0]
+
+
+def test_failed_cells_stay_out(capsys) -> None:
+    """A cell that failed (its error kept on the cell) counts in no median and no ratio."""
+    rounds = [
+        [cell("new", 1.0, 2.0), cell("rabbitmq", 2.0, 4.0)],
+        [Cell("new", "0-9-1", "follower", failed="RuntimeError('no round trip finished')"), cell("rabbitmq", 2.0, 4.0)],
+    ]
+    summary = summarise(rounds, ["new", "rabbitmq"])
+    assert summary["medians"]["0-9-1 follower"]["new"]["p50"] == 1.0
+    assert per_round_ratios(rounds, "0-9-1", "follower", "p50", "rabbitmq") == [0.5]
+    assert "1 cell(s) failed" in capsys.readouterr().out
