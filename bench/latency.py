@@ -165,10 +165,12 @@ class _RoundTrip10(MessagingHandler):
     def on_transport_error(self, event) -> None:
         self.error = f"transport error: {event.transport.condition}"
         super().on_transport_error(event)
+        self._finish()  # and cancel the timer, or the reactor would wait for it
 
     def on_connection_error(self, event) -> None:
         self.error = f"connection error: {event.connection.remote_condition}"
         super().on_connection_error(event)
+        self._finish()  # and cancel the timer, or the reactor would wait for it
 
     def on_link_error(self, event) -> None:
         self.error = f"link error: {event.link.remote_condition}"
@@ -203,7 +205,7 @@ class _InsistingConnection(Connection):
 
 
 async def _roundtrip_010(host: str, queue: str, count: int, limit: float) -> tuple[list[float], list[float]]:
-    conn = await _InsistingConnection.connect([host], stall_timeout=0)
+    conn = await _InsistingConnection.connect([host], stall_timeout=0, reconnect_timeout=10)
     try:
         if conn.current != host:
             raise RuntimeError(f"0-10 client on {conn.current}, not {host}")
@@ -223,6 +225,8 @@ async def _roundtrip_010(host: str, queue: str, count: int, limit: float) -> tup
             session.send(c010.MessageAccept(transfers=[(message.id, message.id)]))  # not waited for
             await asyncio.wait_for(completion, limit + 10)
         await session.execute(c010.QueueDelete(queue=queue))
+        if conn.reconnects or conn.current != host:  # it resumed elsewhere: not the node measured
+            raise RuntimeError(f"0-10 client reconnected {conn.reconnects} time(s), now on {conn.current}")
         return delivered, confirmed
     finally:
         with contextlib.suppress(ClientError, OSError, TimeoutError):
