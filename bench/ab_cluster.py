@@ -85,7 +85,10 @@ try:
     leader = cluster.leader()
     follower = next(n for n in cluster.nodes if n is not leader)
     print(json.dumps({"url": follower.url, "leader": leader.node_id, "follower": follower.node_id,
-                      "data_dir": str(follower.data_dir), "pids": [n.pid for n in cluster.nodes]}), flush=True)
+                      "data_dir": str(follower.data_dir), "pids": [n.pid for n in cluster.nodes],
+                      "leader_url": leader.url, "leader_data_dir": str(leader.data_dir),
+                      "nodes": [{"id": n.node_id, "url": n.url, "data_dir": str(n.data_dir)} for n in cluster.nodes]}),
+          flush=True)
     sys.stdin.read()
 finally:
     cluster.stop()
@@ -114,9 +117,10 @@ class CheckoutCluster:
     def url(self) -> str:
         return self.info["url"]
 
-    def status(self, after: float = 0.0, timeout: float = 5.0) -> dict:
-        """The follower's status.json, written after ``after`` (a time.time()); {} if none."""
-        path = Path(self.info["data_dir"]) / "status.json"
+    def status(self, after: float = 0.0, timeout: float = 5.0, node: str = "follower") -> dict:
+        """The status.json of the node that was the ``node`` ("follower" or "leader") when the cluster
+        started, written after ``after`` (a time.time()); {} if none."""
+        path = Path(self.info["data_dir" if node == "follower" else "leader_data_dir"]) / "status.json"
         deadline = time.monotonic() + timeout
         while True:
             with contextlib.suppress(OSError, ValueError):
@@ -199,10 +203,12 @@ class RabbitTarget:
         return {}
 
 
-def bench_roundtrip(url: str, queue: str, count: int, size: int, quorum: bool) -> tuple[list[float], list[float]]:
+def bench_roundtrip(url: str, queue: str, count: int, size: int, quorum: bool,
+                    time_limit: float = TIME_LIMIT) -> tuple[list[float], list[float]]:
     """Single persistent messages with confirms on a channel that also consumes ``queue``
     (auto-ack); the next is published once the previous is delivered and confirmed.  Returns the
-    publish->delivery and publish->confirm times (ms).  Bounded by ``count`` and TIME_LIMIT."""
+    publish->delivery and publish->confirm times (ms).  Bounded by ``count`` and ``time_limit``
+    (seconds; bench/latency.py sets its per-cell limit)."""
     body = b"x" * size
     properties = pika.BasicProperties(delivery_mode=2)
     delivered: list[float] = []
@@ -212,7 +218,7 @@ def bench_roundtrip(url: str, queue: str, count: int, size: int, quorum: bool) -
 
     def publish_next() -> None:
         channel = box[0]
-        if state["sent"] >= count or time.perf_counter() - state["start"] > TIME_LIMIT:
+        if state["sent"] >= count or time.perf_counter() - state["start"] > time_limit:
             channel.queue_delete(queue, callback=lambda _frame: connection.close())
             return
         state.update(got=False, acked=False, t0=time.perf_counter())
@@ -246,7 +252,7 @@ def bench_roundtrip(url: str, queue: str, count: int, size: int, quorum: bool) -
     connection = pika.SelectConnection(pika.URLParameters(url),
                                        on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
                                        on_close_callback=lambda c, _reason: c.ioloop.stop())
-    stop_at = connection.ioloop.call_later(TIME_LIMIT * 2, connection.close)  # a broker that stops answering
+    stop_at = connection.ioloop.call_later(time_limit * 2, connection.close)  # a broker that stops answering
     connection.ioloop.start()
     connection.ioloop.remove_timeout(stop_at)
     if not delivered:

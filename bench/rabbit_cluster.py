@@ -38,8 +38,10 @@ from tests.support.rabbitmq import (  # noqa: E402
 
 
 class RabbitCluster:
-    def __init__(self, size: int = 3, start_timeout: float = 90.0) -> None:
+    def __init__(self, size: int = 3, start_timeout: float = 90.0, plugins: tuple[str, ...] = ()) -> None:
+        """``plugins``: enabled offline on every node before boot, e.g. ("rabbitmq_amqp1_0",)."""
         self.size = size
+        self.plugins = tuple(plugins)
         self.start_timeout = start_timeout
         self.base = Path(tempfile.mkdtemp(prefix="rabbit-cluster-"))
         self.cookie = secrets.token_hex(16).upper()
@@ -101,7 +103,7 @@ class RabbitCluster:
                 cookie.chmod(0o400)
                 (d / "rabbitmq.conf").write_text(CONFIG_TEMPLATE.format(port=self.ports[i]))
                 (d / "advanced.config").write_text("[].\n")
-                (d / "enabled_plugins").write_text("[].\n")
+                (d / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
                 (d / "rabbitmq-env.conf").write_text("")
                 self._start_node(i)
             for i in range(self.size):
