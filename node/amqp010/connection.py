@@ -221,14 +221,15 @@ class Amqp010Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ the broker's endpoint interface
 
-    def submit(self, command: Command) -> None:
-        self.broker.submit(command)
+    def submit(self, command: Command, deferrable: bool = False) -> None:
+        self.broker.submit(command, deferrable)
 
-    def request(self, session: ServerSession, command: Command, on_ok, on_error=None) -> None:
+    def request(self, session: ServerSession, command: Command, on_ok, on_error=None,
+                deferrable: bool = False) -> None:
         self._next_token += 1
         command = command._replace(token=self._next_token)
         self.pending[self._next_token] = (session, on_ok, on_error)
-        self.broker.submit(command)
+        self.broker.submit(command, deferrable)
 
     def on_reply(self, token: int | None, result: Result, channel_no: int | None) -> None:
         entry = self.pending.pop(token, None) if token is not None else None

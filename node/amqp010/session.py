@@ -186,8 +186,9 @@ class ServerSession:
         elif isinstance(control, c.SessionKnownCompleted):
             for lo, hi in control.commands or ():
                 rs.remove(self.completed, lo, hi)
+            # Bookkeeping nobody waits for: it may wait for company (raft/cluster.py, deferrable).
             self.conn.submit(SessionKnownCompleted(self.conn.conn_id, None, self.channel,
-                              [list(r) for r in control.commands or ()]))
+                              [list(r) for r in control.commands or ()]), deferrable=True)
         elif isinstance(control, c.SessionGap):
             for lo, hi in control.commands or ():
                 rs.add(self.completed, lo, hi)
@@ -281,10 +282,17 @@ class ServerSession:
         self.in_flight.add(command_id)
         wrapped = SessionCommand(self.conn.conn_id, None, self.channel, command_id, inner)
         sync = command.sync
+        deferrable = False
         if inner.op == Op.MESSAGE_SETTLE:
             settled = [tuple(r) for r in command.transfers]
+            # An accept the client does not sync on: nobody waits for it (a release or reject
+            # delivers again, so those go at once), like a 0-9-1 ack with read-ahead to spare.
+            # Issue 30: a lone 0-10 client's accept took a Raft batch of its own, and its next
+            # transfer waited behind it.
+            deferrable = inner.how == SETTLE_ACCEPT and not sync
         self.conn.request(self, wrapped, lambda value: self._applied(command_id, sync, settled, value, command),
-                          on_error=lambda code, text: self._failed(command_id, command, code, text))
+                          on_error=lambda code, text: self._failed(command_id, command, code, text),
+                          deferrable=deferrable)
 
     def translate(self, cmd) -> Command | None:
         """The core command for a 0-10 command (conn, token and channel None: SessionCommand carries
@@ -307,6 +315,8 @@ class ServerSession:
         if isinstance(cmd, c.MessageResume):
             return MessageResume(*head)
         if isinstance(cmd, c.MessageFlow):
+            if cmd.unit == 0:  # credit-unit message (L5998)
+                self.window.flow(cmd.destination or "", 0xFFFFFFFF if cmd.value is None else cmd.value)
             return MessageFlow(*head, cmd.destination or "", cmd.unit, 0xFFFFFFFF if cmd.value is None
                     else cmd.value)
         if isinstance(cmd, c.MessageSetFlowMode):
@@ -385,7 +395,7 @@ class ServerSession:
         credit the client's completed controls gave back, one command per destination."""
         for destination, (messages, size) in self.window.take_grants().items():
             self.conn.submit(SessionWindowCredit(self.conn.conn_id, None, self.channel, destination,
-                                                 messages, size))
+                                                 messages, size), deferrable=self.window.ample(destination))
         if self.completion_due and self.attached:
             self.conn.send(self.channel, c.SessionCompleted(commands=[tuple(r) for r in self.completed],
                                                             timely_reply=False))

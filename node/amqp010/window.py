@@ -21,9 +21,25 @@ from dataclasses import dataclass, field
 class WindowCredit:
     owed: dict[int, tuple[str, int]] = field(default_factory=dict)  # transfer id -> (destination, bytes)
     grants: dict[str, tuple[int, int]] = field(default_factory=dict)  # completed, not yet submitted
+    # The message credit the client last gave each destination (message.flow, unit message): the
+    # window, in window mode.  Only a hint for batching (``ample``): the core keeps the credit.
+    windows: dict[str, int] = field(default_factory=dict)
 
     def sent(self, transfer_id: int, destination: str, size: int) -> None:
         self.owed[transfer_id] = (destination, size)
+
+    def flow(self, destination: str, messages: int) -> None:
+        self.windows[destination] = messages
+
+    def ample(self, destination: str) -> bool:
+        """Whether ``destination`` still has at least half its window of message credit, counting
+        the transfers the client has not completed: then nobody waits for the credit coming back,
+        and its command may wait a little for company (raft/cluster.py, deferrable)."""
+        window = self.windows.get(destination, 0)
+        if window < 4:
+            return False
+        outstanding = sum(1 for d, _ in self.owed.values() if d == destination)
+        return outstanding < window // 2
 
     def completed(self, ranges) -> bool:
         """Forget the transfers ``ranges`` covers and add what they give back to the grants (one
@@ -44,3 +60,4 @@ class WindowCredit:
         for transfer_id in [i for i, (d, _) in self.owed.items() if d == destination]:
             del self.owed[transfer_id]
         self.grants.pop(destination, None)
+        self.windows.pop(destination, None)

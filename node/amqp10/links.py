@@ -401,7 +401,11 @@ class OutgoingLink(Link):
                 delta = target - have if 2 * have <= target or self.drain_wanted else 0
         if delta > 0:
             self.granted += delta
-            conn.broker.submit(MessageFlow(conn.conn_id, None, self.core, self.destination, 0, delta))
+            # While the core still holds half the client's credit nobody waits for the top-up: it
+            # may wait for company (raft/cluster.py, deferrable).  Issue 30: a receiver's top-up
+            # after every message (proton's credit window) took a Raft batch of its own.
+            conn.broker.submit(MessageFlow(conn.conn_id, None, self.core, self.destination, 0, delta),
+                               have > 0 and 2 * have >= wanted)
         elif delta < 0 and wanted < have:
             self.stopping = True
             conn.request(MessageStop(conn.conn_id, None, self.core, self.destination), self._stopped)
@@ -437,7 +441,8 @@ class OutgoingLink(Link):
             conn.request(MessageFlush(conn.conn_id, None, self.core, self.destination), self._drained)
         elif have < target and 2 * have <= target:  # topped up at half: one MESSAGE_FLOW per ~credit messages
             self.granted += target - have
-            conn.broker.submit(MessageFlow(conn.conn_id, None, self.core, self.destination, 0, target - have))
+            conn.broker.submit(MessageFlow(conn.conn_id, None, self.core, self.destination, 0, target - have),
+                               have > 0 and 2 * have >= wanted)  # (deferrable: see _apply_credit)
 
     def _send_held(self) -> None:
         held = self.held
