@@ -10,6 +10,7 @@ from sys import intern
 from typing import TYPE_CHECKING
 
 from . import events as EV
+from . import session_rules
 from .commands import (
     OUT_DELIVER,
     OUT_TRANSFER,
@@ -120,6 +121,8 @@ class Delivery:
                 and queue.exclusive_owner not in m.sessions:
             # A 0-10 session's exclusive auto-delete queue goes when the session ends (queue.declare
             # auto-delete, 0-10 L7682ff), not when its last consumer is cancelled.
+            if consumer.channel.session is not None:  # a 0-10 subscription: orphans to the alternate
+                session_rules.orphans_to_alternate(m, queue, consumer.channel)
             m.topology.delete_queue(queue)
 
     def publish(self, cmd: Publish) -> int:
@@ -413,7 +416,7 @@ class Delivery:
         ch = consumer.channel
         session = ch.session
         if session is not None:
-            m.session_commands.take_credit(consumer, message.size)
+            m.session_commands.take_credit(consumer, message)
             transfer_id = session.next_transfer
             session.next_transfer += 1
             if not consumer.no_ack:
