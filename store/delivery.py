@@ -180,11 +180,28 @@ class Delivery:
             return UNROUTABLE
         outcome = ROUTED
         for queue in queues:
+            if queue.no_local and self.local_to(queue, conn):
+                m.event(EV.DROPPED, queue, message, "no-local")
+                continue
             if not self.enqueue(queue, message, expiration):
                 outcome = REJECTED
         self.keep_body(message, body)
         self._publishing = None
         return outcome
+
+    def local_to(self, queue: Queue, conn: str | None) -> bool:
+        """Whether ``conn`` (a publisher's connection) holds ``queue``: owns it exclusively (a 0-9-1
+        connection, or the connection of the 0-10 session that owns it) or has an exclusive
+        subscriber on it.  Qpid's no-local (store/queue_args.py) drops such messages at once, so
+        they neither reach the holder nor stay queued behind it (Qpid's test_no_local_awkward)."""
+        if conn is None:
+            return False
+        owner = queue.exclusive_owner
+        if owner is not None:
+            session = self.m.sessions.get(owner)
+            if (session.channel.conn if session is not None else owner) == conn:
+                return True
+        return any(consumer.exclusive and consumer.channel.conn == conn for consumer in queue.consumers)
 
     def body_source(self, message: Message) -> bytes | int:
         """What a copy of ``message`` takes its body from: the bytes while ``message`` is the one

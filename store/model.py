@@ -438,6 +438,7 @@ class Queue:
     delivery_header: bool = False  # redeliveries carry x-delivery-count (as quorum queues do)
     dedup: DedupCache | None = None  # x-message-deduplication (store/dedup.py)
     selective: list[Consumer] = field(default_factory=list)  # consumers with a filter (also in consumers)
+    no_local: bool = False  # Qpid's no-local argument (store/queue_args.py NO_LOCAL)
 
     def __setstate__(self, state: tuple) -> None:
         """Unpickle a queue, the fields a snapshot predates taking their defaults."""
@@ -451,7 +452,7 @@ class Queue:
             object.__setattr__(self, name, value)
 
 
-_QUEUE_ADDED_FIELDS = (("delivery_limit", None), ("delivery_header", False), ("dedup", None))
+_QUEUE_ADDED_FIELDS = (("delivery_limit", None), ("delivery_header", False), ("dedup", None), ("no_local", False))
 
 
 @dataclass(slots=True, eq=False)

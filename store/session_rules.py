@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 
 from .commands import Command, DeclaredQueue, Op, QueueDeclare, QueueDelete
 from .errors import CommandError
-from .queue_args import EQUIVALENCE_ARGS, LATER_ARGS
+from .queue_args import EQUIVALENCE_ARGS, LATER_ARGS, NO_LOCAL
 
 if TYPE_CHECKING:
     from .machine import StateMachine
 
 NOT_FOUND, RESOURCE_LOCKED, NOT_ALLOWED, NOT_IMPLEMENTED, INVALID_ARGUMENT = 404, 405, 530, 540, 542
-QUEUE_ARGS = frozenset((*EQUIVALENCE_ARGS, *LATER_ARGS, "x-queue-type", "x-deduplication-header"))
+QUEUE_ARGS = frozenset((*EQUIVALENCE_ARGS, *LATER_ARGS, "x-queue-type", "x-deduplication-header", NO_LOCAL))
 
 
 def check(machine: StateMachine, conn: str, number: int, inner: Command) -> Command:

@@ -474,6 +474,36 @@ def test_passive_declare_inspects_another_sessions_exclusive_queue(port):  # noq
     raw.close()
 
 
+def test_no_local_queue_drops_what_its_holders_connection_publishes(port):  # noqa: F811
+    """Qpid's no-local queue argument (0-10 has no no-local on message.subscribe; the file and stream
+    classes' consume say "the server will not send messages to the connection that published
+    them"): on a queue a session declared exclusive with no-local, messages from that connection --
+    this session or another on it -- are not queued; one from another connection is (Qpid's
+    test_no_local, test_no_local_awkward: the queue is left empty)."""
+    raw = _raw_attached(port, "nolocal")
+    queue = _name("nolocal")
+    raw.send(c.QueueDeclare(queue=queue, exclusive=True, auto_delete=True, arguments={"no-local": "true"}), 1)
+    _publish(raw, queue, b"mine")
+    raw.send(c.SessionAttach(name=_name("sibling").encode()), 2)
+    raw.expect(c.SessionAttached)
+    raw.send(c.SessionCommandPoint(command_id=0, command_offset=0), 2)
+    raw.send(c.MessageTransfer(destination="", accept_mode=1, acquire_mode=0,
+                               headers=[c.DeliveryProperties(routing_key=queue)], body=b"sibling"), 2)
+    raw.send(c.ExecutionSync(), 2)
+    other = _raw_attached(port, "foreign")
+    _publish(other, queue, b"foreign")
+    other.send(c.QueueQuery(queue=queue), 1)
+    other.expect(c.ExecutionResult)  # the publish before it is applied
+    raw.send(c.MessageSubscribe(queue=queue, destination="n", accept_mode=1, acquire_mode=0), 1)
+    raw.send(c.MessageFlow(destination="n", unit=0, value=0xFFFFFFFF), 1)
+    raw.send(c.MessageFlow(destination="n", unit=1, value=0xFFFFFFFF), 1)
+    assert [m.body for _, m in _transfers(raw)] == [b"foreign"]
+    raw.send(c.QueueQuery(queue=queue), 1)
+    assert raw.expect(c.ExecutionResult).value.message_count == 0
+    other.close()
+    raw.close()
+
+
 @pytest.mark.parametrize("exclusive", [True, False])
 def test_an_auto_deleted_queues_messages_go_to_its_alternate(port, exclusive):  # noqa: F811
     """queue.declare alternate-exchange (L7656ff): "orphaned by queue deletion ... MUST be routed to
