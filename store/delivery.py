@@ -10,6 +10,7 @@ from sys import intern
 from typing import TYPE_CHECKING
 
 from . import events as EV
+from . import session_rules
 from .commands import (
     OUT_DELIVER,
     OUT_TRANSFER,
@@ -120,6 +121,8 @@ class Delivery:
                 and queue.exclusive_owner not in m.sessions:
             # A 0-10 session's exclusive auto-delete queue goes when the session ends (queue.declare
             # auto-delete, 0-10 L7682ff), not when its last consumer is cancelled.
+            if consumer.channel.session is not None:  # a 0-10 subscription: orphans to the alternate
+                session_rules.orphans_to_alternate(m, queue, consumer.channel)
             m.topology.delete_queue(queue)
 
     def publish(self, cmd: Publish) -> int:
@@ -177,11 +180,28 @@ class Delivery:
             return UNROUTABLE
         outcome = ROUTED
         for queue in queues:
+            if queue.no_local and self.local_to(queue, conn):
+                m.event(EV.DROPPED, queue, message, "no-local")
+                continue
             if not self.enqueue(queue, message, expiration):
                 outcome = REJECTED
         self.keep_body(message, body)
         self._publishing = None
         return outcome
+
+    def local_to(self, queue: Queue, conn: str | None) -> bool:
+        """Whether ``conn`` (a publisher's connection) holds ``queue``: owns it exclusively (a 0-9-1
+        connection, or the connection of the 0-10 session that owns it) or has an exclusive
+        subscriber on it.  Qpid's no-local (store/queue_args.py) drops such messages at once, so
+        they neither reach the holder nor stay queued behind it (Qpid's test_no_local_awkward)."""
+        if conn is None:
+            return False
+        owner = queue.exclusive_owner
+        if owner is not None:
+            session = self.m.sessions.get(owner)
+            if (session.channel.conn if session is not None else owner) == conn:
+                return True
+        return any(consumer.exclusive and consumer.channel.conn == conn for consumer in queue.consumers)
 
     def body_source(self, message: Message) -> bytes | int:
         """What a copy of ``message`` takes its body from: the bytes while ``message`` is the one
@@ -413,7 +433,7 @@ class Delivery:
         ch = consumer.channel
         session = ch.session
         if session is not None:
-            m.session_commands.take_credit(consumer, message.size)
+            m.session_commands.take_credit(consumer, message)
             transfer_id = session.next_transfer
             session.next_transfer += 1
             if not consumer.no_ack:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -58,6 +58,23 @@ class Message:
             LEGACY_BODIES.append((slots["id"], body))
         for name, value in slots.items():
             setattr(self, name, value)
+
+
+def _body_size(message: Message) -> int:
+    return message.size
+
+
+#: The byte credit (AMQP 0-10 message.flow unit byte) one transfer of a message takes: its header
+#: segment as the 0-10 front end sends it plus its body (message.set-flow-mode rule byte-accounting).
+#: The headers are the front end's encoding, so protocol/amqp010/neutral.transfer_credit is
+#: registered by node/core/formats.py with the property codecs (every node runs the same code);
+#: the body alone until then.  Read only for a consumer with finite byte credit.
+transfer_credit: Callable[[Message], int] = _body_size
+
+
+def register_transfer_credit(size: Callable[[Message], int]) -> None:
+    global transfer_credit
+    transfer_credit = size
 
 
 #: Bodies found in a snapshot written before bodies left the model (format 1 and 2): filled while
@@ -364,7 +381,7 @@ class Consumer:
         not enough byte credit available to send a complete message, the sender must either wait
         or use message fragmentation" (we wait)."""
         limit = self.credit_bytes
-        return entry is None or limit is None or limit >= 0xFFFFFFFF or entry.message.size <= limit
+        return entry is None or limit is None or limit >= 0xFFFFFFFF or transfer_credit(entry.message) <= limit
 
     def room(self) -> int:
         """How many messages this consumer may be given now, one after another (0 or less: none).
@@ -421,6 +438,7 @@ class Queue:
     delivery_header: bool = False  # redeliveries carry x-delivery-count (as quorum queues do)
     dedup: DedupCache | None = None  # x-message-deduplication (store/dedup.py)
     selective: list[Consumer] = field(default_factory=list)  # consumers with a filter (also in consumers)
+    no_local: bool = False  # Qpid's no-local argument (store/queue_args.py NO_LOCAL)
 
     def __setstate__(self, state: tuple) -> None:
         """Unpickle a queue, the fields a snapshot predates taking their defaults."""
@@ -434,7 +452,7 @@ class Queue:
             object.__setattr__(self, name, value)
 
 
-_QUEUE_ADDED_FIELDS = (("delivery_limit", None), ("delivery_header", False), ("dedup", None))
+_QUEUE_ADDED_FIELDS = (("delivery_limit", None), ("delivery_header", False), ("dedup", None), ("no_local", False))
 
 
 @dataclass(slots=True, eq=False)

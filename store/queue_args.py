@@ -66,6 +66,7 @@ class QueueSettings:
     deduplicate: bool = False  # x-message-deduplication (store/dedup.py)
     cache_size: int = DEFAULT_CACHE_SIZE  # x-cache-size: entries of the deduplication cache
     cache_ttl: int | None = None  # x-cache-ttl, ms: how long an entry outlives its message
+    no_local: bool = False  # Qpid's no-local: drop what its owner's connection publishes (store/delivery.py)
 
 
 def parse_queue_arguments(args: dict, queue: str, vhost: str) -> QueueSettings:
@@ -117,7 +118,25 @@ def parse_queue_arguments(args: dict, queue: str, vhost: str) -> QueueSettings:
         dead_letter_exchange=str_arg("x-dead-letter-exchange"),
         dead_letter_routing_key=str_arg("x-dead-letter-routing-key"),
         overflow=overflow,
+        no_local=_truthy(args.get(NO_LOCAL)),
     )
+
+
+#: Qpid's queue argument (its brokers' QueueSettings "no-local"; AMQP 0-10 itself has no no-local on
+#: message.subscribe, only on the file and stream classes' consume): messages published on the
+#: connection that holds the queue -- its exclusive owner's, or an exclusive subscriber's -- are
+#: not enqueued.  Not an x-argument, so 0-9-1 never had it to ignore.
+NO_LOCAL = "no-local"
+
+
+def _truthy(value: object) -> bool:
+    """Qpid reads the value as a boolean (qpid::types::Variant::asBool): true, a non-zero number, or
+    the text "true"/"1".  Anything else is false, never refused: a stored queue always loads."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return isinstance(value, (bool, int, float)) and bool(value)
 
 
 def parse_stored_queue_arguments(args: dict, queue: str, vhost: str) -> QueueSettings:

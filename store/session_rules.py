@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .commands import Command, Op, QueueDeclare, QueueDelete
+from .commands import Command, DeclaredQueue, Op, QueueDeclare, QueueDelete
 from .errors import CommandError
-from .queue_args import EQUIVALENCE_ARGS, LATER_ARGS
+from .queue_args import EQUIVALENCE_ARGS, LATER_ARGS, NO_LOCAL
 
 if TYPE_CHECKING:
     from .machine import StateMachine
 
-NOT_FOUND, NOT_ALLOWED, NOT_IMPLEMENTED, INVALID_ARGUMENT = 404, 530, 540, 542
-QUEUE_ARGS = frozenset((*EQUIVALENCE_ARGS, *LATER_ARGS, "x-queue-type", "x-deduplication-header"))
+NOT_FOUND, RESOURCE_LOCKED, NOT_ALLOWED, NOT_IMPLEMENTED, INVALID_ARGUMENT = 404, 405, 530, 540, 542
+QUEUE_ARGS = frozenset((*EQUIVALENCE_ARGS, *LATER_ARGS, "x-queue-type", "x-deduplication-header", NO_LOCAL))
 
 
 def check(machine: StateMachine, conn: str, number: int, inner: Command) -> Command:
@@ -43,11 +43,15 @@ def check(machine: StateMachine, conn: str, number: int, inner: Command) -> Comm
         _orphans_to_alternate(machine, vhost, queue, conn, inner)
     if op == Op.QUEUE_DECLARE:
         name, passive, args = inner.name, inner.passive, inner.arguments
+        existing = vhost.queues.get(name)
+        if passive and existing is not None and inner.exclusive and existing.exclusive_owner != machine._caller_owner:
+            # queue.declare exception in-use (L7781ff): asking for exclusive use of a queue this
+            # session does not hold exclusively is resource-locked, passive or not.
+            raise CommandError(RESOURCE_LOCKED, f"in-use: queue '{name}' is not exclusive to this session")
         unknown = sorted(k for k in args if k not in QUEUE_ARGS)
         if unknown and not passive:
             # queue.declare exception unknown-argument (L7791ff): not-implemented.
             raise CommandError(NOT_IMPLEMENTED, f"unknown-argument: {', '.join(unknown)}")
-        existing = vhost.queues.get(name)
         if existing is not None and not passive:
             inner = _sticky_queue(machine, conn, number, existing, inner)
         alternate = args.get("x-dead-letter-exchange")
@@ -92,6 +96,23 @@ def check(machine: StateMachine, conn: str, number: int, inner: Command) -> Comm
     return inner
 
 
+def passive_declare(machine: StateMachine, inner: QueueDeclare) -> DeclaredQueue:
+    """A 0-10 passive queue.declare: the queue's presence asserted, nothing used or changed.
+
+    passive (L7663ff) "allows the client to assert the presence of a queue without modifying the
+    server state": it neither declares nor uses the queue, so another session's exclusive queue
+    may be asserted too (the in-use exception, L7781ff, is about declaring it -- its scenario a
+    second declare -- binding or consuming from it; :func:`check` refuses a passive declare that
+    asks for exclusivity).  Qpid's request/reply clients rely on it (qpid_tests queue.py,
+    test_declare_passive_with_exclusive).  0-9-1 keeps RabbitMQ's 405 (store/topology.py)."""
+    vhost = machine.vhost(inner.vhost)
+    queue = vhost.queues.get(inner.name)
+    if queue is None:
+        # queue.declare exception passive (L7770ff): not-found.
+        raise CommandError(NOT_FOUND, f"passive: no queue '{inner.name}' in vhost '{vhost.name}'")
+    return DeclaredQueue(queue.name, len(queue.ready), len(queue.consumers))
+
+
 def _sticky_queue(machine: StateMachine, conn: str, number: int, existing, inner: QueueDeclare) -> QueueDeclare:
     """A redeclare of an existing queue: queue.declare rule pre-existence (L7737ff) "The server MUST
     ignore the auto-delete field if the queue already exists" (durable alike, L7723ff), and 0-10 has
@@ -105,20 +126,34 @@ def _sticky_queue(machine: StateMachine, conn: str, number: int, existing, inner
 
 
 def _orphans_to_alternate(machine: StateMachine, vhost, queue, conn: str, inner: QueueDelete) -> None:
-    """queue.declare alternate-exchange (L7656ff): messages "orphaned by queue deletion MUST be routed
-    to the alternate-exchange" -- the ready ones and those acquired by subscribers (which the delete
-    discards from their holders). Copies are routed before the core's delete, which drops the
-    originals; nothing moves if the delete is going to be refused (lock, if-unused, if-empty)."""
+    """Before a queue.delete: the orphans go to the alternate (:func:`orphans_to_alternate`);
+    nothing moves if the delete is going to be refused (lock, if-unused, if-empty)."""
     if queue.dead_letter_exchange is None:
         return
     machine.queue(vhost, queue.name, conn)  # the exclusive-lock refusal comes before any change
     if (inner.if_unused and queue.consumers) or (inner.if_empty and len(queue.ready)):
         return  # if-unused / if-empty: the core refuses it
+    orphans_to_alternate(machine, queue)
+
+
+def orphans_to_alternate(machine: StateMachine, queue, holder=None) -> None:
+    """queue.declare alternate-exchange (L7656ff): messages "orphaned by queue deletion MUST be routed
+    to the alternate-exchange" -- the ready ones and those acquired by subscribers (which the delete
+    discards from their holders), in queue order.  Copies are routed before the core deletes the
+    queue, which drops the originals.  For a 0-10 queue.delete and for a queue a 0-10 session's end
+    or last cancel auto-deletes (auto-delete, L7682ff; Qpid's test_queue_autodelete); 0-9-1's
+    auto-delete drops them, as RabbitMQ's does.  ``holder``: the channel of an ending session,
+    already out of ``machine.channels``, whose acquired messages are orphans too."""
+    if queue.dead_letter_exchange is None:
+        return
     entries = queue.ready.take_all()
     for entry in entries:
         queue.ready.requeue(entry)
     if queue.unacked_count:
-        entries += [item[1] for ch_map in machine.channels.values() for ch in ch_map.values()
-                    for key, item in ch.unacked.items() if key[0] == queue.qid]
+        holders = [ch for ch_map in machine.channels.values() for ch in ch_map.values()]
+        if holder is not None and holder not in holders:
+            holders.append(holder)
+        entries += [item[1] for ch in holders for key, item in ch.unacked.items() if key[0] == queue.qid]
+    entries.sort(key=lambda entry: entry.seq)
     for entry in entries:
         machine.expiry.dead_letter(queue, entry.message, "deleted")

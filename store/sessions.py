@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from . import delivery as _delivery
 from . import events as EV
+from . import model as _model
 from . import ranges as rs
 from . import session_rules
 from .commands import (
@@ -56,7 +57,7 @@ from .commands import (
     SessionWindowCredit,
 )
 from .headers import with_delivery_count
-from .model import ChannelState, Consumer, Session
+from .model import ChannelState, Consumer, Message, Session
 
 if TYPE_CHECKING:
     from .machine import StateMachine
@@ -203,6 +204,7 @@ class SessionCommands:
         m.delivery.requeue_all(ch)
         session.transfers.clear()
         for queue in list(m.exclusive_queues.pop(session.key, {}).values()):
+            session_rules.orphans_to_alternate(m, queue)
             m.topology.delete_queue(queue)
 
     def session_timeout(self, cmd: SessionTimeout) -> int:
@@ -233,7 +235,10 @@ class SessionCommands:
         m._caller_owner = session.key
         try:
             inner = session_rules.check(m, conn, number, inner._replace(conn=conn, token=None, channel=number))
-            value = m._handlers[inner.op](inner)
+            if inner.op == Op.QUEUE_DECLARE and inner.passive:
+                value = session_rules.passive_declare(m, inner)
+            else:
+                value = m._handlers[inner.op](inner)
         finally:
             m._caller_owner = None
         if inner.op in RESULT_OPS:
@@ -297,7 +302,7 @@ class SessionCommands:
                     consumer.cursor = entry.seq
                     continue
                 consumer.cursor = entry.seq
-                self.take_credit(consumer, entry.message.size)
+                self.take_credit(consumer, entry.message)
                 transfer_id = session.next_transfer
                 session.next_transfer += 1
                 session.browsed[transfer_id] = (queue.qid, entry.seq, consumer.tag)
@@ -383,11 +388,12 @@ class SessionCommands:
         m.delivery.dispatch(consumer.queue)
         consumer.credit_messages = consumer.credit_bytes = 0
 
-    def take_credit(self, consumer: Consumer, size: int) -> None:
+    def take_credit(self, consumer: Consumer, message: Message) -> None:
+        """One message and its transfer's bytes (store/model.transfer_credit) off finite credit."""
         if consumer.credit_messages is not None and consumer.credit_messages < UNLIMITED:
             consumer.credit_messages -= 1
         if consumer.credit_bytes is not None and consumer.credit_bytes < UNLIMITED:
-            consumer.credit_bytes = max(0, consumer.credit_bytes - size)
+            consumer.credit_bytes = max(0, consumer.credit_bytes - _model.transfer_credit(message))
 
     def message_settle(self, cmd: MessageSettle) -> None:
         m = self.m

@@ -326,6 +326,7 @@ class Topology:
         queue.overflow = settings.overflow
         queue.delivery_limit = settings.delivery_limit
         queue.delivery_header = settings.delivery_header
+        queue.no_local = settings.no_local
         if settings.deduplicate:
             ttl = settings.cache_ttl * 1000 if settings.cache_ttl is not None else None
             queue.dedup = DedupCache(settings.cache_size, ttl)

@@ -7,9 +7,7 @@ core's neutral properties (store/message.py); docs/message-mapping.md has the ma
 
 from __future__ import annotations
 
-from raftmq.protocol.amqp010 import codec as c
-from raftmq.protocol.amqp010.neutral import message_structs, stored, structs
-from raftmq.store.message import AMQP010, convert
+from raftmq.protocol.amqp010.neutral import delivery_headers, message_structs, stored
 from raftmq.store.model import Message
 
 
@@ -24,15 +22,5 @@ def to_core(headers: list | None) -> tuple[str, bytes, bool, int, int | None]:
 
 
 def from_core(message: Message, redelivered: bool) -> list:
-    """The 0-10 header structs for delivering a stored message."""
-    try:
-        dp, mp = structs(convert(message.properties, message.format, AMQP010))
-    except (ValueError, LookupError):
-        dp, mp = c.DeliveryProperties(), c.MessageProperties()  # unreadable: delivered with none
-    dp.exchange, dp.routing_key, dp.redelivered = message.exchange, message.routing_key, redelivered
-    if dp.delivery_mode is None:
-        dp.delivery_mode = 1
-    if dp.priority is None:
-        dp.priority = 4
-    mp.content_length = message.size
-    return [dp, mp]
+    """The 0-10 header structs for delivering a stored message (protocol/amqp010/neutral.py)."""
+    return delivery_headers(message, redelivered)

@@ -20,6 +20,10 @@ def check(command) -> tuple[int, str] | None:
     if isinstance(command, c.ExchangeDeclare):
         if not command.exchange:
             return INVALID_ARGUMENT, "exchange-name-required: the exchange name must not be empty"  # L7210
+        if not command.passive and command.exchange.startswith("qpid."):
+            # Qpid's convention beside the spec's "amq." (reserved-names, L7203ff): "qpid." names are
+            # its brokers' own (qpid.management, ...); Qpid's clients and tests expect not-allowed.
+            return NOT_ALLOWED, f"reserved-names: exchange names starting with 'qpid.' are reserved ('{command.exchange}')"
         if not command.passive and (command.type or "direct") not in EXCHANGE_TYPES:
             # exchange.declare exception exchange-type-not-found (L7229ff): not-found.
             return NOT_FOUND, f"exchange-type-not-found: unknown exchange type '{command.type}'"

@@ -322,6 +322,10 @@ class ServerSession:
         if isinstance(cmd, c.MessageSetFlowMode):
             return MessageFlowMode(*head, cmd.destination or "", cmd.flow_mode == 1)
         if isinstance(cmd, c.MessageStop):
+            # message.stop (L6186ff) leaves the sender's credit zero: a session.completed that comes
+            # later for transfers sent before it must not open the window again (Qpid's
+            # test_window_stop, test_credit_window_after_messagestop); only message.flow does.
+            self.window.cancelled(cmd.destination or "")
             return MessageStop(*head, cmd.destination or "")
         if isinstance(cmd, c.MessageFlush):
             return MessageFlush(*head, cmd.destination or "")
@@ -463,7 +467,10 @@ class ServerSession:
                                      acquire_mode=acquire_mode, headers=headers, body=body)
         self._send_command(transfer, transfer_id)
         if self._window_mode(destination):
-            self.window.sent(transfer_id, destination, len(body))
+            # What completion gives back is what the transfer took (rule byte-accounting, L6118ff):
+            # the header segment's payload and the body.
+            size = sum(len(c.encode_struct32(h)) for h in headers) + len(body)
+            self.window.sent(transfer_id, destination, size)
         if accept_mode == ACCEPT_NONE or acquire_mode == NOT_ACQUIRED:
             self.unsettled_none.add(transfer_id)
 

@@ -56,7 +56,8 @@ class WindowCredit:
         return grants
 
     def cancelled(self, destination: str) -> None:
-        """The subscription is gone: its transfers give nothing back."""
+        """The subscription is gone, or stopped (message.stop zeroes its credit): the transfers
+        sent to it so far give nothing back."""
         for transfer_id in [i for i, (d, _) in self.owed.items() if d == destination]:
             del self.owed[transfer_id]
         self.grants.pop(destination, None)
