@@ -25,3 +25,23 @@ def test_grants_add_up_until_taken_and_a_cancel_drops_them():
     w.completed([(1, 1)])
     w.cancelled("a")  # the subscription is gone: nothing to give back, nothing owed
     assert w.take_grants() == {} and w.owed == {}
+
+
+def test_window_credit_is_ample_while_half_the_window_is_left():
+    """Issue 30: the credit a completion gives back may wait a little for company (deferrable)
+    only while the destination still has half its window: a starved consumer's credit goes at
+    once.  Small windows (under 4) and destinations without a known window never wait."""
+    window = WindowCredit()
+    assert not window.ample("d")  # no message.flow seen
+    window.flow("d", 10)
+    for transfer_id in range(4):
+        window.sent(transfer_id, "d", 100)
+    assert window.ample("d")  # 4 of 10 outstanding
+    window.sent(4, "d", 100)
+    assert not window.ample("d")  # 5 of 10: half the window is used
+    window.completed([(0, 1)])
+    assert window.ample("d")
+    window.flow("e", 2)
+    assert not window.ample("e")
+    window.cancelled("d")
+    assert not window.ample("d")
