@@ -237,6 +237,22 @@ class Authenticator:
             self.note_refused(attempt.username, peer_host, exc)
             raise
 
+    async def update_secret(self, principal: Principal, secret: bytes, peer_host: str | None) -> Principal:
+        """The principal a connection carries on with after 0-9-1 connection.update-secret.
+
+        As RabbitMQ's internal user store: every raftmq user is a password user, already
+        authenticated when the connection opened, so the secret is not looked at and the principal
+        is unchanged (RabbitMQ's ``rabbit_access_control:update_state`` asks only the backends
+        whose state can expire -- OAuth 2 tokens -- and keeps the others' state as it is).
+
+        The hook for a token backend: one would verify ``secret`` here (signature, expiry, that it
+        names ``principal.name``), return the principal its new token grants, and raise AuthError
+        to refuse (the 0-9-1 front end then closes the connection with 530, RabbitMQ's "New
+        secret was refused by one of the backends"). Async, so that such a check can run in the
+        login pool; the front end holds the frames sent after update-secret until it is done."""
+        del secret, peer_host  # not used by the internal store: see above
+        return principal
+
     def note_refused(self, username: str | None, peer_host: str | None, exc: Exception) -> None:
         """Count a refused client login and log it, rate-limited (see ``refused`` in __init__)."""
         self.refused += 1

@@ -78,8 +78,15 @@ def check(machine: StateMachine, conn: str, number: int, inner: Command) -> Comm
             # exchange.delete exception used-as-alternate (L7288ff): not-allowed.
             raise CommandError(NOT_ALLOWED, f"used-as-alternate: '{name}' is the alternate of {users[0]}")
     elif op == Op.QUEUE_UNBIND:
+        # The core unbinds leniently for 0-9-1 (RabbitMQ answers unbind-ok when either end is gone);
+        # exchange.unbind exceptions non-existent-queue (L7486ff) and non-existent-exchange (L7492ff):
+        # not-found.
+        if inner.queue not in vhost.queues:
+            raise CommandError(NOT_FOUND, f"non-existent-queue: no queue '{inner.queue}'")
         exchange = vhost.exchanges.get(inner.exchange)
-        if exchange is not None:
+        if exchange is None:
+            raise CommandError(NOT_FOUND, f"non-existent-exchange: no exchange '{inner.exchange}'")
+        else:
             found = [b for b in exchange.bindings
                      if b.dest_is_queue and b.destination == inner.queue and b.routing_key == inner.routing_key]
             if not found:

@@ -458,34 +458,34 @@ class Amqp091Connection(asyncio.Protocol):
     def _on_update_secret(self, method) -> None:
         """connection.update-secret (RabbitMQ 3.8+, clients refresh OAuth 2 tokens with it).
 
-        The new secret must authenticate this connection's user (as a PLAIN password), and the
-        user must still reach the vhost; the connection then goes on with that user's current
-        permissions.  RabbitMQ asks only backends whose credentials expire (OAuth 2) and accepts
-        any secret with its internal password backend; a backend that refuses closes the
-        connection with this 530, as here.
+        Asked of the authenticator (node/auth.py ``Authenticator.update_secret``): for raftmq's
+        password users it accepts any secret and keeps the principal, as RabbitMQ's internal user
+        store does (the connection is already authenticated; a secret matters only to a token
+        backend, which would check it there).  A refusal closes the connection with 530, RabbitMQ's
+        answer when a backend refuses.
         """
         secret = method.new_secret if isinstance(method.new_secret, bytes) else str(method.new_secret).encode()
-        name = self.principal.name
-        login = asyncio.ensure_future(self.broker.auth.login("PLAIN", b"\x00" + name.encode() + b"\x00" + secret,
-                                                             self.peer_host))
-        self._hold(login, self._updated_secret, method)
+        update = asyncio.ensure_future(self.broker.auth.update_secret(self.principal, secret, self.peer_host))
+        self._hold(update, self._updated_secret, method)
 
-    def _updated_secret(self, login: asyncio.Future, method) -> None:
-        """update-secret's check, back from the login pool (the connection went on meanwhile)."""
+    def _updated_secret(self, update: asyncio.Future, method) -> None:
+        """update-secret's answer, back from the authenticator (the connection went on meanwhile)."""
         if self.state != OPEN:
             return
         name = self.principal.name
         try:
-            principal = login.result()
+            principal = update.result()
         except AuthError as exc:
             log.info("connection %s: update-secret refused for user '%s': %s", self.peer, name, exc)
             raise ConnectionException(530, "NOT_ALLOWED - New secret was refused by one of the backends",
                                       method.CLASS_ID, method.METHOD_ID) from exc
-        try:
-            access = Access.open(principal, self.vhost)
-        except AccessRefused as exc:
-            raise ConnectionException(530, f"NOT_ALLOWED - {exc.text}", method.CLASS_ID, method.METHOD_ID) from None
-        self.principal, self.access = principal, access
+        if principal is not self.principal:
+            try:
+                self.access = Access.open(principal, self.vhost)
+            except AccessRefused as exc:
+                raise ConnectionException(530, f"NOT_ALLOWED - {exc.text}", method.CLASS_ID,
+                                          method.METHOD_ID) from None
+            self.principal = principal
         self.send_method(0, m.ConnectionUpdateSecretOk())
 
     @property

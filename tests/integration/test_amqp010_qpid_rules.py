@@ -597,3 +597,17 @@ def test_a_passive_exchange_declare_needs_no_type(port):  # noqa: F811
     a passive declare of a missing exchange without a type is not-found (404), not a missing field."""
     exc = _exception_for(port, c.ExchangeDeclare(exchange=_name("humpty"), passive=True))
     assert exc.error_code == 404
+
+
+def test_unbind_of_a_missing_queue_or_exchange_is_not_found(port):  # noqa: F811
+    """exchange.unbind exceptions non-existent-queue (L7486ff) and non-existent-exchange (L7492ff):
+    "If the queue does not exist the server MUST raise an exception" -- not-found (404), whereas the
+    0-9-1 front end answers unbind-ok for the same case (RabbitMQ's rule, issue 32)."""
+    queue = _name("unbind-gone")
+    declare = c.QueueDeclare(queue=queue, exclusive=True, auto_delete=True)
+    for command, says in ((c.ExchangeUnbind(queue=_name("no-queue"), exchange="amq.direct", binding_key="k"),
+                           "non-existent-queue"),
+                          (c.ExchangeUnbind(queue=queue, exchange=_name("no-exchange"), binding_key="k"),
+                           "non-existent-exchange")):
+        exc = _exception_for(port, declare, command)
+        assert exc.error_code == 404 and says in str(exc.description), (command, exc)

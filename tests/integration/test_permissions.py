@@ -180,6 +180,13 @@ OPERATIONS_091 = [
               lambda ch, w: ch.queue_bind(w.queue, w.exchange, "k")),
     Operation("queue.unbind", frozenset({WRITE, READ}), _queue_and_exchanges(True),
               lambda ch, w: ch.queue_unbind(w.queue, w.exchange, "k")),
+    # Issue 32: an unbind naming a queue or exchange that does not exist is unbind-ok (RabbitMQ's
+    # rabbit_binding:remove), but its permissions are checked by name first, as RabbitMQ's
+    # rabbit_channel does before the lookup: write on the queue (destination), read on the source.
+    Operation("queue.unbind of a missing queue", frozenset({WRITE, READ}), _queue_and_exchanges(False),
+              lambda ch, w: ch.queue_unbind(w.fresh, w.exchange, "k")),
+    Operation("queue.unbind from a missing exchange", frozenset({WRITE, READ}), _queue_and_exchanges(False),
+              lambda ch, w: ch.queue_unbind(w.queue, w.fresh, "k")),
     Operation("exchange.declare", frozenset({CONFIGURE}), _nothing,
               lambda ch, w: ch.exchange_declare(w.fresh, "fanout"), lambda w: not w.exists("exchange", w.fresh)),
     Operation("exchange.declare passive", frozenset(), _queue_and_exchanges(False),
@@ -194,6 +201,8 @@ OPERATIONS_091 = [
               lambda ch, w: ch.exchange_bind(w.exchange, w.other_exchange, "k")),
     Operation("exchange.unbind", frozenset({WRITE, READ}), _queue_and_exchanges(True),
               lambda ch, w: ch.exchange_unbind(w.exchange, w.other_exchange, "k")),
+    Operation("exchange.unbind of a missing destination", frozenset({WRITE, READ}), _queue_and_exchanges(False),
+              lambda ch, w: ch.exchange_unbind(w.fresh, w.other_exchange, "k")),
     Operation("basic.publish", frozenset({WRITE}), _queue_and_exchanges(True),
               lambda ch, w: (ch.confirm_delivery(), ch.basic_publish(w.exchange, "k", b"m")),
               _refused_publish_stored_nothing),

@@ -155,3 +155,16 @@ def test_refused_logins_are_counted_each_and_logged_once_per_interval(caplog):
     auth.note_refused("guest", "127.0.0.1", AuthError("again"))
     last = [r.getMessage() for r in caplog.records if "login refused" in r.getMessage()][-1]
     assert last.endswith("again (42 more since the last report)"), last
+
+
+def test_update_secret_keeps_a_password_users_principal_whatever_the_secret():
+    """connection.update-secret (issue 32): as RabbitMQ's internal user store, a password user's
+    secret is not checked -- the principal is the one the connection logged in with, unchanged,
+    and nothing is counted as a refused login (the hook a token backend would fill)."""
+    import asyncio
+
+    auth = Authenticator({"guest": UserConfig("guest")})
+    principal = auth.authenticate("PLAIN", plain("guest", "guest"), "127.0.0.1")
+    for secret in (b"guest", b"a made-up token", b""):
+        assert asyncio.run(auth.update_secret(principal, secret, "127.0.0.1")) is principal
+    assert auth.refused == 0
