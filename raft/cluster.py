@@ -354,11 +354,21 @@ class ClusterLog:
     # ------------------------------------------------------------------ applying
 
     def _from_raft(self, item: tuple) -> None:
-        """Tick thread: queue a committed entry or marker for the loop, preserving order.  The
-        loop is woken at the end of the tick (``_wake``), not here: woken now, it would compete
-        for the GIL with the rest of the tick (the leader's AppendEntries that carry the commit)."""
+        """Tick thread: queue a committed entry or marker for the loop, preserving order.
+
+        The loop is woken at the end of the tick (``_wake``), not here: woken now, it would compete
+        for the GIL with the rest of the tick -- on the leader, the AppendEntries that carry the
+        commit index to the followers, whose clients wait for it.  Except on the leader for its
+        own batches: their clients are here, and the commit messages are not on their path (woken
+        at the end of the tick, the leader's loop started 0.39 instead of 0.14 ms after the
+        hand-off, stage tracer, client on the leader).
+        """
         self._inbox.append(item)
-        self._unannounced = True
+        if item[0] == ENTRY and item[3] == self.origin and self.replica.is_leader:
+            self._unannounced = False
+            self._loop.call_soon_threadsafe(self._drain)
+        else:
+            self._unannounced = True
 
     def _wake(self) -> None:
         """Tick thread, end of a tick (before its journal flush, which releases the GIL): wake the
