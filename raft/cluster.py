@@ -144,6 +144,8 @@ class ClusterLog:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start Raft (its tick thread); committed entries will flow into ``loop``."""
         self._loop = loop
+        if self.in_loop:
+            log.info("raft_in_loop: pysyncobj ticks in the event loop (no tick thread)")
         self.replica = Replica(*self._args, sink=self._from_raft, sink_backlog=self._inbox.__len__,
                                sink_wake=self._wake_in_loop if self.in_loop else self._wake,
                                loop=loop if self.in_loop else None, **self._replica_options)
