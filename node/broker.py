@@ -107,7 +107,7 @@ class Broker:
                 leader_fallback=config.raft_leader_fallback, pre_vote=config.raft_pre_vote,
                 max_batch_bytes=config.raft_batch_bytes, high_water_bytes=config.raft_backlog_bytes,
                 pipeline_min_bytes=config.raft_pipeline_min_bytes, defer_seconds=config.raft_defer_seconds,
-                urgent_in_flight=config.raft_urgent_in_flight, bodies=self.bodies, scrub_bytes_per_second=config.scrub_bytes_per_second,
+                urgent_in_flight=config.raft_urgent_in_flight, in_loop=config.raft_in_loop, bodies=self.bodies, scrub_bytes_per_second=config.scrub_bytes_per_second,
                 peer_gate={"handshake_timeout": config.raft_handshake_timeout,
                            "max_unauthenticated": config.raft_max_unauthenticated,
                            "stall_timeout": config.raft_frame_stall_timeout},

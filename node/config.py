@@ -223,6 +223,9 @@ class Config:
     raft_backlog_bytes: int = 16 << 20
     # The Raft thread's longest sleep; any message or proposal wakes it at once.
     raft_tick_period: float = 0.02
+    # Experiment (issue 30, raft/loop_tick.py): pysyncobj ticks in the node's asyncio loop instead
+    # of a thread of its own (no cross-thread hand-offs; the journal's fsync then blocks the loop).
+    raft_in_loop: bool = False
     raft_election_timeout_min: float = 0.25  # 0.15 s saw spurious elections on a loaded 2-core CI machine
     raft_election_timeout_max: float = 0.5
     # Sockets on the Raft port that have not proved the cluster secret (the first sealed frame of

@@ -82,7 +82,7 @@ class ClusterLog:
                  retry_after: float = 5.0, use_fork: bool = True,
                  max_batch_bytes: int = 1 << 20, high_water_bytes: int = 16 << 20,
                  clock: Callable[[], int] = time.time_ns, bodies: Bodies | DictBodies | None = None,
-                 **replica_options) -> None:
+                 in_loop: bool = False, **replica_options) -> None:
         self.machine = machine
         # The node's message bodies (store/bodies.py); without one (tests), the machine's own dict.
         self.bodies = bodies if bodies is not None else machine.own_bodies
@@ -137,13 +137,18 @@ class ClusterLog:
         self._address = self_address
         self._args = (self_address, partners, data_dir, secret)
         self._replica_options = replica_options
+        # raft_in_loop (raft/loop_tick.py): pysyncobj ticks in this loop, not in a thread of its own.
+        self.in_loop = in_loop
         self.replica: Replica | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start Raft (its tick thread); committed entries will flow into ``loop``."""
         self._loop = loop
+        if self.in_loop:
+            log.info("raft_in_loop: pysyncobj ticks in the event loop (no tick thread)")
         self.replica = Replica(*self._args, sink=self._from_raft, sink_backlog=self._inbox.__len__,
-                               sink_wake=self._wake, **self._replica_options)
+                               sink_wake=self._wake_in_loop if self.in_loop else self._wake,
+                               loop=loop if self.in_loop else None, **self._replica_options)
         machine = self.machine
         # See Replica.compaction_floor; at most 1 GiB of journal (disk, and what a restart replays).
         self.replica.compaction_floor = lambda: min(machine.message_bytes // 4, 1 << 30)
@@ -376,6 +381,13 @@ class ClusterLog:
         if self._unannounced:
             self._unannounced = False
             self._loop.call_soon_threadsafe(self._drain)
+
+    def _wake_in_loop(self) -> None:
+        """``_wake`` when pysyncobj ticks in the loop (raft_in_loop): the same thread, so no
+        self-pipe write; the entries are applied in the next iteration, after the tick."""
+        if self._unannounced:
+            self._unannounced = False
+            self._loop.call_soon(self._drain)
 
     def _drain(self) -> None:
         inbox = self._inbox

@@ -25,6 +25,10 @@ What it changes in pysyncobj's behaviour, and why (see shared/notes/pysyncobj.md
 * **Commands**: a batch is proposed as one raw command (type byte ``BATCH_COMMAND``, a small
   header, the msgpack blob) rather than through ``@replicated``, whose protocol-2 pickle turned
   every body into latin-1 text on the way in and back on every apply.
+* **In the loop** (``loop=``, config ``raft_in_loop``; :mod:`raft.loop_tick`): no tick thread;
+  the asyncio loop watches pysyncobj's sockets and calls ``doTick`` (issue 30's experiment).
+  pysyncobj's poller is swapped like its journal (``createPoller`` during the constructor) and its
+  pipe notifier's ``notify`` (a proposal) asks the loop for a tick instead of writing to a pipe.
 * **Pre-vote** (:mod:`raft.prevote`): a follower whose election timer fires asks for pre-votes
   at term + 1 before raising its term, so a node that comes back from a restart or a partition
   cannot depose a leader that still reaches a majority.
@@ -36,6 +40,7 @@ the installed pysyncobj still has them); nothing outside ``raft/`` should use an
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -53,6 +58,7 @@ from pysyncobj.syncobj import _RAFT_STATE
 from . import gate, prevote, wire
 from .gate import PeerGate
 from .journal import AppendJournal
+from .loop_tick import AsyncioPoller, LoopTicker
 from .repair import Repair
 from .scrub import StorageScrubber, scrub_segment
 
@@ -75,6 +81,8 @@ PYSYNCOBJ_INTERNALS = {
         # overridden
         "onMessageReceived", "setState", "doApplyCommand", "applyLogEntries", "onLeaderChanged",
         "sendAppendEntries",
+        # raft_in_loop (raft/loop_tick.py): a proposal's wake-up becomes a tick request
+        "pipeNotifier",
     ),
     "TcpConnection": (  # raft/wire.py
         "socket", "fileno", "poller", "readBuffer", "writeBuffer", "trySendBuffer",
@@ -190,7 +198,13 @@ class Replica(SyncObj):
                  on_state_changed: Callable[[int, int], None] | None = None,
                  sink_backlog: Callable[[], int] | None = None, sink_wake: Callable[[], None] | None = None,
                  scrub_bytes_per_second: int = 8 << 20,
-                 peer_gate: dict | None = None) -> None:
+                 peer_gate: dict | None = None, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        # raft_in_loop: pysyncobj runs in ``loop`` (this thread), not in a tick thread of its own.
+        self.ticker: LoopTicker | None = None
+        self._loop_poller: AsyncioPoller | None = None
+        if loop is not None:
+            self.ticker = LoopTicker(loop, self.doTick, tick_period)
+            self._loop_poller = AsyncioPoller(loop, self.ticker.request, self.ticker.arm)
         os.makedirs(data_dir, exist_ok=True)
         self.data_dir = data_dir
         self.snapshot_path = os.path.join(data_dir, "snapshot.lmdb")
@@ -265,16 +279,25 @@ class Replica(SyncObj):
             dynamicMembershipChange=True,
             commandsWaitLeader=True,
             onStateChanged=on_state_changed,
+            autoTick=loop is None,
         )
         # pysyncobj builds its journal inside __init__ from a module-level factory: swap the
         # factory for the duration of the constructor (serialised by a lock).
         with _JOURNAL_HOOK:
             original = _syncobj_module.createJournal
+            original_poller = _syncobj_module.createPoller
             _syncobj_module.createJournal = lambda _path: self.journal
+            if self._loop_poller is not None:
+                _syncobj_module.createPoller = lambda _kind: self._loop_poller
             try:
                 super().__init__(self_address, partners, conf)
             finally:
                 _syncobj_module.createJournal = original
+                _syncobj_module.createPoller = original_poller
+        if self.ticker is not None:
+            notifier = getattr(self, "_SyncObj__pipeNotifier", None)
+            if notifier is not None:  # (only without appendEntriesUseBatch)
+                notifier.notify = self.ticker.request
         transport = self._SyncObj__transport
         unsafe_send = transport.send
         journal = self.journal
@@ -312,6 +335,18 @@ class Replica(SyncObj):
             self.addOnTickCallback(sink_wake)
         self.addOnTickCallback(self._flush_journal)
         self.scrubber.start()
+        if self.ticker is not None:
+            self.ticker.request()
+
+    def destroy(self) -> None:
+        """Stop Raft.  In the loop (``raft_in_loop``), pysyncobj closes its sockets right here
+        (no tick thread to do it later): the ticker stops first, then the loop forgets the
+        descriptors."""
+        if self.ticker is not None:
+            self.ticker.stop()
+        super().destroy()
+        if self._loop_poller is not None:
+            self._loop_poller.close()
 
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803 (pysyncobj's names)
         """Hold the election clock while this node is connected to no one.
