@@ -30,6 +30,10 @@ from . import netns
 GUEST_ANYWHERE = '[users.guest]\npassword = "guest"\nloopback_only = false\n'
 
 
+
+# Seconds a settle takes digests again while they differ (a body repair in flight: see settle).
+REPAIR_SETTLE = 10.0
+
 class Unsupported(RuntimeError):
     """This backend cannot make that fault."""
 
@@ -208,8 +212,18 @@ class NetnsBackend:
             self.resume(i)
             self.start_node(i)
         self.cluster.wait_formed(timeout=timeout)
-        self.cluster.wait_applied_equal(timeout=timeout)
-        return {node_id: digest for node_id, (_index, digest) in self.cluster.digests().items()}
+        # A damaged body that the digest's own read finds is repaired from a member a moment later
+        # (store/bodies.py): digests taken in between differ (seen once in CI: the read found two
+        # damaged bodies at 21:24:19.390, the digest was written at .445, the repair came at .913).
+        # Identical state is what the replicas must reach, so differing digests are taken again for
+        # up to ``REPAIR_SETTLE`` seconds; still differing, they are returned as they are.
+        deadline = time.monotonic() + REPAIR_SETTLE
+        while True:
+            self.cluster.wait_applied_equal(timeout=timeout)
+            digests = {node_id: digest for node_id, (_index, digest) in self.cluster.digests().items()}
+            if len(set(digests.values())) <= 1 or time.monotonic() > deadline:
+                return digests
+            time.sleep(1.0)
 
 
 class ComposeBackend:
