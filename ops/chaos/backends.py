@@ -29,10 +29,9 @@ from . import netns
 
 GUEST_ANYWHERE = '[users.guest]\npassword = "guest"\nloopback_only = false\n'
 
-
-
 # Seconds a settle takes digests again while they differ (a body repair in flight: see settle).
 REPAIR_SETTLE = 10.0
+
 
 class Unsupported(RuntimeError):
     """This backend cannot make that fault."""
