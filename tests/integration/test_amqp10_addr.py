@@ -16,7 +16,6 @@ import os
 import shutil
 import subprocess
 import uuid
-from pathlib import Path
 
 import pika
 import pytest
@@ -25,6 +24,7 @@ from raftmq.client.amqp010 import Connection, SessionException
 from raftmq.ops.local.node import RaftmqNode, free_port
 from tests.integration.helpers import pika_params, uniq
 from tests.support.http_api import call, path
+from tests.support.npm import npm_cache
 
 proton = pytest.importorskip("proton")
 from proton import Message, Terminus  # noqa: E402
@@ -168,7 +168,7 @@ def test_unknown_distribution_mode_is_refused(node, channel) -> None:
     """2.6.3 / 3.5.7: a distribution-mode other than move or copy is refused at once with
     amqp:not-implemented (a null source in the attach reply, then detach), never served as move or
     left hanging.  Sent with rhea (proton's Terminus can only name move and copy)."""
-    rhea = Path(os.environ.get("RAFTMQ_NPM_CACHE", Path.home() / ".cache" / "raftmq-test-npm")) / "node_modules"
+    rhea = npm_cache() / "node_modules"
     if not shutil.which("node") or not (rhea / "rhea").exists():
         pytest.skip("node and rhea (tests/integration/test_amqp10_rhea.py installs it) are needed")
     queue = uniq("dist")

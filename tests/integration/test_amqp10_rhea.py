@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pika
 import pytest
 
 from tests.integration.helpers import pika_params, uniq, wait_until
+from tests.support.npm import npm_package
 
 RHEA_VERSION = "3"
 SCRIPT = Path(__file__).with_name("amqp10_rhea.js")
@@ -24,16 +24,7 @@ SCRIPT = Path(__file__).with_name("amqp10_rhea.js")
 
 @pytest.fixture(scope="session")
 def rhea_dir() -> Path:
-    if not shutil.which("node") or not shutil.which("npm"):
-        pytest.skip("node and npm are needed for the rhea tests")
-    cache = Path(os.environ.get("RAFTMQ_NPM_CACHE", Path.home() / ".cache" / "raftmq-test-npm"))
-    if not (cache / "node_modules" / "rhea" / "package.json").exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        result = subprocess.run(["npm", "install", "--prefix", str(cache), "--no-audit", "--no-fund",
-                                 f"rhea@{RHEA_VERSION}"], capture_output=True, text=True, timeout=180)
-        if result.returncode != 0:
-            pytest.skip(f"npm could not install rhea: {result.stderr[-500:]}")
-    return cache
+    return npm_package("rhea", RHEA_VERSION)
 
 
 def test_rhea_scenarios(broker, rhea_dir: Path) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from aio_pika.patterns import RPC
 from tests.integration import compat091 as x
 from tests.integration import rawamqp as r
 from tests.integration.helpers import connect, uniq
+from tests.support.npm import npm_package
 
 AMQPLIB_VERSION = "2"
 SCRIPT = Path(__file__).with_name("amqp091_amqplib.js")
@@ -143,16 +143,7 @@ def test_update_secret_with_pika_and_a_made_up_token(conn):
 
 @pytest.fixture(scope="session")
 def amqplib_dir() -> Path:
-    if not shutil.which("node") or not shutil.which("npm"):
-        pytest.skip("node and npm are needed for the amqplib tests")
-    cache = Path(os.environ.get("RAFTMQ_NPM_CACHE", Path.home() / ".cache" / "raftmq-test-npm"))
-    if not (cache / "node_modules" / "amqplib" / "package.json").exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        result = subprocess.run(["npm", "install", "--prefix", str(cache), "--no-audit", "--no-fund",
-                                 f"amqplib@{AMQPLIB_VERSION}"], capture_output=True, text=True, timeout=180)
-        if result.returncode != 0:
-            pytest.skip(f"npm could not install amqplib: {result.stderr[-500:]}")
-    return cache
+    return npm_package("amqplib", AMQPLIB_VERSION)
 
 
 def test_amqplib_update_secret_and_unbind(broker, amqplib_dir: Path):
