@@ -125,6 +125,7 @@ class ClusterLog:
         self._in_flight: dict[int, tuple[float, int, bytes]] = {}  # seq -> (proposed at, now, blob)
         self._inbox: deque[tuple] = deque()
         self._unannounced = False  # entries queued by the tick thread since the loop was last woken
+        self._schedule_drain: Callable[[Callable[[], None]], object] | None = None  # set by start()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._retry_handle: asyncio.TimerHandle | None = None
         self.batches_applied = 0
@@ -146,8 +147,9 @@ class ClusterLog:
         self._loop = loop
         if self.in_loop:
             log.info("raft_in_loop: pysyncobj ticks in the event loop (no tick thread)")
+        self._schedule_drain = loop.call_soon if self.in_loop else loop.call_soon_threadsafe
         self.replica = Replica(*self._args, sink=self._from_raft, sink_backlog=self._inbox.__len__,
-                               sink_wake=self._wake_in_loop if self.in_loop else self._wake,
+                               sink_wake=self._wake,
                                loop=loop if self.in_loop else None, **self._replica_options)
         machine = self.machine
         # See Replica.compaction_floor; at most 1 GiB of journal (disk, and what a restart replays).
@@ -330,10 +332,7 @@ class ClusterLog:
 
     def _leader_changed(self) -> None:
         """Propose every batch in flight again (the state machine applies a batch id once)."""
-        now = time.monotonic()
-        for seq, (_at, now_us, blob) in list(self._in_flight.items()):
-            self._in_flight[seq] = (now, now_us, blob)
-            self._propose(seq, now_us, blob)
+        self._propose_again()
 
     def _failed(self, seq: int, error: int) -> None:
         entry = self._in_flight.get(seq)
@@ -349,12 +348,17 @@ class ClusterLog:
             self._propose(seq, entry[1], entry[2])
 
     def _retry_stale(self) -> None:
+        self._propose_again(older_than=self.retry_after)
+        self._retry_handle = self._loop.call_later(1.0, self._retry_stale)
+
+    def _propose_again(self, older_than: float | None = None) -> None:
+        """Propose again the batches in flight proposed more than ``older_than`` seconds ago (all
+        of them with None), with the same id."""
         now = time.monotonic()
         for seq, (at, now_us, blob) in list(self._in_flight.items()):
-            if now - at > self.retry_after:
+            if older_than is None or now - at > older_than:
                 self._in_flight[seq] = (now, now_us, blob)
                 self._propose(seq, now_us, blob)
-        self._retry_handle = self._loop.call_later(1.0, self._retry_stale)
 
     # ------------------------------------------------------------------ applying
 
@@ -376,18 +380,13 @@ class ClusterLog:
             self._unannounced = True
 
     def _wake(self) -> None:
-        """Tick thread, end of a tick (before its journal flush, which releases the GIL): wake the
-        loop for the entries queued during the tick."""
+        """End of a tick (before its journal flush, which releases the GIL): wake the loop for the
+        entries queued during the tick.  With raft_in_loop the tick runs in the loop itself, so
+        ``_schedule_drain`` is a plain call_soon (no self-pipe write): applied in the next
+        iteration, after the tick."""
         if self._unannounced:
             self._unannounced = False
-            self._loop.call_soon_threadsafe(self._drain)
-
-    def _wake_in_loop(self) -> None:
-        """``_wake`` when pysyncobj ticks in the loop (raft_in_loop): the same thread, so no
-        self-pipe write; the entries are applied in the next iteration, after the tick."""
-        if self._unannounced:
-            self._unannounced = False
-            self._loop.call_soon(self._drain)
+            self._schedule_drain(self._drain)
 
     def _drain(self) -> None:
         inbox = self._inbox

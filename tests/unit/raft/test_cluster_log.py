@@ -29,6 +29,7 @@ def make_log(tmp_path, loop: asyncio.AbstractEventLoop, **options) -> tuple[Clus
     log = ClusterLog(StateMachine(None), lambda outputs: None, origin="n1.boot", self_address="127.0.0.1:1",
                      partners=[], data_dir=str(tmp_path), secret="s", **options)
     log._loop = loop
+    log._schedule_drain = loop.call_soon_threadsafe  # (what start() sets with the tick thread)
     log.replica = recorder = RecordedProposals()
     return log, recorder
 
