@@ -1,7 +1,7 @@
 """Micro-benchmark of message bodies on disk (issue 18): the LMDB body store against reading bodies
 back from the Raft journal's segments, in process, on this machine's disk.
 
-``store`` (store/bodies.py + body_store.py + body_cache.py):
+``store`` (store/disk/bodies.py + body_store.py + body_cache.py):
   * put: ``Bodies.carry_out`` of batches of publishes with the write-behind bound exceeded, so every
     body is written to LMDB (the worst case: a backlog), then a checkpoint (fsync);
   * get: a consumer reading the backlog in order with read-ahead (the cache ``--cache`` bytes),
@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raftmq.raft.journal import AppendJournal  # noqa: E402
 from raftmq.raft.replica import _BATCH_HEAD, BATCH_COMMAND  # noqa: E402
-from raftmq.store.bodies import Bodies, BodyEffects  # noqa: E402
-from raftmq.store.body_store import BodyStore  # noqa: E402
-from raftmq.store.commands import Op, decode_batch, encode_batch  # noqa: E402
+from raftmq.store.core.commands import Op, decode_batch, encode_batch  # noqa: E402
+from raftmq.store.disk.bodies import Bodies, BodyEffects  # noqa: E402
+from raftmq.store.disk.body_store import BodyStore  # noqa: E402
 
 PROPS = b"\x10\x00\x02"  # delivery-mode 2
 

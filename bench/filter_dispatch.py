@@ -17,14 +17,14 @@ import time
 
 import raftmq.node.core.formats  # noqa: F401
 from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
-from raftmq.store import commands as C
-from raftmq.store import delivery
-from raftmq.store.machine import StateMachine
+from raftmq.store.core import commands as C
+from raftmq.store.core import delivery
+from raftmq.store.core.machine import StateMachine
 
 NEW = hasattr(delivery, "SCAN_LIMIT")  # this checkout has filtered consumers
 gc.set_threshold(50_000, 20, 20)  # as a node runs (node/server.py tune_gc)
 if NEW:
-    from raftmq.store.filters import FILTER_ARGUMENT
+    from raftmq.store.core.filters import FILTER_ARGUMENT
 
 
 def machine(args: dict) -> StateMachine:
@@ -82,7 +82,7 @@ def deep(backlog: int, amqp10: bool = False) -> float:
                            encode_properties(BasicProperties(headers={"k": "no", "n": i + j})), b"x", False, 0,
                            None, 2 if amqp10 else 0) for j in range(1000)], replies=False)
     if NEW:
-        from raftmq.store.filters import view
+        from raftmq.store.core.filters import view
         view._cache.clear()  # cold: every view decoded
     gc.collect()
     gc.freeze()  # the backlog is long-lived, as a node's is frozen after start-up or a snapshot install

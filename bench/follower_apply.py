@@ -10,8 +10,8 @@ commands), so old and new can be compared side by side::
 import statistics
 import time
 
-from raftmq.store import commands as C
-from raftmq.store.machine import StateMachine
+from raftmq.store.core import commands as C
+from raftmq.store.core.machine import StateMachine
 
 try:
     import raftmq.node.core.formats  # noqa

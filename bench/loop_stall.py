@@ -21,7 +21,7 @@ import time
 
 from raftmq.ops.local.node import free_port
 from raftmq.raft.replica import Replica
-from raftmq.store.machine import StateMachine  # noqa: F401 (imported before the snapshot module, as the node does)
+from raftmq.store.core.machine import StateMachine  # noqa: F401 (imported before the snapshot module, as the node does)
 
 
 def main() -> None:

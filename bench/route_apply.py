@@ -12,8 +12,8 @@ import statistics
 import sys
 import time
 
-from raftmq.store.commands import Op, VhostAdd, make
-from raftmq.store.machine import StateMachine
+from raftmq.store.core.commands import Op, VhostAdd, make
+from raftmq.store.core.machine import StateMachine
 
 NOW = 1_700_000_000_000_000
 C = "n1.bench.1"

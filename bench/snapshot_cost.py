@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import msgpack  # noqa: E402
 
-from raftmq.store.commands import Op  # noqa: E402
-from raftmq.store.machine import StateMachine  # noqa: E402
-from raftmq.store.snapshot import write_snapshot  # noqa: E402
+from raftmq.store.core.commands import Op  # noqa: E402
+from raftmq.store.core.machine import StateMachine  # noqa: E402
+from raftmq.store.disk.snapshot import write_snapshot  # noqa: E402
 
 NOW = 1_700_000_000_000_000
 PROPS = b"\x10\x00\x02"

@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from raftmq.store import events as EV  # noqa: E402
-from raftmq.store.event_writer import EventStore  # noqa: E402
-from raftmq.store.model import Message  # noqa: E402
+from raftmq.store.core.model import Message  # noqa: E402
+from raftmq.store.disk import history as EV  # noqa: E402
+from raftmq.store.disk.event_writer import EventStore  # noqa: E402
 
 PROPS = bytes.fromhex("9000") + b"\x10application/json\x02"  # content-type + delivery-mode 2
 

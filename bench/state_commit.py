@@ -23,8 +23,8 @@ from pathlib import Path
 
 _RUN = r"""
 import json, struct, sys, tempfile, time
-from raftmq.store.durable import DurableStore, entry_key
-from raftmq.store.effects import PUT, PUT_WITH_BODY
+from raftmq.store.disk.durable import DurableStore, entry_key
+from raftmq.store.core.effects import PUT, PUT_WITH_BODY
 import msgpack
 count, size, batch = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 store = DurableStore(tempfile.mkdtemp(prefix="raftmq-commit-"))

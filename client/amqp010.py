@@ -30,7 +30,7 @@ from collections.abc import Iterable
 
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER, FrameReader, encode_assembly
-from raftmq.store import ranges as rs
+from raftmq.store.core import ranges as rs
 
 log = logging.getLogger(__name__)
 

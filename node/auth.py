@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from raftmq.node.config import UserConfig
 from raftmq.ratelog import RateLimitedLog
-from raftmq.store.users import UserRecord, overlaid
+from raftmq.store.core.users import UserRecord, overlaid
 
 from .logins import LoginPool
 
@@ -192,7 +192,7 @@ class Authenticator:
 
     ``managed`` returns the replicated users (``StateMachine.users``); one of them with the same
     name as a configured user replaces it.  ``overlay`` returns the permissions set through the
-    admin API for configured users (``StateMachine.permission_overlay``, store/users.py), applied on
+    admin API for configured users (``StateMachine.permission_overlay``, store/core/users.py), applied on
     top of the file's: the file stays the source of their password and tags.  Permissions are
     compiled once per change.
     """

@@ -19,10 +19,7 @@ from raftmq.node.config import Config
 from raftmq.raft.cluster import ClusterLog
 from raftmq.raft.local import LocalLog
 from raftmq.raft.log import Log
-from raftmq.store.bodies import Bodies
-from raftmq.store.body_scrub import BodyScrubber
-from raftmq.store.body_store import BodyStore
-from raftmq.store.commands import (
+from raftmq.store.core.commands import (
     OUT_CANCEL,
     OUT_CLOSE,
     OUT_DELIVER,
@@ -38,9 +35,12 @@ from raftmq.store.commands import (
     Tick,
     VhostAdd,
 )
-from raftmq.store.durable import DurableStore
-from raftmq.store.event_writer import EventStore, RetentionPolicy
-from raftmq.store.machine import StateMachine
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk.bodies import Bodies
+from raftmq.store.disk.body_scrub import BodyScrubber
+from raftmq.store.disk.body_store import BodyStore
+from raftmq.store.disk.durable import DurableStore
+from raftmq.store.disk.event_writer import EventStore, RetentionPolicy
 from raftmq.trace import Tracer
 
 from .admission import Admission
@@ -85,7 +85,7 @@ class Broker:
         self._boot = f"{config.node_id}.{time.time_ns() // 1000:x}"
         self.store: DurableStore | None
         self.log: Log
-        # Message bodies live outside the model, once per node (store/bodies.py, issue 18).
+        # Message bodies live outside the model, once per node (store/disk/bodies.py, issue 18).
         self.bodies = Bodies(BodyStore(os.path.join(data_dir, "bodies")), config.body_cache_bytes,
                              config.body_write_behind_bytes, defer_deletes=config.clustered)
         if config.clustered:
@@ -129,9 +129,9 @@ class Broker:
         # max-queues refusals (applied on every node): counted and logged by the node of the client.
         self.machine.limit_commands.on_refused = lambda conn, reason: (
             self.usage.refuse("vhost max-queues", reason) if conn in self.endpoints else None)
-        self.machine.durable_links_limit = config.amqp10_durable_links_per_user  # store/sessions.py
+        self.machine.durable_links_limit = config.amqp10_durable_links_per_user  # store/core/sessions.py
         machine = self.machine
-        # A refused delivery of a damaged body names its queue in the log (store/bodies.py).
+        # A refused delivery of a damaged body names its queue in the log (store/disk/bodies.py).
         self.bodies.queue_name = lambda qid: getattr(machine.queues_by_id.get(qid), "name", None)
         # Damaged bodies are found when read and by this scrubber (started with the node).
         self.scrubber = BodyScrubber(self.bodies, config.scrub_bytes_per_second)
@@ -350,7 +350,7 @@ class Broker:
         self.maybe_check_alarms()
 
     def _close_vhost_connections(self, vhost: str, code: int, text: str) -> dict[str, Endpoint]:
-        """A vhost was deleted (store/topology.py vhost_delete): close this node's client connections
+        """A vhost was deleted (store/core/topology.py vhost_delete): close this node's client connections
         open on it, each with its protocol's forced close (0-9-1 320 CONNECTION_FORCED, 1.0
         amqp:connection:forced, 0-10 connection-forced), as RabbitMQ does."""
         closed = {}
@@ -376,7 +376,7 @@ class Broker:
                 self.submit(Tick(None, None))
             due = self.machine.delayed.next_due()
             if due is not None:
-                # Delayed messages (store/delayed.py) are released promptly: wake at the next due
+                # Delayed messages (store/core/delayed.py) are released promptly: wake at the next due
                 # time rather than up to TICK_INTERVAL after it, and soon after a TICK just
                 # submitted (still on its way through the log).  TTLs keep the plain interval.
                 wait = (due - now) / 1e6

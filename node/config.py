@@ -46,7 +46,7 @@ class Config:
     channel_max: int = 2047
     heartbeat: int = 60  # seconds offered in connection.tune; 0 disables
     max_message_size: int = 128 * 1024 * 1024
-    # Messages x-delayed-message exchanges may hold at once (store/delayed.py); beyond it a delayed
+    # Messages x-delayed-message exchanges may hold at once (store/core/delayed.py); beyond it a delayed
     # publish is refused (basic.nack).  Decided while applying: every cluster member needs the same value.
     max_delayed_messages: int = 1_000_000
     # 0-9-1 consumers with prefetch >= 32: assign up to twice the prefetch, send as the client acks
@@ -114,12 +114,12 @@ class Config:
     # write buffers, parked auto-ack deliveries, publishes being received (node/broker.py
     # memory_in_use).  Queued bodies live on disk (<data>/bodies): a backlog does not count.
     memory_high_watermark: int = 1024 * 1024 * 1024
-    # Message bodies (store/bodies.py): memory for bodies read back from disk for consumers, and
+    # Message bodies (store/disk/bodies.py): memory for bodies read back from disk for consumers, and
     # bodies kept in memory before they are written (a body acked before that is never written).
     body_cache_bytes: int = 256 << 20
     body_write_behind_bytes: int = 16 << 20
     # The scrubbers re-read and verify what is stored at this rate each, repairing what they find:
-    # stored bodies from a peer (store/body_scrub.py), and in a cluster the Raft journal's records
+    # stored bodies from a peer (store/disk/body_scrub.py), and in a cluster the Raft journal's records
     # and the snapshot (raft/scrub.py); 0 turns them off.
     scrub_bytes_per_second: int = 8 << 20
     disk_free_limit: int = 50 * 1024 * 1024
@@ -140,7 +140,7 @@ class Config:
     # Connections the metrics port keeps at once (ops/metrics_server.py; beyond: 503, closed); it shares
     # http_header_timeout, http_idle_timeout and fd_reserve with the HTTP API's listener.
     metrics_max_connections: int = 32
-    # Message history in <data>/events (store/event_writer.py): none (off), metadata, body.  A queue's
+    # Message history in <data>/events (store/disk/event_writer.py): none (off), metadata, body.  A queue's
     # x-audit-retention argument and audit_vhosts ({vhost = retention}) override it where history is on.
     audit_retention: str = "none"
     audit_vhosts: dict[str, str] = field(default_factory=dict)

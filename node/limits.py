@@ -1,6 +1,6 @@
 """Connection and channel counts of this node's clients, checked against vhost and user limits.
 
-The limits are replicated state (store/limits.py); the counts are not.  Connections open no state in
+The limits are replicated state (store/core/limits.py); the counts are not.  Connections open no state in
 the log (a connection's user and vhost are known only to the node it is connected to), and nodes do
 not exchange their client counts, so each node enforces every limit against *its own* clients:
 
@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from raftmq.store.limits import limit_of
+from raftmq.store.core.limits import limit_of
 
 log = logging.getLogger(__name__)
 

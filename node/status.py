@@ -15,7 +15,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
-from raftmq.store.snapshot import digest, live_bodies
+from raftmq.store.disk.snapshot import digest, live_bodies
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -93,7 +93,7 @@ def status_of(broker: Broker) -> dict:
 
 
 def bodies_status(broker: Broker) -> dict:
-    """The node's message bodies (store/bodies.py): memory held, disk, and what moved."""
+    """The node's message bodies (store/disk/bodies.py): memory held, disk, and what moved."""
     bodies = broker.bodies
     stats, cache = bodies.stats, bodies.cache
     return {"body_held_bytes": bodies.held_bytes, "body_cache_bytes": cache.bytes,

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 import grpc
 
 from raftmq.raft.log import NotReplicated
-from raftmq.store.limits import SCOPES, check_limits
-from raftmq.store.users import overlaid
+from raftmq.store.core.limits import SCOPES, check_limits
+from raftmq.store.core.users import overlaid
 
 from .control import AdminEndpoint, AdminError, Control
 from .operator import ADMINISTRATOR, Gatekeeper, basic_header
@@ -268,7 +268,7 @@ class AdminService(pb_grpc.AdminServicer):
             if operation == "delete_user":
                 raise AdminError(405, f"user '{name}' is defined in the configuration file; create it here "
                                       "(put-user) to manage it through the cluster")
-            # Permissions of a configuration-file user: the replicated overlay (store/users.py).
+            # Permissions of a configuration-file user: the replicated overlay (store/core/users.py).
         await getattr(self.control, operation)(name, *args)
         user = managed.get(name)
         if user is None:

@@ -60,7 +60,7 @@ def _snapshot(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from raftmq.store.events import snapshot
+    from raftmq.store.disk.history import snapshot
 
     source = os.path.join(args.data_dir, "events")
     if not os.path.exists(os.path.join(source, "data.mdb")):

@@ -13,7 +13,7 @@ import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from raftmq.store.commands import (
+from raftmq.store.core.commands import (
     ERR,
     Ack,
     ChannelClose,
@@ -43,7 +43,7 @@ from raftmq.store.commands import (
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
     from raftmq.node.core.access import Access
-    from raftmq.store.model import Message
+    from raftmq.store.core.model import Message
 
 ADMIN_CHANNEL = 1
 
@@ -259,11 +259,11 @@ class Control:
         await self.endpoint.add_vhost(name)
 
     async def set_limits(self, scope: str, name: str, limits: dict) -> None:
-        """Set (int) or clear (None) limits of a vhost or user (store/limits.py)."""
+        """Set (int) or clear (None) limits of a vhost or user (store/core/limits.py)."""
         await self.endpoint.command(LimitsSet, scope, name, dict(limits))
 
     async def delete_vhost(self, name: str) -> None:
-        """Everything in the vhost goes, and its connections are closed (store/topology.py)."""
+        """Everything in the vhost goes, and its connections are closed (store/core/topology.py)."""
         await self.endpoint.delete_vhost(name)
 
     def close_connection(self, conn_id: str, reason: str) -> None:

@@ -166,7 +166,7 @@ class BrokerCollector:
 
 
 def _body_metrics(broker: Broker, node: str):
-    """The node's message bodies (store/bodies.py): memory held, cache traffic, disk traffic."""
+    """The node's message bodies (store/disk/bodies.py): memory held, cache traffic, disk traffic."""
     bodies = broker.bodies
     yield _gauge("raftmq_body_memory_bytes", "message body bytes held in memory (cache and not yet written)",
                  node, bodies.held_bytes)

@@ -112,7 +112,7 @@ class Gatekeeper:
                 broker.auth.authenticate("PLAIN", f"\0{user}\0{password}".encode(), "127.0.0.1")
             return None
         # The permissions are part of the key: a change (for a user of the configuration file, its
-        # overlay, store/users.py) must reach the next request, not wait for the cache to clear.
+        # overlay, store/core/users.py) must reach the next request, not wait for the cache to clear.
         permissions = record.permissions if record is not None else broker.machine.permission_overlay.get(user, {})
         key = (user, stored, hashlib.sha256(password.encode()).digest(), tuple(sorted(permissions.items())))
         principal = self._known.get(key)

@@ -33,7 +33,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raftmq.store.integrity import Damage
+from raftmq.integrity import Damage
 
 EXIT_CLEAN, EXIT_DAMAGED, EXIT_USAGE = 0, 1, 2
 
@@ -69,11 +69,11 @@ def targets(data_dir: str) -> list[Target]:
             return
         found.append(Target(store, path, _checker(module, name), f"{module}.{name}"))
 
-    add("state", "state", "data.mdb", "raftmq.store.durable", "verify_state")
-    add("events", "events", "data.mdb", "raftmq.store.events", "verify_history")
+    add("state", "state", "data.mdb", "raftmq.store.disk.durable", "verify_state")
+    add("events", "events", "data.mdb", "raftmq.store.disk.history", "verify_history")
     add("journal", os.path.join("raft", "journal"), None, "raftmq.raft.journal", "verify_journal")
-    add("snapshot", os.path.join("raft", "snapshot.lmdb"), None, "raftmq.store.snapshot", "verify_snapshot")
-    add("bodies", "bodies", "data.mdb", "raftmq.store.body_store", "verify_body_store")
+    add("snapshot", os.path.join("raft", "snapshot.lmdb"), None, "raftmq.store.disk.snapshot", "verify_snapshot")
+    add("bodies", "bodies", "data.mdb", "raftmq.store.disk.body_store", "verify_body_store")
     return found
 
 
@@ -195,7 +195,7 @@ def _notes(data_dir: str) -> list[str]:
     notes = []
     history = os.path.join(data_dir, "events")
     if os.path.exists(os.path.join(history, "data.mdb")):
-        from raftmq.store.events import may_hold_unchecked, scan_history
+        from raftmq.store.disk.history import may_hold_unchecked, scan_history
 
         unchecked = scan_history(history)[1] if may_hold_unchecked(history) else 0
         if unchecked:
@@ -205,7 +205,7 @@ def _notes(data_dir: str) -> list[str]:
     if os.path.exists(os.path.join(state, "data.mdb")):
         import lmdb
 
-        from raftmq.store.durable import FIRST_CHECKED_FORMAT, StateDamaged, read_format
+        from raftmq.store.disk.durable import FIRST_CHECKED_FORMAT, StateDamaged, read_format
 
         env = lmdb.open(state, readonly=True, lock=False, max_dbs=16, map_size=0)
         try:

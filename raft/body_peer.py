@@ -1,4 +1,4 @@
-"""Body fetches between members over the Raft port (issue 18; store/body_fetch.py).
+"""Body fetches between members over the Raft port (issue 18; store/disk/body_fetch.py).
 
 A follower that installed a snapshot without bodies asks other members for the bodies it lacks.
 The request travels as a pysyncobj *utility message* (``["bodies", request bytes]``) on the
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 
-from raftmq.store.bodies import Bodies
-from raftmq.store.body_fetch import Ask, FetchError, serve
+from raftmq.store.disk.bodies import Bodies
+from raftmq.store.disk.body_fetch import Ask, FetchError, serve
 
 from .wire import admin_utility
 

@@ -51,12 +51,25 @@ from collections import deque
 from collections.abc import Callable
 from typing import NoReturn
 
-from raftmq.store.bodies import REPAIR_TIMEOUT, Bodies, DictBodies, consumer_holds, fill_bodies, upcoming_ids
-from raftmq.store.body_fetch import catch_up, fetch_intact
-from raftmq.store.commands import Command, decode_batch, encode_batch
-from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import SnapshotDamaged, import_model, live_bodies, read_snapshot, write_snapshot
-from raftmq.store.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
+from raftmq.store.core.commands import Command, decode_batch, encode_batch
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.core.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
+from raftmq.store.disk.bodies import (
+    REPAIR_TIMEOUT,
+    Bodies,
+    DictBodies,
+    consumer_holds,
+    fill_bodies,
+    upcoming_ids,
+)
+from raftmq.store.disk.body_fetch import catch_up, fetch_intact
+from raftmq.store.disk.snapshot import (
+    SnapshotDamaged,
+    import_model,
+    live_bodies,
+    read_snapshot,
+    write_snapshot,
+)
 
 from .body_peer import ask, serve_bodies
 from .log import Compaction, OutputsCallback, RaftStatus
@@ -84,7 +97,7 @@ class ClusterLog:
                  clock: Callable[[], int] = time.time_ns, bodies: Bodies | DictBodies | None = None,
                  in_loop: bool = False, **replica_options) -> None:
         self.machine = machine
-        # The node's message bodies (store/bodies.py); without one (tests), the machine's own dict.
+        # The node's message bodies (store/disk/bodies.py); without one (tests), the machine's own dict.
         self.bodies = bodies if bodies is not None else machine.own_bodies
         self._upcoming = upcoming_ids(machine)
         self._holds = consumer_holds(machine)  # deliveries read their bodies when sent (fill_bodies)
@@ -496,7 +509,7 @@ class ClusterLog:
 
     def _repair_bodies(self, ids: list[int]) -> dict[int, bytes]:
         """Intact copies of damaged bodies from the other members, each checked against its
-        checksum (store/bodies.py "Damaged bodies"): on the loop while the delivery that read the
+        checksum (store/disk/bodies.py "Damaged bodies"): on the loop while the delivery that read the
         body waits, or in the scrubber's thread."""
         members = [ask(self._secret, address, timeout=REPAIR_TIMEOUT) for address in self._partners]
         return fetch_intact(ids, members, self.bodies.store.expected_crc)

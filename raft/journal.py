@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pysyncobj.journal import Journal
 from pysyncobj.syncobj import _COMMAND_TYPE
 
-from raftmq.store.integrity import Damage
+from raftmq.integrity import Damage
 
 from .journal_files import MetaFile, MetaUnreadable, SyncedMark, _fsync_dir
 

@@ -29,7 +29,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from raftmq.store.integrity import checksum
+from raftmq.integrity import checksum
 
 log = logging.getLogger(__name__)
 

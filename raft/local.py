@@ -18,10 +18,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from raftmq.store.bodies import Bodies, DictBodies, consumer_holds, fill_bodies, upcoming_ids
-from raftmq.store.commands import Command
-from raftmq.store.effects import PUT_WITH_BODY
-from raftmq.store.machine import StateMachine
+from raftmq.store.core.commands import Command
+from raftmq.store.core.effects import PUT_WITH_BODY
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk.bodies import Bodies, DictBodies, consumer_holds, fill_bodies, upcoming_ids
 
 from .log import Compaction, NotReplicated, OutputsCallback, RaftStatus
 
@@ -34,7 +34,7 @@ class LocalLog:
     def __init__(self, machine: StateMachine, on_outputs: OutputsCallback,
                  clock: Callable[[], int] = time.time_ns, bodies: Bodies | DictBodies | None = None) -> None:
         self.machine = machine
-        # The node's message bodies (store/bodies.py); without one, the machine's own dict.
+        # The node's message bodies (store/disk/bodies.py); without one, the machine's own dict.
         self.bodies = bodies if bodies is not None else machine.own_bodies
         self._upcoming = upcoming_ids(machine)
         self._holds = consumer_holds(machine)  # deliveries read their bodies when sent (fill_bodies)

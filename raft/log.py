@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from raftmq.store.commands import Command
+from raftmq.store.core.commands import Command
 
 OutputsCallback = Callable[[list], None]
 

@@ -319,7 +319,7 @@ class Replica(SyncObj):
         self.addOnTickCallback(self.gate.tick)
         self._next_keepalive = 0.0
         self.addOnTickCallback(self._keep_links_warm)
-        from raftmq.store.snapshot import verify_snapshot
+        from raftmq.store.disk.snapshot import verify_snapshot
 
         self.damage_found = 0  # damaged places the scrubber found on this running node (issue 29)
         self.last_damage = ""
@@ -602,7 +602,7 @@ class Replica(SyncObj):
         journal's records up to the applied index, so no one needs a damaged committed record."""
         if not self._scrub_reports:
             return
-        from raftmq.store.snapshot import verify_snapshot
+        from raftmq.store.disk.snapshot import verify_snapshot
 
         reports = self._scrub_reports
         while reports:
@@ -629,7 +629,7 @@ class Replica(SyncObj):
         and vote, and is a learner (raft/repair.py) until the leader has sent it a snapshot and
         the entries up to the highest index it held.
         """
-        from raftmq.store.snapshot import SnapshotDamaged, read_snapshot
+        from raftmq.store.disk.snapshot import SnapshotDamaged, read_snapshot
 
         if not os.path.exists(self.snapshot_path):
             return
@@ -829,7 +829,7 @@ class Replica(SyncObj):
         """
         if not os.path.exists(self.snapshot_path):
             return
-        from raftmq.store.snapshot import read_snapshot
+        from raftmq.store.disk.snapshot import read_snapshot
 
         meta, _ = read_snapshot(self.snapshot_path, with_model=False)
         last, before, _members = msgpack.unpackb(meta, raw=False)
@@ -848,8 +848,8 @@ class Replica(SyncObj):
         The model is installed by the loop, in order with the entries: hand it a private hard link
         so that a later snapshot replacing ``path`` cannot change the file under it.
         """
-        from raftmq.store.snapshot import read_snapshot
-        from raftmq.store.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
+        from raftmq.store.core.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
+        from raftmq.store.disk.snapshot import read_snapshot
 
         try:
             meta, _ = read_snapshot(path, with_model=False)

@@ -25,7 +25,7 @@ import time
 import zlib
 from collections.abc import Callable
 
-from raftmq.store.integrity import Damage
+from raftmq.integrity import Damage
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import stat
 
-from raftmq.store.snapshot import write_snapshot
+from raftmq.store.disk.snapshot import write_snapshot
 
 
 def fork_snapshot(path: str, machine: object, meta: bytes) -> int:

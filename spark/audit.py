@@ -98,7 +98,7 @@ def throughput(spark, path: str, bucket: str = "1 second") -> DataFrame:
 
 
 def delays(spark, path: str) -> DataFrame:
-    """Per delayed exchange (issue 21, store/delayed.py): messages held and released, the delays
+    """Per delayed exchange (issue 21, store/core/delayed.py): messages held and released, the delays
     asked for, and how late each release came after its due time (ms; the ``delay_released``
     event's detail is that lateness in microseconds of leader-stamped time)."""
     ev = events(spark, path).filter(F.col("kind").isin("delayed", "delay_released"))

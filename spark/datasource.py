@@ -5,7 +5,7 @@
           .option("table", "events").load())
 
 Tables (``option("table", ...)``, default ``events``): ``events``, ``messages``, ``queues``,
-``exchanges``, ``bindings`` -- the layout is documented in ``raftmq.store.events``.
+``exchanges``, ``bindings`` -- the layout is documented in ``raftmq.store.disk.history``.
 
 * **Partitions** are key ranges of the u64-keyed tables (``events`` by sequence, ``messages`` by
   message id); ``option("partitions", n)`` overrides the default of one per 250,000 rows.
@@ -26,7 +26,7 @@ Load the table once per scan (as ``raftmq.spark.audit`` does), or turn pushdown 
 load with ``option("pushdown", "false")``.
 
 **Damaged records fail the read** (issue 29): every record is checked against its checksum
-(``raftmq.store.events.Checker``; snapshots written before checksums are read unchecked, as
+(``raftmq.store.disk.history.Checker``; snapshots written before checksums are read unchecked, as
 before) and a damaged one raises ``HistoryDamaged`` naming the snapshot, table and key -- the
 Spark job fails with that message instead of returning a damaged row or a silently shorter
 answer.  ``raftmq verify --data-dir`` lists every damaged record of a stopped node's history.
@@ -57,7 +57,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from raftmq.store import events as EV
+from raftmq.store.disk import history as EV
 
 SCHEMAS = {
     "events": "seq long, time timestamp, kind string, vhost string, queue string, message_id long, "

@@ -106,7 +106,7 @@ def plot(job: str, rows: list, columns: list[str], out: str) -> None:
 
 def run(args) -> int:
     """The ``raftmq audit`` command (arguments from ops/cli.py)."""
-    from raftmq.store.events import snapshot
+    from raftmq.store.disk.history import snapshot
 
     from .session import audit_session
 

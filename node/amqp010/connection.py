@@ -31,8 +31,8 @@ from raftmq import __version__
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.protocol.amqp010.errors import FramingError
 from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER, FrameReader, encode_assembly
-from raftmq.store.bodies import READ_AHEAD
-from raftmq.store.commands import OK, Command, Flow, Result
+from raftmq.store.core.commands import OK, Command, Flow, Result
+from raftmq.store.disk.bodies import READ_AHEAD
 
 from ..auth import AuthError, Principal
 from ..core.access import Access, AccessRefused

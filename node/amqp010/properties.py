@@ -2,13 +2,13 @@
 
 The message is stored in the 0-10 property format (protocol/amqp010/neutral.py): a 0-10 consumer
 gets the publisher's structs back, a consumer of another protocol gets them converted through the
-core's neutral properties (store/message.py); docs/message-mapping.md has the mapping.
+core's neutral properties (store/core/message.py); docs/message-mapping.md has the mapping.
 """
 
 from __future__ import annotations
 
 from raftmq.protocol.amqp010.neutral import delivery_headers, message_structs, stored
-from raftmq.store.model import Message
+from raftmq.store.core.model import Message
 
 
 def to_core(headers: list | None) -> tuple[str, bytes, bool, int, int | None]:

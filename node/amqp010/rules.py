@@ -12,7 +12,7 @@ from __future__ import annotations
 from raftmq.protocol.amqp010 import codec as c
 
 NOT_FOUND, RESOURCE_LOCKED, NOT_ALLOWED, INVALID_ARGUMENT = 404, 405, 530, 542
-EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")  # store/machine.py's, the ones we route
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")  # store/core/machine.py's, the ones we route
 
 
 def check(command) -> tuple[int, str] | None:

@@ -1,7 +1,7 @@
 """One AMQP 0-10 session attached to a channel of a connection (spec 3.5, class session).
 
 The session layer here is thin because its state lives in the replicated state machine
-(``store/sessions.py``): this object numbers the client's commands, wraps each in
+(``store/core/sessions.py``): this object numbers the client's commands, wraps each in
 ``SESSION_COMMAND`` so that apply executes it once, reports completion once apply answered, and
 writes the transfers the state machine assigns (with their replicated ids) to the client.
 """
@@ -13,9 +13,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from raftmq.protocol.amqp010 import codec as c
-from raftmq.store import ranges as rs
-from raftmq.store.bodies import body_to_send
-from raftmq.store.commands import (
+from raftmq.store.core import ranges as rs
+from raftmq.store.core.commands import (
     Cancel,
     Command,
     CommandResult,
@@ -50,14 +49,15 @@ from raftmq.store.commands import (
     SessionWindowCredit,
     TxCommit,
 )
-from raftmq.store.errors import HARD_ERRORS
-from raftmq.store.message import AMQP010
-from raftmq.store.sessions import (
+from raftmq.store.core.errors import HARD_ERRORS
+from raftmq.store.core.message import AMQP010
+from raftmq.store.core.sessions import (
     SETTLE_ACCEPT,
     SETTLE_REJECT,
     SETTLE_RELEASE,
     SETTLE_RELEASE_REDELIVERED,
 )
+from raftmq.store.disk.bodies import body_to_send
 
 from ..core.access import AccessRefused
 from . import rules

@@ -20,8 +20,7 @@ from raftmq.protocol.amqp091 import methods as m
 from raftmq.protocol.amqp091.errors import AMQPError
 from raftmq.protocol.amqp091.frames import WholePublish, encode_content, encode_delivery, encode_method_frame
 from raftmq.protocol.amqp091.properties import decode_content_header, peek_properties
-from raftmq.store.bodies import READ_AHEAD
-from raftmq.store.commands import (
+from raftmq.store.core.commands import (
     OK,
     REJECTED,
     UNROUTABLE,
@@ -50,11 +49,12 @@ from raftmq.store.commands import (
     SessionWindowCredit,
     TxCommit,
 )
-from raftmq.store.delivery import AUTOACK_CREDIT
-from raftmq.store.errors import HARD_ERRORS
-from raftmq.store.message import AMQP091, properties_in
-from raftmq.store.model import Message
-from raftmq.store.values import to_plain
+from raftmq.store.core.delivery import AUTOACK_CREDIT
+from raftmq.store.core.errors import HARD_ERRORS
+from raftmq.store.core.message import AMQP091, properties_in
+from raftmq.store.core.model import Message
+from raftmq.store.core.values import to_plain
+from raftmq.store.disk.bodies import READ_AHEAD
 
 from ..core.access import WRITE, AccessRefused
 from .autoack import MIN_SLICE, AutoAckCredit
@@ -127,7 +127,7 @@ class Channel:
         return self.state in (OPEN, OPENING, CLOSING_BY_CLIENT)
 
     def _command(self, kind: type, *args) -> Any:
-        """A ``kind`` command (store/commands.py) from this channel, its token left for the request."""
+        """A ``kind`` command (store/core/commands.py) from this channel, its token left for the request."""
         return kind(self.conn.conn_id, None, self.number, *args)
 
     def _slot(self) -> list:
@@ -859,7 +859,7 @@ _HANDLERS = {
 
 def properties_091(message: Message) -> bytes:
     """The message's properties as 0-9-1 bytes: as published when a 0-9-1 client published it (no
-    decoding on this path), converted through the neutral form otherwise (store/message.py)."""
+    decoding on this path), converted through the neutral form otherwise (store/core/message.py)."""
     if message.format == AMQP091:
         return message.properties
     return properties_in(message, AMQP091, EMPTY_PROPERTIES)

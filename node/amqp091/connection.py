@@ -32,8 +32,8 @@ from raftmq.protocol.amqp091.frames import (
     frames_at,
 )
 from raftmq.protocol.amqp091.methods import decode_method
-from raftmq.store.bodies import READ_AHEAD
-from raftmq.store.commands import OK, Command, Flow, Publish, Result
+from raftmq.store.core.commands import OK, Command, Flow, Publish, Result
+from raftmq.store.disk.bodies import READ_AHEAD
 
 from ..auth import MECHANISMS, AuthError, Principal
 from ..core.access import Access, AccessRefused

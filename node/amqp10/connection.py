@@ -35,7 +35,7 @@ from raftmq.protocol.amqp10.frames import (
     FrameReader,
     encode_frame,
 )
-from raftmq.store.commands import Command, Flow
+from raftmq.store.core.commands import Command, Flow
 
 from ..auth import AuthError, Principal
 from ..core.access import Access, AccessRefused

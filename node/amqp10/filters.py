@@ -9,7 +9,7 @@ Expressions 1.0 as RabbitMQ 4.1/4.2 implement it), by descriptor symbol or code:
 * ``amqp:properties-filter`` (0x173) and ``amqp:application-properties-filter`` (0x174): maps of
   field -> value (RabbitMQ 4.1).
 
-The core evaluates them (store/filters/).  3.5.3: the attach reply's source lists the filters
+The core evaluates them (store/core/filters/).  3.5.3: the attach reply's source lists the filters
 actually in use, so the reply echoes the entries we took, as the client sent them, and leaves out
 every other (a client that needs one checks the reply: Proton's examples do not).  A selector or SQL
 expression that does not parse refuses the attach with ``amqp:invalid-field`` and the parser's reason
@@ -24,7 +24,7 @@ from typing import Any
 
 from raftmq.protocol.amqp10 import types as t
 from raftmq.protocol.amqp10.filter_view import plain
-from raftmq.store.filters import FILTER_ARGUMENT, MAX_FILTERS, FilterError, compile_spec
+from raftmq.store.core.filters import FILTER_ARGUMENT, MAX_FILTERS, FilterError, compile_spec
 
 SELECTOR = ("apache.org:selector-filter:string", 0x0000468C00000004)
 SQL = ("amqp:sql-filter", 0x120)

@@ -18,7 +18,7 @@ attach 60,000 of them on one connection (+105 MB, other clients stalled 2 s), an
   kept in the replicated state, attached or waiting for their client: a new one beyond is refused as
   above; re-attaching an existing one is always allowed.  Counted from this node's copy of the state
   when the attach arrives (no log entry for a refusal), and again where it is exact: when SESSION_ATTACH
-  is applied (store/sessions.py; attaches racing on one or several nodes), which needs the same value on
+  is applied (store/core/sessions.py; attaches racing on one or several nodes), which needs the same value on
   every cluster member, as ``max_delayed_messages``.
 * ``amqp10_management_pending_max`` /management replies a connection holds (management.py).
 
@@ -33,7 +33,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from raftmq.store.sessions import durable_links_of, session_key
+from raftmq.store.core.sessions import durable_links_of, session_key
 
 if TYPE_CHECKING:
     from raftmq.node.config import Config

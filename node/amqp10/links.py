@@ -69,9 +69,8 @@ from raftmq.protocol.amqp10 import performatives as p
 from raftmq.protocol.amqp10 import types as t
 from raftmq.protocol.amqp10.errors import Amqp10Error, DecodeError
 from raftmq.protocol.amqp10.stored import EMPTY
-from raftmq.store import ranges as rs
-from raftmq.store.bodies import READ_AHEAD, body_to_send
-from raftmq.store.commands import (
+from raftmq.store.core import ranges as rs
+from raftmq.store.core.commands import (
     REJECTED,
     ROUTED,
     Flow,
@@ -86,14 +85,15 @@ from raftmq.store.commands import (
     SessionAttach,
     SessionDetach,
 )
-from raftmq.store.message import AMQP100, properties_in
-from raftmq.store.sessions import (
+from raftmq.store.core.message import AMQP100, properties_in
+from raftmq.store.core.sessions import (
     SETTLE_ACCEPT,
     SETTLE_REJECT,
     SETTLE_RELEASE,
     SETTLE_RELEASE_REDELIVERED,
     UNLIMITED,
 )
+from raftmq.store.disk.bodies import READ_AHEAD, body_to_send
 
 from ..core.access import WRITE, AccessRefused
 from .address import AddressError, Target, parse_source, parse_target, queue_address
@@ -127,7 +127,7 @@ def _signed(value: int) -> int:
 
 def delivery_octets(message, body: bytes, redelivered: bool) -> bytes:
     """A stored message as a 1.0 message: its properties in format AMQP100 (converted when another
-    protocol published it) and its body (the node's, store/bodies.py: the model holds none)."""
+    protocol published it) and its body (the node's, store/disk/bodies.py: the model holds none)."""
     return convert.encode_delivery(properties_in(message, AMQP100, EMPTY), body, message.exchange,
                                    message.routing_key, redelivered)
 
@@ -318,7 +318,7 @@ class OutgoingLink(Link):
         self.destination = f"l{self.core}"
         self._setup_refused: tuple | None = None
         for command in declare if isinstance(declare, list) else [declare] if declare is not None else []:
-            # With a token: a refused declare (a vhost's max-queues, store/limits.py) closes the core
+            # With a token: a refused declare (a vhost's max-queues, store/core/limits.py) closes the core
             # channel, and the link is refused with its reason rather than the subscribe's 504.
             conn.request(command._replace(channel=self.core), self._setup_done)
         conn.request(subscribe._replace(channel=self.core, destination=self.destination), self._subscribed)

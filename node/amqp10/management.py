@@ -39,7 +39,7 @@ from urllib.parse import unquote
 from raftmq.protocol.amqp10 import convert
 from raftmq.protocol.amqp10 import performatives as p
 from raftmq.protocol.amqp10.errors import DecodeError
-from raftmq.store.commands import (
+from raftmq.store.core.commands import (
     ExchangeBind,
     ExchangeDeclare,
     ExchangeDelete,
@@ -52,7 +52,7 @@ from raftmq.store.commands import (
     QueueQuery,
     QueueUnbind,
 )
-from raftmq.store.queue_args import STREAMS_UNSUPPORTED
+from raftmq.store.core.queue_args import STREAMS_UNSUPPORTED
 
 from ..core.access import AccessRefused
 from .limits import refusals

@@ -1,6 +1,6 @@
 """The modified outcome's message-annotations (AMQP 1.0 3.4.5) on the way to the core.
 
-A disposition ``modified`` with ``message-annotations`` becomes one ``MessageModify`` (store/modify.py:
+A disposition ``modified`` with ``message-annotations`` becomes one ``MessageModify`` (store/core/modify.py:
 the core merges the annotations into the message it requeues or dead-letters, as RabbitMQ 4's quorum
 queues do).  A modified outcome without annotations, and every other outcome, stays on the ordinary
 settle path (batched ``MessageSettle``, links.py): this module is only reached when there are some.
@@ -12,7 +12,7 @@ unsettled deliveries go back to the queue):
   with x- are reserved", 3.2.10; RabbitMQ 4 takes only those too, and applications use ``x-opt-``);
 - at most :data:`MAX_ANNOTATIONS` keys and :data:`MAX_BYTES` octets (msgpack-encoded) per
   disposition: each one is a log entry and, for a requeue, stays with the message;
-- values are kept as plain values (store/values.py): strings, numbers, booleans, binaries, lists and
+- values are kept as plain values (store/core/values.py): strings, numbers, booleans, binaries, lists and
   maps of them; a 1.0 symbol or timestamp comes back as a string or an integer.
 """
 
@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from raftmq.protocol.amqp10 import performatives as p
-from raftmq.store import ranges as rs
-from raftmq.store.commands import MessageModify
-from raftmq.store.values import to_plain
+from raftmq.store.core import ranges as rs
+from raftmq.store.core.commands import MessageModify
+from raftmq.store.core.values import to_plain
 
 from .session import error
 

@@ -33,8 +33,8 @@ deletes the queue too (links.OutgoingLink.on_detach).
 from __future__ import annotations
 
 from raftmq.protocol.amqp10 import performatives as p
-from raftmq.store import ranges as rs
-from raftmq.store.commands import (
+from raftmq.store.core import ranges as rs
+from raftmq.store.core.commands import (
     MessageSettle,
     MessageStop,
     SessionAttach,
@@ -42,7 +42,7 @@ from raftmq.store.commands import (
     SessionTimeout,
     err,
 )
-from raftmq.store.sessions import (
+from raftmq.store.core.sessions import (
     MAX_SESSION_TIMEOUT,
     SETTLE_ACCEPT,
     SETTLE_REJECT,
@@ -109,7 +109,7 @@ class DurableOutgoingLink(OutgoingLink):
         if not self.alive:
             return
         if result[0] != 0 and "amqp10_durable_links_per_user" in str(result[2]):
-            self.resuming = False  # refused at apply (store/sessions.py): attaches raced past limits.py
+            self.resuming = False  # refused at apply (store/core/sessions.py): attaches raced past limits.py
             refusals(self.conn.broker).refused("durable link", self.conn.peer, str(result[2]))
             self.session.links.pop(self.handle, None)
             self.release()

@@ -4,7 +4,7 @@ subscriptions -- and a truthful refusal of what we do not do.
 * **Browsing** -- ``distribution-mode`` ``copy`` (3.5.7 std-dist-mode): "once successfully transferred
   over the link, the message will still be available to other links from the same node".  The link
   subscribes with the core's browse mode (``MESSAGE_SUBSCRIBE`` browse, the 0-10 not-acquired
-  subscription of store/sessions.py): it sees the queue's ready messages in order and takes none.
+  subscription of store/core/sessions.py): it sees the queue's ready messages in order and takes none.
   Its deliveries are sent pre-settled (an outcome could not change anything) and the attach reply
   echoes ``copy``.  Other distribution modes are refused with ``amqp:not-implemented``.
 * **Topics** -- a source address ``topic://name`` (ActiveMQ / Artemis, rhea's pub-sub examples), a
@@ -31,7 +31,7 @@ from collections.abc import Container
 from dataclasses import dataclass, field
 
 from raftmq.protocol.amqp10 import performatives as p
-from raftmq.store.commands import QueueBind, QueueDeclare
+from raftmq.store.core.commands import QueueBind, QueueDeclare
 
 from .address import TOPIC_EXCHANGE, AddressError, Target, parse_target, parse_topic
 

@@ -21,7 +21,7 @@ flow's properties) is not supported: 4.4.3 lets a resource refuse it, and the li
 ``amqp:not-implemented`` as it requires (links.py, ``OutgoingLink.on_flow``).
 
 *Commit* (discharge with fail=false): every held publish and every retirement of the transaction go
-to the core as ONE ``TxCommit`` (store/delivery.py ``tx_commit``): one log entry, applied on every
+to the core as ONE ``TxCommit`` (store/core/delivery.py ``tx_commit``): one log entry, applied on every
 node at the same point, so the work is atomic across queues, links and sessions.  Publishes use the
 coordinator's core session (alive for as long as the transaction can be discharged); settlements use
 the core session of the link that sent the delivery (``MessageSettle`` applies to that session's
@@ -65,9 +65,14 @@ from typing import TYPE_CHECKING
 from raftmq.protocol.amqp10 import performatives as p
 from raftmq.protocol.amqp10 import types as t
 from raftmq.protocol.amqp10.errors import DecodeError
-from raftmq.store import ranges as rs
-from raftmq.store.commands import MessageSettle, Publish, TxCommit
-from raftmq.store.sessions import SETTLE_ACCEPT, SETTLE_REJECT, SETTLE_RELEASE, SETTLE_RELEASE_REDELIVERED
+from raftmq.store.core import ranges as rs
+from raftmq.store.core.commands import MessageSettle, Publish, TxCommit
+from raftmq.store.core.sessions import (
+    SETTLE_ACCEPT,
+    SETTLE_REJECT,
+    SETTLE_RELEASE,
+    SETTLE_RELEASE_REDELIVERED,
+)
 
 from .links import FIRST, Link
 from .session import SERIAL, error

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from raftmq.store.commands import (
+from raftmq.store.core.commands import (
     Command,
     Consume,
     ExchangeBind,
@@ -191,7 +191,7 @@ _RULES: dict[int, Rule] = {
     Op.MESSAGE_STOP: _none,
     Op.MESSAGE_FLUSH: _none,
     Op.MESSAGE_SETTLE: _none,
-    Op.MESSAGE_MODIFY: _none,  # settles held deliveries, as MESSAGE_SETTLE (store/modify.py)
+    Op.MESSAGE_MODIFY: _none,  # settles held deliveries, as MESSAGE_SETTLE (store/core/modify.py)
     Op.MESSAGE_ACQUIRE: _none,
     Op.MESSAGE_RESUME: _none,
 }

@@ -212,7 +212,7 @@ class NetnsBackend:
             self.start_node(i)
         self.cluster.wait_formed(timeout=timeout)
         # A damaged body that the digest's own read finds is repaired from a member a moment later
-        # (store/bodies.py): digests taken in between differ (seen once in CI: the read found two
+        # (store/disk/bodies.py): digests taken in between differ (seen once in CI: the read found two
         # damaged bodies at 21:24:19.390, the digest was written at .445, the repair came at .913).
         # Identical state is what the replicas must reach, so differing digests are taken again for
         # up to ``REPAIR_SETTLE`` seconds; still differing, they are returned as they are.

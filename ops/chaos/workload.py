@@ -6,7 +6,7 @@
 * ``Publisher091(dedup=True)``: the same into a queue with ``x-message-deduplication``; every
   message carries ``x-deduplication-header`` = its number, and a message whose confirm was lost
   with the connection is published again (same number, same header) on the next node until it is
-  confirmed.  Exactly-once: the replicated deduplication cache (store/dedup.py) drops the resend.
+  confirmed.  Exactly-once: the replicated deduplication cache (store/core/dedup.py) drops the resend.
   Its queue is only drained at the end, like the 0-10 one.
 * ``Publisher010``: the AMQP 0-10 client with session resume (it replays across failovers by
   itself).  Exactly-once: no message of it may be received twice.

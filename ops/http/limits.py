@@ -9,7 +9,7 @@
   PUT    /api/user-limits/{user}/{name}       body {"value": N}: administrators (rabbit_mgmt_wm_user_limit)
   DELETE /api/user-limits/{user}/{name}
 
-A negative value means no limit; 0 allows none (store/limits.py).  An unknown vhost is 404, an
+A negative value means no limit; 0 allows none (store/core/limits.py).  An unknown vhost is 404, an
 unknown user 404 (a user of the configuration file may have limits, as it may have permissions), an
 unknown limit name or a value that is not an integer 400.  Each change is one replicated command
 (LIMITS_SET).  The limits also travel in definitions (ops/http/users.py): vhosts' and users'
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from raftmq.store.limits import check_limits, limit_of
+from raftmq.store.core.limits import check_limits, limit_of
 
 from ..operator import ADMINISTRATOR
 from .common import (
@@ -159,7 +159,7 @@ def check_queue_limits(broker, data: dict, changes: list[tuple[str, str, dict]])
     change, as RabbitMQ's rabbit_definitions validate_limits ("Import aborted!"): the limit in
     force once the file's own limits are set, against the vhost's queues now plus the file's queues
     that do not exist yet (each name once).  A queue declared by a client between this check and the
-    import's declares can still meet the limit there (the state machine's check, store/limits.py)."""
+    import's declares can still meet the limit there (the state machine's check, store/core/limits.py)."""
     machine = broker.machine
     limits: dict[str, dict[str, int]] = {}
     for scope, name, values in changes:

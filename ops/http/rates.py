@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
-    from raftmq.store.model import Queue
+    from raftmq.store.core.model import Queue
 
 SAMPLE_INTERVAL = 5.0
 
@@ -28,7 +28,7 @@ MESSAGE_STATS = {
 
 
 def queue_published(queue: Queue) -> int:
-    """Messages enqueued into the queue: its entries are numbered from 1 (store/machine.py), so the
+    """Messages enqueued into the queue: its entries are numbered from 1 (store/core/machine.py), so the
     next number tells how many it was given (since it was declared; on a single node restarted,
     since its oldest surviving message)."""
     return queue.next_seq - 1

@@ -13,9 +13,9 @@ import base64
 from aiohttp import web
 
 from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
-from raftmq.store.commands import ROUTED
-from raftmq.store.message import decode
-from raftmq.store.model import Message
+from raftmq.store.core.commands import ROUTED
+from raftmq.store.core.message import decode
+from raftmq.store.core.model import Message
 
 from .common import (
     access_in,
@@ -153,7 +153,7 @@ def _encode_payload(payload: bytes, encoding: str) -> tuple[str, str]:
 
 def _properties_view(message: Message) -> dict:
     """The message's properties as the management API shows them (RabbitMQ's field names),
-    whatever protocol published it (store/message.py)."""
+    whatever protocol published it (store/core/message.py)."""
     try:
         props = decode(message.properties, message.format)
     except (ValueError, LookupError):

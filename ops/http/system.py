@@ -17,7 +17,7 @@ import time
 from aiohttp import web
 
 from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
-from raftmq.store.commands import ROUTED
+from raftmq.store.core.commands import ROUTED
 
 from ..control import AdminEndpoint
 from ..operator import MONITORING, POLICYMAKER
@@ -82,7 +82,7 @@ async def overview(request: web.Request) -> web.Response:
         "message_stats": ctx.rates.message_stats(),
         "queue_totals": {"messages": ready + unacked, "messages_ready": ready,
                          "messages_unacknowledged": unacked,
-                         # raftmq: held by x-delayed-message exchanges (store/delayed.py)
+                         # raftmq: held by x-delayed-message exchanges (store/core/delayed.py)
                          "messages_delayed": len(broker.machine.delayed)},
         "object_totals": {
             "connections": len(connections),

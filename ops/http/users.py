@@ -1,9 +1,9 @@
 """Users, permissions, vhosts and definitions: administrator territory (RabbitMQ's rules).
 
-Users created here are the replicated users (store/users.py); users of the configuration file are
+Users created here are the replicated users (store/core/users.py); users of the configuration file are
 listed (without their password) and keep their password and tags from that file, unless replaced by
 a replicated user of the same name -- but their permissions are set and cleared here like anyone's
-(a replicated overlay on top of the file's, store/users.py), as RabbitMQ makes no such distinction.  A password given in clear is hashed here (PBKDF2, node/auth.py) before the
+(a replicated overlay on top of the file's, store/core/users.py), as RabbitMQ makes no such distinction.  A password given in clear is hashed here (PBKDF2, node/auth.py) before the
 command is proposed; a ``password_hash`` from RabbitMQ definitions (rabbit_password_hashing_sha256,
 sha512 or md5) is kept as it is and checked RabbitMQ's way, so users imported from RabbitMQ keep
 their passwords.
@@ -20,7 +20,7 @@ import re
 from aiohttp import web
 
 from raftmq.node.auth import HASH_SCHEME, RABBIT_HASHES, hash_password
-from raftmq.store.users import overlaid
+from raftmq.store.core.users import overlaid
 
 from ..control import AdminError
 from ..operator import ADMINISTRATOR
@@ -259,7 +259,7 @@ async def put_vhost(request: web.Request) -> web.Response:
     creator = operator(request).name
     if not existed and (creator in broker.machine.users or creator in broker.config.users):
         # RabbitMQ gives the user who creates a vhost full permissions on it (rabbit_vhost:add),
-        # a user of the configuration file too (the permission overlay, store/users.py).
+        # a user of the configuration file too (the permission overlay, store/core/users.py).
         await context(request).control.set_permissions(creator, name, ".*", ".*", ".*")
     return web.Response(status=204 if existed else 201)
 
@@ -267,7 +267,7 @@ async def put_vhost(request: web.Request) -> web.Response:
 async def delete_vhost(request: web.Request) -> web.Response:
     """RabbitMQ's DELETE /api/vhosts/:name: administrators only, 204, 404 for an unknown vhost.  Its
     queues, exchanges, bindings and permissions go, its connections are closed (320), through one
-    replicated command (store/topology.py vhost_delete).  ``/`` may be deleted, as in RabbitMQ."""
+    replicated command (store/core/topology.py vhost_delete).  ``/`` may be deleted, as in RabbitMQ."""
     require(request, ADMINISTRATOR)
     name = request.match_info["name"]
     if name not in context(request).broker.machine.vhosts:

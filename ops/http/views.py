@@ -16,8 +16,8 @@ from .rates import queue_published
 
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
-    from raftmq.store.model import Exchange, Queue
-    from raftmq.store.routing import Binding
+    from raftmq.store.core.model import Exchange, Queue
+    from raftmq.store.core.routing import Binding
 
     from .rates import Rates
 

@@ -1,4 +1,4 @@
-"""AMQP 0-10 message headers as the core's neutral message properties (store/message.py).
+"""AMQP 0-10 message headers as the core's neutral message properties (store/core/message.py).
 
 A message published with 0-10 is stored in format ``AMQP010``: its delivery-properties (only the
 fields that belong to the message: delivery mode, priority, TTL, timestamp; routing key, exchange and
@@ -21,8 +21,8 @@ from typing import Any
 
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.protocol.amqp010.errors import Amqp010Error
-from raftmq.store.message import AMQP010, Properties, convert
-from raftmq.store.values import to_plain
+from raftmq.store.core.message import AMQP010, Properties, convert
+from raftmq.store.core.values import to_plain
 
 
 def message_structs(headers: list | None) -> tuple[Any, Any]:

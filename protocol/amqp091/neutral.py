@@ -1,4 +1,4 @@
-"""AMQP 0-9-1 basic properties as the core's neutral message properties (store/message.py).
+"""AMQP 0-9-1 basic properties as the core's neutral message properties (store/core/message.py).
 
 The fields match one for one (the neutral form is named after 0-9-1's); 0-9-1's deprecated
 ``cluster-id`` travels as the annotation ``cluster-id``.  Annotations from other protocols (AMQP 1.0
@@ -9,7 +9,7 @@ message-annotations and properties without a 0-9-1 field) become headers, as Rab
 from __future__ import annotations
 
 from raftmq.protocol.amqp091.errors import AMQPError
-from raftmq.store.message import AMQP091, Properties
+from raftmq.store.core.message import AMQP091, Properties
 
 from .properties import BasicProperties, decode_properties, encode_properties
 

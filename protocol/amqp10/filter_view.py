@@ -1,5 +1,5 @@
 """The 1.0 stored sections (protocol/amqp10/stored.py) as the plain view filters read
-(store/filters/view.py): header, properties, message-annotations, application-properties.
+(store/core/filters/view.py): header, properties, message-annotations, application-properties.
 
 Registered with the core by node/core/formats.py.  Values become plain: symbols and chars str,
 timestamps their milliseconds, uuids their string form, other described or compound values None
@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from raftmq.store.filters.view import MessageView, register
+from raftmq.store.core.filters.view import MessageView, register
 
 from . import performatives as p
 from .stored import parse

@@ -1,4 +1,4 @@
-"""AMQP 1.0 messages as the core's neutral message (store/message.py, format ``AMQP100``).
+"""AMQP 1.0 messages as the core's neutral message (store/core/message.py, format ``AMQP100``).
 
 A message published with 1.0 is stored as the publisher encoded it (protocol/amqp10/stored.py): a
 1.0 consumer gets the properties and application-properties back byte for byte (the bare message is
@@ -29,8 +29,8 @@ import uuid
 from typing import Any
 
 from raftmq.protocol.amqp091.fieldtable import Timestamp as FieldTableTimestamp
-from raftmq.store.message import AMQP100, Properties
-from raftmq.store.values import to_plain
+from raftmq.store.core.message import AMQP100, Properties
+from raftmq.store.core.values import to_plain
 
 from . import performatives as p
 from . import types as t

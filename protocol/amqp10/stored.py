@@ -1,4 +1,4 @@
-"""The stored form of an AMQP 1.0 message's properties (format ``AMQP100``, store/message.py).
+"""The stored form of an AMQP 1.0 message's properties (format ``AMQP100``, store/core/message.py).
 
 A message published with 1.0 is stored as the publisher encoded it: the sections before the body
 (header, message-annotations, properties, application-properties; 1.0 3.2) in these bytes, the body

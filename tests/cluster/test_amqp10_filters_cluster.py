@@ -3,7 +3,7 @@ so every replica assigns the same messages to the same consumers.
 
 Two proton receivers with complementary JMS selectors, each on another follower, share a queue fed
 through the leader; a backlog of non-matching messages longer than one dispatch scans
-(store/delivery.py SCAN_LIMIT) sits in front of a match, so the scan goes on through TICK entries in
+(store/core/delivery.py SCAN_LIMIT) sits in front of a match, so the scan goes on through TICK entries in
 the log.  Each receiver gets exactly its messages, and the replicas' state digests (which cover each
 consumer's filter and scan cursor) are equal.
 """
@@ -17,7 +17,7 @@ from proton.reactor import Selector
 from proton.utils import BlockingConnection
 
 from raftmq.ops.local.cluster import Cluster
-from raftmq.store.delivery import SCAN_LIMIT
+from raftmq.store.core.delivery import SCAN_LIMIT
 
 pytestmark = pytest.mark.cluster
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pika
 
 from raftmq.ops.local.cluster import Cluster
-from raftmq.store import events as EV
+from raftmq.store.disk import history as EV
 
 REPO = Path(__file__).resolve().parents[2]
 

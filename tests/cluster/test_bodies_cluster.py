@@ -1,4 +1,4 @@
-"""Message bodies on disk in a cluster (issue 18; store/bodies.py, docs/design.md "Message bodies
+"""Message bodies on disk in a cluster (issue 18; store/disk/bodies.py, docs/design.md "Message bodies
 on disk"): a backlog several times the body cache survives kill -9 of the leader and of the whole
 cluster, and a follower that was down while it grew catches up by snapshot, fetches the bodies it
 lacks from the others, and delivers the same bytes."""

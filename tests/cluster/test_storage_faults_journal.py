@@ -13,7 +13,7 @@ no one -- the cluster waits, unavailable but never wrong -- and once A is back, 
 leads, B catches up and votes again.  A confirmed message (AMQP 0-9-1 confirms, a publisher's
 promise that the broker has it) is never lost.
 
-Also: a damaged snapshot on a restarting follower is detected (CRC32C, store/snapshot.py format
+Also: a damaged snapshot on a restarting follower is detected (CRC32C, store/disk/snapshot.py format
 4), set aside, and replaced by the leader's.
 """
 

@@ -447,12 +447,12 @@ def test_wrong_password_fails_sasl(broker) -> None:
 
 
 def test_audit_history_of_amqp10_traffic(tmp_path) -> None:
-    """1.0 traffic leaves the same audit history as 0-9-1's (the core records it; store/events.py):
+    """1.0 traffic leaves the same audit history as 0-9-1's (the core records it; store/disk/history.py):
     published/routed per transfer, delivered per delivery, acked/rejected/requeued per outcome."""
     from collections import Counter
 
     from raftmq.ops.local.node import RaftmqNode
-    from raftmq.store import events as ev
+    from raftmq.store.disk import history as ev
     from tests.support.cli import raftmq
 
     with RaftmqNode(tmp_path / "n", env={"RAFTMQ_AUDIT_RETENTION": "metadata"}) as node:

@@ -216,9 +216,9 @@ def test_malformed_selector_refused(amqp, ch, selector: str) -> None:
 
 
 def test_deep_match_past_the_scan_bound(ch, amqp) -> None:
-    """A match behind more non-matching messages than one dispatch examines (store/delivery.py
+    """A match behind more non-matching messages than one dispatch examines (store/core/delivery.py
     SCAN_LIMIT): the scan goes on in later applies (TICK), the match arrives, the rest stays."""
-    from raftmq.store.delivery import SCAN_LIMIT
+    from raftmq.store.core.delivery import SCAN_LIMIT
 
     queue = uniq("deep")
     ch.queue_declare(queue)

@@ -310,7 +310,7 @@ def test_durable_links_per_user_are_capped(node) -> None:
 
 def test_durable_links_racing_past_the_front_end_are_refused_at_apply(node) -> None:
     """Durable attaches pipelined in one write all pass the front end's check (none is applied yet); the
-    state machine's check at apply (store/sessions.py, the same on every replica) lets exactly
+    state machine's check at apply (store/core/sessions.py, the same on every replica) lets exactly
     amqp10_durable_links_per_user of them in and refuses the rest with resource-limit-exceeded."""
     queue = f"durable-race-{uuid.uuid4().hex[:6]}"
     conn = pika.BlockingConnection(pika.URLParameters(node.url))

@@ -1,4 +1,4 @@
-"""The audit history (store/events.py): real traffic through a node, a snapshot of the running node,
+"""The audit history (store/disk/history.py): real traffic through a node, a snapshot of the running node,
 event counts checked against what the test's clients did."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pika
 import pytest
 
 from raftmq.ops.local.node import RaftmqNode, free_port
-from raftmq.store import events as ev
+from raftmq.store.disk import history as ev
 from tests.support.cli import raftmq
 
 

@@ -254,7 +254,7 @@ def flood_unblocked(node: RaftmqNode, publisher: RawPublisher, queue: str) -> in
 def test_consumer_that_stops_reading_does_not_grow_the_node(memory_node: RaftmqNode, no_ack: bool) -> None:
     """A consumer stops reading while 200 MB are offered to its queue, twice the memory watermark.
     The node stops delivering to it once its write buffer is full, the messages stay in the queue,
-    and the queue's bodies go to the body store (write-behind, store/bodies.py), so the node's RSS
+    and the queue's bodies go to the body store (write-behind, store/disk/bodies.py), so the node's RSS
     grows by a bound its configuration sets, not by the backlog (before issue 17: 1:1 with
     everything published, all of it in the consumer's write buffer, and with manual acks twice).
     A backlog on disk holds no memory, so the memory alarm has no reason to block the publisher:

@@ -1,5 +1,5 @@
 """One message, any protocol: properties across AMQP 0-9-1 and 0-10 through the core's neutral
-message (store/message.py; the table in docs/message-mapping.md), against a real node.
+message (store/core/message.py; the table in docs/message-mapping.md), against a real node.
 
 A message is stored in its publisher's property format; a consumer of the same protocol gets it
 back as sent, a consumer of the other gets it converted field by field.  RabbitMQ does not speak

@@ -1,4 +1,4 @@
-"""A damaged body on a single node (issue 29; store/bodies.py "Damaged bodies"): with no member to
+"""A damaged body on a single node (issue 29; store/disk/bodies.py "Damaged bodies"): with no member to
 fetch an intact copy from, its delivery is refused loudly -- not sent (neither damaged nor empty),
 logged at ERROR with the message id and queue, counted -- and the message stays queued: not acked,
 not lost, back in its queue when the consumer goes."""

@@ -1,4 +1,4 @@
-"""A single node's state on a damaged disk (issue 29, store/durable.py, ops/verify.py), raftmq only.
+"""A single node's state on a damaged disk (issue 29, store/disk/durable.py, ops/verify.py), raftmq only.
 
 A real node, persistent messages published with pika and confirmed, the node stopped; ``raftmq verify``
 calls its files clean; one byte flipped inside one stored body; verify names the damaged message (exit
@@ -18,7 +18,7 @@ import pika
 import pytest
 
 from raftmq.ops.local.node import NodeStartError, RaftmqNode
-from raftmq.store.sealed import EXIT_STORE_DAMAGED
+from raftmq.store.disk.sealed import EXIT_STORE_DAMAGED
 from tests.integration.helpers import connect, get_bodies, message_count
 from tests.support.cli import raftmq
 

@@ -12,7 +12,7 @@ import pytest
 from raftmq.ops.local.node import RaftmqNode
 from raftmq.spark import audit
 from raftmq.spark.session import load
-from raftmq.store import events as EV
+from raftmq.store.disk import history as EV
 from tests.support.cli import raftmq
 
 ORDERS = 120

@@ -14,9 +14,9 @@ import msgpack
 import pytest
 
 from raftmq.spark.session import load
-from raftmq.store import events as EV
-from raftmq.store.event_writer import EventStore
-from raftmq.store.sealed import seal
+from raftmq.store.disk import history as EV
+from raftmq.store.disk.event_writer import EventStore
+from raftmq.store.disk.sealed import seal
 from tests.unit.store.test_event_writer import Driver
 
 FIXTURE_1 = Path(__file__).parents[1] / "unit" / "store" / "fixtures" / "history-format-1.lmdb"

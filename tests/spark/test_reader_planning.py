@@ -12,9 +12,9 @@ pytest.importorskip("pyspark")
 from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, IsNotNull, LessThan  # noqa: E402
 
 from raftmq.spark.datasource import RaftmqDataSource  # noqa: E402
-from raftmq.store import events as EV  # noqa: E402
-from raftmq.store.event_writer import EventStore  # noqa: E402
-from raftmq.store.model import Message  # noqa: E402
+from raftmq.store.core.model import Message  # noqa: E402
+from raftmq.store.disk import history as EV  # noqa: E402
+from raftmq.store.disk.event_writer import EventStore  # noqa: E402
 
 T0 = 1_790_000_000_000_000
 

@@ -15,7 +15,7 @@ from raftmq.node.core.access import (
     Requirement,
     requirements,
 )
-from raftmq.store.commands import (
+from raftmq.store.core.commands import (
     COMMAND_TYPES,
     Ack,
     ExchangeDeclare,

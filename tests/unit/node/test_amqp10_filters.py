@@ -8,7 +8,7 @@ import pytest
 
 from raftmq.node.amqp10.filters import FilterRefused, from_source
 from raftmq.protocol.amqp10 import types as t
-from raftmq.store.filters import FILTER_ARGUMENT
+from raftmq.store.core.filters import FILTER_ARGUMENT
 
 
 def described(descriptor, value) -> t.Described:

@@ -14,7 +14,7 @@ from raftmq.node.amqp10.address import AddressError, Target
 from raftmq.node.amqp10.terminus import Refusal, plan_source, target_of
 from raftmq.protocol.amqp10 import performatives as p
 from raftmq.protocol.amqp10 import types as t
-from raftmq.store.commands import QueueBind, QueueDeclare
+from raftmq.store.core.commands import QueueBind, QueueDeclare
 
 
 @dataclass

@@ -6,7 +6,7 @@ import pytest
 
 from raftmq.node.auth import Authenticator, AuthError, hash_password, verify_password
 from raftmq.node.config import UserConfig
-from raftmq.store.users import UserRecord
+from raftmq.store.core.users import UserRecord
 
 
 def plain(user: str, password: str) -> bytes:
@@ -59,7 +59,7 @@ def test_permission_answers_are_remembered_and_stay_right():
 
 def test_a_configured_user_gets_the_overlay_of_the_admin_api():
     """Permissions set through the admin API for a configuration-file user (the replicated overlay,
-    store/users.py) apply on top of the file's for new logins: a vhost added, a vhost's patterns
+    store/core/users.py) apply on top of the file's for new logins: a vhost added, a vhost's patterns
     replaced, a file permission cleared (None); the password stays the file's."""
     overlay: dict[str, dict] = {}
     auth = Authenticator({"guest": UserConfig("guest")}, dict, lambda: overlay)

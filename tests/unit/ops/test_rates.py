@@ -6,7 +6,7 @@ import time
 from types import SimpleNamespace
 
 from raftmq.ops.http.rates import Rates
-from raftmq.store.model import Queue, VHost
+from raftmq.store.core.model import Queue, VHost
 
 
 def test_rates_between_the_last_two_samples():

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from raftmq.integrity import Damage
 from raftmq.ops import verify as V
-from raftmq.store.durable import DurableStore
-from raftmq.store.effects import PUT, PUT_WITH_BODY
-from raftmq.store.event_writer import EventStore
-from raftmq.store.integrity import Damage
+from raftmq.store.core.effects import PUT, PUT_WITH_BODY
+from raftmq.store.disk.durable import DurableStore
+from raftmq.store.disk.event_writer import EventStore
 from tests.support.cli import raftmq
 from tests.unit.store.test_event_writer import Driver
 
@@ -176,7 +176,7 @@ def test_a_cluster_nodes_stores_are_found_and_checked(tmp_path):
     (data / "raft" / "snapshot.lmdb").write_bytes(b"")
     stores = {t.store: t.provider for t in V.targets(str(data))}
     assert stores == {"journal": "raftmq.raft.journal.verify_journal",
-                      "snapshot": "raftmq.store.snapshot.verify_snapshot"}
+                      "snapshot": "raftmq.store.disk.snapshot.verify_snapshot"}
     code, out, _ = _run(data)
     assert code == V.EXIT_DAMAGED
     assert out.splitlines()[-1] == "DAMAGED: 1 problem(s) found (checked: journal, snapshot)"

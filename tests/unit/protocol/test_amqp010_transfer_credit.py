@@ -16,9 +16,9 @@ import raftmq.node.core.formats  # noqa: F401  (registers the property codecs an
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.protocol.amqp010 import neutral
 from raftmq.protocol.amqp010.neutral import delivery_headers, stored, transfer_credit
-from raftmq.store import model
-from raftmq.store.message import AMQP010, AMQP091
-from raftmq.store.model import Message
+from raftmq.store.core import model
+from raftmq.store.core.message import AMQP010, AMQP091
+from raftmq.store.core.model import Message
 
 
 def _message(properties: bytes, fmt: int, size: int = 100, routing_key: str = "q") -> Message:

@@ -1,6 +1,6 @@
 """protocol/amqp10/convert.py, neutral.py, stored.py and node/amqp10/address.py, without a broker.
 
-A 1.0 message is stored as its sections (format AMQP100, store/message.py); other protocols read it
+A 1.0 message is stored as its sections (format AMQP100, store/core/message.py); other protocols read it
 through the neutral properties.  Expected values follow RabbitMQ 4's conversion tables
 (rabbitmq.com/docs/conversions, "AMQP 1.0 -> AMQP 0.9.1" and "AMQP 0.9.1 -> AMQP 1.0"), as
 docs/amqp10.md and docs/message-mapping.md list them; section numbers are the OASIS AMQP 1.0 spec's.
@@ -23,7 +23,7 @@ from raftmq.protocol.amqp10 import neutral as n
 from raftmq.protocol.amqp10 import performatives as p
 from raftmq.protocol.amqp10 import stored
 from raftmq.protocol.amqp10 import types as t
-from raftmq.store import message as fmt
+from raftmq.store.core import message as fmt
 
 
 def _delivered(properties: bytes, body: bytes, redelivered: bool = False) -> list:
@@ -166,8 +166,8 @@ def test_delivery_count_header_is_the_1_0_delivery_count() -> None:
 def test_dead_lettering_a_1_0_message() -> None:
     """store/headers.add_x_death on format AMQP100: x-death and x-first-death-* are message-annotations
     (x- names; 3.2.5 forbids maps in application-properties), readable back for the next death."""
-    from raftmq.store.headers import add_x_death
-    from raftmq.store.model import Message, Queue
+    from raftmq.store.core.headers import add_x_death
+    from raftmq.store.core.model import Message, Queue
 
     m = cv.publish_of(p.encode_sections(TYPED))
     message = Message(1, "ex", "rk", m.properties, m.body, True, 0, 0, format=fmt.AMQP100)
@@ -192,8 +192,8 @@ def test_dead_lettering_a_1_0_message() -> None:
 
 def test_core_reads_headers_of_1_0_messages() -> None:
     """Headers exchanges and deduplication read application-properties and x- annotations."""
-    from raftmq.store.dedup import dedup_key
-    from raftmq.store.headers import message_headers
+    from raftmq.store.core.dedup import dedup_key
+    from raftmq.store.core.headers import message_headers
 
     m = cv.publish_of(p.encode_sections([p.MessageAnnotations({"x-opt-k": "a"}),
                                          p.ApplicationProperties({"format": "pdf", "x-deduplication-header": "d1",
@@ -360,7 +360,7 @@ def test_http_api_shows_a_1_0_message_s_properties() -> None:
     import json
 
     from raftmq.ops.http.resources import _properties_view
-    from raftmq.store.model import Message
+    from raftmq.store.core.model import Message
 
     m = cv.publish_of(p.encode_sections(TYPED))
     view = _properties_view(Message(1, "", "q", m.properties, m.body, True, 0, 0, format=fmt.AMQP100))

@@ -1,4 +1,4 @@
-"""The property codecs behind the core's neutral message (store/message.py, protocol/*/neutral.py)."""
+"""The property codecs behind the core's neutral message (store/core/message.py, protocol/*/neutral.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.protocol.amqp010.neutral import stored, structs
 from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
-from raftmq.store.message import AMQP010, AMQP091, Properties, codec, convert, headers_of, with_headers
+from raftmq.store.core.message import AMQP010, AMQP091, Properties, codec, convert, headers_of, with_headers
 
 FULL_091 = BasicProperties(content_type="text/plain", content_encoding="utf-8", headers={"a": 1, "b": "x"},
                            delivery_mode=2, priority=4, correlation_id="c", reply_to="ex/key", expiration="5000",

@@ -8,9 +8,9 @@ import pytest
 from raftmq.ops.local.node import free_port
 from raftmq.raft.body_peer import ask, serve_bodies
 from raftmq.raft.replica import Replica
-from raftmq.store.bodies import Bodies, BodyEffects
-from raftmq.store.body_fetch import FetchError, catch_up, encode_request
-from raftmq.store.body_store import BodyStore
+from raftmq.store.disk.bodies import Bodies, BodyEffects
+from raftmq.store.disk.body_fetch import FetchError, catch_up, encode_request
+from raftmq.store.disk.body_store import BodyStore
 
 
 @pytest.fixture

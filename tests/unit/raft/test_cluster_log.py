@@ -10,8 +10,8 @@ import asyncio
 
 from raftmq.raft.cluster import ClusterLog
 from raftmq.raft.replica import ENTRY
-from raftmq.store.commands import Ack, Op, Publish, decode_batch, encode_batch
-from raftmq.store.machine import StateMachine
+from raftmq.store.core.commands import Ack, Op, Publish, decode_batch, encode_batch
+from raftmq.store.core.machine import StateMachine
 
 
 class RecordedProposals:

@@ -12,7 +12,7 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 from raftmq.ops.local.node import free_port
 from raftmq.raft.loop_tick import AsyncioPoller, LoopTicker
 from raftmq.raft.replica import ENTRY, Replica
-from raftmq.store.machine import StateMachine  # noqa: F401 (imported before the snapshot module, as the node does)
+from raftmq.store.core.machine import StateMachine  # noqa: F401 (imported before the snapshot module, as the node does)
 
 READ, WRITE, ERROR = POLL_EVENT_TYPE.READ, POLL_EVENT_TYPE.WRITE, POLL_EVENT_TYPE.ERROR
 

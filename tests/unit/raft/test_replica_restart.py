@@ -9,8 +9,8 @@ import msgpack
 from raftmq.ops.local.node import free_port
 from raftmq.raft.journal import AppendJournal
 from raftmq.raft.replica import INSTALL, Replica
-from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import write_snapshot
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk.snapshot import write_snapshot
 
 NO_OP = b"\x01"  # pysyncobj applies these without calling us
 

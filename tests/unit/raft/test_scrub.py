@@ -7,8 +7,8 @@ import os
 
 from raftmq.raft.journal import AppendJournal
 from raftmq.raft.scrub import StorageScrubber, scrub_segment
-from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import verify_snapshot, write_snapshot
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk.snapshot import verify_snapshot, write_snapshot
 
 
 def journal_with_records(path, count: int = 200) -> AppendJournal:

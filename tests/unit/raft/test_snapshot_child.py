@@ -10,8 +10,8 @@ import socket
 import time
 
 from raftmq.raft.snapshot_child import fork_snapshot
-from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import read_snapshot
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk.snapshot import read_snapshot
 
 
 class SlowModel:

@@ -16,8 +16,8 @@ from raftmq.ops.local.node import free_port
 from raftmq.raft.cluster import ClusterLog
 from raftmq.raft.replica import _BATCH_HEAD, BATCH_COMMAND
 from raftmq.raft.tracing import batch_key, install
-from raftmq.store.commands import QueueDeclare, VhostAdd
-from raftmq.store.machine import StateMachine
+from raftmq.store.core.commands import QueueDeclare, VhostAdd
+from raftmq.store.core.machine import StateMachine
 from raftmq.trace import (
     APPEND,
     APPLIED,

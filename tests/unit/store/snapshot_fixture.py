@@ -6,14 +6,14 @@ its snapshot format.  Format 2 adds a message stored in 0-10 property format (Me
 format 3 has the same stream, written without bodies (Message.size and live instead).  test_versions.py loads it with
 today's code and compares it with the same stream applied today: a change to the model that older
 snapshots can no longer be read into fails there, and must come with a new SNAPSHOT_FORMAT and a
-way to read the old one (store/versions.py).
+way to read the old one (store/core/versions.py).
 """
 
 from __future__ import annotations
 
 import sys
 
-from raftmq.store.commands import (
+from raftmq.store.core.commands import (
     OK,
     OUT_REPLY,
     Ack,
@@ -29,9 +29,9 @@ from raftmq.store.commands import (
     UserPut,
     VhostAdd,
 )
-from raftmq.store.machine import StateMachine
-from raftmq.store.message import AMQP010
-from raftmq.store.snapshot import write_snapshot
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.core.message import AMQP010
+from raftmq.store.disk.snapshot import write_snapshot
 
 NOW = 1_700_000_000_000_000
 C091, C010 = "n1.1a2b.1", "n1.1a2b.2"

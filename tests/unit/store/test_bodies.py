@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raftmq.store.bodies import Bodies, BodyEffects
-from raftmq.store.body_cache import BodyCache
-from raftmq.store.body_fetch import (
+from raftmq.store.disk.bodies import Bodies, BodyEffects
+from raftmq.store.disk.body_cache import BodyCache
+from raftmq.store.disk.body_fetch import (
     FetchError,
     catch_up,
     decode_answer,
@@ -23,7 +23,7 @@ from raftmq.store.body_fetch import (
     plan,
     serve,
 )
-from raftmq.store.body_store import BodyStore
+from raftmq.store.disk.body_store import BodyStore
 
 
 def body_of(msg_id: int, size: int = 100) -> bytes:
@@ -340,9 +340,9 @@ def test_after_install_keeps_what_the_snapshot_holds_and_reports_what_is_missing
 
 
 def test_fill_bodies_gives_each_output_its_body_reading_the_disk_once(store):
-    from raftmq.store.bodies import fill_bodies
-    from raftmq.store.commands import OK, OUT_DELIVER, OUT_REPLY, GotMessage, Ok
-    from raftmq.store.model import Message
+    from raftmq.store.core.commands import OK, OUT_DELIVER, OUT_REPLY, GotMessage, Ok
+    from raftmq.store.core.model import Message
+    from raftmq.store.disk.bodies import fill_bodies
 
     b = Bodies(store, cache_bytes=1 << 20, write_behind_bytes=0)
     b.put([(i, body_of(i)) for i in range(1, 6)])  # all written (no write-behind room), cached
@@ -364,9 +364,9 @@ def test_fill_bodies_leaves_deliveries_whose_consumer_holds_them_to_be_read_when
     """A manual-ack consumer assigned a backlog on disk: its deliveries get no body at assignment
     (only the first READ_AHEAD of a queue's misses are read ahead, into the bounded cache); an
     auto-ack consumer's get theirs at once (their bodies are deleted after the batch)."""
-    from raftmq.store.bodies import READ_AHEAD, body_to_send, fill_bodies
-    from raftmq.store.commands import OUT_DELIVER, OUT_TRANSFER
-    from raftmq.store.model import Message
+    from raftmq.store.core.commands import OUT_DELIVER, OUT_TRANSFER
+    from raftmq.store.core.model import Message
+    from raftmq.store.disk.bodies import READ_AHEAD, body_to_send, fill_bodies
 
     n = 3 * READ_AHEAD
     b = Bodies(store, cache_bytes=1 << 20, write_behind_bytes=0)

@@ -1,4 +1,4 @@
-"""Damaged bodies (issue 29; store/body_store.py "Checksums", store/bodies.py "Damaged bodies"):
+"""Damaged bodies (issue 29; store/disk/body_store.py "Checksums", store/disk/bodies.py "Damaged bodies"):
 bytes flipped in a stored body, a segment header, a loose value or dead marks -- through LMDB or
 directly in data.mdb -- are detected when read and by ``verify_body_store``; a damaged body is
 never returned, is replaced from a peer (the real request/answer encoding, each copy checked
@@ -19,11 +19,11 @@ from array import array
 import lmdb
 import pytest
 
-from raftmq.store.bodies import Bodies, fill_bodies
-from raftmq.store.body_fetch import FetchError, decode_answer, encode_answer, fetch_intact, serve
-from raftmq.store.body_scrub import BodyScrubber
-from raftmq.store.body_store import MAGIC, BodyStore, verify_body_store
-from raftmq.store.commands import OUT_DELIVER
+from raftmq.store.core.commands import OUT_DELIVER
+from raftmq.store.disk.bodies import Bodies, fill_bodies
+from raftmq.store.disk.body_fetch import FetchError, decode_answer, encode_answer, fetch_intact, serve
+from raftmq.store.disk.body_scrub import BodyScrubber
+from raftmq.store.disk.body_store import MAGIC, BodyStore, verify_body_store
 
 KEY = struct.Struct(">Q")
 
@@ -408,7 +408,7 @@ def test_the_scrubber_retries_a_repair_no_member_could_answer(tmp_path, monkeypa
     """No member had an intact copy when the damage was found (the one that has it was down or
     behind): the scrubber asks again every REPAIR_RETRY_SECONDS while it waits between passes,
     and the body is replaced once a member has it."""
-    import raftmq.store.body_scrub as body_scrub
+    import raftmq.store.disk.body_scrub as body_scrub
 
     monkeypatch.setattr(body_scrub, "REPAIR_RETRY_SECONDS", 0.01)
     bodies = Bodies(filled(tmp_path / "here", n=20), cache_bytes=1 << 20)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raftmq.store.commands import (
+from raftmq.store.core.commands import (
     OUT_CLOSE,
     OUT_DELIVER,
     Ack,
@@ -17,8 +17,8 @@ from raftmq.store.commands import (
     QueueDeclare,
     VhostAdd,
 )
-from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import digest, export_model, import_model
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk.snapshot import digest, export_model, import_model
 
 NOW = 1_700_000_000_000_000
 
@@ -108,7 +108,7 @@ def test_snapshot_round_trip_keeps_every_detail():
 def test_amq_failover_updates_bound_exclusive_queues():
     """0-10 11.1.2.3: an update on bind and whenever the failover candidates change."""
     from raftmq.protocol.amqp091.properties import decode_properties
-    from raftmq.store.commands import ERR, OUT_REPLY
+    from raftmq.store.core.commands import ERR, OUT_REPLY
 
     m = setup_machine()
     m.apply_batch(NOW, [MemberSet(None, None, "n1", "127.0.0.1:1", "127.0.0.1:5672")])

@@ -1,8 +1,8 @@
-"""Typed commands (store/commands.py): one type per operation, and the field orders hot paths rely on."""
+"""Typed commands (store/core/commands.py): one type per operation, and the field orders hot paths rely on."""
 
 from __future__ import annotations
 
-from raftmq.store.commands import COMMAND_TYPES, OK, Ok, Op, Publish, decode_batch, encode_batch, make
+from raftmq.store.core.commands import COMMAND_TYPES, OK, Ok, Op, Publish, decode_batch, encode_batch, make
 
 
 def test_every_operation_has_exactly_one_type_whose_op_is_last_and_defaulted():
@@ -13,7 +13,7 @@ def test_every_operation_has_exactly_one_type_whose_op_is_last_and_defaulted():
 
 
 def test_the_publish_field_order_the_front_end_and_delivery_build_and_unpack_by_position():
-    """node/amqp091/channel.py builds Publish with tuple.__new__ and store/delivery.py unpacks it
+    """node/amqp091/channel.py builds Publish with tuple.__new__ and store/core/delivery.py unpacks it
     by position (the publish hot path): a change of its fields must change both."""
     assert Publish._fields == ("conn", "token", "channel", "vhost", "exchange", "routing_key", "mandatory",
                                "properties", "body", "persistent", "priority", "expiration",

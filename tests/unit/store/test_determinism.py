@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
-from raftmq.store.commands import (
+from raftmq.store.core.commands import (
     OUT_DELIVER,
     Ack,
     ChannelClose,
@@ -35,8 +35,8 @@ from raftmq.store.commands import (
     Tick,
     VhostAdd,
 )
-from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import digest, export_model, import_model, live_bodies
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk.snapshot import digest, export_model, import_model, live_bodies
 
 CONNS = ("n1.a.1", "n1.a.2", "n2.b.1")
 QUEUES = ("q1", "q2", "dlq", "dq")

@@ -1,4 +1,4 @@
-"""Checksums of the single-node LMDB state (store/durable.py, store format 3, issue 29).
+"""Checksums of the single-node LMDB state (store/disk/durable.py, store format 3, issue 29).
 
 Every record is sealed (marker, CRC32C over key and payload); ``load`` checks each one and refuses
 the whole state (``StateDamaged``, naming every damaged key) rather than acting on a damaged record;
@@ -15,8 +15,11 @@ import lmdb
 import msgpack
 import pytest
 
-from raftmq.store import durable
-from raftmq.store.durable import (
+from raftmq.integrity import checksum
+from raftmq.store.core.effects import PUT, PUT_WITH_BODY
+from raftmq.store.core.versions import STORE_FORMAT
+from raftmq.store.disk import durable
+from raftmq.store.disk.durable import (
     FIRST_CHECKED_FORMAT,
     TABLES,
     DurableStore,
@@ -25,10 +28,7 @@ from raftmq.store.durable import (
     entry_key,
     verify_state,
 )
-from raftmq.store.effects import PUT, PUT_WITH_BODY
-from raftmq.store.integrity import checksum
-from raftmq.store.sealed import SEALED, seal, unseal
-from raftmq.store.versions import STORE_FORMAT
+from raftmq.store.disk.sealed import SEALED, seal, unseal
 
 FIXTURE_2 = Path(__file__).parent / "fixtures" / "state-format-2.lmdb"
 BODY = b"precious-body-" + bytes(range(200))

@@ -1,4 +1,4 @@
-"""The bound on AMQP 1.0 durable links per user, applied in the state machine (store/sessions.py).
+"""The bound on AMQP 1.0 durable links per user, applied in the state machine (store/core/sessions.py).
 
 Durable links are sessions named ``amqp10-link\\0<container>\\0<link>`` (node/amqp10/recovery.py) that
 outlive their connection; ``StateMachine.durable_links_limit`` (config amqp10_durable_links_per_user)
@@ -8,8 +8,8 @@ and deterministic: the same log gives the same refusals on every replica.
 
 from __future__ import annotations
 
-from raftmq.store.commands import ERR, OUT_REPLY, Op, SessionTimeout, VhostAdd, make
-from raftmq.store.machine import StateMachine
+from raftmq.store.core.commands import ERR, OUT_REPLY, Op, SessionTimeout, VhostAdd, make
+from raftmq.store.core.machine import StateMachine
 
 NOW = 1_700_000_000_000_000
 

@@ -1,11 +1,11 @@
-"""apply returns effects and does no I/O; the node carries them out (store/effects.py)."""
+"""apply returns effects and does no I/O; the node carries them out (store/core/effects.py)."""
 
 from __future__ import annotations
 
-from raftmq.store.commands import OUT_REPLY, ChannelOpen, Publish, QueueDeclare, QueueDelete, VhostAdd
-from raftmq.store.durable import DurableStore
-from raftmq.store.effects import DELETE_PREFIX, PUT, PUT_WITH_BODY
-from raftmq.store.machine import StateMachine
+from raftmq.store.core.commands import OUT_REPLY, ChannelOpen, Publish, QueueDeclare, QueueDelete, VhostAdd
+from raftmq.store.core.effects import DELETE_PREFIX, PUT, PUT_WITH_BODY
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk.durable import DurableStore
 
 NOW = 1_700_000_000_000_000
 C = "conn-1"

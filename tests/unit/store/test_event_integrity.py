@@ -1,4 +1,4 @@
-"""Checksums of the audit history (store/events.py "Checksums", store/event_writer.py, issue 29).
+"""Checksums of the audit history (store/disk/history.py "Checksums", store/disk/event_writer.py, issue 29).
 
 Every value the writer puts is sealed; readers (``read_table``, the writer at open, ``scan_history``)
 check each record and never return a damaged one: ``HistoryDamaged`` names it.  A history written
@@ -15,10 +15,10 @@ import lmdb
 import msgpack
 import pytest
 
-from raftmq.store import events as EV
-from raftmq.store.event_writer import EventStore
-from raftmq.store.sealed import SEALED, unseal
-from raftmq.store.versions import HISTORY_FORMAT
+from raftmq.store.core.versions import HISTORY_FORMAT
+from raftmq.store.disk import history as EV
+from raftmq.store.disk.event_writer import EventStore
+from raftmq.store.disk.sealed import SEALED, unseal
 from tests.unit.store.test_event_writer import Driver
 
 FIXTURE_1 = Path(__file__).parent / "fixtures" / "history-format-1.lmdb"

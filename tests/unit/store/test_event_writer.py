@@ -1,13 +1,13 @@
-"""The audit history writer (store/event_writer.py) fed by a real state machine (no node)."""
+"""The audit history writer (store/disk/event_writer.py) fed by a real state machine (no node)."""
 
 from __future__ import annotations
 
 import pytest
 
-from raftmq.store import events as EV
-from raftmq.store.commands import ChannelOpen, Publish, QueueDeclare, VhostAdd
-from raftmq.store.event_writer import COMPACT_CHUNK, EventStore, RetentionPolicy
-from raftmq.store.machine import StateMachine
+from raftmq.store.core.commands import ChannelOpen, Publish, QueueDeclare, VhostAdd
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk import history as EV
+from raftmq.store.disk.event_writer import COMPACT_CHUNK, EventStore, RetentionPolicy
 
 
 class Driver:

@@ -10,7 +10,7 @@ Deduplication: the rabbitmq-message-deduplication plugin's queue interface
 (lib/rabbitmq_message_deduplication/rabbit_message_deduplication_queue.ex): a message whose
 ``x-deduplication-header`` is cached is not enqueued (the publisher is confirmed all the same), and
 an entry leaves the cache with its message (ack, auto-ack, drop); raftmq's ``x-cache-size`` bound
-and ``x-cache-ttl`` lifetime (store/dedup.py).
+and ``x-cache-ttl`` lifetime (store/core/dedup.py).
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from __future__ import annotations
 import pytest
 
 from raftmq.protocol.amqp091.properties import BasicProperties, decode_properties, encode_properties
-from raftmq.store import events as EV
-from raftmq.store.commands import (
+from raftmq.store.core.commands import (
     ERR,
     OK,
     OUT_DELIVER,
@@ -32,10 +31,11 @@ from raftmq.store.commands import (
     Op,
     VhostAdd,
 )
-from raftmq.store.dedup import DEFAULT_CACHE_SIZE, DedupCache, dedup_key
-from raftmq.store.durable import DurableStore, PersistenceRecorder
-from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import digest, export_model, import_model
+from raftmq.store.core.dedup import DEFAULT_CACHE_SIZE, DedupCache, dedup_key
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk import history as EV
+from raftmq.store.disk.durable import DurableStore, PersistenceRecorder
+from raftmq.store.disk.snapshot import digest, export_model, import_model
 from tests.unit.store.test_machine import Driver as MachineDriver
 
 C = "conn-1"
@@ -442,9 +442,9 @@ def test_dedup_cache_unit_rules():
 
 
 def test_an_amqp010_resume_replays_a_redelivery_with_the_count_it_was_sent_with():
-    """Transfers replayed on resume (store/sessions.py) carry the x-delivery-count of their first
+    """Transfers replayed on resume (store/core/sessions.py) carry the x-delivery-count of their first
     sending: the entry's count has grown by that delivery since."""
-    from raftmq.store.sessions import SETTLE_RELEASE_REDELIVERED, UNLIMITED
+    from raftmq.store.core.sessions import SETTLE_RELEASE_REDELIVERED, UNLIMITED
     from tests.unit.store.test_sessions import attach, machine_with_queue
 
     m = machine_with_queue()
@@ -465,7 +465,7 @@ def test_an_amqp010_resume_replays_a_redelivery_with_the_count_it_was_sent_with(
 
 
 def test_an_amqp010_browser_sees_the_count_of_a_redelivered_message():
-    from raftmq.store.sessions import UNLIMITED
+    from raftmq.store.core.sessions import UNLIMITED
     from tests.unit.store.test_sessions import attach
 
     d = _driver(StateMachine(None))

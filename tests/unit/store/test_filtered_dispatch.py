@@ -1,11 +1,11 @@
-"""Filtered consumers in the state machine (issue 37): store/delivery.py dispatch_selective.
+"""Filtered consumers in the state machine (issue 37): store/core/delivery.py dispatch_selective.
 
 A consumer whose subscription carries a filter (store/filters, ``FILTER_ARGUMENT``) is given the first
 ready message in queue order its filter matches; messages it does not match stay for other consumers;
 the scan of one dispatch is bounded (``SCAN_LIMIT``) and a TICK goes on; a message requeued below a
 consumer's cursor is looked at again; a snapshot carries the filter and replicas stay identical.
 Messages are 0-9-1 ones here: the filter sees their headers as application-properties, as a 1.0
-consumer would (store/filters/view.py).
+consumer would (store/core/filters/view.py).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 
 import raftmq.node.core.formats  # noqa: F401  (registers the codecs and the 1.0 filter view)
 from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
-from raftmq.store import delivery
-from raftmq.store.commands import ERR, OK, OUT_DELIVER, OUT_REPLY, Nack, Op, Tick, VhostAdd, make
-from raftmq.store.filters import FILTER_ARGUMENT
-from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import digest, export_model, import_model
+from raftmq.store.core import delivery
+from raftmq.store.core.commands import ERR, OK, OUT_DELIVER, OUT_REPLY, Nack, Op, Tick, VhostAdd, make
+from raftmq.store.core.filters import FILTER_ARGUMENT
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk.snapshot import digest, export_model, import_model
 
 C = "conn-1"
 NOW = 1_700_000_000_000_000
@@ -163,8 +163,8 @@ def test_nack_without_requeue_of_a_filtered_delivery():
 def test_filtered_browser_sees_matching_messages_and_takes_none():
     """A browse subscription (acquire-mode not-acquired, what 1.0 distribution-mode copy uses) with a
     filter: it is shown only the matching messages and every message stays queued."""
-    from raftmq.store.commands import OUT_TRANSFER
-    from raftmq.store.sessions import UNLIMITED
+    from raftmq.store.core.commands import OUT_TRANSFER
+    from raftmq.store.core.sessions import UNLIMITED
 
     d = Driver()
     for i, colour in enumerate(["red", "green", "red"]):
@@ -211,7 +211,7 @@ def test_snapshots_written_before_filters_load(fmt):
     takes a filtered consumer as usual."""
     from pathlib import Path
 
-    from raftmq.store.snapshot import read_snapshot
+    from raftmq.store.disk.snapshot import read_snapshot
 
     path = Path(__file__).parent / "fixtures" / f"snapshot-format-{fmt}.lmdb"
     _meta, model = read_snapshot(str(path))

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raftmq.store.filters import FilterError, compile_spec
-from raftmq.store.filters.like import MAX_PATTERN, PatternError, compile_like
-from raftmq.store.filters.props import compile_properties
-from raftmq.store.filters.sql import (
+from raftmq.store.core.filters import FilterError, compile_spec
+from raftmq.store.core.filters.like import MAX_PATTERN, PatternError, compile_like
+from raftmq.store.core.filters.props import compile_properties
+from raftmq.store.core.filters.sql import (
     EVAL_BUDGET,
     JMS,
     MAX_DEPTH,
@@ -33,7 +33,7 @@ from raftmq.store.filters.sql import (
     evaluate,
     parse,
 )
-from raftmq.store.filters.view import MessageView
+from raftmq.store.core.filters.view import MessageView
 
 TIME_BOUND = 1.0  # seconds for one parse or evaluation of a bounded input: microseconds in practice
 ALLOC_BOUND = 8 << 20  # bytes of peak allocation while parsing or evaluating one expression

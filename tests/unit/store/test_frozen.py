@@ -1,4 +1,4 @@
-"""Frozen runs of queued messages (store/frozen.py, issue 18): deep in a queue, entries are held as
+"""Frozen runs of queued messages (store/core/frozen.py, issue 18): deep in a queue, entries are held as
 columns and thawed when reached; nothing a client or a replica can see changes."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import tracemalloc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raftmq.store import model
-from raftmq.store.commands import ChannelOpen, Op, Publish, QueueDeclare, VhostAdd
-from raftmq.store.durable import DurableStore
-from raftmq.store.frozen import FrozenRun
-from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import digest, export_model, import_model, live_bodies
+from raftmq.store.core import model
+from raftmq.store.core.commands import ChannelOpen, Op, Publish, QueueDeclare, VhostAdd
+from raftmq.store.core.frozen import FrozenRun
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk.durable import DurableStore
+from raftmq.store.disk.snapshot import digest, export_model, import_model, live_bodies
 from tests.unit.store.test_machine import Driver, declare
 
 NOW = 1_700_000_000_000_000
@@ -102,7 +102,7 @@ def test_a_run_in_a_snapshot_takes_a_few_bytes_a_message(freeze_batch):
     written as [first, step, length] (publish times, which differ, as bytes)."""
     import msgpack
 
-    from raftmq.store.model import Entry, Message
+    from raftmq.store.core.model import Entry, Message
 
     entries = [Entry(100 + i, Message(500 + i, "ex", "rk", b"\x00\x00", 4096, True, 0, NOW + i * 7, 0, 0, 1),
                      None, 0, True) for i in range(1000)]
@@ -121,7 +121,7 @@ def test_a_column_is_written_as_a_progression_exactly_when_it_is_one(values, typ
     decide as the plain definition does; a run written and read back has the same columns."""
     from array import array
 
-    from raftmq.store.frozen import _progression
+    from raftmq.store.core.frozen import _progression
 
     column = array(typecode, values)
     step = values[1] - values[0] if len(values) > 1 else 0
@@ -227,7 +227,7 @@ def test_a_run_among_the_newest_items_is_not_frozen_again(freeze_batch):
     froze, leaving a FrozenRun among the newest items the next freeze takes: ``FrozenRun.freeze``
     read its ``message`` (an AttributeError in apply, on every node).  Now that batch stays as it
     is, and the list still holds and delivers every entry in order."""
-    from raftmq.store.model import Entry, Message, ReadyList
+    from raftmq.store.core.model import Entry, Message, ReadyList
 
     def entry(seq: int) -> Entry:
         return Entry(seq, Message(seq, "", "k", b"\x00\x00", 1, False, 0, NOW, 0, 0, 1), None, 0, False)

@@ -1,4 +1,4 @@
-"""Vhost and user limits in the state machine (store/limits.py, issue 31 item 7).
+"""Vhost and user limits in the state machine (store/core/limits.py, issue 31 item 7).
 
 What is checked: LIMITS_SET sets and clears values (None) and keeps the others; max-queues refuses
 the declare of a new queue at the count (406 with RabbitMQ's text, rabbit_amqqueue:
@@ -12,11 +12,11 @@ written before them loads as "no limits"; a single node's LMDB mirror keeps them
 
 from __future__ import annotations
 
-from raftmq.store.commands import ERR, OK, LimitsSet, Op, VhostAdd, VhostDelete
-from raftmq.store.durable import DurableStore
-from raftmq.store.limits import limit_of
-from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import MODEL_FIELDS, digest, export_model, import_model
+from raftmq.store.core.commands import ERR, OK, LimitsSet, Op, VhostAdd, VhostDelete
+from raftmq.store.core.limits import limit_of
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk.durable import DurableStore
+from raftmq.store.disk.snapshot import MODEL_FIELDS, digest, export_model, import_model
 from tests.unit.store.test_machine import Driver
 
 C = "conn-1"  # the Driver's default connection
@@ -142,7 +142,7 @@ def test_older_snapshot_loads_as_no_limits():
     assert "vhost_limits" in MODEL_FIELDS and "user_limits" in MODEL_FIELDS
     old = driver()
     blob_fields = [f for f in MODEL_FIELDS if f not in ("vhost_limits", "user_limits")]
-    import raftmq.store.snapshot as snapshot
+    import raftmq.store.disk.snapshot as snapshot
     saved = snapshot.MODEL_FIELDS
     snapshot.MODEL_FIELDS = tuple(blob_fields)
     try:

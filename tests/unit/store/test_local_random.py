@@ -1,4 +1,4 @@
-"""RabbitMQ 4's x-local-random exchange in the state machine (store/exchange_types.py): one bound queue
+"""RabbitMQ 4's x-local-random exchange in the state machine (store/core/exchange_types.py): one bound queue
 per message, chosen by a hash of the message id -- the same on every replica, spread over the queues;
 bindings only to queues with an empty key (RabbitMQ's rabbit_exchange_type_local_random)."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from raftmq.store.commands import ERR, OUT_REPLY, Op, VhostAdd, make
-from raftmq.store.exchange_types import pick_local_random
-from raftmq.store.machine import StateMachine
+from raftmq.store.core.commands import ERR, OUT_REPLY, Op, VhostAdd, make
+from raftmq.store.core.exchange_types import pick_local_random
+from raftmq.store.core.machine import StateMachine
 
 NOW = 1_700_000_000_000_000
 C = "n1.admin.1"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raftmq.store import events as EV
-from raftmq.store.commands import (
+from raftmq.store.core.commands import (
     ERR,
     OK,
     OUT_CANCEL,
@@ -28,8 +27,9 @@ from raftmq.store.commands import (
     encode_batch,
     make,
 )
-from raftmq.store.durable import DurableStore
-from raftmq.store.machine import StateMachine
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk import history as EV
+from raftmq.store.disk.durable import DurableStore
 
 C = "conn-1"
 NOW = 1_700_000_000_000_000
@@ -364,8 +364,8 @@ def test_auto_ack_consumer_with_node_credit_is_assigned_only_its_credit(driver):
     credit argument is assigned that many messages of a backlog, in queue order, and the rest stay
     queued; SessionWindowCredit tops it up (the next ones in order), and is dropped without an error
     once the consumer is gone.  Without the argument an auto-ack consumer takes the whole backlog."""
-    from raftmq.store.commands import SessionWindowCredit
-    from raftmq.store.delivery import AUTOACK_CREDIT
+    from raftmq.store.core.commands import SessionWindowCredit
+    from raftmq.store.core.delivery import AUTOACK_CREDIT
 
     declare(driver, "q")
     for i in range(10):

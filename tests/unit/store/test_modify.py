@@ -1,12 +1,12 @@
-"""The modified outcome's message-annotations in the state machine (AMQP 1.0 3.4.5; store/modify.py):
+"""The modified outcome's message-annotations in the state machine (AMQP 1.0 3.4.5; store/core/modify.py):
 merged into the requeued message of this queue only, and into the dead-letter copy on discard;
 deterministic (the same bytes from the log on every replica); the ordinary settle unchanged."""
 
 from __future__ import annotations
 
 import raftmq.node.core.formats  # noqa: F401 - registers the property codecs the core reads through
-from raftmq.store import message as fmt
-from raftmq.store.commands import (
+from raftmq.store.core import message as fmt
+from raftmq.store.core.commands import (
     OUT_REPLY,
     OUT_TRANSFER,
     MessageModify,
@@ -16,9 +16,9 @@ from raftmq.store.commands import (
     encode_batch,
     make,
 )
-from raftmq.store.machine import StateMachine
-from raftmq.store.modify import annotated
-from raftmq.store.sessions import SETTLE_REJECT, SETTLE_RELEASE, SETTLE_RELEASE_REDELIVERED, UNLIMITED
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.core.modify import annotated
+from raftmq.store.core.sessions import SETTLE_REJECT, SETTLE_RELEASE, SETTLE_RELEASE_REDELIVERED, UNLIMITED
 
 NOW = 1_700_000_000_000_000
 ANNS = {"x-opt-reason": "busy", "x-opt-count": 3, "not-x": "dropped"}
@@ -141,7 +141,7 @@ def test_annotated_keeps_undecodable_properties():
 def test_a_durable_requeued_copy_survives_a_restart_with_its_body(tmp_path):
     """Single node (LMDB): the entry's record points to the annotated copy, whose record has the body
     (the node stores it again under the copy's id); the original's record is gone with its last holder."""
-    from raftmq.store.durable import DurableStore
+    from raftmq.store.disk.durable import DurableStore
 
     path = str(tmp_path / "lmdb")
     store = DurableStore(path)

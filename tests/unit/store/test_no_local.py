@@ -1,5 +1,5 @@
-"""Qpid's ``no-local`` queue argument in the state machine (issue 32; store/queue_args.py NO_LOCAL,
-store/delivery.py Delivery.local_to).
+"""Qpid's ``no-local`` queue argument in the state machine (issue 32; store/core/queue_args.py NO_LOCAL,
+store/core/delivery.py Delivery.local_to).
 
 AMQP 0-10's message.subscribe has no no-local (only the file and stream classes' consume do: "the
 server will not send messages to the connection that published them"); Qpid's brokers offer it as a
@@ -16,16 +16,16 @@ import pickle
 
 import pytest
 
-from raftmq.store.commands import (
+from raftmq.store.core.commands import (
     ChannelOpen,
     Consume,
     Publish,
     QueueDeclare,
     VhostAdd,
 )
-from raftmq.store.machine import StateMachine
-from raftmq.store.model import Queue
-from raftmq.store.queue_args import parse_queue_arguments
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.core.model import Queue
+from raftmq.store.core.queue_args import parse_queue_arguments
 
 NOW = 1_700_000_000_000_000
 A, B = "n1.a.1", "n1.b.2"  # two connections

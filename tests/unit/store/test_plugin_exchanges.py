@@ -1,4 +1,4 @@
-"""Issue 21's plugin exchange types in the state machine (store/delayed.py, store/exchange_dedup.py).
+"""Issue 21's plugin exchange types in the state machine (store/core/delayed.py, store/core/exchange_dedup.py).
 
 Delayed: rabbitmq-delayed-message-exchange (src/rabbit_exchange_type_delayed_message.erl): an
 ``x-delay`` of ``0 < D <= 2^32-1`` ms holds the message and routes it ``D`` ms later through the
@@ -16,12 +16,12 @@ from __future__ import annotations
 import pytest
 
 from raftmq.protocol.amqp091.properties import BasicProperties, decode_properties, encode_properties
-from raftmq.store import events as EV
-from raftmq.store.commands import ERR, REJECTED, ROUTED, UNROUTABLE, Op, Tick, VhostAdd
-from raftmq.store.delayed import MAX_DELAY_MS, delay_of
-from raftmq.store.durable import DurableStore
-from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import digest, export_model, import_model, live_bodies
+from raftmq.store.core.commands import ERR, REJECTED, ROUTED, UNROUTABLE, Op, Tick, VhostAdd
+from raftmq.store.core.delayed import MAX_DELAY_MS, delay_of
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk import history as EV
+from raftmq.store.disk.durable import DurableStore
+from raftmq.store.disk.snapshot import digest, export_model, import_model, live_bodies
 from tests.unit.store.test_features21 import NOW, Driver
 
 MS = 1000

@@ -1,4 +1,4 @@
-"""store/queue_args.py: x-queue-type=stream is refused (406) until streams exist -- in every protocol,
+"""store/core/queue_args.py: x-queue-type=stream is refused (406) until streams exist -- in every protocol,
 since every queue declare is validated here -- while a stream queue an earlier raftmq stored as an
 ordinary queue still loads."""
 
@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from raftmq.store.errors import CommandError
-from raftmq.store.queue_args import STREAMS_UNSUPPORTED, parse_queue_arguments, parse_stored_queue_arguments
+from raftmq.store.core.errors import CommandError
+from raftmq.store.core.queue_args import (
+    STREAMS_UNSUPPORTED,
+    parse_queue_arguments,
+    parse_stored_queue_arguments,
+)
 
 
 @pytest.mark.parametrize("value", ["stream", b"stream"])

@@ -7,8 +7,8 @@ import copy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raftmq.store.model import Entry, Message, ReadyList
-from raftmq.store.ready_peek import next_ids
+from raftmq.store.core.model import Entry, Message, ReadyList
+from raftmq.store.core.ready_peek import next_ids
 
 ACTIONS = st.lists(st.tuples(st.sampled_from(["append", "pop", "requeue"]), st.integers(0, 3)), max_size=120)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from raftmq.store.routing import Binding, DirectMatcher, FanoutMatcher, HeadersMatcher, TopicMatcher
+from raftmq.store.core.routing import Binding, DirectMatcher, FanoutMatcher, HeadersMatcher, TopicMatcher
 
 
 def _b(key, dest="q", args=None):

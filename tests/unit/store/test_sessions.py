@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from raftmq.store import ranges as rs
-from raftmq.store.commands import (
+from raftmq.store.core import ranges as rs
+from raftmq.store.core.commands import (
     ERR,
     OUT_REPLY,
     OUT_SESSION_DETACHED,
@@ -18,8 +18,8 @@ from raftmq.store.commands import (
     VhostAdd,
     make,
 )
-from raftmq.store.machine import StateMachine
-from raftmq.store.sessions import SETTLE_ACCEPT, SETTLE_RELEASE_REDELIVERED, UNLIMITED
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.core.sessions import SETTLE_ACCEPT, SETTLE_RELEASE_REDELIVERED, UNLIMITED
 
 NOW = 1_700_000_000_000_000
 NAME = b"session-1"

@@ -1,5 +1,5 @@
 """Issue 29: snapshots (format 4 on) carry CRC32C checks of their meta and model; a snapshot that
-fails them is never read as if intact (store/snapshot.py)."""
+fails them is never read as if intact (store/disk/snapshot.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from raftmq.store.snapshot import SnapshotDamaged, read_snapshot, verify_snapshot, write_snapshot
+from raftmq.store.disk.snapshot import SnapshotDamaged, read_snapshot, verify_snapshot, write_snapshot
 from tests.unit.store import snapshot_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures"

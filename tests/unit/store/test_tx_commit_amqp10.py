@@ -10,7 +10,7 @@ did the transaction's work has detached.
 
 from __future__ import annotations
 
-from raftmq.store.commands import (
+from raftmq.store.core.commands import (
     OUT_TRANSFER,
     MessageFlow,
     MessageSettle,
@@ -24,8 +24,8 @@ from raftmq.store.commands import (
     decode_batch,
     encode_batch,
 )
-from raftmq.store.machine import StateMachine
-from raftmq.store.sessions import SETTLE_ACCEPT, UNLIMITED
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.core.sessions import SETTLE_ACCEPT, UNLIMITED
 
 NOW = 1_700_000_000_000_000
 CONN = "n1.b.1"

@@ -4,16 +4,16 @@
 ``absent_errs_only``): queue.unbind / exchange.unbind naming an exchange or a queue that no longer
 exists succeed, the channel stays open; bind keeps 404. 0-10 (shared/specs/amqp-0-10.txt,
 exchange.unbind exceptions non-existent-queue L7486ff and non-existent-exchange L7492ff): not-found,
-from store/session_rules.py before the core's handler.
+from store/core/session_rules.py before the core's handler.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from raftmq.store.commands import ERR, OK, Op, VhostAdd
-from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import digest
+from raftmq.store.core.commands import ERR, OK, Op, VhostAdd
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk.snapshot import digest
 from tests.unit.store.test_machine import C, Driver, declare
 from tests.unit.store.test_sessions import attach
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from raftmq.store.commands import ERR, Op, VhostAdd
-from raftmq.store.durable import DurableStore
-from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import digest, export_model, import_model
+from raftmq.store.core.commands import ERR, Op, VhostAdd
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk.durable import DurableStore
+from raftmq.store.disk.snapshot import digest, export_model, import_model
 from tests.unit.store.test_machine import Driver
 
 HASH = "pbkdf2-sha256$1$c2FsdA==$aGFzaA=="

@@ -1,4 +1,4 @@
-"""Format versions (store/versions.py): commands, snapshots and the LMDB store say which format they
+"""Format versions (store/core/versions.py): commands, snapshots and the LMDB store say which format they
 are in; the current code reads its own and the unnumbered version-1 ones, and refuses newer ones."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 from raftmq.raft.replica import ENTRY
-from raftmq.store.commands import (
+from raftmq.store.core.commands import (
     Ack,
     Nack,
     Op,
@@ -23,17 +23,17 @@ from raftmq.store.commands import (
     decode_batch,
     encode_batch,
 )
-from raftmq.store.durable import DurableStore
-from raftmq.store.machine import StateMachine
-from raftmq.store.message import AMQP010, AMQP091, headers_of
-from raftmq.store.snapshot import digest, import_model, live_bodies, read_snapshot, write_snapshot
-from raftmq.store.versions import (
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.core.message import AMQP010, AMQP091, headers_of
+from raftmq.store.core.versions import (
     COMMAND_FORMAT,
     EXIT_FORMAT_TOO_NEW,
     SNAPSHOT_FORMAT,
     STORE_FORMAT,
     FormatTooNew,
 )
+from raftmq.store.disk.durable import DurableStore
+from raftmq.store.disk.snapshot import digest, import_model, live_bodies, read_snapshot, write_snapshot
 from tests.unit.raft.test_cluster_log import make_log
 from tests.unit.store import snapshot_fixture
 
@@ -145,7 +145,7 @@ def test_the_format_2_snapshot_fixture_loads_with_its_0_10_message_and_bodies():
 
 def test_the_current_format_snapshot_fixture_holds_no_bodies():
     """snapshot-format-3.lmdb, written by this format's code: the model without bodies (issue 18);
-    a node that installs it fetches them (store/body_fetch.py)."""
+    a node that installs it fetches them (store/disk/body_fetch.py)."""
     meta, model = read_snapshot(str(FIXTURE_3))
     assert b"body-010" not in model and b"body-1body-1" not in model
     machine = StateMachine(None)

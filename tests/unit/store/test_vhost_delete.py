@@ -11,8 +11,7 @@ messages and the permissions are gone; the overlay of another vhost survives).
 
 from __future__ import annotations
 
-from raftmq.store import events as EV
-from raftmq.store.commands import (
+from raftmq.store.core.commands import (
     ERR,
     OK,
     OUT_CANCEL,
@@ -23,9 +22,10 @@ from raftmq.store.commands import (
     VhostDelete,
     make,
 )
-from raftmq.store.durable import DurableStore
-from raftmq.store.machine import StateMachine
-from raftmq.store.snapshot import digest, export_model, import_model
+from raftmq.store.core.machine import StateMachine
+from raftmq.store.disk import history as EV
+from raftmq.store.disk.durable import DurableStore
+from raftmq.store.disk.snapshot import digest, export_model, import_model
 from tests.unit.store.test_machine import NOW, Driver
 
 HASH = "pbkdf2-sha256$1$c2FsdA==$aGFzaA=="
