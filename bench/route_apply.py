@@ -12,15 +12,15 @@ import statistics
 import sys
 import time
 
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import Op, VhostAdd, make
-from raftmq.store.core.machine import StateMachine
 
 NOW = 1_700_000_000_000_000
 C = "n1.bench.1"
 
 
-def machine() -> StateMachine:
-    m = StateMachine(None)
+def machine() -> StoredMachine:
+    m = StoredMachine()
     m.apply_batch(NOW, [VhostAdd(None, None, "/")])
     m.apply_batch(NOW, [make(Op.CHANNEL_OPEN, C, None, 1)])
     m.apply_batch(NOW, [make(Op.EXCHANGE_DECLARE, C, None, 1, "/", "d", "direct", False, False, False, False, {})])

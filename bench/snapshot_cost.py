@@ -24,16 +24,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import msgpack  # noqa: E402
 
+from raftmq.store.applier import StoredMachine  # noqa: E402
 from raftmq.store.core.commands import Op  # noqa: E402
-from raftmq.store.core.machine import StateMachine  # noqa: E402
 from raftmq.store.disk.snapshot import write_snapshot  # noqa: E402
 
 NOW = 1_700_000_000_000_000
 PROPS = b"\x10\x00\x02"
 
 
-def build(count: int, size: int) -> StateMachine:
-    machine = StateMachine()
+def build(count: int, size: int) -> StoredMachine:
+    machine = StoredMachine()
     machine.apply_batch(NOW, [[Op.VHOST_ADD, None, None, "/"], [Op.CHANNEL_OPEN, "c", 1, 1]])
     machine.apply_batch(NOW, [[Op.QUEUE_DECLARE, "c", 2, 1, "/", "q", False, True, False, False, {}]])
     body = os.urandom(size)
@@ -48,7 +48,7 @@ def build(count: int, size: int) -> StateMachine:
     return machine
 
 
-def measure(machine: StateMachine, work: str, label: str) -> None:
+def measure(machine: StoredMachine, work: str, label: str) -> None:
     path = os.path.join(work, f"{label}.lmdb")
     t = time.perf_counter()
     write_snapshot(path, machine, b"meta")
@@ -58,7 +58,7 @@ def measure(machine: StateMachine, work: str, label: str) -> None:
     os.unlink(path)
 
 
-def entries_two_ways(machine: StateMachine) -> None:
+def entries_two_ways(machine: StoredMachine) -> None:
     """The queued entries alone: pickled as objects (what the snapshot does today) against flat
     msgpack rows of the fields a bodiless model needs (what it could do)."""
     entries = list(machine.vhosts["/"].queues["q"].ready._levels[0])

@@ -19,6 +19,7 @@ from raftmq.node.config import Config
 from raftmq.raft.cluster import ClusterLog
 from raftmq.raft.local import LocalLog
 from raftmq.raft.log import Log
+from raftmq.store.applier import Applier
 from raftmq.store.core.commands import (
     OUT_CANCEL,
     OUT_CLOSE,
@@ -92,10 +93,11 @@ class Broker:
             # In a cluster the journal and snapshots are the durable state (replica.py); the
             # model is rebuilt from them at start, transient parts included.
             self.store = None
-            self.machine = StateMachine(None)
+            self.machine = StateMachine()
+            self.applier = Applier(self.machine, self.bodies)
             me = config.member()
             self.log = ClusterLog(
-                self.machine, self._on_outputs, origin=self._boot, self_address=me.raft,
+                self.applier, self._on_outputs, origin=self._boot, self_address=me.raft,
                 partners=[m.raft for m in config.cluster if m.node_id != config.node_id],
                 data_dir=os.path.join(data_dir, "raft"), secret=config.secret(),
                 snapshot_entries=config.snapshot_entries, snapshot_seconds=config.snapshot_seconds,
@@ -107,7 +109,7 @@ class Broker:
                 leader_fallback=config.raft_leader_fallback, pre_vote=config.raft_pre_vote,
                 max_batch_bytes=config.raft_batch_bytes, high_water_bytes=config.raft_backlog_bytes,
                 pipeline_min_bytes=config.raft_pipeline_min_bytes, defer_seconds=config.raft_defer_seconds,
-                urgent_in_flight=config.raft_urgent_in_flight, in_loop=config.raft_in_loop, bodies=self.bodies, scrub_bytes_per_second=config.scrub_bytes_per_second,
+                urgent_in_flight=config.raft_urgent_in_flight, in_loop=config.raft_in_loop, scrub_bytes_per_second=config.scrub_bytes_per_second,
                 peer_gate={"handshake_timeout": config.raft_handshake_timeout,
                            "max_unauthenticated": config.raft_max_unauthenticated,
                            "stall_timeout": config.raft_frame_stall_timeout},
@@ -115,14 +117,16 @@ class Broker:
             self._configured_members = {m.node_id: (m.raft, m.amqp) for m in config.cluster}
         else:
             self.store = DurableStore(os.path.join(data_dir, "state"))
-            self.machine = StateMachine(self.store)
+            self.machine = StateMachine(persistent=True)
+            self.machine.restore(self.store.load())
             # One node: persistent bodies are in the store's message records; transient ones may
             # spill to <data>/bodies under pressure and do not survive a restart.
             self.bodies.clear()
             self.bodies.fallback = self.store.message_bodies
             self.bodies.put(self.machine.loaded_bodies)
             self.machine.loaded_bodies = []
-            self.log = LocalLog(self.machine, self._on_outputs, bodies=self.bodies)
+            self.applier = Applier(self.machine, self.bodies, self.store)
+            self.log = LocalLog(self.applier, self._on_outputs)
             self.log.on_fatal = self._on_disk_failure
             self._configured_members = {}
         self.machine.delayed_limit = config.max_delayed_messages
@@ -143,7 +147,7 @@ class Broker:
             self.events = EventStore(os.path.join(data_dir, "events"),
                                      RetentionPolicy(config.audit_retention, config.audit_vhosts),
                                      max_age=config.audit_max_age, max_bytes=config.audit_max_bytes)
-            self.machine.event_sink = self.events.append
+            self.applier.set_history(self.events.append)
             self.events.body_of = self.bodies.get
             if not config.clustered:
                 # One node: the history continues its numbering (a cluster's comes from the log).
@@ -152,7 +156,7 @@ class Broker:
                                   login_workers=config.login_workers, login_limit=config.login_queue_limit,
                                   refusal_log_interval=config.login_refusal_log_interval)
         self.endpoints: dict[str, Endpoint] = {}
-        self.log.is_local = self.endpoints.__contains__  # outputs for other nodes' connections get no body
+        self.applier.is_local = self.endpoints.__contains__  # outputs for other nodes' connections get no body
         # Messages published and delivered through this node, per protocol (ops/metrics.py):
         # front ends count into their protocol's [published, delivered] pair.
         self.message_counts: dict[str, list[int]] = {}

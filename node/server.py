@@ -16,8 +16,8 @@ from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER as AMQP010_HEADER
 from raftmq.protocol.amqp091.constants import PROTOCOL_HEADER as AMQP091_HEADER
 from raftmq.protocol.amqp10.frames import AMQP_HEADER as AMQP10_HEADER
 from raftmq.protocol.amqp10.frames import SASL_HEADER as AMQP10_SASL_HEADER
-from raftmq.store.core.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
 from raftmq.store.disk.sealed import EXIT_STORE_DAMAGED, StoreDamaged
+from raftmq.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
 
 from .amqp010.connection import Amqp010Connection
 from .amqp091.connection import Amqp091Connection
@@ -200,7 +200,7 @@ def run(config: Config, services: Sequence[Service] = ()) -> None:
             log.info("uvloop not available; using the default asyncio loop")
     try:
         asyncio.run(serve(config, services=services))
-    except FormatTooNew as exc:  # its data was written by a newer raftmq (store/core/versions.py)
+    except FormatTooNew as exc:  # its data was written by a newer raftmq (raftmq/versions.py)
         log.critical("stopping: %s", exc)
         raise SystemExit(EXIT_FORMAT_TOO_NEW) from exc
     except StoreDamaged as exc:  # its state or audit history failed their checksums (store/disk/sealed.py)

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from raftmq.store.core.versions import EXIT_FORMAT_TOO_NEW
 from raftmq.store.disk.sealed import EXIT_STORE_DAMAGED
+from raftmq.versions import EXIT_FORMAT_TOO_NEW
 
 BACKOFF_FIRST = 0.5  # seconds before the first restart of a node that died
 BACKOFF_MAX = 30.0

@@ -45,34 +45,16 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import NoReturn
 
-from raftmq.store.core.commands import Command, decode_batch, encode_batch
-from raftmq.store.core.machine import StateMachine
-from raftmq.store.core.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
-from raftmq.store.disk.bodies import (
-    REPAIR_TIMEOUT,
-    Bodies,
-    DictBodies,
-    consumer_holds,
-    fill_bodies,
-    upcoming_ids,
-)
-from raftmq.store.disk.body_fetch import catch_up, fetch_intact
-from raftmq.store.disk.snapshot import (
-    SnapshotDamaged,
-    import_model,
-    live_bodies,
-    read_snapshot,
-    write_snapshot,
-)
+from raftmq.integrity import SnapshotDamaged
+from raftmq.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
 
-from .body_peer import ask, serve_bodies
-from .log import Compaction, OutputsCallback, RaftStatus
+from . import peer_requests
+from .log import Command, Compaction, MachineHost, OutputsCallback, RaftStatus
 from .replica import ENTRY, INSTALL, SNAPSHOT, Replica, raft_clock
 from .snapshot_child import fork_snapshot
 
@@ -88,23 +70,17 @@ def stop_for_newer_format(where: str, exc: FormatTooNew) -> NoReturn:
 class ClusterLog:
     """The Raft log (implements ``raft.log.Log``)."""
 
-    def __init__(self, machine: StateMachine, on_outputs: OutputsCallback, *, origin: str,
+    def __init__(self, machine: MachineHost, on_outputs: OutputsCallback, *, origin: str,
                  self_address: str, partners: list[str], data_dir: str, secret: str,
                  max_in_flight: int = 8, pipeline_min_bytes: int = 64 << 10, defer_seconds: float = 0.002,
                  urgent_in_flight: int = 2,
                  retry_after: float = 5.0, use_fork: bool = True,
                  max_batch_bytes: int = 1 << 20, high_water_bytes: int = 16 << 20,
-                 clock: Callable[[], int] = time.time_ns, bodies: Bodies | DictBodies | None = None,
-                 in_loop: bool = False, **replica_options) -> None:
+                 clock: Callable[[], int] = time.time_ns, in_loop: bool = False, **replica_options) -> None:
+        # The state machine and its storage (store/applier.py): the log hands it committed entries
+        # and snapshots, and knows nothing else of it.
         self.machine = machine
-        # The node's message bodies (store/disk/bodies.py); without one (tests), the machine's own dict.
-        self.bodies = bodies if bodies is not None else machine.own_bodies
-        self._upcoming = upcoming_ids(machine)
-        self._holds = consumer_holds(machine)  # deliveries read their bodies when sent (fill_bodies)
-        self._catching_up = False  # fetching bodies after a snapshot install: entries wait
-        # Whether a connection id is this node's (the broker's endpoints): only those outputs get
-        # their bodies (fill_bodies).  None: every output (tests without a broker).
-        self.is_local: Callable[[str], bool] | None = None
+        self._catching_up = False  # the machine fetches what a snapshot install left out: entries wait
         self._partners = partners
         self._secret = secret
         self._on_outputs = on_outputs
@@ -162,15 +138,12 @@ class ClusterLog:
             log.info("raft_in_loop: pysyncobj ticks in the event loop (no tick thread)")
         self._schedule_drain = loop.call_soon if self.in_loop else loop.call_soon_threadsafe
         self.replica = Replica(*self._args, sink=self._from_raft, sink_backlog=self._inbox.__len__,
-                               sink_wake=self._wake,
+                               sink_wake=self._wake, snapshot_format=self.machine.snapshot_format,
                                loop=loop if self.in_loop else None, **self._replica_options)
-        machine = self.machine
-        # See Replica.compaction_floor; at most 1 GiB of journal (disk, and what a restart replays).
-        self.replica.compaction_floor = lambda: min(machine.message_bytes // 4, 1 << 30)
+        # See Replica.compaction_floor (the machine's: at most 1 GiB of journal).
+        self.replica.compaction_floor = self.machine.compaction_floor
         self.replica.on_leader_changed = lambda: loop.call_soon_threadsafe(self._leader_changed)
-        if isinstance(self.bodies, Bodies):
-            serve_bodies(self.replica, self.bodies)  # members that installed a snapshot ask here
-            self.bodies.repairer = self._repair_bodies  # damaged bodies are replaced from members
+        self.machine.start(self)  # requests between members for the machine (PeerRequests)
         self._retry_handle = loop.call_later(self.retry_after, self._retry_stale)
 
     def close(self) -> None:
@@ -282,7 +255,7 @@ class ClusterLog:
                     self._defer_handle = self._loop.call_later(self.defer_seconds, self._deferred_due)
                 return
         batch = self._take_batch()
-        blob = encode_batch(batch)
+        blob = self.machine.encode(batch)
         self._seq += 1
         now_us = self._clock() // 1000
         self._in_flight[self._seq] = (time.monotonic(), now_us, blob)
@@ -404,27 +377,19 @@ class ClusterLog:
     def _drain(self) -> None:
         inbox = self._inbox
         machine = self.machine
-        bodies = self.bodies
         while inbox and not self._catching_up:
             item = inbox[0]
             kind = item[0]
             if kind == ENTRY:
                 _, index, now, origin, seq, blob = item
+                own = origin == self.origin
                 try:
-                    commands = decode_batch(blob)
+                    applied = machine.apply_entry(index, now, origin, seq, blob, replies=own)
                 except FormatTooNew as exc:
                     stop_for_newer_format(f"Raft entry {index}", exc)
-                effects = machine.apply(now, commands, index, (origin, seq), replies=origin == self.origin)
-                outputs = effects.outputs
-                # Bodies before the outputs and the audit events (both read them), deletes after.
-                bodies.put(effects.body_puts)
-                if outputs:
-                    fill_bodies(outputs, bodies, self._upcoming, self.is_local, self._holds)
-                if effects.events:
-                    machine.carry_out(effects, bodies.get)  # the audit history (no LMDB mirror here)
                 self.batches_applied += 1
-                self.commands_applied += len(commands)
-                if origin == self.origin:
+                self.commands_applied += applied.commands
+                if own:
                     flight = self._in_flight.pop(seq, None)
                     if flight is not None:
                         self.commit_latency_total += time.monotonic() - flight[0]
@@ -432,10 +397,9 @@ class ClusterLog:
                         if self._pending and not self._scheduled:
                             self._scheduled = True
                             self._loop.call_soon(self._propose_pending)
-                if outputs:
-                    self._on_outputs(outputs)
-                if effects.body_deletes:
-                    bodies.drop(effects.body_deletes)
+                if applied.outputs:
+                    self._on_outputs(applied.outputs)
+                machine.release(applied)
             elif kind == SNAPSHOT:
                 self._take_snapshot(item[2], item[3])
             elif kind == INSTALL:
@@ -452,67 +416,45 @@ class ClusterLog:
 
     def _take_snapshot(self, path: str, meta: bytes) -> None:
         replica = self.replica
+        machine = self.machine
         reached = raft_clock()
-        if isinstance(self.bodies, Bodies):
-            # Every body the snapshot refers to on disk before the snapshot lets the journal go.
-            self.bodies.checkpoint()
+        machine.checkpoint()
         checkpoint = raft_clock() - reached
-        if self.use_fork:  # a frozen copy of the model, written by a child without our sockets
-            replica.snapshot_started(fork_snapshot(path, self.machine, meta), reached=reached, checkpoint=checkpoint)
+        if self.use_fork:  # a frozen copy of the machine, written by a child without our sockets
+            pid = fork_snapshot(lambda: machine.write_snapshot(path, meta))
+            replica.snapshot_started(pid, reached=reached, checkpoint=checkpoint)
             return
         try:
-            write_snapshot(path, self.machine, meta)
+            machine.write_snapshot(path, meta)
             replica.snapshot_started(None, ok=True, reached=reached, checkpoint=checkpoint)
         except Exception:
             log.exception("snapshot failed")
             replica.snapshot_started(None, ok=False, reached=reached, checkpoint=checkpoint)
 
     def _install(self, path: str) -> None:
-        _, model = read_snapshot(path)
-        legacy = import_model(self.machine, model)
-        os.unlink(path)
+        missing = self.machine.install_snapshot(path)
         gc.freeze()  # the installed model is long-lived: out of every later collection (node/server.py)
         log.info("installed snapshot at index %s", self.machine.applied_index)
-        bodies = self.bodies
-        live = live_bodies(self.machine)
-        if not isinstance(bodies, Bodies):
-            bodies.put(legacy)
-            return
-        missing = bodies.after_install(live, legacy)
         if missing:
-            # Entries after the snapshot deliver these: fetch them before applying any (in a
-            # thread: other members answer over the Raft port, which needs our loop free).
+            # Entries after the snapshot need these: the machine fetches them before any is
+            # applied (in a thread: other members answer over the Raft port, which needs our loop free).
             self._catching_up = True
             log.info("fetching %d message bodies from other members", len(missing))
-            self._loop.run_in_executor(None, self._fetch_bodies, missing)
+            self._loop.run_in_executor(None, self._fetch_missing, missing)
 
-    def _fetch_bodies(self, needed: dict[int, int]) -> None:
-        """Worker thread: ask the other members for ``needed`` (id -> size) until none is missing
-        (a member may be down or still restarting: retried for up to two minutes)."""
-        members = [ask(self._secret, address) for address in self._partners]
-        deadline = time.monotonic() + 120
-        fetched = 0
+    def _fetch_missing(self, needed: dict[int, int]) -> None:
         try:
-            while True:
-                report = catch_up(self.bodies, needed, members)
-                fetched += report.fetched
-                needed = {i: needed[i] for i in report.still_missing}
-                if not needed or time.monotonic() > deadline:
-                    break
-                time.sleep(1.0)
-        except Exception:
-            log.exception("fetching message bodies failed")
-        if needed:
-            log.error("%d message bodies could not be fetched from any member", len(needed))
-        log.info("fetched %d message bodies", fetched)
-        self._loop.call_soon_threadsafe(self._caught_up)
+            self.machine.fetch_missing(needed, self)
+        finally:
+            self._loop.call_soon_threadsafe(self._caught_up)
 
-    def _repair_bodies(self, ids: list[int]) -> dict[int, bytes]:
-        """Intact copies of damaged bodies from the other members, each checked against its
-        checksum (store/disk/bodies.py "Damaged bodies"): on the loop while the delivery that read the
-        body waits, or in the scrubber's thread."""
-        members = [ask(self._secret, address, timeout=REPAIR_TIMEOUT) for address in self._partners]
-        return fetch_intact(ids, members, self.bodies.store.expected_crc)
+    # ------------------------------------------------------------------ PeerRequests
+
+    def serve(self, name: str, handler: Callable[[bytes], bytes]) -> None:
+        peer_requests.serve(self.replica, name, handler)
+
+    def askers(self, name: str, timeout: float) -> list[Callable[[bytes], bytes]]:
+        return [peer_requests.ask(self._secret, address, name, timeout) for address in self._partners]
 
     def _caught_up(self) -> None:
         self._catching_up = False

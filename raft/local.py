@@ -18,12 +18,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from raftmq.store.core.commands import Command
-from raftmq.store.core.effects import PUT_WITH_BODY
-from raftmq.store.core.machine import StateMachine
-from raftmq.store.disk.bodies import Bodies, DictBodies, consumer_holds, fill_bodies, upcoming_ids
-
-from .log import Compaction, NotReplicated, OutputsCallback, RaftStatus
+from .log import (
+    Applied,
+    Command,
+    Compaction,
+    MachineHost,
+    NotReplicated,
+    OutputsCallback,
+    RaftStatus,
+    StorageFailed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +35,11 @@ log = logging.getLogger(__name__)
 class LocalLog:
     """The log of a cluster of one (implements ``raft.log.Log``)."""
 
-    def __init__(self, machine: StateMachine, on_outputs: OutputsCallback,
-                 clock: Callable[[], int] = time.time_ns, bodies: Bodies | DictBodies | None = None) -> None:
+    def __init__(self, machine: MachineHost, on_outputs: OutputsCallback,
+                 clock: Callable[[], int] = time.time_ns) -> None:
+        # The state machine and its storage (store/applier.py): it applies a batch and carries
+        # its effects out; this log decides when the outputs may go.
         self.machine = machine
-        # The node's message bodies (store/disk/bodies.py); without one, the machine's own dict.
-        self.bodies = bodies if bodies is not None else machine.own_bodies
-        self._upcoming = upcoming_ids(machine)
-        self._holds = consumer_holds(machine)  # deliveries read their bodies when sent (fill_bodies)
-        self.is_local: Callable[[str], bool] | None = None  # see ClusterLog.is_local
         self._on_outputs = on_outputs
         self._clock = clock
         self._pending: list[list] = []
@@ -48,7 +49,7 @@ class LocalLog:
         self._synced_upto = 0
         self._sync_wanted_upto = 0
         self._syncing = False
-        self._held: deque[tuple[int, list, list[int]]] = deque()  # (fsync needed, outputs, body deletes)
+        self._held: deque[tuple[int, Applied]] = deque()  # (fsync needed, the batch)
         self.batches_applied = 0
         # Called with a reason just before the node stops because its disk failed (_fail_stop).
         self.on_fatal: Callable[[str], None] | None = None
@@ -59,10 +60,7 @@ class LocalLog:
         self._loop = loop
 
     def close(self) -> None:
-        store = self.machine.store
-        if store is not None:
-            store.sync()
-            store.close()
+        self.machine.close()
 
     @property
     def is_leader(self) -> bool:
@@ -107,33 +105,22 @@ class LocalLog:
         if not batch:
             return
         now_us = self._clock() // 1000
-        effects = self.machine.apply(now_us, batch)  # no I/O: only carrying it out can meet the disk
-        outputs = effects.outputs
-        bodies = self.bodies
         try:
-            # Bodies first: the outputs read them, and so do the commit's message records (which
-            # may also delete a record the outputs still need: they are filled before it).
-            bodies.put(effects.body_puts)
-            fill_bodies(outputs, bodies, self._upcoming, self.is_local, self._holds)
-            self.machine.carry_out(effects, bodies.get)  # the LMDB commit and the audit events
-            if effects.persistence and isinstance(bodies, Bodies):
-                # Persistent messages in durable queues: their bodies are in the message records now.
-                bodies.stored_elsewhere([op[5] for op in effects.persistence
-                                         if op[0] == PUT_WITH_BODY and op[1] == "messages"])
-        except Exception as exc:
+            applied = self.machine.apply(now_us, batch)
+        except StorageFailed as exc:
             self._fail_stop("the LMDB commit of a batch failed", exc)
         self.batches_applied += 1
-        self.commands_applied += len(batch)
+        self.commands_applied += applied.commands
         self._batch_no += 1
-        needs = self._batch_no if effects.sync_needed else 0
+        needs = self._batch_no if applied.sync_needed else 0
         if needs:
             self._sync_wanted_upto = self._batch_no
         if not self._held and needs == 0:
-            if outputs:
-                self._on_outputs(outputs)
-            bodies.drop(effects.body_deletes)
+            if applied.outputs:
+                self._on_outputs(applied.outputs)
+            self.machine.release(applied)
             return
-        self._held.append((needs, outputs, effects.body_deletes))
+        self._held.append((needs, applied))
         self._start_sync()
         self._release()
 
@@ -159,19 +146,19 @@ class LocalLog:
 
     def _release(self) -> None:
         while self._held and self._held[0][0] <= self._synced_upto:
-            _, outputs, body_deletes = self._held.popleft()
-            if outputs:
-                self._on_outputs(outputs)
-            self.bodies.drop(body_deletes)
+            _, applied = self._held.popleft()
+            if applied.outputs:
+                self._on_outputs(applied.outputs)
+            self.machine.release(applied)
 
     def _start_sync(self) -> None:
-        if self._syncing or self._sync_wanted_upto <= self._synced_upto or self.machine.store is None:
-            if self.machine.store is None:
+        if self._syncing or self._sync_wanted_upto <= self._synced_upto or not self.machine.syncs:
+            if not self.machine.syncs:
                 self._synced_upto = self._sync_wanted_upto
             return
         self._syncing = True
         target = self._batch_no
-        future = self._loop.run_in_executor(None, self.machine.store.sync)
+        future = self._loop.run_in_executor(None, self.machine.sync)
         future.add_done_callback(lambda f: self._sync_done(f, target))
 
     def _sync_done(self, future: asyncio.Future, target: int) -> None:

@@ -8,6 +8,11 @@ that pysyncobj's private attributes are used in ``raft/`` alone (listed in ``raf
 The contract: ``submit`` queues a command for the next batch; the log applies batches to the state
 machine in log order and hands each batch's outputs to the broker's callback in that order, once
 they are durable (fsynced on this node, or committed by a Raft majority).
+
+A log knows nothing of the broker: commands are opaque to it, and it reaches the state machine
+only through ``MachineHost`` (implemented by ``store/applier.py``, which carries a batch's effects
+out in one documented order) and reads snapshot files only through ``SnapshotFormat``.  Nothing in
+``raft/`` imports ``store/``, ``node/`` or ``ops/`` (tests/unit/test_import_graph.py).
 """
 
 from __future__ import annotations
@@ -15,11 +20,104 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from raftmq.store.core.commands import Command
+from raftmq.integrity import Damage
 
 OutputsCallback = Callable[[list], None]
+Command = Any  # opaque to the log: the state machine's typed command (a tuple; see submit's size)
+
+
+class Applied(Protocol):
+    """An applied batch, as the log handles it."""
+
+    outputs: list  # for the broker's callback, once durable
+    sync_needed: bool  # one node: the outputs wait for an fsync of the machine's storage
+    commands: int
+
+
+class PeerRequests(Protocol):
+    """Requests between members over the Raft port (the log's transport), for the machine's own
+    use (message bodies fetched after a snapshot install, damaged bodies repaired)."""
+
+    def serve(self, name: str, handler: Callable[[bytes], bytes]) -> None:
+        """Answer requests named ``name`` with ``handler`` (called in the Raft thread)."""
+        ...
+
+    def askers(self, name: str, timeout: float) -> list[Callable[[bytes], bytes]]:
+        """One function per other member that sends it a request and returns the answer
+        (``PeerRequestFailed`` when it does not answer)."""
+        ...
+
+
+class SnapshotFormat(Protocol):
+    """The snapshot file as the log needs it: the log's own ``meta`` inside, and checks."""
+
+    def read_meta(self, path: str) -> bytes:
+        """The meta the log wrote with the snapshot (raftmq.versions.FormatTooNew for a newer
+        format, raftmq.integrity.SnapshotDamaged for a file that fails its check)."""
+        ...
+
+    def check(self, path: str) -> None:
+        """Read the whole file, raising SnapshotDamaged if any of it fails its check."""
+        ...
+
+    def verify(self, path: str) -> list[Damage]:
+        """Every damaged place of the file (the scrubber)."""
+        ...
+
+
+class MachineHost(Protocol):
+    """The state machine and its storage, as a log drives them (``store.applier.Applier``)."""
+
+    is_local: Callable[[str], bool] | None
+    snapshot_format: SnapshotFormat
+
+    def apply(self, now: int, commands: list, index: int | None = None,
+              batch_id: tuple[str, int] | None = None, replies: bool = True) -> Applied: ...
+
+    def apply_entry(self, index: int, now: int, origin: str, seq: int, blob: bytes, replies: bool) -> Applied:
+        """A committed entry (``encode``'s blob)."""
+        ...
+
+    def release(self, applied: Any) -> None:
+        """After the batch's outputs went out."""
+        ...
+
+    def encode(self, commands: list) -> bytes: ...
+
+    @property
+    def syncs(self) -> bool:
+        """One node: the machine's storage needs ``sync`` before outputs that promised durability."""
+        ...
+
+    def sync(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    @property
+    def applied_index(self) -> int: ...
+
+    def start(self, peers: PeerRequests) -> None:
+        """A cluster has started: the machine may serve and send requests to other members."""
+        ...
+
+    def compaction_floor(self) -> int: ...
+
+    def checkpoint(self) -> None:
+        """Before a snapshot: what it refers to is on disk."""
+        ...
+
+    def write_snapshot(self, path: str, meta: bytes) -> None: ...
+
+    def install_snapshot(self, path: str) -> dict[int, int]:
+        """Install the snapshot at ``path`` (the file goes); what the machine must fetch before the
+        next entry is applied (empty: nothing)."""
+        ...
+
+    def fetch_missing(self, needed: dict[int, int], peers: PeerRequests) -> None:
+        """Blocking, in a worker thread: fetch what ``install_snapshot`` said is missing."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +158,11 @@ class Compaction:
 
     snapshot_index: int
     journal_entries: int
+
+
+class StorageFailed(Exception):
+    """Raised by ``MachineHost.apply`` when the machine's storage refused a batch (a full disk,
+    EIO): the batch is applied in memory and cannot be undone, so the log stops the node."""
 
 
 class NotReplicated(Exception):

@@ -55,9 +55,13 @@ from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import _RAFT_STATE
 
+from raftmq.integrity import Damage, SnapshotDamaged
+from raftmq.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
+
 from . import gate, prevote, wire
 from .gate import PeerGate
 from .journal import AppendJournal
+from .log import SnapshotFormat
 from .loop_tick import AsyncioPoller, LoopTicker
 from .repair import Repair
 from .scrub import StorageScrubber, scrub_segment
@@ -187,6 +191,19 @@ class _FirstInUnion(set):
         return [self.first, *union]
 
 
+class NoSnapshots:
+    """The snapshot format of a replica given none (tests that never snapshot)."""
+
+    def read_meta(self, path: str) -> bytes:
+        raise RuntimeError(f"a snapshot file at {path}, and no snapshot format to read it")
+
+    def check(self, path: str) -> None:
+        self.read_meta(path)
+
+    def verify(self, path: str) -> list[Damage]:
+        return []
+
+
 class Replica(SyncObj):
     def __init__(self, self_address: str, partners: list[str], data_dir: str, secret: str,
                  sink: Callable[[tuple], None], *, bind_address: str | None = None,
@@ -198,7 +215,11 @@ class Replica(SyncObj):
                  on_state_changed: Callable[[int, int], None] | None = None,
                  sink_backlog: Callable[[], int] | None = None, sink_wake: Callable[[], None] | None = None,
                  scrub_bytes_per_second: int = 8 << 20,
-                 peer_gate: dict | None = None, loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 peer_gate: dict | None = None, loop: asyncio.AbstractEventLoop | None = None,
+                 snapshot_format: SnapshotFormat | None = None) -> None:
+        # The state machine's snapshot files (store/applier.py SnapshotFiles): the log reads its meta
+        # from them and checks them, nothing else.  None: a replica that never snapshots (tests).
+        self.snapshot_format: SnapshotFormat = snapshot_format or NoSnapshots()
         # raft_in_loop: pysyncobj runs in ``loop`` (this thread), not in a tick thread of its own.
         self.ticker: LoopTicker | None = None
         self._loop_poller: AsyncioPoller | None = None
@@ -319,12 +340,10 @@ class Replica(SyncObj):
         self.addOnTickCallback(self.gate.tick)
         self._next_keepalive = 0.0
         self.addOnTickCallback(self._keep_links_warm)
-        from raftmq.store.disk.snapshot import verify_snapshot
-
         self.damage_found = 0  # damaged places the scrubber found on this running node (issue 29)
         self.last_damage = ""
         self._scrub_reports: list = []  # from the scrubber's thread to the tick (list.append is atomic)
-        self.scrubber = StorageScrubber(self.journal.scrub_targets, self.snapshot_path, verify_snapshot,
+        self.scrubber = StorageScrubber(self.journal.scrub_targets, self.snapshot_path, self.snapshot_format.verify,
                                         self._scrub_reports.append, scrub_bytes_per_second)
         self.journal.on_read_damage = self._scrub_reports.append
         self.addOnTickCallback(self._handle_scrub_reports)
@@ -602,13 +621,11 @@ class Replica(SyncObj):
         journal's records up to the applied index, so no one needs a damaged committed record."""
         if not self._scrub_reports:
             return
-        from raftmq.store.disk.snapshot import verify_snapshot
-
         reports = self._scrub_reports
         while reports:
             damage = reports.pop(0)  # (copying then clearing lost a report appended in between)
             if damage.store == "snapshot":
-                still = verify_snapshot(damage.path) if os.path.exists(damage.path) else []
+                still = self.snapshot_format.verify(damage.path) if os.path.exists(damage.path) else []
             else:
                 limits = dict(self.journal.scrub_targets())
                 still = [d for d in [scrub_segment(damage.path, limits[damage.path])] if d] \
@@ -629,12 +646,10 @@ class Replica(SyncObj):
         and vote, and is a learner (raft/repair.py) until the leader has sent it a snapshot and
         the entries up to the highest index it held.
         """
-        from raftmq.store.disk.snapshot import SnapshotDamaged, read_snapshot
-
         if not os.path.exists(self.snapshot_path):
             return
         try:
-            read_snapshot(self.snapshot_path)
+            self.snapshot_format.check(self.snapshot_path)
         except SnapshotDamaged as exc:
             aside = f"{self.snapshot_path}.damaged"
             os.replace(self.snapshot_path, aside)
@@ -829,9 +844,7 @@ class Replica(SyncObj):
         """
         if not os.path.exists(self.snapshot_path):
             return
-        from raftmq.store.disk.snapshot import read_snapshot
-
-        meta, _ = read_snapshot(self.snapshot_path, with_model=False)
+        meta = self.snapshot_format.read_meta(self.snapshot_path)
         last, before, _members = msgpack.unpackb(meta, raw=False)
         journal = self.journal
         if len(journal) < 2:
@@ -848,11 +861,8 @@ class Replica(SyncObj):
         The model is installed by the loop, in order with the entries: hand it a private hard link
         so that a later snapshot replacing ``path`` cannot change the file under it.
         """
-        from raftmq.store.core.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
-        from raftmq.store.disk.snapshot import read_snapshot
-
         try:
-            meta, _ = read_snapshot(path, with_model=False)
+            meta = self.snapshot_format.read_meta(path)
         except FormatTooNew as exc:
             # The tick thread cannot stop the process by raising: a node that cannot read its
             # leader's snapshot must not go on (nor take part in elections) -- leave at once; the

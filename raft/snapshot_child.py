@@ -6,7 +6,7 @@ listening AMQP and Raft sockets and every client connection.  Seen in bench/back
 a node killed -9 while its child wrote a 300 MB model could not be started again ("address already
 in use", exit 1) until the child finished, 5 s later, and the clients' sockets to the dead node
 stayed open as long.  So the child closes its copies of every socket first: it needs none of them
-(``write_snapshot`` opens its own file).  Only sockets: closing every descriptor also closed the
+(the writer opens its own file).  Only sockets: closing every descriptor also closed the
 epoll descriptor of gRPC's event engine (the admin API), whose fork support runs in the child and
 aborted it ("epoll_wait error: Bad file descriptor", exit by SIGABRT), so no snapshot was ever
 written on a node serving gRPC (tests/cluster/test_admin.py found it).
@@ -16,20 +16,19 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 
-from raftmq.store.disk.snapshot import write_snapshot
 
-
-def fork_snapshot(path: str, machine: object, meta: bytes) -> int:
-    """Fork a child that writes ``machine``'s snapshot to ``path`` and exits 0 (1 on failure).
-    Returns the child's pid to the parent."""
+def fork_snapshot(write: Callable[[], None]) -> int:
+    """Fork a child that calls ``write`` (the state machine's snapshot writer) and exits 0 (1 on
+    failure).  Returns the child's pid to the parent."""
     pid = os.fork()
     if pid:
         return pid
     code = 1
     try:
         _close_sockets()
-        write_snapshot(path, machine, meta)
+        write()
         code = 0
     finally:
         os._exit(code)

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from .versions import COMMAND_FORMAT, check
+from raftmq.versions import COMMAND_FORMAT, check
 
 
 class Op(IntEnum):

@@ -168,7 +168,7 @@ class Delivery:
                 return outcome
         queues = m.topology.route(vhost, exchange, routing_key, message)
         self._publishing = message.id, body  # a reject-publish-dlx copy takes its body from here
-        if m.event_sink is None:
+        if not m.records_events:
             m.event_seq += 1  # numbered alike on every node, recorded where history is kept
         else:
             m.event(EV.PUBLISHED, None, message, conn or "", vhost_name)
@@ -254,7 +254,7 @@ class Delivery:
         queue.ready.append(entry)
         if dedup_as is not None:
             queue.dedup.add(dedup_as, message.id, m._now, expires_at)
-        if m.event_sink is None:
+        if not m.records_events:
             m.event_seq += 1
         else:
             m.event(EV.ROUTED, queue, message)
@@ -594,7 +594,7 @@ class Delivery:
 
         Deleting a queue of 20,000 messages runs this on every node."""
         m = self.m
-        if m.event_sink is None:
+        if not m.records_events:
             m.event_seq += len(entries)
         else:
             for entry in entries:

@@ -20,8 +20,6 @@ from collections import deque
 from collections.abc import Callable
 from functools import partial
 
-from ..disk.bodies import DictBodies, fill_bodies
-from ..disk.durable import DurableStore, PersistenceRecorder
 from .commands import (
     ERR,
     OK,
@@ -44,6 +42,7 @@ from .limits import LimitCommands
 from .message import AMQP091
 from .model import ChannelState, Entry, Exchange, Message, Queue, Session, VHost
 from .modify import message_modify
+from .persistence import LoadedState, PersistenceRecorder
 from .plugin_exchanges import PluginExchanges
 from .queue_args import parse_stored_queue_arguments
 from .routing import Binding
@@ -93,8 +92,10 @@ class StateMachine:
     ``m.topology.route``).  Same rules for all: no clock, no randomness, no I/O.
     """
 
-    def __init__(self, store: DurableStore | None = None) -> None:
-        self.store = store
+    def __init__(self, persistent: bool = False) -> None:
+        # A single node's machine keeps an LMDB mirror in step: apply records its operations
+        # (Effects.persistence, store/core/persistence.py) for the applier to commit.
+        self.persistent = persistent
         # The machine's concerns, a module each; they reach the model and each other through it.
         self.connections = Connections(self)
         self.topology = Topology(self)
@@ -128,7 +129,9 @@ class StateMachine:
         self.members: dict[str, tuple[str, str]] = {}
         # Counters for metrics (ops/metrics.py): deterministic like the rest, not part of the digest.
         self.event_seq = 0  # audit events are numbered here, identically on every node (events.py)
-        self.event_sink: Callable[[int | None, list], None] | None = None
+        # Whether this node keeps an audit history: the events are then recorded into the effects
+        # (they are numbered either way, so that every node numbers every event alike).
+        self.records_events = False
         self._events: list[list] = []
         self.stats = {"published": 0, "unroutable": 0, "delivered": 0, "redelivered": 0, "acked": 0,
                       "rejected": 0, "dead_lettered": 0, "expired": 0, "deduplicated": 0, "delivery_limited": 0,
@@ -151,10 +154,8 @@ class StateMachine:
         self._out: list = []
         self._body_puts: list[tuple[int, bytes | int]] = []  # the batch's Effects.body_puts
         self._body_deletes: list[int] = []  # and body_deletes
-        # Bodies of a single node's held delayed messages, read by _load, for the node to store.
+        # Bodies of a single node's held delayed messages, read by restore, for the node to store.
         self.loaded_bodies: list[tuple[int, bytes]] = []
-        # Bodies kept by apply_batch (a machine that carries its effects out itself: tests, tools).
-        self.own_bodies = DictBodies()
         self._replies = True  # apply_batch(replies=...)
         self._dirty: dict[int, Queue] = {}
         self._shared_props: dict[bytes | int, bytes | int] = {}  # see Delivery.publish
@@ -197,10 +198,6 @@ class StateMachine:
             **self.user_commands.user_handlers(),
             **self.limit_commands.handlers(),
         }
-        if store is not None:
-            self._load(store)
-            self.own_bodies.fallback = store.message_bodies
-            self.own_bodies.put(self.loaded_bodies)
 
     def apply(self, now: int, commands: list, index: int | None = None,
               batch_id: tuple[str, int] | None = None, replies: bool = True) -> Effects:
@@ -234,7 +231,7 @@ class StateMachine:
         self._replies = replies
         # The LMDB mirror is kept in step only for a machine loaded from one (single node): apply
         # records persistence operations (effects) for it instead of writing.
-        self._persist = PersistenceRecorder() if self.store is not None else None
+        self._persist = PersistenceRecorder() if self.persistent else None
         for command in commands:
             self._apply_one(command)
         if index is not None:
@@ -246,35 +243,13 @@ class StateMachine:
             effects.events, self._events = self._events, []
         return effects
 
-    def apply_batch(self, now: int, commands: list, index: int | None = None,
-                    batch_id: tuple[str, int] | None = None, replies: bool = True) -> list:
-        """``apply``, then carry out its persistence and events here; the outputs.  For callers
-        that own the machine's store and history themselves (tests, tools); the logs carry the
-        effects out on their own (raft/local.py, raft/cluster.py)."""
-        effects = self.apply(now, commands, index, batch_id, replies)
-        bodies = self.own_bodies
-        bodies.put(effects.body_puts)
-        fill_bodies(effects.outputs, bodies)  # before the commit, which may delete a record read here
-        self.carry_out(effects, bodies.get)
-        bodies.drop(effects.body_deletes)
-        return effects.outputs
-
-    def carry_out(self, effects: Effects, body_of: Callable[[int], bytes | None] | None = None) -> None:
-        """Commit the persistence to the LMDB store this machine was loaded from, if any, and hand
-        the events to ``event_sink``.  ``body_of``: the node's bodies, which hold this batch's puts
-        (message records carry their bodies)."""
-        if self.store is not None and (effects.persistence or effects.index is not None):
-            self.store.commit(effects.persistence, (self.next_qid, self.next_msg_id), effects.index, body_of)
-        if effects.events and self.event_sink is not None:
-            self.event_sink(effects.index, effects.events)
-
     def event(self, kind: int, queue: Queue | None, message: Message, detail: str = "",
                vhost: str = "") -> None:
         """Record a message's audit event (numbered even when this node keeps no history, so that
         every node numbers every event alike).  The record carries the message itself: the event
         writer takes properties and body from it only when its retention asks for them."""
         self.event_seq += 1
-        if self.event_sink is not None:
+        if self.records_events:
             self._events.append([self.event_seq, self._now, kind, queue.vhost if queue else vhost,
                                  queue.name if queue else "", message.id, message.exchange, message.routing_key,
                                  message.size, detail, message])
@@ -283,7 +258,7 @@ class StateMachine:
                           routing_key: str = "", detail: str = "", definition: tuple = ()) -> None:
         """Record a queue, exchange or binding change (the catalog tables of the audit history)."""
         self.event_seq += 1
-        if self.event_sink is not None:
+        if self.records_events:
             self._events.append([self.event_seq, self._now, kind, vhost, queue, None, exchange, routing_key,
                                  0, detail, definition])
 
@@ -360,8 +335,9 @@ class StateMachine:
     def error(code: int, text: str) -> CommandError:
         return CommandError(code, text)
 
-    def _load(self, store: DurableStore) -> None:
-        state = store.load()
+    def restore(self, state: LoadedState) -> None:
+        """Rebuild the model from a single node's LMDB mirror (read at start by
+        ``store/disk/durable.py``); the bodies of held delayed messages end in ``loaded_bodies``."""
         self.next_qid, self.next_msg_id = state.counters
         self.applied_index = state.applied_index
         for name in state.vhosts:

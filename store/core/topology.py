@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..disk.durable import binding_key
 from . import events as EV
 from .commands import (
     OUT_CANCEL,
@@ -32,6 +31,7 @@ from .exchange_types import validate as validate_plugin_exchange
 from .headers import message_headers
 from .message import AMQP091, Properties, codec
 from .model import Exchange, Message, Queue, ReadyList, VHost
+from .persistence import binding_key
 from .queue_args import EQUIVALENCE_ARGS, QueueSettings, parse_queue_arguments
 from .routing import Binding
 

@@ -17,7 +17,8 @@ checkpoint after next); a body it no longer has was deleted by an entry after th
 the follower will apply too -- it is reported in ``still_missing`` and the next member asked.
 
 The messages are msgpack: a request ``[1, [id, ...]]``, an answer ``[2, [[id, body, crc], ...]]``.
-They travel on the authenticated, encrypted Raft transport (raft/body_peer.py).
+They travel on the authenticated, encrypted Raft transport (raft/peer_requests.py, request name
+``PEER_REQUEST``); an ``Ask`` raises ConnectionError (or FetchError) when a member does not answer.
 
 **Checksums** (issue 29).  The serving member sends only bodies its store verified, each with its
 CRC32C; the fetcher checks every body against it (and, repairing a damaged body, against the
@@ -47,6 +48,7 @@ REQUEST_IDS = 4096
 
 #: Asks one member for bodies: a request's bytes in, the answer's bytes out.
 Ask = Callable[[bytes], bytes]
+PEER_REQUEST = "bodies"  # the request's name on the Raft port
 
 
 class FetchError(ValueError):
@@ -168,7 +170,7 @@ def catch_up(bodies: Bodies, live: dict[int, int], members: Iterable[Ask],
                 asked = set(remaining)
                 try:
                     answer = decode_answer(ask(encode_request(remaining)), verify=False)
-                except FetchError as exc:  # the member is down or answered nonsense: the next one
+                except (FetchError, ConnectionError) as exc:  # the member is down or answered nonsense: the next one
                     report.errors.append(str(exc))
                     member_failed = True
                     break
@@ -224,7 +226,7 @@ def fetch_intact(ids: Iterable[int], members: Iterable[Ask], expected: Callable[
                         break
                     last = answer[-1][0]
                     remaining = [msg_id for msg_id in remaining if msg_id > last]
-        except FetchError:  # down, answered nonsense or a damaged copy: the next member
+        except (FetchError, ConnectionError):  # down, answered nonsense or a damaged copy: the next member
             pass
         needed = [msg_id for msg_id in needed if msg_id not in found]
     return found

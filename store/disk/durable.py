@@ -7,7 +7,7 @@ the single-node log commits them with ``DurableStore.commit``, one write transac
 
 Key layouts (all big-endian so LMDB's byte order is the natural order):
   meta        b"counters" -> msgpack [next_qid, next_msg_id]; b"applied" -> msgpack index;
-              b"format" -> msgpack STORE_FORMAT (store/core/versions.py);
+              b"format" -> msgpack STORE_FORMAT (raftmq/versions.py);
               b"overlay/" + user name (utf-8) -> msgpack {vhost: [configure, write, read] or None}: the
               admin API's permissions for a user of the configuration file (store/core/users.py).  In meta,
               not a table of its own: an older raftmq reads past the key, and the tables stay the same;
@@ -70,23 +70,22 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 import lmdb
 import msgpack
 
 from raftmq.integrity import Damage
+from raftmq.versions import STORE_FORMAT, check
 
-from ..core.effects import DELETE, DELETE_PREFIX, PUT, PUT_WITH_BODY
-from ..core.versions import STORE_FORMAT, check
+from ..core.effects import DELETE, PUT, PUT_WITH_BODY
+from ..core.persistence import LIMITS_PREFIX, OVERLAY_PREFIX, QID_SEQ, U64, LoadedState, pack
 from .sealed import EXIT_STORE_DAMAGED, SEAL_HEAD, BadRecord, StoreDamaged, seal, unseal
 
 log = logging.getLogger(__name__)
 
-_U64 = struct.Struct(">Q")
-_QID_SEQ = struct.Struct(">QQ")
+_U64 = U64
+_QID_SEQ = QID_SEQ
 
 TABLES = ("meta", "vhosts", "exchanges", "queues", "bindings", "messages", "entries", "users", "delayed")
 EMPTY_VALUE_TABLES = frozenset(("vhosts", "bindings"))  # the key is the record; the value is b""
@@ -138,12 +137,7 @@ def _check_payload(table: str, key: bytes, payload) -> None:
         raise BadRecord(f"does not decode ({exc.__class__.__name__})") from exc
 
 
-OVERLAY_PREFIX = b"overlay/"  # meta keys of configuration-file users' permissions (store/core/users.py)
-LIMITS_PREFIX = b"limits/"  # meta keys of vhost and user limits: limits/<scope>/<name> (store/core/limits.py)
-
-
-def _pack(obj: object) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+_pack = pack
 
 
 def _unpack(data: bytes) -> object:
@@ -152,24 +146,6 @@ def _unpack(data: bytes) -> object:
 
 def entry_key(qid: int, seq: int) -> bytes:
     return _QID_SEQ.pack(qid, seq)
-
-
-@dataclass(slots=True)
-class LoadedState:
-    """Everything read back from LMDB at start, in key order."""
-
-    counters: tuple[int, int] = (1, 1)
-    applied_index: int = 0
-    vhosts: list[str] = field(default_factory=list)
-    users: list[tuple[str, list]] = field(default_factory=list)
-    permission_overlay: list[tuple[str, dict]] = field(default_factory=list)
-    limits: list[tuple[str, str, dict]] = field(default_factory=list)  # (scope, name, {limit: value})
-    exchanges: list[tuple[str, str, str, bool, bool, dict]] = field(default_factory=list)
-    queues: list[tuple[str, str, int, bool, dict]] = field(default_factory=list)
-    bindings: list[tuple[str, str, bool, str, str, dict]] = field(default_factory=list)
-    messages: dict[int, list] = field(default_factory=dict)
-    entries: list[tuple[int, int, list]] = field(default_factory=list)
-    delayed: list[tuple[int, int, list]] = field(default_factory=list)
 
 
 class DurableStore:
@@ -448,100 +424,3 @@ def verify_state(path: str) -> list[Damage]:
         return scan_tables(env, dbs, path, sealed_only=found >= FIRST_CHECKED_FORMAT)
     finally:
         env.close()
-
-
-def binding_key(vhost: str, source: str, dest_is_queue: bool, dest: str, rk: str, args: dict) -> bytes:
-    return _pack([vhost, source, dest_is_queue, dest, rk, args])
-
-
-class PersistenceRecorder:
-    """Records, during one apply, the LMDB operations that keep the durable mirror in step with the
-    model (``store/core/effects.py``): apply itself does no I/O; ``DurableStore.commit`` performs them
-    after it, in one write transaction per batch (group commit)."""
-
-    __slots__ = ("ops", "sync_needed")
-
-    def __init__(self) -> None:
-        self.ops: list[tuple] = []
-        self.sync_needed = False
-
-    def _put(self, table: str, key: bytes, value: bytes, durable_promise: bool = True) -> None:
-        self.ops.append((PUT, table, key, value))
-        if durable_promise:
-            self.sync_needed = True
-
-    def _delete(self, table: str, key: bytes) -> None:
-        self.ops.append((DELETE, table, key))
-
-    def put_vhost(self, name: str) -> None:
-        self._put("vhosts", name.encode(), b"")
-
-    def delete_vhost(self, name: str) -> None:
-        self._delete("vhosts", name.encode())
-        self.sync_needed = True  # the admin's 204 promises it, as a durable declare's ok does
-
-    def put_overlay(self, name: str, overlay: dict) -> None:
-        self._put("meta", OVERLAY_PREFIX + name.encode(), _pack(overlay))
-
-    def delete_overlay(self, name: str) -> None:
-        self._delete("meta", OVERLAY_PREFIX + name.encode())
-        self.sync_needed = True
-
-    def put_limits(self, scope: str, name: str, limits: dict) -> None:
-        """A vhost's or user's limits (store/core/limits.py); none left: the key goes."""
-        key = LIMITS_PREFIX + f"{scope}/{name}".encode()
-        if limits:
-            self._put("meta", key, _pack(limits))
-        else:
-            self._delete("meta", key)
-        self.sync_needed = True
-
-    def put_user(self, name: str, record: list) -> None:
-        self._put("users", name.encode(), _pack(record))
-
-    def delete_user(self, name: str) -> None:
-        self._delete("users", name.encode())
-
-    def put_exchange(self, vhost: str, name: str, type_: str, auto_delete: bool, internal: bool, args: dict):
-        self._put("exchanges", _pack([vhost, name]), _pack([type_, auto_delete, internal, args]))
-
-    def delete_exchange(self, vhost: str, name: str) -> None:
-        self._delete("exchanges", _pack([vhost, name]))
-        self.sync_needed = True
-
-    def put_queue(self, vhost: str, name: str, qid: int, auto_delete: bool, args: dict) -> None:
-        self._put("queues", _pack([vhost, name]), _pack([qid, auto_delete, args]))
-
-    def delete_queue(self, vhost: str, name: str, qid: int) -> None:
-        self._delete("queues", _pack([vhost, name]))
-        self.ops.append((DELETE_PREFIX, "entries", _U64.pack(qid)))
-        self.sync_needed = True
-
-    def put_binding(self, key: bytes) -> None:
-        self._put("bindings", key, b"")
-
-    def delete_binding(self, key: bytes) -> None:
-        self._delete("bindings", key)
-        self.sync_needed = True
-
-    def put_message(self, msg_id: int, record: list) -> None:
-        """``record[3]``, the body, is filled in at commit."""
-        self.ops.append((PUT_WITH_BODY, "messages", _U64.pack(msg_id), record, 3, msg_id))
-        self.sync_needed = True
-
-    def delete_message(self, msg_id: int) -> None:
-        self._delete("messages", _U64.pack(msg_id))
-
-    def put_entry(self, qid: int, seq: int, record: list, durable_promise: bool = True) -> None:
-        self._put("entries", _QID_SEQ.pack(qid, seq), _pack(record), durable_promise)
-
-    def delete_entry(self, qid: int, seq: int) -> None:
-        self._delete("entries", _QID_SEQ.pack(qid, seq))
-
-    def put_delayed(self, due: int, seq: int, record: list) -> None:
-        """``record[5]``, the body of message ``record[3]``, is filled in at commit."""
-        self.ops.append((PUT_WITH_BODY, "delayed", _QID_SEQ.pack(due, seq), record, 5, record[3]))
-        self.sync_needed = True
-
-    def delete_delayed(self, due: int, seq: int) -> None:
-        self._delete("delayed", _QID_SEQ.pack(due, seq))

@@ -34,8 +34,9 @@ from collections.abc import Callable, Iterable
 import lmdb
 import msgpack
 
+from raftmq.versions import HISTORY_FORMAT
+
 from ..core.message import AMQP091, convert
-from ..core.versions import HISTORY_FORMAT
 from . import history as EV
 from .history import U64, meta_put, name_key
 from .sealed import is_sealed, seal

@@ -58,6 +58,7 @@ import lmdb
 import msgpack
 
 from raftmq.integrity import Damage
+from raftmq.versions import HISTORY_FORMAT, check
 
 from ..core.events import (  # noqa: F401 - the kinds and fields are this format's vocabulary too
     ACKED,
@@ -93,7 +94,6 @@ from ..core.events import (  # noqa: F401 - the kinds and fields are this format
     UNBOUND,
     UNROUTABLE,
 )
-from ..core.versions import HISTORY_FORMAT, check
 from .sealed import BadRecord, StoreDamaged, is_sealed, seal, unseal
 
 U64 = struct.Struct(">Q")

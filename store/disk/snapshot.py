@@ -9,7 +9,7 @@ the in-memory model instead.
 A snapshot is an LMDB file (``subdir=False``) with two records:
 
 * ``meta``: opaque bytes owned by the Raft layer (the last applied entries and the membership);
-* ``format``: the snapshot format version (``store/core/versions.py``; absent in version 1 files);
+* ``format``: the snapshot format version (``raftmq/versions.py``; absent in version 1 files);
 * ``check`` (format 4 on): CRC32C of ``format`` + ``meta`` and of ``model`` (two u32), checked on
   every read (issue 29): a snapshot that fails it is :class:`SnapshotDamaged`, never installed;
 * ``model``: the model without message bodies, as msgpack ``[FLAT, pickle, message rows, ready
@@ -39,12 +39,12 @@ from operator import attrgetter
 import lmdb
 import msgpack
 
-from raftmq.integrity import Damage, checksum
+from raftmq.integrity import Damage, SnapshotDamaged, checksum
+from raftmq.versions import SNAPSHOT_FORMAT, FormatTooNew, check
 
 from ..core.frozen import FrozenRun
 from ..core.machine import StateMachine
 from ..core.model import LEGACY_BODIES, Entry, Message, ReadyList
-from ..core.versions import SNAPSHOT_FORMAT, FormatTooNew, check
 
 #: The attributes of StateMachine that make up the replicated state.
 MODEL_FIELDS = (
@@ -136,7 +136,7 @@ _MOVED_MODULES = {f"raftmq.store.{name}": f"raftmq.store.core.{name}" for name i
     "commands", "connections", "dedup", "delayed", "delivery", "effects", "errors", "exchange_dedup",
     "exchange_types", "expiry", "frozen", "headers", "limits", "machine", "message", "model", "modify",
     "plugin_exchanges", "queue_args", "ranges", "ready_peek", "routing", "session_rules", "sessions",
-    "topology", "users", "values", "versions")}
+    "topology", "users", "values")}
 _MOVED_PREFIX = ("raftmq.store.filters", "raftmq.store.core.filters")
 
 
@@ -235,14 +235,6 @@ def live_bodies(machine: StateMachine) -> dict[int, int]:
 
 _CHECK = struct.Struct("<II")  # crc32c of format + meta, of model
 CHECKED_FORMAT = 4  # the first format that carries ``check``
-
-
-class SnapshotDamaged(Exception):
-    """A snapshot file failed its checksum, or LMDB could not read it."""
-
-    def __init__(self, path: str, what: str) -> None:
-        super().__init__(f"snapshot {path} is damaged: {what}")
-        self.path, self.what = path, what
 
 
 def write_snapshot(path: str, machine: StateMachine, meta: bytes) -> None:

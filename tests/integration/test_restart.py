@@ -136,7 +136,7 @@ def test_recovery_is_repeatable(fresh_node):
 
 
 def test_a_node_refuses_to_start_on_a_store_written_by_a_newer_raftmq(broker_kind, tmp_path):
-    """store/core/versions.py: a real node process on an LMDB store stamped with a newer format stops at
+    """raftmq/versions.py: a real node process on an LMDB store stamped with a newer format stops at
     once with exit status 78 and says why, instead of reading tables whose meaning it does not know."""
     if broker_kind != "raftmq":
         pytest.skip("starts a raftmq node process")
@@ -146,8 +146,8 @@ def test_a_node_refuses_to_start_on_a_store_written_by_a_newer_raftmq(broker_kin
     import msgpack
 
     from raftmq.ops.local.node import free_port
-    from raftmq.store.core.versions import EXIT_FORMAT_TOO_NEW, STORE_FORMAT
     from raftmq.store.disk.durable import DurableStore
+    from raftmq.versions import EXIT_FORMAT_TOO_NEW, STORE_FORMAT
 
     data = tmp_path / "data"
     store = DurableStore(str(data / "state"))

@@ -10,6 +10,7 @@ import asyncio
 
 from raftmq.raft.cluster import ClusterLog
 from raftmq.raft.replica import ENTRY
+from raftmq.store.applier import Applier
 from raftmq.store.core.commands import Ack, Op, Publish, decode_batch, encode_batch
 from raftmq.store.core.machine import StateMachine
 
@@ -26,7 +27,7 @@ class RecordedProposals:
 
 
 def make_log(tmp_path, loop: asyncio.AbstractEventLoop, **options) -> tuple[ClusterLog, RecordedProposals]:
-    log = ClusterLog(StateMachine(None), lambda outputs: None, origin="n1.boot", self_address="127.0.0.1:1",
+    log = ClusterLog(Applier(StateMachine()), lambda outputs: None, origin="n1.boot", self_address="127.0.0.1:1",
                      partners=[], data_dir=str(tmp_path), secret="s", **options)
     log._loop = loop
     log._schedule_drain = loop.call_soon_threadsafe  # (what start() sets with the tick thread)

@@ -9,6 +9,7 @@ import msgpack
 from raftmq.ops.local.node import free_port
 from raftmq.raft.journal import AppendJournal
 from raftmq.raft.replica import INSTALL, Replica
+from raftmq.store.applier import SnapshotFiles
 from raftmq.store.core.machine import StateMachine
 from raftmq.store.disk.snapshot import write_snapshot
 
@@ -35,7 +36,8 @@ def test_a_journal_not_yet_compacted_to_the_snapshot_keeps_the_entries_after_it(
     journal._destroy()
 
     items: list[tuple] = []
-    replica = Replica(address, [], str(data), "secret", sink=items.append)
+    replica = Replica(address, [], str(data), "secret", sink=items.append,
+                      snapshot_format=SnapshotFiles())
     try:
         deadline = time.monotonic() + 10
         while not items and time.monotonic() < deadline:  # pysyncobj loads the snapshot at its first tick

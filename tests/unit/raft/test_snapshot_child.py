@@ -11,7 +11,7 @@ import time
 
 from raftmq.raft.snapshot_child import fork_snapshot
 from raftmq.store.core.machine import StateMachine
-from raftmq.store.disk.snapshot import read_snapshot
+from raftmq.store.disk.snapshot import read_snapshot, write_snapshot
 
 
 class SlowModel:
@@ -52,7 +52,7 @@ def test_the_port_is_free_while_the_child_writes(tmp_path):
     listener.listen()
     port = listener.getsockname()[1]
     path = str(tmp_path / "snapshot.lmdb")
-    pid = fork_snapshot(path, SlowModel(), b"meta")
+    pid = fork_snapshot(lambda: write_snapshot(path, SlowModel(), b"meta"))
     try:
         listener.close()  # the node dies; a new one binds the same port while the child still writes
         assert bind_within(port, 1.0), "the child kept the listening socket"

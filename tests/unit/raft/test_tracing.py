@@ -16,6 +16,7 @@ from raftmq.ops.local.node import free_port
 from raftmq.raft.cluster import ClusterLog
 from raftmq.raft.replica import _BATCH_HEAD, BATCH_COMMAND
 from raftmq.raft.tracing import batch_key, install
+from raftmq.store.applier import Applier
 from raftmq.store.core.commands import QueueDeclare, VhostAdd
 from raftmq.store.core.machine import StateMachine
 from raftmq.trace import (
@@ -55,7 +56,7 @@ def test_batch_key_reads_the_batch_header_and_ignores_pysyncobj_commands():
 def test_a_traced_single_member_log_records_every_local_stage_in_order(tmp_path):
     loop = asyncio.new_event_loop()
     outputs: list = []
-    log = ClusterLog(StateMachine(None), outputs.extend, origin="n1.boot", self_address=f"127.0.0.1:{free_port()}",
+    log = ClusterLog(Applier(StateMachine()), outputs.extend, origin="n1.boot", self_address=f"127.0.0.1:{free_port()}",
                      partners=[], data_dir=str(tmp_path / "raft"), secret="s", use_fork=False)
     try:
         log.start(loop)
@@ -93,7 +94,7 @@ def test_a_traced_single_member_log_records_every_local_stage_in_order(tmp_path)
 def test_tracing_off_installs_nothing(tmp_path):
     """The default: the log's, journal's and transport's methods are the classes' own."""
     loop = asyncio.new_event_loop()
-    log = ClusterLog(StateMachine(None), lambda outputs: None, origin="n1.boot",
+    log = ClusterLog(Applier(StateMachine()), lambda outputs: None, origin="n1.boot",
                      self_address=f"127.0.0.1:{free_port()}", partners=[], data_dir=str(tmp_path / "raft"),
                      secret="s", use_fork=False)
     try:

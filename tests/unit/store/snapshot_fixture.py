@@ -6,13 +6,14 @@ its snapshot format.  Format 2 adds a message stored in 0-10 property format (Me
 format 3 has the same stream, written without bodies (Message.size and live instead).  test_versions.py loads it with
 today's code and compares it with the same stream applied today: a change to the model that older
 snapshots can no longer be read into fails there, and must come with a new SNAPSHOT_FORMAT and a
-way to read the old one (store/core/versions.py).
+way to read the old one (raftmq/versions.py).
 """
 
 from __future__ import annotations
 
 import sys
 
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import (
     OK,
     OUT_REPLY,
@@ -29,7 +30,6 @@ from raftmq.store.core.commands import (
     UserPut,
     VhostAdd,
 )
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.core.message import AMQP010
 from raftmq.store.disk.snapshot import write_snapshot
 
@@ -66,8 +66,8 @@ AMQP010_HEADER = bytes.fromhex("000000060401180002020000001d040310010a746578742f
                                "0000000a00000001016b95000176")
 
 
-def build(format: int = 3) -> StateMachine:
-    machine = StateMachine(None)
+def build(format: int = 3) -> StoredMachine:
+    machine = StoredMachine()
     for command in commands(format):
         outputs = machine.apply_batch(NOW, [command])
         for out in outputs:

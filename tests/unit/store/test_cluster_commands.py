@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import (
     OUT_CLOSE,
     OUT_DELIVER,
@@ -17,19 +18,18 @@ from raftmq.store.core.commands import (
     QueueDeclare,
     VhostAdd,
 )
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.disk.snapshot import digest, export_model, import_model
 
 NOW = 1_700_000_000_000_000
 
 
-def setup_machine() -> StateMachine:
-    m = StateMachine(None)
+def setup_machine() -> StoredMachine:
+    m = StoredMachine()
     m.apply_batch(NOW, [VhostAdd(None, None, "/")])
     return m
 
 
-def consume_one(m: StateMachine, conn: str) -> list:
+def consume_one(m: StoredMachine, conn: str) -> list:
     """A consumer on ``conn`` holding one unacked delivery of queue q."""
     return m.apply_batch(NOW, [
         ChannelOpen(conn, 1, 1),
@@ -95,7 +95,7 @@ def test_snapshot_round_trip_keeps_every_detail():
     consume_one(m, "n1.a.1")
     m.apply_batch(NOW, [Publish("n1.a.1", None, 1, "/", "", "q", False, b"\x00\x00", b"second", False, 0,
                          None)], 7, ("n1.a", 9))
-    copy = StateMachine(None)
+    copy = StoredMachine()
     import_model(copy, export_model(m))
     assert digest(copy) == digest(m)
     # Both continue identically: an ack frees credit and the same message goes to the consumer.

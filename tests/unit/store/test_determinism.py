@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import (
     OUT_DELIVER,
     Ack,
@@ -35,7 +36,6 @@ from raftmq.store.core.commands import (
     Tick,
     VhostAdd,
 )
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.disk.snapshot import digest, export_model, import_model, live_bodies
 
 CONNS = ("n1.a.1", "n1.a.2", "n2.b.1")
@@ -159,14 +159,14 @@ SETUP = [
 ]
 
 
-def _fresh() -> StateMachine:
-    machine = StateMachine(None)
+def _fresh() -> StoredMachine:
+    machine = StoredMachine()
     machine.delayed_limit = DELAYED_LIMIT
     machine.apply_batch(NOW, SETUP)
     return machine
 
 
-def _prepared(machine: StateMachine, batch: list) -> list:
+def _prepared(machine: StoredMachine, batch: list) -> list:
     """The batch made mostly meaningful against ``machine``'s state (the machines are equal, so
     each gets the same): a channel.open first for every channel it uses that is closed, and the
     (i, j) drawn for an ack or nack read as the i-th and j-th of the channel's unacknowledged
@@ -191,7 +191,7 @@ def _prepared(machine: StateMachine, batch: list) -> list:
 
 # Found by this test: a message expired in "dq" during a dispatch, dead-lettered into "dlq" (which
 # has a consumer), left "dlq" dirty for the next command, which a machine joined from a snapshot
-# in between never dispatched (StateMachine._apply_one now dispatches until nothing is dirty).
+# in between never dispatched (StoredMachine._apply_one now dispatches until nothing is dirty).
 _EXPIRED_INTO_A_CONSUMED_DLQ = [
     (0, [Publish("n1.a.1", 1, 1, "/", "x.fanout", "a", False, b"\x00\x00", b"", False, 0, 0)]),
     (1, [Consume("n1.a.1", 1, 1, "/", "q1", "", False, False, {}),
@@ -255,7 +255,7 @@ def _agree(stream: list, count: bool = False):
     the first, asserting after every batch that outputs, digests and bodies kept agree.  Returns
     the first machine (and the number of deliveries, with ``count``)."""
     first, second = _fresh(), _fresh()
-    joined: StateMachine | None = None
+    joined: StoredMachine | None = None
     now = NOW
     deliveries = 0
     for i, (delay, batch) in enumerate(stream):
@@ -274,7 +274,7 @@ def _agree(stream: list, count: bool = False):
             assert _canonical(out_joined) == _canonical(out_first)
             assert digest(joined) == digest(first)
         elif i == len(stream) // 2:
-            joined = StateMachine(None)
+            joined = StoredMachine()
             joined.delayed_limit = DELAYED_LIMIT  # configuration, not in the snapshot
             import_model(joined, export_model(first))
             assert digest(joined) == digest(first)

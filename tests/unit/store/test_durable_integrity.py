@@ -17,18 +17,18 @@ import pytest
 
 from raftmq.integrity import checksum
 from raftmq.store.core.effects import PUT, PUT_WITH_BODY
-from raftmq.store.core.versions import STORE_FORMAT
+from raftmq.store.core.persistence import binding_key
 from raftmq.store.disk import durable
 from raftmq.store.disk.durable import (
     FIRST_CHECKED_FORMAT,
     TABLES,
     DurableStore,
     StateDamaged,
-    binding_key,
     entry_key,
     verify_state,
 )
 from raftmq.store.disk.sealed import SEALED, seal, unseal
+from raftmq.versions import STORE_FORMAT
 
 FIXTURE_2 = Path(__file__).parent / "fixtures" / "state-format-2.lmdb"
 BODY = b"precious-body-" + bytes(range(200))

@@ -1,20 +1,20 @@
 """The bound on AMQP 1.0 durable links per user, applied in the state machine (store/core/sessions.py).
 
 Durable links are sessions named ``amqp10-link\\0<container>\\0<link>`` (node/amqp10/recovery.py) that
-outlive their connection; ``StateMachine.durable_links_limit`` (config amqp10_durable_links_per_user)
+outlive their connection; ``StoredMachine.durable_links_limit`` (config amqp10_durable_links_per_user)
 bounds how many one user holds.  Checked at apply, so attaches racing on several nodes cannot pass it,
 and deterministic: the same log gives the same refusals on every replica.
 """
 
 from __future__ import annotations
 
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import ERR, OUT_REPLY, Op, SessionTimeout, VhostAdd, make
-from raftmq.store.core.machine import StateMachine
 
 NOW = 1_700_000_000_000_000
 
 
-def attach(m: StateMachine, conn: str, channel: int, user: str, name: bytes):
+def attach(m: StoredMachine, conn: str, channel: int, user: str, name: bytes):
     out = m.apply_batch(NOW, [make(Op.SESSION_ATTACH, conn, 1, channel, "/", user, name, True)])
     return next(o[3] for o in out if o[1] == OUT_REPLY)
 
@@ -23,8 +23,8 @@ def durable(i: int) -> bytes:
     return b"amqp10-link\x00client\x00link-%d" % i
 
 
-def machine(limit: int) -> StateMachine:
-    m = StateMachine(None)
+def machine(limit: int) -> StoredMachine:
+    m = StoredMachine()
     m.durable_links_limit = limit
     m.apply_batch(NOW, [VhostAdd(None, None, "/")])
     return m

@@ -15,10 +15,10 @@ import lmdb
 import msgpack
 import pytest
 
-from raftmq.store.core.versions import HISTORY_FORMAT
 from raftmq.store.disk import history as EV
 from raftmq.store.disk.event_writer import EventStore
 from raftmq.store.disk.sealed import SEALED, unseal
+from raftmq.versions import HISTORY_FORMAT
 from tests.unit.store.test_event_writer import Driver
 
 FIXTURE_1 = Path(__file__).parent / "fixtures" / "history-format-1.lmdb"

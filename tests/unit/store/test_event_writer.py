@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import ChannelOpen, Publish, QueueDeclare, VhostAdd
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.disk import history as EV
 from raftmq.store.disk.event_writer import COMPACT_CHUNK, EventStore, RetentionPolicy
 
@@ -14,7 +14,7 @@ class Driver:
     """A state machine whose events go to an EventStore, with a leader-like clock."""
 
     def __init__(self, store: EventStore) -> None:
-        self.machine = StateMachine()
+        self.machine = StoredMachine()
         self.machine.event_sink = store.append
         store.body_of = self.machine.own_bodies.get  # as the node wires its body store
         self.store = store

@@ -18,6 +18,7 @@ from __future__ import annotations
 import pytest
 
 from raftmq.protocol.amqp091.properties import BasicProperties, decode_properties, encode_properties
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import (
     ERR,
     OK,
@@ -32,9 +33,9 @@ from raftmq.store.core.commands import (
     VhostAdd,
 )
 from raftmq.store.core.dedup import DEFAULT_CACHE_SIZE, DedupCache, dedup_key
-from raftmq.store.core.machine import StateMachine
+from raftmq.store.core.persistence import PersistenceRecorder
 from raftmq.store.disk import history as EV
-from raftmq.store.disk.durable import DurableStore, PersistenceRecorder
+from raftmq.store.disk.durable import DurableStore
 from raftmq.store.disk.snapshot import digest, export_model, import_model
 from tests.unit.store.test_machine import Driver as MachineDriver
 
@@ -45,7 +46,7 @@ NOW = 1_700_000_000_000_000
 class Driver(MachineDriver):
     """test_machine's driver, keeping the audit events the machine records."""
 
-    def __init__(self, machine: StateMachine) -> None:
+    def __init__(self, machine: StoredMachine) -> None:
         super().__init__(machine, NOW)
         self.events: list[list] = []
         machine.event_sink = lambda _index, events: self.events.extend(events)
@@ -72,7 +73,7 @@ class Driver(MachineDriver):
         return [(e[4], e[9]) for e in self.events if e[2] == kind]
 
 
-def _driver(machine: StateMachine) -> Driver:
+def _driver(machine: StoredMachine) -> Driver:
     d = Driver(machine)
     d.apply(VhostAdd(None, None, "/"))
     d.ok(Op.CHANNEL_OPEN)
@@ -81,7 +82,7 @@ def _driver(machine: StateMachine) -> Driver:
 
 @pytest.fixture
 def d() -> Driver:
-    return _driver(StateMachine(None))
+    return _driver(StoredMachine())
 
 
 def deliveries(outputs: list) -> list[tuple]:
@@ -258,14 +259,14 @@ def test_a_single_node_restart_counts_the_delivery_in_flight(tmp_path):
     """The stored delivery count includes the delivery the restart cut off, as RabbitMQ counts a
     consumer that went down: with limit 0 the message is dead-lettered, not delivered again."""
     path = str(tmp_path / "lmdb")
-    first = _driver(StateMachine(DurableStore(path)))
+    first = _driver(StoredMachine(DurableStore(path)))
     first.declare("dlq", durable=True)
     first.declare("q", {"x-delivery-limit": 0, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq"},
                   durable=True)
     first.publish("q", b"m", persistent=True)
     assert first.get("q", no_ack=False) is not None
     first.machine.store.close()
-    second = _driver(StateMachine(DurableStore(path)))
+    second = _driver(StoredMachine(DurableStore(path)))
     assert second.get("q") is None
     (death,) = headers_of(second.get("dlq")[3])["x-death"]
     assert death["reason"] == "delivery_limit"
@@ -390,7 +391,7 @@ def test_the_cache_is_in_the_snapshot_and_the_digest(d):
     d.declare("q", {"x-message-deduplication": True, "x-cache-ttl": 1000, "x-delivery-limit": 3})
     d.publish("q", b"a", headers={H: "a"})
     assert d.bodies("q") == [b"a"]  # consumed: only the cache remembers "a"
-    copy = StateMachine(None)
+    copy = StoredMachine()
     import_model(copy, export_model(d.machine))
     assert digest(copy) == digest(d.machine)
     assert copy.vhosts["/"].queues["q"].delivery_limit == 3
@@ -405,11 +406,11 @@ def test_the_cache_is_in_the_snapshot_and_the_digest(d):
 
 def test_a_single_node_restart_rebuilds_the_cache_from_the_queued_messages(tmp_path):
     path = str(tmp_path / "lmdb")
-    first = _driver(StateMachine(DurableStore(path)))
+    first = _driver(StoredMachine(DurableStore(path)))
     first.declare("q", {"x-message-deduplication": True}, durable=True)
     first.publish("q", b"kept", headers={H: "k"}, persistent=True)
     first.machine.store.close()
-    second = _driver(StateMachine(DurableStore(path)))
+    second = _driver(StoredMachine(DurableStore(path)))
     assert second.publish("q", b"resend", headers={H: "k"})[0] == ROUTED
     assert second.bodies("q") == [b"kept"]
 
@@ -417,13 +418,13 @@ def test_a_single_node_restart_rebuilds_the_cache_from_the_queued_messages(tmp_p
 def test_a_stored_queue_with_an_argument_now_invalid_still_loads(tmp_path):
     """Before issue 21 x-delivery-limit was stored unread: a -1 must not stop the node loading."""
     path = str(tmp_path / "lmdb")
-    first = _driver(StateMachine(DurableStore(path)))
+    first = _driver(StoredMachine(DurableStore(path)))
     first.declare("q", {"x-max-length": 3}, durable=True)
     recorder = PersistenceRecorder()  # the record an older raftmq wrote for the same declare
     recorder.put_queue("/", "q", queue(first, "q").qid, False, {"x-max-length": 3, "x-delivery-limit": -1})
     first.machine.store.commit(recorder.ops, (first.machine.next_qid, first.machine.next_msg_id))
     first.machine.store.close()
-    loaded = StateMachine(DurableStore(path)).vhosts["/"].queues["q"]
+    loaded = StoredMachine(DurableStore(path)).vhosts["/"].queues["q"]
     assert (loaded.delivery_limit, loaded.max_length, loaded.arguments["x-delivery-limit"]) == (None, 3, -1)
 
 
@@ -468,7 +469,7 @@ def test_an_amqp010_browser_sees_the_count_of_a_redelivered_message():
     from raftmq.store.core.sessions import UNLIMITED
     from tests.unit.store.test_sessions import attach
 
-    d = _driver(StateMachine(None))
+    d = _driver(StoredMachine())
     d.declare("q", {"x-delivery-limit": 5})
     d.publish("q", b"m")
     assert d.get("q", no_ack=False) is not None

@@ -14,10 +14,10 @@ import pytest
 
 import raftmq.node.core.formats  # noqa: F401  (registers the codecs and the 1.0 filter view)
 from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core import delivery
 from raftmq.store.core.commands import ERR, OK, OUT_DELIVER, OUT_REPLY, Nack, Op, Tick, VhostAdd, make
 from raftmq.store.core.filters import FILTER_ARGUMENT
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.disk.snapshot import digest, export_model, import_model
 
 C = "conn-1"
@@ -26,7 +26,7 @@ NOW = 1_700_000_000_000_000
 
 class Driver:
     def __init__(self) -> None:
-        self.m = StateMachine(None)
+        self.m = StoredMachine()
         self.token = 0
         self.m.apply_batch(NOW, [VhostAdd(None, None, "/")])
         self.call(Op.CHANNEL_OPEN)
@@ -140,7 +140,7 @@ def test_snapshot_carries_the_filter_and_replicas_agree(after):
     d.consume("f", [["selector", "n > 2"]])
     for i in range(after):
         d.publish(b"x", n=i)
-    follower = StateMachine(None)
+    follower = StoredMachine()
     import_model(follower, export_model(d.m))
     assert digest(follower) == digest(d.m)
     consumer = follower.vhosts["/"].queues["q"].selective[0]
@@ -215,7 +215,7 @@ def test_snapshots_written_before_filters_load(fmt):
 
     path = Path(__file__).parent / "fixtures" / f"snapshot-format-{fmt}.lmdb"
     _meta, model = read_snapshot(str(path))
-    m = StateMachine(None)
+    m = StoredMachine()
     import_model(m, model)
     consumers = [c for chs in m.channels.values() for ch in chs.values() for c in ch.consumers.values()]
     assert consumers and all(c.filter is None and c.scan_cursor == 0 for c in consumers)

@@ -8,10 +8,10 @@ import tracemalloc
 from hypothesis import given
 from hypothesis import strategies as st
 
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core import model
 from raftmq.store.core.commands import ChannelOpen, Op, Publish, QueueDeclare, VhostAdd
 from raftmq.store.core.frozen import FrozenRun
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.disk.durable import DurableStore
 from raftmq.store.disk.snapshot import digest, export_model, import_model, live_bodies
 from tests.unit.store.test_machine import Driver, declare
@@ -24,7 +24,7 @@ def frozen_runs(queue) -> int:
 
 
 def filled(freeze_batch: int, count: int = 40, **args) -> Driver:
-    d = Driver(StateMachine(None))
+    d = Driver(StoredMachine())
     d.apply(VhostAdd(None, None, "/"))
     d.ok(Op.CHANNEL_OPEN)
     declare(d, "deep", args=args)
@@ -48,7 +48,7 @@ def test_a_deep_queue_freezes_and_delivers_everything_in_order(freeze_batch):
 def test_a_snapshot_keeps_runs_frozen_and_the_digest_sees_through_them(freeze_batch):
     d = filled(freeze_batch)
     before = digest(d.machine)
-    other = StateMachine(None)
+    other = StoredMachine()
     import_model(other, export_model(d.machine))
     assert digest(other) == before
     queue = other.vhosts["/"].queues["deep"]
@@ -79,7 +79,7 @@ def test_a_queued_message_costs_a_fraction_of_its_objects_once_frozen(monkeypatc
     the model either way)."""
     def per_message(batch: int) -> float:
         monkeypatch.setattr(model, "FREEZE_BATCH", batch)
-        machine = StateMachine(None)
+        machine = StoredMachine()
         machine.apply(NOW, [VhostAdd(None, None, "/"), ChannelOpen("c", 1, 1),
                             QueueDeclare("c", 2, 1, "/", "q", False, True, False, False, {})])
         body = b"x" * 4096
@@ -157,7 +157,7 @@ def test_a_fanout_message_is_not_frozen_while_it_is_routed(freeze_batch):
     was thawed as a message of its own, and consuming the first queue deleted the body the second
     still held.  Now: the bodies kept are the live ones, and the second queue delivers its body."""
     for depth in _depths(freeze_batch):
-        d = Driver(StateMachine(None))
+        d = Driver(StoredMachine())
         _fanout_pair(d)
         for i in range(depth):
             d.publish("", "q1", b"x%d" % i)
@@ -176,7 +176,7 @@ def test_a_durable_message_frozen_in_its_queue_leaves_no_lmdb_record(freeze_batc
     for depth in _depths(freeze_batch):
         path = str(tmp_path / f"lmdb{depth}")
         store = DurableStore(path)
-        d = Driver(StateMachine(store))
+        d = Driver(StoredMachine(store))
         d.apply(VhostAdd(None, None, "/"))
         d.ok(Op.CHANNEL_OPEN)
         declare(d, "q", durable=True)
@@ -197,7 +197,7 @@ def test_a_restart_counts_every_queue_s_holders_before_it_freezes(freeze_batch, 
     for depth in _depths(freeze_batch):
         path = str(tmp_path / f"lmdb{depth}")
         store = DurableStore(path)
-        d = Driver(StateMachine(store))
+        d = Driver(StoredMachine(store))
         _fanout_pair(d, durable=True)
         for i in range(depth):
             d.publish("", "q1", b"x%d" % i, persistent=True)
@@ -207,7 +207,7 @@ def test_a_restart_counts_every_queue_s_holders_before_it_freezes(freeze_batch, 
         store.close()
 
         store = DurableStore(path)
-        d2 = Driver(StateMachine(store))
+        d2 = Driver(StoredMachine(store))
         d2.ok(Op.CHANNEL_OPEN)
         got = [d2.ok(Op.GET, "/", "q1", True)[0].body for _ in range(depth + 4)]
         assert b"shared" in got and d2.ok(Op.GET, "/", "q1", True)[0] is None
@@ -216,7 +216,7 @@ def test_a_restart_counts_every_queue_s_holders_before_it_freezes(freeze_batch, 
         store.close()
 
         store = DurableStore(path)
-        d3 = Driver(StateMachine(store))
+        d3 = Driver(StoredMachine(store))
         d3.ok(Op.CHANNEL_OPEN)
         assert d3.ok(Op.GET, "/", "q2", True)[0].body == b"shared", depth
         store.close()

@@ -12,9 +12,9 @@ written before them loads as "no limits"; a single node's LMDB mirror keeps them
 
 from __future__ import annotations
 
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import ERR, OK, LimitsSet, Op, VhostAdd, VhostDelete
 from raftmq.store.core.limits import limit_of
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.disk.durable import DurableStore
 from raftmq.store.disk.snapshot import MODEL_FIELDS, digest, export_model, import_model
 from tests.unit.store.test_machine import Driver
@@ -23,8 +23,8 @@ C = "conn-1"  # the Driver's default connection
 HASH = "pbkdf2-sha256$1$c2FsdA==$aGFzaA=="
 
 
-def driver(machine: StateMachine | None = None) -> Driver:
-    d = Driver(machine or StateMachine())
+def driver(machine: StoredMachine | None = None) -> Driver:
+    d = Driver(machine or StoredMachine())
     d.apply(VhostAdd(None, None, "/"), VhostAdd(None, None, "v"))
     d.ok(Op.CHANNEL_OPEN, conn=C)
     return d
@@ -127,7 +127,7 @@ def test_replicas_agree_and_snapshots_carry_limits():
         declare(d, "one")
         declare(d, "two")
     assert digest(a.machine) == digest(b.machine)
-    c = StateMachine()
+    c = StoredMachine()
     import_model(c, export_model(a.machine))
     assert c.vhost_limits == {"/": {"max-connections": 10, "max-queues": 1}}
     assert c.user_limits == {"guest": {"max-channels": 3}}
@@ -149,7 +149,7 @@ def test_older_snapshot_loads_as_no_limits():
         blob = export_model(old.machine)
     finally:
         snapshot.MODEL_FIELDS = saved
-    fresh = StateMachine()
+    fresh = StoredMachine()
     import_model(fresh, blob)
     assert fresh.vhost_limits == {} and fresh.user_limits == {}
     assert set(fresh.vhosts) == {"/", "v"}
@@ -157,18 +157,18 @@ def test_older_snapshot_loads_as_no_limits():
 
 def test_lmdb_keeps_limits_over_a_restart(tmp_path):
     path = str(tmp_path / "lmdb")
-    d = driver(StateMachine(DurableStore(path)))
+    d = driver(StoredMachine(DurableStore(path)))
     set_limits(d, "vhost", "v", max_queues=7, max_connections=0)
     set_limits(d, "user", "guest", max_channels=3)
     set_limits(d, "user", "bob", max_connections=1)
     set_limits(d, "user", "bob", max_connections=None)  # cleared: the key goes
     d.machine.store.close()
-    again = StateMachine(DurableStore(path))
+    again = StoredMachine(DurableStore(path))
     assert again.vhost_limits == {"v": {"max-queues": 7, "max-connections": 0}}
     assert again.user_limits == {"guest": {"max-channels": 3}}
     d = Driver(again)
     d.apply(LimitsSet(C, None, None, "vhost", "v", {"max-queues": None}), VhostDelete(C, None, "v"))
     again.store.close()
-    third = StateMachine(DurableStore(path))
+    third = StoredMachine(DurableStore(path))
     assert third.vhost_limits == {} and third.user_limits == {"guest": {"max-channels": 3}}
     third.store.close()

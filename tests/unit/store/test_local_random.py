@@ -6,21 +6,21 @@ from __future__ import annotations
 
 from collections import Counter
 
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import ERR, OUT_REPLY, Op, VhostAdd, make
 from raftmq.store.core.exchange_types import pick_local_random
-from raftmq.store.core.machine import StateMachine
 
 NOW = 1_700_000_000_000_000
 C = "n1.admin.1"
 
 
-def call(m: StateMachine, op, *args):
+def call(m: StoredMachine, op, *args):
     out = m.apply_batch(NOW, [make(op, C, 1, 1, *args)])
     return next(o[3] for o in out if o[1] == OUT_REPLY)
 
 
-def machine(queues: int) -> StateMachine:
-    m = StateMachine(None)
+def machine(queues: int) -> StoredMachine:
+    m = StoredMachine()
     m.apply_batch(NOW, [VhostAdd(None, None, "/")])
     call(m, Op.CHANNEL_OPEN)
     assert call(m, Op.EXCHANGE_DECLARE, "/", "lr", "x-local-random", False, True, False, False, {})[0] != ERR

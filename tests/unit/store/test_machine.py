@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import (
     ERR,
     OK,
@@ -27,7 +28,6 @@ from raftmq.store.core.commands import (
     encode_batch,
     make,
 )
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.disk import history as EV
 from raftmq.store.disk.durable import DurableStore
 
@@ -38,7 +38,7 @@ NOW = 1_700_000_000_000_000
 class Driver:
     """Issues commands the way a front end would and keeps the outputs."""
 
-    def __init__(self, machine: StateMachine, now: int = NOW) -> None:
+    def __init__(self, machine: StoredMachine, now: int = NOW) -> None:
         self.machine = machine
         self.now = now
         self.token = 0
@@ -68,7 +68,7 @@ class Driver:
 
 @pytest.fixture
 def driver(tmp_path):
-    machine = StateMachine(DurableStore(str(tmp_path / "lmdb")))
+    machine = StoredMachine(DurableStore(str(tmp_path / "lmdb")))
     d = Driver(machine)
     d.apply(VhostAdd(None, None, "/"))
     d.ok(Op.CHANNEL_OPEN)
@@ -231,7 +231,7 @@ def test_ttl_expiry_on_tick(driver):
 def test_persistent_messages_survive_reload_transient_do_not(tmp_path):
     path = str(tmp_path / "lmdb")
     store = DurableStore(path)
-    d = Driver(StateMachine(store))
+    d = Driver(StoredMachine(store))
     d.apply(VhostAdd(None, None, "/"))
     d.ok(Op.CHANNEL_OPEN)
     declare(d, "durable", durable=True)
@@ -245,7 +245,7 @@ def test_persistent_messages_survive_reload_transient_do_not(tmp_path):
     value, _ = d.ok(Op.GET, "/", "durable", False)  # delivered, not acked: redelivered after restart
     store.close()
 
-    again = StateMachine(DurableStore(path))
+    again = StoredMachine(DurableStore(path))
     vhost = again.vhosts["/"]
     assert "transient" not in vhost.queues
     assert [b.destination for b in vhost.exchanges["dx"].bindings] == ["durable"]
@@ -273,9 +273,9 @@ def _scenario(d: Driver) -> None:
 
 def test_same_commands_give_same_state_and_outputs(tmp_path):
     """Determinism: the property Raft replication relies on (design.md, the state machine)."""
-    first = Driver(StateMachine(DurableStore(str(tmp_path / "one"))))
+    first = Driver(StoredMachine(DurableStore(str(tmp_path / "one"))))
     _scenario(first)
-    second = Driver(StateMachine(DurableStore(str(tmp_path / "two"))))
+    second = Driver(StoredMachine(DurableStore(str(tmp_path / "two"))))
     outputs = []
     for now, batch in first.log:
         # Replay through msgpack, as the Raft log will carry it.
@@ -289,7 +289,7 @@ def test_same_commands_give_same_state_and_outputs(tmp_path):
 def deleting_machine(with_history: bool, max_priority: int = 0) -> tuple[Driver, list]:
     """A store-less machine (a cluster node's) with a queue holding fresh and requeued messages."""
     recorded: list = []
-    machine = StateMachine(None)
+    machine = StoredMachine()
     if with_history:
         machine.event_sink = lambda _index, events: recorded.extend(events)
     d = Driver(machine)
@@ -338,7 +338,7 @@ def test_a_batch_applied_without_replies_changes_the_state_alike_and_keeps_deliv
     no OUT_REPLY, but the same deliveries to consumers and the same model."""
     machines = []
     for replies in (True, False):
-        machine = StateMachine(None)
+        machine = StoredMachine()
         machine.apply_batch(NOW, [VhostAdd(None, None, "/"), ChannelOpen("local", 1, 1),
                                   ChannelOpen("remote", 2, 1)])
         machine.apply_batch(NOW, [QueueDeclare("local", 3, 1, "/", "q", False, False, False, False, {}),

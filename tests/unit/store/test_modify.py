@@ -5,6 +5,7 @@ deterministic (the same bytes from the log on every replica); the ordinary settl
 from __future__ import annotations
 
 import raftmq.node.core.formats  # noqa: F401 - registers the property codecs the core reads through
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core import message as fmt
 from raftmq.store.core.commands import (
     OUT_REPLY,
@@ -16,7 +17,6 @@ from raftmq.store.core.commands import (
     encode_batch,
     make,
 )
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.core.modify import annotated
 from raftmq.store.core.sessions import SETTLE_REJECT, SETTLE_RELEASE, SETTLE_RELEASE_REDELIVERED, UNLIMITED
 
@@ -28,7 +28,7 @@ class Link:
     """A 1.0 receiving link as node/amqp10/links.py drives the core: a core session of its own, a
     subscription, credit, then settlements submitted straight on its channel."""
 
-    def __init__(self, m: StateMachine, conn: str, queue: str, credit: int = UNLIMITED) -> None:
+    def __init__(self, m: StoredMachine, conn: str, queue: str, credit: int = UNLIMITED) -> None:
         self.m, self.conn, self.token, self.outputs = m, conn, 0, []
         self.call(Op.SESSION_ATTACH, "/", "guest", conn.encode(), False)
         self.call(Op.MESSAGE_SUBSCRIBE, "/", queue, "d", False, False, {})
@@ -45,8 +45,8 @@ class Link:
         return [o[4] for o in self.outputs if o[1] == OUT_TRANSFER]
 
 
-def setup(queues=("q",), dlx: bool = False) -> StateMachine:
-    m = StateMachine(None)
+def setup(queues=("q",), dlx: bool = False) -> StoredMachine:
+    m = StoredMachine()
     m.apply_batch(NOW, [VhostAdd(None, None, "/")])
     c = "n1.admin.1"
     m.apply_batch(NOW, [make(Op.CHANNEL_OPEN, c, None, 1)])
@@ -145,7 +145,7 @@ def test_a_durable_requeued_copy_survives_a_restart_with_its_body(tmp_path):
 
     path = str(tmp_path / "lmdb")
     store = DurableStore(path)
-    m = StateMachine(store)
+    m = StoredMachine(store)
     m.apply_batch(NOW, [VhostAdd(None, None, "/")])
     c = "n1.admin.1"
     m.apply_batch(NOW, [make(Op.CHANNEL_OPEN, c, None, 1)])
@@ -157,7 +157,7 @@ def test_a_durable_requeued_copy_survives_a_restart_with_its_body(tmp_path):
     link.call(Op.MESSAGE_MODIFY, [[transfer_id, transfer_id]], SETTLE_RELEASE, {"x-opt-k": "v"})
     store.close()
 
-    again = StateMachine(DurableStore(path))
+    again = StoredMachine(DurableStore(path))
     entry = again.vhosts["/"].queues["q"].ready.peek()
     assert entry.message.id != original and headers(entry.message) == {"x-opt-k": "v"}
     assert again.own_bodies.get(entry.message.id) == b"kept"

@@ -16,6 +16,7 @@ import pickle
 
 import pytest
 
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import (
     ChannelOpen,
     Consume,
@@ -23,7 +24,6 @@ from raftmq.store.core.commands import (
     QueueDeclare,
     VhostAdd,
 )
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.core.model import Queue
 from raftmq.store.core.queue_args import parse_queue_arguments
 
@@ -31,17 +31,17 @@ NOW = 1_700_000_000_000_000
 A, B = "n1.a.1", "n1.b.2"  # two connections
 
 
-def _machine() -> StateMachine:
-    m = StateMachine(None)
+def _machine() -> StoredMachine:
+    m = StoredMachine()
     m.apply_batch(NOW, [VhostAdd(None, None, "/"), ChannelOpen(A, None, 1), ChannelOpen(B, None, 1)])
     return m
 
 
-def _publish(m: StateMachine, conn: str, queue: str, body: bytes) -> None:
+def _publish(m: StoredMachine, conn: str, queue: str, body: bytes) -> None:
     m.apply_batch(NOW, [Publish(conn, None, 1, "/", "", queue, False, b"", body, False, 0, None)])
 
 
-def _ready(m: StateMachine, queue: str) -> int:
+def _ready(m: StoredMachine, queue: str) -> int:
     return len(m.vhosts["/"].queues[queue].ready)
 
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import pytest
 
 from raftmq.protocol.amqp091.properties import BasicProperties, decode_properties, encode_properties
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import ERR, REJECTED, ROUTED, UNROUTABLE, Op, Tick, VhostAdd
 from raftmq.store.core.delayed import MAX_DELAY_MS, delay_of
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.disk import history as EV
 from raftmq.store.disk.durable import DurableStore
 from raftmq.store.disk.snapshot import digest, export_model, import_model, live_bodies
@@ -27,7 +27,7 @@ from tests.unit.store.test_features21 import NOW, Driver
 MS = 1000
 
 
-def _driver(machine: StateMachine) -> Driver:
+def _driver(machine: StoredMachine) -> Driver:
     d = Driver(machine)
     d.apply(VhostAdd(None, None, "/"))
     d.ok(Op.CHANNEL_OPEN)
@@ -36,7 +36,7 @@ def _driver(machine: StateMachine) -> Driver:
 
 @pytest.fixture
 def d() -> Driver:
-    return _driver(StateMachine(None))
+    return _driver(StoredMachine())
 
 
 def delayed_exchange(d: Driver, name: str = "dx", inner: str = "direct") -> None:
@@ -179,7 +179,7 @@ def test_held_messages_travel_in_snapshots_and_the_digest(d):
     delayed_exchange(d)
     bound_queue(d, "q")
     d.publish("k", b"m", headers={"x-delay": 100}, exchange="dx")
-    other = _driver(StateMachine(None))
+    other = _driver(StoredMachine())
     import_model(other.machine, export_model(d.machine))
     assert digest(other.machine) == digest(d.machine)
     # Held messages' bodies are fetched by a joining node like queued ones (body_fetch.py).
@@ -193,7 +193,7 @@ def test_held_messages_travel_in_snapshots_and_the_digest(d):
 
 def test_held_messages_survive_a_single_node_restart(tmp_path):
     path = str(tmp_path / "lmdb")
-    d = _driver(StateMachine(DurableStore(path)))
+    d = _driver(StoredMachine(DurableStore(path)))
     d.ok(Op.EXCHANGE_DECLARE, "/", "dx", "x-delayed-message", False, True, False, False, {"x-delayed-type": "direct"})
     d.declare("q", durable=True)
     d.ok(Op.QUEUE_BIND, "/", "q", "dx", "k", {})
@@ -202,7 +202,7 @@ def test_held_messages_survive_a_single_node_restart(tmp_path):
     d.publish("k", b"released", headers={"x-delay": 10}, exchange="dx", persistent=True)
     tick(d, NOW + 10 * MS)
     d.machine.store.close()
-    again = StateMachine(DurableStore(path))
+    again = StoredMachine(DurableStore(path))
     assert len(again.delayed) == 2 and again.next_deadline() == NOW + 50 * MS
     assert again.message_bytes == len(b"transient") + len(b"persistent") + len(b"released")
     e = Driver(again)
@@ -210,7 +210,7 @@ def test_held_messages_survive_a_single_node_restart(tmp_path):
     tick(e, NOW + 100 * MS)
     assert e.bodies("q") == [b"released", b"persistent", b"transient"]
     again.store.close()
-    third = StateMachine(DurableStore(path))
+    third = StoredMachine(DurableStore(path))
     assert len(third.delayed) == 0  # released ones left the store's delayed table
     third.store.close()
 
@@ -270,7 +270,7 @@ def test_a_dedup_exchange_needs_a_positive_cache_size(d, args):
 def test_the_exchange_cache_is_replicated_state_and_goes_with_the_exchange(d):
     dedup_exchange(d, {"x-cache-size": "10"})
     d.publish("rk", b"a", headers={H: "a"}, exchange="ddx")
-    other = _driver(StateMachine(None))
+    other = _driver(StoredMachine())
     import_model(other.machine, export_model(d.machine))
     assert digest(other.machine) == digest(d.machine)
     # Held messages' bodies are fetched by a joining node like queued ones (body_fetch.py).

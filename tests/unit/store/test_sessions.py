@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core import ranges as rs
 from raftmq.store.core.commands import (
     ERR,
@@ -18,7 +19,6 @@ from raftmq.store.core.commands import (
     VhostAdd,
     make,
 )
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.core.sessions import SETTLE_ACCEPT, SETTLE_RELEASE_REDELIVERED, UNLIMITED
 
 NOW = 1_700_000_000_000_000
@@ -26,7 +26,7 @@ NAME = b"session-1"
 
 
 class Client:
-    def __init__(self, machine: StateMachine, conn: str, ch: int = 1) -> None:
+    def __init__(self, machine: StoredMachine, conn: str, ch: int = 1) -> None:
         self.m, self.conn, self.ch = machine, conn, ch
         self.token = 0
         self.next_id = 0
@@ -48,8 +48,8 @@ class Client:
         return [o for o in self.outputs if o[1] == OUT_TRANSFER]
 
 
-def machine_with_queue() -> StateMachine:
-    m = StateMachine(None)
+def machine_with_queue() -> StoredMachine:
+    m = StoredMachine()
     m.apply_batch(NOW, [VhostAdd(None, None, "/")])
     return m
 

@@ -10,6 +10,7 @@ did the transaction's work has detached.
 
 from __future__ import annotations
 
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import (
     OUT_TRANSFER,
     MessageFlow,
@@ -24,7 +25,6 @@ from raftmq.store.core.commands import (
     decode_batch,
     encode_batch,
 )
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.core.sessions import SETTLE_ACCEPT, UNLIMITED
 
 NOW = 1_700_000_000_000_000
@@ -36,9 +36,9 @@ def _publish(channel: int, queue: str, body: bytes) -> Publish:
     return Publish(CONN, None, channel, "/", "", queue, False, b"", body, True, 0, None)
 
 
-def _setup() -> tuple[StateMachine, dict[int, int]]:
+def _setup() -> tuple[StoredMachine, dict[int, int]]:
     """Queues A, B, C; a message in A and in C, each delivered (unsettled) to its own link."""
-    m = StateMachine(None)
+    m = StoredMachine()
     m.apply_batch(NOW, [VhostAdd(None, None, "/")])
     commands = [SessionAttach(CONN, None, ch, "/", "guest", f"amqp10:{CONN}:{ch}".encode(), False)
                 for ch in (COORDINATOR, LINK_A, LINK_C)]
@@ -53,7 +53,7 @@ def _setup() -> tuple[StateMachine, dict[int, int]]:
     return m, transfers
 
 
-def _counts(m: StateMachine) -> dict[str, tuple[int, int]]:
+def _counts(m: StoredMachine) -> dict[str, tuple[int, int]]:
     """queue -> (ready, unacked) messages."""
     queues = m.vhosts["/"].queues
     unacked = {q: 0 for q in queues}

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import ERR, OK, Op, VhostAdd
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.disk.snapshot import digest
 from tests.unit.store.test_machine import C, Driver, declare
 from tests.unit.store.test_sessions import attach
@@ -20,7 +20,7 @@ from tests.unit.store.test_sessions import attach
 
 @pytest.fixture
 def driver() -> Driver:
-    d = Driver(StateMachine(None))
+    d = Driver(StoredMachine())
     d.apply(VhostAdd(None, None, "/"))
     d.ok(Op.CHANNEL_OPEN)
     return d
@@ -122,7 +122,7 @@ def test_replicas_agree():
     answer alike and end with the same digest."""
     answers = []
     for _ in range(2):
-        d = Driver(StateMachine(None))
+        d = Driver(StoredMachine())
         d.apply(VhostAdd(None, None, "/"))
         d.ok(Op.CHANNEL_OPEN)
         declare(d, "q")
@@ -138,7 +138,7 @@ def test_0_10_unbind_of_a_missing_queue_or_exchange_is_not_found():
     L7486ff), of a missing exchange not-found (non-existent-exchange, L7492ff)."""
     for queue, exchange, rule in (("gone", "amq.direct", "non-existent-queue"),
                                   ("q", "gone", "non-existent-exchange")):
-        m = StateMachine(None)
+        m = StoredMachine()
         m.apply_batch(1, [VhostAdd(None, None, "/")])
         a, _ = attach(m, "n1.x.1")
         assert a.command(Op.QUEUE_DECLARE, "/", "q", False, False, False, False, {})[0] == OK

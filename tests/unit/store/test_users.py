@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import ERR, Op, VhostAdd
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.disk.durable import DurableStore
 from raftmq.store.disk.snapshot import digest, export_model, import_model
 from tests.unit.store.test_machine import Driver
@@ -12,7 +12,7 @@ HASH = "pbkdf2-sha256$1$c2FsdA==$aGFzaA=="
 
 
 def machine_with_vhost(path) -> Driver:
-    d = Driver(StateMachine(DurableStore(str(path))))
+    d = Driver(StoredMachine(DurableStore(str(path))))
     d.apply(VhostAdd(None, None, "/"))
     d.ok(Op.CHANNEL_OPEN)
     return d
@@ -55,7 +55,7 @@ def test_users_survive_a_restart_and_travel_in_snapshots(tmp_path):
     d = machine_with_vhost(path)
     d.ok(Op.USER_PUT, "carol", HASH, ["administrator"], False)
     d.ok(Op.PERMISSION_SET, "carol", "/", "", "^in$", "^out$")
-    follower = StateMachine()
+    follower = StoredMachine()
     import_model(follower, export_model(d.machine))
     assert digest(follower) == digest(d.machine)
     d.ok(Op.USER_PUT, "dave", HASH, [], False)
@@ -63,7 +63,7 @@ def test_users_survive_a_restart_and_travel_in_snapshots(tmp_path):
     d.ok(Op.USER_DELETE, "dave")
 
     d.machine.store.close()
-    again = StateMachine(DurableStore(str(path)))
+    again = StoredMachine(DurableStore(str(path)))
     assert list(again.users) == ["carol"]
     assert again.users["carol"].permissions == {"/": ("", "^in$", "^out$")}
     assert again.users["carol"].tags == ["administrator"]

@@ -1,4 +1,4 @@
-"""Format versions (store/core/versions.py): commands, snapshots and the LMDB store say which format they
+"""Format versions (raftmq/versions.py): commands, snapshots and the LMDB store say which format they
 are in; the current code reads its own and the unnumbered version-1 ones, and refuses newer ones."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import msgpack
 import pytest
 
 from raftmq.raft.replica import ENTRY
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import (
     Ack,
     Nack,
@@ -23,17 +24,16 @@ from raftmq.store.core.commands import (
     decode_batch,
     encode_batch,
 )
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.core.message import AMQP010, AMQP091, headers_of
-from raftmq.store.core.versions import (
+from raftmq.store.disk.durable import DurableStore
+from raftmq.store.disk.snapshot import digest, import_model, live_bodies, read_snapshot, write_snapshot
+from raftmq.versions import (
     COMMAND_FORMAT,
     EXIT_FORMAT_TOO_NEW,
     SNAPSHOT_FORMAT,
     STORE_FORMAT,
     FormatTooNew,
 )
-from raftmq.store.disk.durable import DurableStore
-from raftmq.store.disk.snapshot import digest, import_model, live_bodies, read_snapshot, write_snapshot
 from tests.unit.raft.test_cluster_log import make_log
 from tests.unit.store import snapshot_fixture
 
@@ -114,7 +114,7 @@ def test_the_format_1_snapshot_fixture_loads_into_todays_model():
     0-9-1."""
     meta, model = read_snapshot(str(FIXTURE))
     assert meta == b"fixture-meta"
-    machine = StateMachine(None)
+    machine = StoredMachine()
     bodies = dict(import_model(machine, model))
     expected = snapshot_fixture.build(format=1)
     assert digest(machine) == digest(expected)  # the digest covers Message.live, recounted on import
@@ -132,7 +132,7 @@ def test_the_format_2_snapshot_fixture_loads_with_its_0_10_message_and_bodies():
     """snapshot-format-2.lmdb: a 0-10 message keeps its format, the core reads its headers through
     the 0-10 codec, and the bodies the format still carried come back for the body store."""
     meta, model = read_snapshot(str(FIXTURE_2))
-    machine = StateMachine(None)
+    machine = StoredMachine()
     bodies = dict(import_model(machine, model))
     expected = snapshot_fixture.build(format=2)
     assert digest(machine) == digest(expected)
@@ -148,7 +148,7 @@ def test_the_current_format_snapshot_fixture_holds_no_bodies():
     a node that installs it fetches them (store/disk/body_fetch.py)."""
     meta, model = read_snapshot(str(FIXTURE_3))
     assert b"body-010" not in model and b"body-1body-1" not in model
-    machine = StateMachine(None)
+    machine = StoredMachine()
     assert import_model(machine, model) == []
     expected = snapshot_fixture.build(format=3)
     assert digest(machine) == digest(expected)

@@ -11,6 +11,7 @@ messages and the permissions are gone; the overlay of another vhost survives).
 
 from __future__ import annotations
 
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import (
     ERR,
     OK,
@@ -22,7 +23,6 @@ from raftmq.store.core.commands import (
     VhostDelete,
     make,
 )
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.disk import history as EV
 from raftmq.store.disk.durable import DurableStore
 from raftmq.store.disk.snapshot import digest, export_model, import_model
@@ -32,7 +32,7 @@ HASH = "pbkdf2-sha256$1$c2FsdA==$aGFzaA=="
 C = "n1.boot.1"
 
 
-def populated(machine: StateMachine) -> tuple[Driver, list]:
+def populated(machine: StoredMachine) -> tuple[Driver, list]:
     """Vhosts "/" and "v"; in "v" a durable queue with a persistent message, a consumer holding it
     unacked, a second ready message, a durable exchange bound to the queue, an exclusive queue;
     permissions on both vhosts for a managed user and (overlay) for a configuration-file user."""
@@ -66,7 +66,7 @@ def delete(d: Driver, name: str):
 
 
 def test_delete_removes_everything_in_the_vhost(tmp_path):
-    d, events = populated(StateMachine(DurableStore(str(tmp_path / "lmdb"))))
+    d, events = populated(StoredMachine(DurableStore(str(tmp_path / "lmdb"))))
     m = d.machine
     assert m.vhosts["v"].queues["q"].unacked_count == 1
     events.clear()
@@ -96,7 +96,7 @@ def test_delete_removes_everything_in_the_vhost(tmp_path):
 
 
 def test_unknown_vhost_is_404_and_changes_nothing():
-    d, _ = populated(StateMachine())
+    d, _ = populated(StoredMachine())
     before = digest(d.machine)
     result, outputs = delete(d, "nope")
     assert result == (ERR, 404, "NOT_FOUND - no vhost 'nope'")  # the code's name is prefixed
@@ -107,8 +107,8 @@ def test_unknown_vhost_is_404_and_changes_nothing():
 def test_two_machines_agree_and_snapshots_carry_it():
     """The same log on two machines: the same digest and outputs after the delete; a snapshot taken
     after it restores the same state (overlay included) on a fresh machine."""
-    a, _ = populated(StateMachine())
-    b = Driver(StateMachine())
+    a, _ = populated(StoredMachine())
+    b = Driver(StoredMachine())
     for now, commands in a.log:
         b.machine.apply_batch(now, commands)
     assert digest(a.machine) == digest(b.machine)
@@ -116,7 +116,7 @@ def test_two_machines_agree_and_snapshots_carry_it():
     out_b = b.machine.apply_batch(NOW, a.log[-1][1])
     assert digest(a.machine) == digest(b.machine)
     assert [o[:3] for o in out_a] == [o[:3] for o in out_b]
-    follower = StateMachine()
+    follower = StoredMachine()
     import_model(follower, export_model(a.machine))
     assert digest(follower) == digest(a.machine)
     assert follower.permission_overlay == {"guest": {"/": ("^a", "^b", "^c")}}
@@ -124,7 +124,7 @@ def test_two_machines_agree_and_snapshots_carry_it():
 
 
 def test_overlay_changes_the_digest_and_clear_is_a_tombstone():
-    d, _ = populated(StateMachine())
+    d, _ = populated(StoredMachine())
     before = digest(d.machine)
     d.ok(Op.PERMISSION_CLEAR, "guest", "/", conn=C)
     assert d.machine.permission_overlay["guest"]["/"] is None  # hides the file's permission on /
@@ -136,11 +136,11 @@ def test_overlay_changes_the_digest_and_clear_is_a_tombstone():
 
 def test_lmdb_restart_after_delete(tmp_path):
     path = str(tmp_path / "lmdb")
-    d, _ = populated(StateMachine(DurableStore(path)))
+    d, _ = populated(StoredMachine(DurableStore(path)))
     d.ok(Op.PERMISSION_CLEAR, "guest", "/", conn=C)
     d.ok(Op.PERMISSION_SET, "guest", "v", "^c$", "^w$", "^r$", conn=C)
     d.machine.store.close()
-    again = StateMachine(DurableStore(path))
+    again = StoredMachine(DurableStore(path))
     assert set(again.vhosts) == {"/", "v"} and again.vhosts["v"].queues["q"].durable
     assert again.permission_overlay == {"guest": {"v": ("^c$", "^w$", "^r$"), "/": None}}
     d = Driver(again)
@@ -148,7 +148,7 @@ def test_lmdb_restart_after_delete(tmp_path):
     result, _ = delete(d, "v")
     assert result[0] == OK
     again.store.close()
-    third = StateMachine(DurableStore(path))
+    third = StoredMachine(DurableStore(path))
     assert set(third.vhosts) == {"/"}
     assert [(q.vhost, q.name) for q in third.queues_by_id.values()] == [("/", "keep")]
     assert third.users["alice"].permissions == {"/": ("^a", "^b", "^c")}

@@ -1,15 +1,17 @@
-"""Body fetches over the Raft port (raft/body_peer.py): a real Replica (pysyncobj transport with
-raft/wire.py's sealed framing) on loopback answers a follower's catch-up from a real LMDB store."""
+"""Body fetches over the Raft port (raft/peer_requests.py carrying store/disk/body_fetch.py's
+requests): a real Replica (pysyncobj transport with raft/wire.py's sealed framing) on loopback
+answers a follower's catch-up from a real LMDB store."""
 
 from __future__ import annotations
 
 import pytest
 
 from raftmq.ops.local.node import free_port
-from raftmq.raft.body_peer import ask, serve_bodies
+from raftmq.raft.peer_requests import PeerRequestFailed, ask, serve
 from raftmq.raft.replica import Replica
 from raftmq.store.disk.bodies import Bodies, BodyEffects
-from raftmq.store.disk.body_fetch import FetchError, catch_up, encode_request
+from raftmq.store.disk.body_fetch import PEER_REQUEST, catch_up, encode_request
+from raftmq.store.disk.body_fetch import serve as serve_bodies
 from raftmq.store.disk.body_store import BodyStore
 
 
@@ -19,7 +21,7 @@ def member(tmp_path):
     replica = Replica(address, [], str(tmp_path / "raft"), "secret", sink=lambda _item: None)
     store = BodyStore(str(tmp_path / "member-bodies"), map_size=1 << 26)
     bodies = Bodies(store, cache_bytes=1 << 20)
-    serve_bodies(replica, bodies)
+    serve(replica, PEER_REQUEST, lambda request: serve_bodies(bodies, request))
     try:
         yield address, bodies
     finally:
@@ -36,7 +38,7 @@ def test_follower_fetches_missing_bodies_over_the_raft_port(member, tmp_path):
     store = BodyStore(str(tmp_path / "follower"), map_size=1 << 26)
     try:
         follower = Bodies(store, cache_bytes=1 << 20)
-        report = catch_up(follower, {i: len(b) for i, b in live.items()}, [ask("secret", address)],
+        report = catch_up(follower, {i: len(b) for i, b in live.items()}, [ask("secret", address, PEER_REQUEST)],
                           answer_bytes=40_000)
         assert report.still_missing == [] and report.fetched == len(live) and report.requests > 1
         assert all(store.get(i) == b for i, b in live.items())  # on the follower's disk, identical
@@ -47,11 +49,11 @@ def test_follower_fetches_missing_bodies_over_the_raft_port(member, tmp_path):
 def test_a_wrong_secret_gets_no_bodies(member):
     address, bodies = member
     bodies.carry_out(BodyEffects(puts=[(1, b"secret body")]))
-    with pytest.raises(FetchError):
-        ask("not-the-secret", address, timeout=3.0)(encode_request([1]))
+    with pytest.raises(PeerRequestFailed):
+        ask("not-the-secret", address, PEER_REQUEST, timeout=3.0)(encode_request([1]))
 
 
 def test_a_garbage_request_is_refused(member):
     address, _bodies = member
-    with pytest.raises(FetchError):
-        ask("secret", address, timeout=3.0)(b"\xc1 not msgpack")
+    with pytest.raises(PeerRequestFailed):
+        ask("secret", address, PEER_REQUEST, timeout=3.0)(b"\xc1 not msgpack")
