@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+from .amqp010 import _generate as gen010
 from .amqp091 import _generate as gen091
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -22,7 +23,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 def generators() -> list[ModuleType]:
     """The generator modules, each with ``TARGET`` and ``render()``."""
-    return [gen091]
+    return [gen091, gen010]
 
 
 def rendered() -> dict[Path, Callable[[], str]]:
