@@ -17,13 +17,14 @@ from types import ModuleType
 
 from .amqp010 import _generate as gen010
 from .amqp091 import _generate as gen091
+from .amqp10 import _generate as gen10
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def generators() -> list[ModuleType]:
     """The generator modules, each with ``TARGET`` and ``render()``."""
-    return [gen091, gen010]
+    return [gen091, gen010, gen10]
 
 
 def rendered() -> dict[Path, Callable[[], str]]:
