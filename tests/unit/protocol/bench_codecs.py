@@ -8,6 +8,7 @@ Figures are printed, never asserted (timings depend on the machine and its load)
 from __future__ import annotations
 
 import timeit
+from collections.abc import Callable
 
 from raftmq.protocol.amqp010 import codec as c010
 from raftmq.protocol.amqp010.frames import Assembly
@@ -15,7 +16,7 @@ from raftmq.protocol.amqp091 import methods as m091
 from raftmq.protocol.amqp10 import performatives as p10
 
 
-def cases() -> dict[str, object]:
+def cases() -> dict[str, Callable[[], object]]:
     publish = m091.BasicPublish(exchange="amq.direct", routing_key="rk.one", mandatory=True)
     deliver = m091.BasicDeliver(consumer_tag="ctag-1", delivery_tag=12345, exchange="ex", routing_key="rk")
     ack = m091.BasicAck(delivery_tag=12345, multiple=False)
@@ -57,7 +58,7 @@ def cases() -> dict[str, object]:
 
 def main(number: int = 20000, repeat: int = 5) -> None:
     for name, fn in cases().items():
-        best = min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6  # type: ignore[arg-type]
+        best = min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
         print(f"{name:38s} {best:7.3f} µs")
 
 
