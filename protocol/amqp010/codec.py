@@ -1,8 +1,13 @@
 """AMQP 0-10 controls, commands and structs, generated from :mod:`.spec_table`.
 
-Every struct, control and command of the table becomes a small slotted class (``SessionAttach``,
-``MessageTransfer``, ``DeliveryProperties``...) with snake_case attributes (``known_hosts``), class
-attributes ``CLASS_CODE``, ``CODE``, ``NAME``, ``KIND``, ``FIELDS`` and an ``encode()``.
+Every struct, control and command of the table is a small slotted class (``SessionAttach``,
+``MessageTransfer``, ``DeliveryProperties``...) with typed snake_case attributes (``known_hosts``),
+class attributes ``CLASS_CODE``, ``CODE``, ``NAME``, ``KIND``, ``FIELDS`` and an ``encode()``.  The
+classes are generated source checked in (:mod:`.codec_gen`, written by :mod:`._generate` with
+``python -m raftmq.protocol.codegen``, pamqp's way) so that type checkers and editors see them; their
+base classes and packing-flag codec are in :mod:`.composite`.  This module attaches to each class its
+field codecs (``FIELDS``, built from the same table), registers the classes by code and name, and
+re-exports them.
 
 Encoding rules (spec 3.x structs, 5.7 controls, 5.8 commands):
 
@@ -21,32 +26,67 @@ Truncated or malformed data is a :class:`FramingError`.
 
 from __future__ import annotations
 
-import keyword
+from collections.abc import Callable
 from struct import error as StructError
+from typing import Any
 
 from . import types as t
+from ._generate import attr_name as _attr
+from ._generate import method_default, struct_default
+from .codec_gen import *  # noqa: F403 - the generated classes are this module's public names
+from .codec_gen import METHOD_CLASSES, STRUCT_CLASSES
+from .composite import Command as Command
+from .composite import Composite as Composite
+from .composite import Control as Control
+from .composite import Method as Method
+from .composite import StructBase as StructBase
 from .errors import FramingError
 from .frames import SEG_BODY, SEG_COMMAND, SEG_CONTROL, SEG_HEADER, TRACK_COMMAND, TRACK_CONTROL, Assembly
 from .spec_table import Field
 
 SPEC = t.SPEC
 
-
-def _attr(name: str) -> str:
-    attr = name.replace("-", "_")
-    return attr + "_" if keyword.iskeyword(attr) else attr
+Encode = Callable[[Any], bytes]
+Decode = Callable[[bytes, int, int], tuple[Any, int]]
 
 
-def _camel(*words: str) -> str:
-    return "".join(part.capitalize() for word in words for part in word.split("-"))
+def _struct_codec(key: str) -> tuple[Encode, Decode]:
+    def encode(value: Any) -> bytes:
+        return STRUCTS[key].encode_struct(value)
+
+    def decode(buf: bytes, pos: int, depth: int = 0) -> tuple[Any, int]:
+        return STRUCTS[key].decode_struct(buf, pos, depth)
+    return encode, decode
+
+
+def _array_codec(element: str | None) -> tuple[Encode, Decode]:
+    def encode(value: Any) -> bytes:
+        return t.encode_array(value, element)
+
+    def decode(buf: bytes, pos: int, depth: int = 0) -> tuple[Any, int]:
+        return t.decode("array", buf, pos, depth)
+    return encode, decode
+
+
+def _primitive_decoder(base: str) -> Decode:
+    if base in t.NESTED:
+        def nested(buf: bytes, pos: int, depth: int = 0) -> tuple[Any, int]:
+            return t.decode(base, buf, pos, depth)
+        return nested
+
+    def flat(buf: bytes, pos: int, depth: int = 0) -> tuple[Any, int]:
+        return t.decode_flat(base, buf, pos)
+    return flat
 
 
 class FieldCodec:
     """How one field is encoded: resolved once from the table."""
 
     __slots__ = ("name", "attr", "type", "required", "default", "is_bit", "encode", "decode")
+    encode: Encode
+    decode: Decode
 
-    def __init__(self, f: Field, default) -> None:
+    def __init__(self, f: Field, default: Any) -> None:
         self.name = f.name
         self.attr = _attr(f.name)
         self.type = f.type
@@ -57,19 +97,12 @@ class FieldCodec:
         if self.is_bit and default is None:
             self.default = False  # a bit is a packing flag: always present, never None
         if base in SPEC.structs:
-            struct_key = base
-            self.encode = lambda v, k=struct_key: STRUCTS[k].encode_struct(v)
-            self.decode = lambda buf, pos, depth=0, k=struct_key: STRUCTS[k].decode_struct(buf, pos, depth)
+            self.encode, self.decode = _struct_codec(base)
         elif base == "array":
-            element = self._element(f.type)
-            self.encode = lambda v, e=element: t.encode_array(v, e)
-            self.decode = lambda buf, pos, depth=0: t.decode("array", buf, pos, depth)
+            self.encode, self.decode = _array_codec(self._element(f.type))
         else:
             self.encode = t.ENCODERS[base]
-            if base in t.NESTED:
-                self.decode = lambda buf, pos, depth=0, b=base: t.decode(b, buf, pos, depth)
-            else:
-                self.decode = lambda buf, pos, depth=0, b=base: t.decode_flat(b, buf, pos)
+            self.decode = _primitive_decoder(base)
 
     @staticmethod
     def _element(type_name: str) -> str | None:
@@ -80,140 +113,6 @@ class FieldCodec:
         return base if base in SPEC.types else None
 
 
-class Composite:
-    """Base of structs, controls and commands."""
-
-    __slots__ = ()
-    FIELDS: tuple[FieldCodec, ...] = ()
-    NAME = ""
-    PACK = 2
-
-    def __init__(self, **kwargs) -> None:
-        for f in self.FIELDS:
-            setattr(self, f.attr, kwargs.pop(f.attr, f.default))
-        if kwargs:
-            raise TypeError(f"{type(self).__name__} has no field(s) {sorted(kwargs)}")
-
-    def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and all(
-            getattr(self, f.attr) == getattr(other, f.attr) for f in self.FIELDS)
-
-    __hash__ = object.__hash__
-
-    def __repr__(self) -> str:
-        shown = ", ".join(f"{f.attr}={getattr(self, f.attr)!r}" for f in self.FIELDS
-                          if getattr(self, f.attr) is not None and getattr(self, f.attr) is not False)
-        return f"{type(self).__name__}({shown})"
-
-    def missing(self) -> list[str]:
-        """Required fields that are absent (None)."""
-        return [f.name for f in self.FIELDS if f.required and not f.is_bit and getattr(self, f.attr) is None]
-
-    def encode_fields(self) -> bytes:
-        flags = 0
-        parts = []
-        for i, f in enumerate(self.FIELDS):
-            value = getattr(self, f.attr)
-            if f.is_bit:
-                if value:
-                    flags |= 1 << i
-            elif value is not None:
-                flags |= 1 << i
-                parts.append(f.encode(value))
-        return flags.to_bytes(self.PACK, "little") + b"".join(parts) if self.PACK else b"".join(parts)
-
-    @classmethod
-    def decode_fields(cls, buf, pos: int, end: int | None = None, depth: int = 0):
-        """Decode the fields at ``pos``; ``depth``: how deep inside maps, lists, arrays and struct32
-        values this struct sits (its map, array and struct32 fields count one level deeper)."""
-        pack = cls.PACK
-        flags = int.from_bytes(buf[pos:pos + pack], "little")
-        if pos + pack > len(buf):
-            raise FramingError(f"{cls.NAME}: truncated packing flags")
-        pos += pack
-        obj = cls.__new__(cls)
-        for i, f in enumerate(cls.FIELDS):
-            present = flags >> i & 1
-            if f.is_bit:
-                setattr(obj, f.attr, bool(present))
-            elif present:
-                value, pos = f.decode(buf, pos, depth)
-                setattr(obj, f.attr, value)
-            else:
-                setattr(obj, f.attr, None)
-        if flags >> len(cls.FIELDS) if pack else 0:
-            raise FramingError(f"{cls.NAME}: reserved packing flags set")
-        if pos > (len(buf) if end is None else end):
-            raise FramingError(f"{cls.NAME}: fields overrun the data")
-        return obj, pos
-
-
-class StructBase(Composite):
-    __slots__ = ()
-    CODE: int | None = None  # class code << 8 | struct code
-    SIZE = 0
-    KEY = ""
-
-    def encode_struct(self) -> bytes:
-        body = self.encode_fields()
-        if self.CODE is not None:
-            body = self.CODE.to_bytes(2, "big") + body
-        return len(body).to_bytes(self.SIZE, "big") + body if self.SIZE else body
-
-    @classmethod
-    def decode_struct(cls, buf, pos: int, depth: int = 0):
-        end = None
-        if cls.SIZE:
-            size = int.from_bytes(buf[pos:pos + cls.SIZE], "big")
-            pos += cls.SIZE
-            end = pos + size
-            if end > len(buf):
-                raise FramingError(f"{cls.NAME}: struct overruns its data")
-        if cls.CODE is not None:
-            code = int.from_bytes(buf[pos:pos + 2], "big")
-            if code != cls.CODE:
-                raise FramingError(f"{cls.NAME}: struct code {code:#06x}, expected {cls.CODE:#06x}")
-            pos += 2
-        obj, pos = cls.decode_fields(buf, pos, end, depth)
-        return obj, (end if end is not None else pos)
-
-
-class Method(Composite):
-    """A control or command."""
-
-    __slots__ = ()
-    KIND = ""
-    CLASS_CODE = 0
-    CODE = 0
-    RESULT: type[StructBase] | None = None
-    HAS_SEGMENTS = False
-
-    def encode_segment(self) -> bytes:
-        return bytes((self.CLASS_CODE, self.CODE)) + self.encode_fields()
-
-
-class Command(Method):
-    """A command: ``sync`` is the session header's flag; ``id`` the session command-id (not encoded)."""
-
-    __slots__ = ("sync", "id", "headers", "body")
-    KIND = "command"
-
-    def __init__(self, **kwargs) -> None:
-        self.sync = kwargs.pop("sync", False)
-        self.id = kwargs.pop("id", None)
-        self.headers = kwargs.pop("headers", None)  # header segment structs (message.transfer)
-        self.body = kwargs.pop("body", None)  # body segment (message.transfer)
-        super().__init__(**kwargs)
-
-    def encode_segment(self) -> bytes:
-        return bytes((self.CLASS_CODE, self.CODE, 1, 1 if self.sync else 0)) + self.encode_fields()
-
-
-class Control(Method):
-    __slots__ = ()
-    KIND = "control"
-
-
 STRUCTS: dict[str, type[StructBase]] = {}  # "message.delivery-properties" -> class
 STRUCTS_BY_CODE: dict[int, type[StructBase]] = {}
 CONTROLS: dict[int, type[Control]] = {}  # class_code << 8 | code
@@ -222,42 +121,46 @@ BY_NAME: dict[str, type] = {}  # "session.attach" -> class
 
 
 def _build() -> None:
+    """Register the generated classes and attach their field codecs (built from the same table)."""
     t.ENCODERS["struct32"] = encode_struct32
     t.DECODERS["struct32"] = decode_struct32
-    names = [s.name for s in SPEC.structs.values()]
-    for key, s in SPEC.structs.items():
-        py_name = _camel(s.name) if names.count(s.name) == 1 else _camel(s.cls, s.name)
-        if py_name == "Header":
-            py_name = "SessionHeader"
-        cls = type(py_name, (StructBase,), {"__slots__": tuple(_attr(f.name) for f in s.fields)})
-        cls.CODE, cls.SIZE, cls.PACK, cls.NAME, cls.KEY = s.code, s.size, s.pack, key, key
-        STRUCTS[key] = cls
-        if s.code is not None:
-            STRUCTS_BY_CODE[s.code] = cls
-        globals()[py_name] = cls
+    for cls in STRUCT_CLASSES:
+        s = SPEC.structs[cls.KEY]
+        _check_generated(cls, s.fields)
+        STRUCTS[cls.KEY] = cls
+        if cls.CODE is not None:
+            STRUCTS_BY_CODE[cls.CODE] = cls
     # Field codecs refer to STRUCTS lazily, so they can be built after every struct class exists.
-    for key, s in SPEC.structs.items():
-        STRUCTS[key].FIELDS = tuple(FieldCodec(f, s.defaults.get(f.name, None) and bool(s.defaults[f.name]))
-                                    for f in s.fields)
-    for m in SPEC.methods:
-        base = Command if m.kind == "command" else Control
-        py_name = _camel(m.cls, m.name)
-        cls = type(py_name, (base,), {"__slots__": tuple(_attr(f.name) for f in m.fields)})
-        cls.CLASS_CODE, cls.CODE, cls.NAME = m.class_code, m.code, f"{m.cls}.{m.name}"
-        cls.FIELDS = tuple(FieldCodec(f, None) for f in m.fields)
-        cls.RESULT = STRUCTS[m.result] if m.result else None
-        cls.HAS_SEGMENTS = bool(m.segments)
-        (COMMANDS if m.kind == "command" else CONTROLS)[m.class_code << 8 | m.code] = cls
-        BY_NAME[cls.NAME] = cls
-        globals()[py_name] = cls
+    for cls in STRUCT_CLASSES:
+        s = SPEC.structs[cls.KEY]
+        cls.FIELDS = tuple(FieldCodec(f, struct_default(SPEC, cls.KEY, f)) for f in s.fields)
+    methods = {f"{m.cls}.{m.name}": m for m in SPEC.methods}
+    for mcls in METHOD_CLASSES:
+        m = methods[mcls.NAME]
+        _check_generated(mcls, m.fields)
+        mcls.FIELDS = tuple(FieldCodec(f, method_default(SPEC, f)) for f in m.fields)
+        if issubclass(mcls, Command):
+            COMMANDS[m.class_code << 8 | m.code] = mcls
+        else:
+            CONTROLS[m.class_code << 8 | m.code] = mcls
+        BY_NAME[mcls.NAME] = mcls
+
+
+def _check_generated(cls: type[Composite], fields: list[Field]) -> None:
+    """The checked-in generated class has the table's fields, in order (else: regenerate it)."""
+    if cls.__slots__ != tuple(_attr(f.name) for f in fields):
+        raise ImportError(f"{cls.__name__} does not match the spec table: run python -m raftmq.protocol.codegen")
 
 
 def encode_struct32(value: StructBase) -> bytes:
-    body = value.CODE.to_bytes(2, "big") + value.encode_fields()
+    code = value.CODE
+    if code is None:
+        raise ValueError(f"{value.NAME} is an uncoded struct: it cannot be a struct32 value")
+    body = code.to_bytes(2, "big") + value.encode_fields()
     return len(body).to_bytes(4, "big") + body
 
 
-def decode_struct32(buf, pos: int, depth: int = 0):
+def decode_struct32(buf: bytes, pos: int, depth: int = 0) -> tuple[StructBase, int]:
     if depth > t.MAX_DEPTH:
         t.check_depth(depth)
     size = int.from_bytes(buf[pos:pos + 4], "big")
@@ -281,6 +184,7 @@ def decode_assembly(assembly: Assembly) -> Method:
     """The control or command an assembly carries (with header structs and body for transfers)."""
     segments = assembly.segments
     seg_type, payload = segments[0]
+    method: Method
     try:
         if len(payload) < 2:
             raise FramingError("segment too short for its class and method codes")
@@ -288,33 +192,35 @@ def decode_assembly(assembly: Assembly) -> Method:
         if seg_type == SEG_CONTROL:
             if assembly.track != TRACK_CONTROL:
                 raise FramingError("a control on the command track")
-            cls = CONTROLS.get(index)
-            if cls is None:
+            control_cls = CONTROLS.get(index)
+            if control_cls is None:
                 raise FramingError(f"unknown control {payload[0]:#04x}.{payload[1]:#04x}")
-            method, end = cls.decode_fields(payload, 2)
+            method, end = control_cls.decode_fields(payload, 2)
         elif seg_type == SEG_COMMAND:
             if assembly.track != TRACK_COMMAND:
                 raise FramingError("a command on the control track")
-            cls = COMMANDS.get(index)
-            if cls is None:
+            command_cls = COMMANDS.get(index)
+            if command_cls is None:
                 raise UnknownCommand(payload[0], payload[1])
             if len(payload) < 4 or payload[2] != 1:
                 raise FramingError("malformed session header")
-            method, end = cls.decode_fields(payload, 4)
-            method.sync = bool(payload[3] & 1)
-            method.id = None
-            method.headers, method.body = _content(segments[1:], cls)
+            command, end = command_cls.decode_fields(payload, 4)
+            command.sync = bool(payload[3] & 1)
+            command.id = None
+            command.headers, command.body = _content(segments[1:], command_cls)
+            method = command
         else:
             raise FramingError(f"an assembly cannot start with a segment of type {seg_type}")
     except (StructError, IndexError) as exc:
         raise FramingError(f"truncated control or command: {exc}") from exc
     if end != len(payload):
-        raise FramingError(f"{cls.NAME}: {len(payload) - end} trailing octets")
+        raise FramingError(f"{method.NAME}: {len(payload) - end} trailing octets")
     return method
 
 
-def _content(segments: list[tuple[int, bytes]], cls) -> tuple[list | None, bytes | None]:
-    headers = body = None
+def _content(segments: list[tuple[int, bytes]], cls: type[Command]) -> tuple[list[StructBase] | None, bytes | None]:
+    headers: list[StructBase] | None = None
+    body: bytes | None = None
     for seg_type, payload in segments:
         if not cls.HAS_SEGMENTS:
             raise FramingError(f"{cls.NAME} carries no segments")

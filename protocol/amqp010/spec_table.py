@@ -467,8 +467,8 @@ def parse(types: str = TYPES, domains: str = DOMAINS, structs: str = STRUCTS,
             elif t.startswith("header="):
                 header = tuple(canonical(e, cls, f"{where} header") for e in t[7:].split(","))
                 for e in header:
-                    s = spec.structs.get(e)
-                    if s is None or s.code is None or s.size != 4:
+                    entry = spec.structs.get(e)
+                    if entry is None or entry.code is None or entry.size != 4:
                         raise SpecTableError(f"{where}: header entry {e} must be a coded struct of size 4")
             else:
                 field_tokens.append(t)

@@ -41,6 +41,7 @@ import uuid
 from collections.abc import Callable
 from struct import Struct
 from struct import error as StructError
+from typing import Any
 
 from .errors import FramingError
 from .spec_table import parse
@@ -57,8 +58,10 @@ _SIZE = {1: Struct(">B"), 2: Struct(">H"), 4: Struct(">I")}
 _U32 = Struct(">I")
 _U8 = Struct(">B")
 
-Encoder = Callable[[object], bytes]
-Decoder = Callable[[bytes, int], tuple[object, int]]
+Encoder = Callable[[Any], bytes]
+#: ``(buf, pos) -> (value, pos after it)``; the decoders of :data:`NESTED` types take a third argument,
+#: ``depth``, hence the open parameter list.
+Decoder = Callable[..., tuple[Any, int]]
 
 ENCODERS: dict[str, Encoder] = {}
 DECODERS: dict[str, Decoder] = {}
@@ -106,7 +109,7 @@ def _binary(width: int) -> tuple[Encoder, Decoder]:
     return enc, dec
 
 
-def _sized(width: int, to_bytes: Callable[[object], bytes], from_bytes: Callable[[bytes], object]):
+def _sized(width: int, to_bytes: Callable[[Any], bytes], from_bytes: Callable[[bytes], Any]) -> tuple[Encoder, Decoder]:
     size = _SIZE[width]
     limit = (1 << (8 * width)) - 1
 
@@ -125,6 +128,16 @@ def _sized(width: int, to_bytes: Callable[[object], bytes], from_bytes: Callable
         return from_bytes(bytes(buf[start:end])), end
 
     return enc, dec
+
+
+def _text(codec: str) -> tuple[Callable[[Any], bytes], Callable[[bytes], str]]:
+    """A string type's conversions to and from its octets (bytes pass through as they are)."""
+    def to_bytes(value: Any) -> bytes:
+        return value.encode(codec) if isinstance(value, str) else bytes(value)
+
+    def from_bytes(raw: bytes) -> str:
+        return raw.decode(codec)
+    return to_bytes, from_bytes
 
 
 def _ranges(fmt: str):
@@ -332,10 +345,7 @@ def _build() -> None:
         elif name in ("dec32", "dec64"):
             ENCODERS[name], DECODERS[name] = _decimal(">Bi" if name == "dec32" else ">Bq")
         elif name in _STRINGS:
-            codec = _STRINGS[name]
-            ENCODERS[name], DECODERS[name] = _sized(
-                t.width, lambda v, c=codec: v.encode(c) if isinstance(v, str) else bytes(v),
-                lambda raw, c=codec: raw.decode(c))
+            ENCODERS[name], DECODERS[name] = _sized(t.width, *_text(_STRINGS[name]))
         elif name in ("vbin8", "vbin16", "vbin32"):
             ENCODERS[name], DECODERS[name] = _sized(t.width, bytes, bytes)
         elif name == "sequence-set":

@@ -128,6 +128,7 @@ def _decode_value(buf, pos: int, end: int, depth: int):
         if pos + n > end:
             raise FrameError("long string overruns its table")
         raw = bytes(buf[pos:pos + n])
+        value: str | LongBytes
         try:
             value = raw.decode("utf-8")
         except UnicodeDecodeError:

@@ -169,6 +169,7 @@ def decode_properties(properties: bytes) -> BasicProperties:
         for name, typ in BASIC_PROPERTIES:
             if not flags & _FLAG[name]:
                 continue
+            value: object
             if typ == "shortstr":
                 size = properties[pos]
                 value = str(properties[pos + 1:pos + 1 + size], "utf-8")

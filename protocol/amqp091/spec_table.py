@@ -106,7 +106,10 @@ def parse_table(text: str = METHOD_TABLE) -> list[tuple[str, int, str, int, str,
     for line in text.strip().splitlines():
         words = line.split()
         cls, cls_id, meth, meth_id, flags = words[:5]
-        fields = [tuple(w.split(":", 1)) for w in words[5:]]
+        fields: list[tuple[str, str]] = []
+        for word in words[5:]:
+            name, _, typ = word.partition(":")
+            fields.append((name, typ))
         for _name, typ in fields:
             if typ not in TYPE_DEFAULTS:
                 raise ValueError(f"unknown field type {typ!r} in {cls}.{meth}")

@@ -27,13 +27,17 @@ table become instances of its class (``Source``, ``Accepted``), others stay :cla
 
 from __future__ import annotations
 
-import keyword
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from . import types as t
+from ._generate import attr_name as _attr
+from .described import Composite as Composite
+from .described import Section as Section
 from .errors import DecodeError, InvalidField
-from .spec_table import Described as DescribedDef
+from .performatives_gen import *  # noqa: F403 - the generated classes are this module's public names
+from .performatives_gen import DESCRIBED_CLASSES
 from .spec_table import Field
 
 SPEC = t.SPEC
@@ -41,15 +45,6 @@ SPEC = t.SPEC
 CHOICES: dict[str, dict[str, object]] = {name: dict(r.choices) for name, r in SPEC.restricted.items() if r.choices}
 #: The error conditions of 2.8.15-2.8.18 by short name: ``CONDITIONS["decode-error"] == "amqp:decode-error"``.
 CONDITIONS: dict[str, t.Symbol] = {name: t.Symbol(sym) for name, sym in SPEC.conditions.items()}
-
-
-def _attr(name: str) -> str:
-    attr = name.replace("-", "_")
-    return attr + "_" if keyword.iskeyword(attr) else attr
-
-
-def _camel(name: str) -> str:
-    return "".join(part.capitalize() for part in name.split("-"))
 
 
 def _key_kind(type_name: str) -> str | None:
@@ -78,6 +73,12 @@ def _encode_keyed_map(mapping, key_kind: str) -> bytes:
         parts.append(key_encoder(key))
         parts.append(t.encode_value(item))
     return t.encode_compound("map8", "map32", 2 * len(mapping), b"".join(parts))
+
+
+def _keyed_map_encoder(key_kind: str) -> Callable[[Any], bytes]:
+    def encode(mapping: Any) -> bytes:
+        return _encode_keyed_map(mapping, key_kind)
+    return encode
 
 
 # ---------------------------------------------------------------------------------------- field checks
@@ -136,6 +137,8 @@ class FieldCodec:
 
     __slots__ = ("name", "attr", "type", "source", "mandatory", "multiple", "default", "requires",
                  "encode_one", "check_one")
+    encode_one: Callable[[Any], bytes]
+    check_one: Callable[[Any], Any]
 
     def __init__(self, f: Field) -> None:
         self.name = f.name
@@ -151,17 +154,15 @@ class FieldCodec:
             self.encode_one = t.encode_value
             self.check_one = _convert
         elif source in SPEC.described:
-            self.encode_one = lambda v, n=source: _encode_composite_field(n, v)
-            self.check_one = lambda v, n=source: _expect(n, v)
-        elif source == "map" and _key_kind(f.type):
-            key_kind = _key_kind(f.type)
-            self.encode_one = lambda v: _encode_keyed_map(v, key_kind)
+            self.encode_one, self.check_one = _composite_field(source)
+        elif source == "map" and (key_kind := _key_kind(f.type)):
+            self.encode_one = _keyed_map_encoder(key_kind)
             self.check_one = _checker("map")
         else:
             self.encode_one = t.ENCODERS[source]
             self.check_one = _checker(source)
 
-    def encode(self, value) -> bytes:
+    def encode(self, value: Any) -> bytes:
         if self.multiple and isinstance(value, t.Array):
             return t.encode_array(value)
         if self.multiple and isinstance(value, (list, tuple)):
@@ -170,7 +171,7 @@ class FieldCodec:
             return t.encode_array(t.Array(self.source, list(value)))
         return self.encode_one(value)
 
-    def check(self, value, owner: str):
+    def check(self, value: Any, owner: str) -> Any:
         """The decoded ``value`` as this field's attribute value, or InvalidField."""
         if value is None:
             if self.mandatory:
@@ -189,155 +190,54 @@ class FieldCodec:
             raise InvalidField(f"{owner}.{self.name}: {exc}, got {type(value).__name__}") from None
 
 
-def _encode_composite_field(name: str, value) -> bytes:
+def _composite_field(name: str) -> tuple[Callable[[Any], bytes], Callable[[Any], Any]]:
+    """The encoder and checker of a field whose type is the described type ``name`` (error, source...)."""
+    def encode(value: Any) -> bytes:
+        return _encode_composite_field(name, value)
+
+    def check(value: Any) -> Any:
+        return _expect(name, value)
+    return encode, check
+
+
+def _encode_composite_field(name: str, value: Any) -> bytes:
     cls = BY_NAME[name]
     if not isinstance(value, cls):
         raise ValueError(f"expected {cls.__name__}, got {type(value).__name__}")
     return value.encode()
 
 
-def _expect(name: str, value):
+def _expect(name: str, value: Any) -> Any:
     converted = _convert(value)
     if not isinstance(converted, BY_NAME[name]):
         raise ValueError(f"expected {name}")
     return converted
 
 
-# --------------------------------------------------------------------------------------------- classes
-class Composite(t.DescribedType):
-    """Base of the composite types (1.3.2)."""
-
-    __slots__ = ()
-    NAME = ""
-    CODE = 0
-    SYMBOL = ""
-    PROVIDES: tuple[str, ...] = ()
-    FIELDS: tuple[FieldCodec, ...] = ()
-    _PREFIX = b""
-
-    def __init__(self, **kwargs) -> None:
-        for f in self.FIELDS:
-            setattr(self, f.attr, kwargs.pop(f.attr, f.default))
-        if kwargs:
-            raise TypeError(f"{type(self).__name__} has no field(s) {sorted(kwargs)}")
-
-    def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and all(
-            getattr(self, f.attr) == getattr(other, f.attr) for f in self.FIELDS)
-
-    __hash__ = None  # mutable records
-
-    def __repr__(self) -> str:
-        shown = ", ".join(f"{f.attr}={getattr(self, f.attr)!r}" for f in self.FIELDS
-                          if getattr(self, f.attr) is not None and getattr(self, f.attr) != f.default)
-        return f"{type(self).__name__}({shown})"
-
-    def encode(self) -> bytes:
-        parts = []
-        used = 0
-        for i, f in enumerate(self.FIELDS):
-            value = getattr(self, f.attr)
-            if value is None or (f.default is not None and value == f.default and type(value) is type(f.default)):
-                parts.append(b"\x40")
-                continue
-            try:
-                parts.append(f.encode(value))
-            except (ValueError, TypeError, UnicodeError, OverflowError) as exc:
-                raise ValueError(f"{self.NAME}.{f.name}: {exc}") from exc
-            used = i + 1
-        if not used:
-            return self._PREFIX + b"\x45"
-        return self._PREFIX + t.encode_compound("list8", "list32", used, b"".join(parts[:used]))
-
-    @classmethod
-    def from_value(cls, value):
-        """An instance from the described value's value (a decoded list of fields)."""
-        if not isinstance(value, list):
-            raise DecodeError(f"{cls.NAME} is a described list, got {type(value).__name__}")
-        fields = cls.FIELDS
-        if len(value) > len(fields):
-            raise DecodeError(f"{cls.NAME} has {len(fields)} fields, {len(value)} were sent")
-        obj = cls.__new__(cls)
-        n = len(value)
-        for i, f in enumerate(fields):
-            setattr(obj, f.attr, f.check(value[i] if i < n else None, cls.NAME))
-        return obj
-
-
-class Section(t.DescribedType):
-    """Base of the restricted described types (message sections 3.2.2-3.2.9): one ``value``."""
-
-    __slots__ = ("value",)
-    NAME = ""
-    CODE = 0
-    SYMBOL = ""
-    PROVIDES: tuple[str, ...] = ()
-    SOURCE = "*"
-    _PREFIX = b""
-    _ENCODE: Callable[[object], bytes] = staticmethod(t.encode_value)
-    _CHECK: Callable[[object], object] | None = None
-
-    def __init__(self, value=None) -> None:
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self.value == other.value
-
-    __hash__ = None
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.value!r})"
-
-    def encode(self) -> bytes:
-        return self._PREFIX + type(self)._ENCODE(self.value)
-
-    @classmethod
-    def from_value(cls, value):
-        if cls._CHECK is not None:
-            if value is None:
-                raise InvalidField(f"{cls.NAME} holds null, not a {cls.SOURCE}")
-            try:
-                value = cls._CHECK(value)
-            except ValueError as exc:
-                raise InvalidField(f"{cls.NAME}: {exc}, got {type(value).__name__}") from None
-        return cls(value)
-
-
-BY_NAME: dict[str, type] = {}  # "attach" -> Attach
-BY_CODE: dict[int, type] = {}  # 0x12 -> Attach
-BY_SYMBOL: dict[str, type] = {}  # "amqp:attach:list" -> Attach
+BY_NAME: dict[str, type[Composite] | type[Section]] = {}  # "attach" -> Attach
+BY_CODE: dict[int, type[Composite] | type[Section]] = {}  # 0x12 -> Attach
+BY_SYMBOL: dict[str, type[Composite] | type[Section]] = {}  # "amqp:attach:list" -> Attach
 
 
 def _build() -> None:
-    for d in SPEC.described.values():
-        _make(d)
-    for d in SPEC.described.values():  # field codecs refer to classes by name: build them once all exist
-        if d.composite:
-            BY_NAME[d.name].FIELDS = tuple(FieldCodec(f) for f in d.fields)
-
-
-def _make(d: DescribedDef) -> None:
-    py_name = _camel(d.name)
-    if d.composite:
-        cls = type(py_name, (Composite,), {"__slots__": tuple(_attr(f.name) for f in d.fields),
-                                           "__doc__": f"The {d.name} composite ({d.symbol})."})
-    else:
+    """Register the generated classes and attach their codecs (built from the same table)."""
+    for cls in DESCRIBED_CLASSES:
+        d = SPEC.described[cls.NAME]
+        if issubclass(cls, Composite) and cls.__slots__ != tuple(_attr(f.name) for f in d.fields):
+            raise ImportError(f"{cls.__name__} does not match the spec table: run python -m raftmq.protocol.codegen")
+        BY_NAME[d.name] = cls
+        BY_CODE[d.code] = cls
+        BY_SYMBOL[d.symbol] = cls
+    for cls in DESCRIBED_CLASSES:  # field codecs refer to classes by name: build them once all exist
+        d = SPEC.described[cls.NAME]
+        if issubclass(cls, Composite):
+            cls.FIELDS = tuple(FieldCodec(f) for f in d.fields)
+            continue
         source = SPEC.source_of(d.source)
-        body: dict = {"__slots__": (), "__doc__": f"The {d.name} section ({d.symbol}): one {d.source}."}
-        body["SOURCE"] = d.source
         if source != "*":
             key_kind = _key_kind(d.source)
-            encoder = (lambda v, k=key_kind: _encode_keyed_map(v, k)) if key_kind else t.ENCODERS[source]
-            body["_ENCODE"] = staticmethod(encoder)
-            body["_CHECK"] = staticmethod(_checker(source))
-        cls = type(py_name, (Section,), body)
-    cls.__module__ = __name__
-    cls.NAME, cls.CODE, cls.SYMBOL, cls.PROVIDES = d.name, d.code, d.symbol, d.provides
-    cls._PREFIX = b"\x00" + t.encode_ulong(d.code)
-    BY_NAME[d.name] = cls
-    BY_CODE[d.code] = cls
-    BY_SYMBOL[d.symbol] = cls
-    globals()[py_name] = cls
+            cls._ENCODE = staticmethod(_keyed_map_encoder(key_kind) if key_kind else t.ENCODERS[source])
+            cls._CHECK = staticmethod(_checker(source))
 
 
 def _convert(value):

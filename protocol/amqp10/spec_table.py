@@ -501,7 +501,7 @@ def parse() -> Spec:
             if source not in PRIMITIVES and source not in described and source != "*":
                 raise ValueError(f"{d.name}.{f.name}: unknown type {f.type}")
             default = f.default
-            if default is not None:
+            if isinstance(default, str):  # as written in the table
                 choices = restricted[f.type].choices if f.type in restricted else {}
                 default = choices[default] if default in choices else _value(default, source)
             resolved.append(f._replace(default=default))

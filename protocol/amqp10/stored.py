@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 from . import performatives as p
 from . import types as t
+from .described import DescribedClass
 from .errors import DecodeError
 from .skip import skip_value
 
@@ -60,7 +61,7 @@ class Span(NamedTuple):
     """One section of a message: its class, the section decoded (None when walked over), where its
     octets start and end, and where its value's constructor is (after the descriptor)."""
 
-    cls: type
+    cls: DescribedClass
     section: Any
     start: int
     end: int
@@ -73,7 +74,7 @@ WALKED = frozenset((p.Data, p.AmqpValue, p.AmqpSequence, p.DeliveryAnnotations, 
 ALL_SECTIONS = frozenset(p.BY_CODE[c] for c in p.BY_CODE if "section" in p.BY_CODE[c].PROVIDES)
 #: The format codes a walked section's value may have (3.2.5-3.2.11): data a binary, amqp-sequence a
 #: list, annotations and footer a map; amqp-value any value (None: not checked here).
-_VALUE_CODES: dict[type, frozenset[int] | None] = {
+_VALUE_CODES: dict[DescribedClass, frozenset[int] | None] = {
     p.Data: frozenset((0xA0, 0xB0)),
     p.AmqpSequence: frozenset((0x45, 0xC0, 0xD0)),
     p.AmqpValue: None,
@@ -87,7 +88,7 @@ _VALUE_CODES: dict[type, frozenset[int] | None] = {
 _DESCRIPTOR_CODES = frozenset((0x44, 0x53, 0x80, 0xA3, 0xB3))  # ulong0, smallulong, ulong, sym8, sym32
 
 
-def _section_class(buf, pos: int, end: int) -> tuple[type, int]:
+def _section_class(buf, pos: int, end: int) -> tuple[DescribedClass, int]:
     """The section class whose descriptor is at ``pos`` (after the 0x00), and where its value starts."""
     if pos >= end or buf[pos] not in _DESCRIPTOR_CODES:
         raise DecodeError(f"a section's descriptor (a ulong or symbol) was expected at {pos}")
@@ -97,7 +98,12 @@ def _section_class(buf, pos: int, end: int) -> tuple[type, int]:
             return cls, pos + 2
     after = skip_value(buf, pos, end, 1)
     descriptor, _ = t.decode_value(buf, pos, after, 1)
-    cls = (p.BY_SYMBOL if isinstance(descriptor, str) else p.BY_CODE).get(descriptor)
+    if isinstance(descriptor, str):
+        cls = p.BY_SYMBOL.get(descriptor)
+    elif isinstance(descriptor, int):
+        cls = p.BY_CODE.get(descriptor)
+    else:  # a descriptor is a ulong or a symbol (1.5)
+        cls = None
     if cls is None or "section" not in cls.PROVIDES:
         raise DecodeError(f"expected a section, got the descriptor {descriptor!r}")
     return cls, after
@@ -150,7 +156,7 @@ def entries(buf: bytes, start: int, end: int) -> dict[Any, tuple[Any, bytes]]:
     return out
 
 
-def encode_map(section: type, items: dict[Any, tuple[Any, bytes]]) -> bytes:
+def encode_map(section: DescribedClass, items: dict[Any, tuple[Any, bytes]]) -> bytes:
     return section._PREFIX + t.encode_compound("map8", "map32", 2 * len(items),
                                                b"".join(raw for _v, raw in items.values()))
 

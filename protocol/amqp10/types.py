@@ -72,6 +72,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from struct import Struct
+from typing import Any
 
 from .errors import DecodeError
 from .spec_table import parse
@@ -660,7 +661,7 @@ def _encode_array_value(value) -> bytes:
 
 
 #: Encoder of each primitive type (the smallest encoding that holds the value); "*" infers the type.
-ENCODERS: dict[str, Callable[[object], bytes]] = {
+ENCODERS: dict[str, Callable[[Any], bytes]] = {
     "null": lambda value: b"\x40",
     "boolean": _encode_boolean,
     "ubyte": _fixed_encoder("ubyte"),
@@ -780,7 +781,7 @@ def _fixed_element_encoder(type_name: str) -> Callable[[object], bytes]:
 _FIXED_ELEMENT = {name: _fixed_element_encoder(name) for name in _ARRAY_FIXED}
 
 
-def _check(type_name: str, value, kind: type) -> None:
+def _check(type_name: str, value, kind: type | tuple[type, ...]) -> None:
     if not isinstance(value, kind):
         raise ValueError(f"array of {type_name} holds a {type(value).__name__}")
 
