@@ -203,6 +203,7 @@ class Applier:
         """Replace the model with the snapshot at ``path`` (the file is the log's private link: it
         goes); the bodies the node lacks now (id -> size), to be fetched from other members."""
         _, model = read_snapshot(path)
+        assert model is not None  # read with its model
         legacy = import_model(self.machine, model)
         os.unlink(path)
         bodies = self.bodies

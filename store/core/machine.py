@@ -19,6 +19,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from .commands import (
     ERR,
@@ -164,7 +165,9 @@ class StateMachine:
         self._caller_owner: str | None = None
         self.internal_errors = 0  # commands that raised something other than CommandError (a bug)
         self._persist: PersistenceRecorder | None = None
-        self._handlers: dict[int, Callable[[list], object]] = {
+        # op -> handler; each takes its own command type (the table is the hot path's dispatch, so
+        # the checker sees the union only at the call: Callable[[Any], ...]).
+        self._handlers: dict[int, Callable[[Any], object]] = {
             Op.CHANNEL_OPEN: self.connections.channel_open,
             Op.CHANNEL_CLOSE: self.connections.channel_close,
             Op.CONNECTION_CLOSE: self.connections.connection_close,
@@ -264,15 +267,17 @@ class StateMachine:
 
     def _apply_one(self, command: Command) -> None:
         op = command.op
+        result: Ok | Refused | None
         try:
             value = self._handlers[op](command)
             result = None  # Ok(OK, value), made only if a reply is sent (followers send none)
         except CommandError as exc:
             result = Refused(ERR, exc.code, exc.text)
-            if exc.code not in HARD_ERRORS and command.conn is not None and _channel_of(command) is not None:
+            channel = _channel_of(command)
+            if exc.code not in HARD_ERRORS and command.conn is not None and channel is not None:
                 # A channel exception closes the channel: later commands from it are refused
                 # (an 0-10 execution exception destroys the session the same way).
-                self.connections.close_channel(command.conn, command.channel, error=True)
+                self.connections.close_channel(command.conn, channel, error=True)
         except Exception:
             # A bug, not a refusal (refusals raise CommandError before changing anything).  Every
             # replica applies the same command with the same code, so they all fail alike and stay
@@ -358,8 +363,8 @@ class StateMachine:
             self.topology.configure_queue(queue, parse_stored_queue_arguments(args, queue.name, queue.vhost))
             self.topology.register_queue(vhost, queue)
         for vhost_name, source, dest_is_queue, dest, rk, args in state.bindings:
-            vhost = self.vhosts.get(vhost_name)
-            exchange = vhost.exchanges.get(source) if vhost else None
+            bound_in = self.vhosts.get(vhost_name)
+            exchange = bound_in.exchanges.get(source) if bound_in else None
             if exchange is None:
                 continue
             binding = Binding(source, dest_is_queue, dest, rk, args)
@@ -387,10 +392,11 @@ class StateMachine:
                 message.refs += 1
                 message.live += 1
         for qid, seq, (msg_id, expires_at, priority, delivery_count) in state.entries:
-            queue = self.queues_by_id.get(qid)
+            entry_queue = self.queues_by_id.get(qid)
             message = messages.get(msg_id)
-            if queue is None or message is None:
+            if entry_queue is None or message is None:
                 continue
+            queue = entry_queue
             entry = Entry(seq, message, expires_at, min(priority, queue.max_priority), True, delivery_count)
             queue.ready.append(entry)
             queue.ready_bytes += message.size

@@ -1,4 +1,4 @@
-"""Same commands in, same state and the same effects out, on machines with no LMDB at all.
+"""Same commands in, same state and the same effects out, on machines with no storage at all.
 
 This is what lets three nodes apply one Raft log and stay replicas: apply may read nothing but the
 command and the batch time the leader stamped (no clock, no randomness, no I/O).  Hypothesis draws
@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
-from raftmq.store.applier import StoredMachine
 from raftmq.store.core.commands import (
     OUT_DELIVER,
     Ack,
@@ -36,7 +35,24 @@ from raftmq.store.core.commands import (
     Tick,
     VhostAdd,
 )
+from raftmq.store.core.machine import StateMachine
 from raftmq.store.disk.snapshot import digest, export_model, import_model, live_bodies
+
+
+class PureMachine(StateMachine):
+    """A machine with no storage at all (no applier, no body store, no LMDB): the bodies a node
+    would keep are followed from the effects alone (puts in, deletes out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: dict[int, bytes | int] = {}
+
+    def apply_effects(self, now: int, batch: list, index: int | None = None) -> list:
+        effects = self.apply(now, batch, index)
+        self.kept.update(effects.body_puts)
+        for msg_id in effects.body_deletes:
+            self.kept.pop(msg_id, None)
+        return effects.outputs
 
 CONNS = ("n1.a.1", "n1.a.2", "n2.b.1")
 QUEUES = ("q1", "q2", "dlq", "dq")
@@ -159,14 +175,14 @@ SETUP = [
 ]
 
 
-def _fresh() -> StoredMachine:
-    machine = StoredMachine()
+def _fresh() -> PureMachine:
+    machine = PureMachine()
     machine.delayed_limit = DELAYED_LIMIT
-    machine.apply_batch(NOW, SETUP)
+    machine.apply_effects(NOW, SETUP)
     return machine
 
 
-def _prepared(machine: StoredMachine, batch: list) -> list:
+def _prepared(machine: PureMachine, batch: list) -> list:
     """The batch made mostly meaningful against ``machine``'s state (the machines are equal, so
     each gets the same): a channel.open first for every channel it uses that is closed, and the
     (i, j) drawn for an ack or nack read as the i-th and j-th of the channel's unacknowledged
@@ -191,7 +207,7 @@ def _prepared(machine: StoredMachine, batch: list) -> list:
 
 # Found by this test: a message expired in "dq" during a dispatch, dead-lettered into "dlq" (which
 # has a consumer), left "dlq" dirty for the next command, which a machine joined from a snapshot
-# in between never dispatched (StoredMachine._apply_one now dispatches until nothing is dirty).
+# in between never dispatched (StateMachine._apply_one now dispatches until nothing is dirty).
 _EXPIRED_INTO_A_CONSUMED_DLQ = [
     (0, [Publish("n1.a.1", 1, 1, "/", "x.fanout", "a", False, b"\x00\x00", b"", False, 0, 0)]),
     (1, [Consume("n1.a.1", 1, 1, "/", "q1", "", False, False, {}),
@@ -229,7 +245,7 @@ def test_a_fanout_message_frozen_in_its_first_queue_keeps_its_body_for_the_other
     fanout message in "q1"; see _FANOUT_FROZEN_IN_ITS_FIRST_QUEUE)."""
     first = _agree(_FANOUT_FROZEN_IN_ITS_FIRST_QUEUE)
     assert len(first.vhosts["/"].queues["q2"].ready) == 1  # the fanout message, still held there
-    assert set(first.own_bodies.bodies) == set(live_bodies(first)) != set()
+    assert set(first.kept) == set(live_bodies(first)) != set()
 
 
 def test_a_machine_joined_from_a_snapshot_freezes_alike_in_effect():
@@ -255,29 +271,29 @@ def _agree(stream: list, count: bool = False):
     the first, asserting after every batch that outputs, digests and bodies kept agree.  Returns
     the first machine (and the number of deliveries, with ``count``)."""
     first, second = _fresh(), _fresh()
-    joined: StoredMachine | None = None
+    joined: PureMachine | None = None
     now = NOW
     deliveries = 0
     for i, (delay, batch) in enumerate(stream):
         now += delay
         batch = _prepared(first, batch)
-        out_first = first.apply_batch(now, batch, index=i + 2)
-        out_second = second.apply_batch(now, batch, index=i + 2)
+        out_first = first.apply_effects(now, batch, index=i + 2)
+        out_second = second.apply_effects(now, batch, index=i + 2)
         assert _canonical(out_first) == _canonical(out_second)
         assert digest(first) == digest(second)
         # Body lifetime (issue 18): the bodies kept are exactly those of the messages still held.
-        assert set(first.own_bodies.bodies) == set(live_bodies(first))
-        assert second.own_bodies.bodies == first.own_bodies.bodies  # the same puts and deletes
+        assert set(first.kept) == set(live_bodies(first))
+        assert second.kept == first.kept  # the same puts and deletes
         deliveries += sum(1 for out in out_first if out[1] == OUT_DELIVER)
         if joined is not None:
-            out_joined = joined.apply_batch(now, batch, index=i + 2)
+            out_joined = joined.apply_effects(now, batch, index=i + 2)
             assert _canonical(out_joined) == _canonical(out_first)
             assert digest(joined) == digest(first)
         elif i == len(stream) // 2:
-            joined = StoredMachine()
+            joined = PureMachine()
             joined.delayed_limit = DELAYED_LIMIT  # configuration, not in the snapshot
             import_model(joined, export_model(first))
             assert digest(joined) == digest(first)
             # The snapshot carries no bodies: a joining node fetches those it lacks (body_fetch.py).
-            joined.own_bodies.put([(i, first.own_bodies.get(i)) for i in live_bodies(joined)])
+            joined.kept.update({i: first.kept[i] for i in live_bodies(joined)})
     return (first, deliveries) if count else first

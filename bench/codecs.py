@@ -1,7 +1,7 @@
-"""Codec micro-benchmark (not a test: pytest does not collect it): µs per encode/decode of the hot-path
+"""Codec micro-benchmark: µs per encode/decode of the hot-path
 frames of each protocol, best of several timeit rounds.  Run it on two trees side by side:
 
-    .venv/bin/python tests/unit/protocol/bench_codecs.py
+    .venv/bin/python -m bench.codecs
 
 Figures are printed, never asserted (timings depend on the machine and its load)."""
 
