@@ -266,7 +266,7 @@ class BodyStore:
 
     # ------------------------------------------------------------------ opening
 
-    def _dbs(self) -> dict[bytes, object]:
+    def _dbs(self) -> dict[bytes, lmdb._Database]:
         return {b"segments": self.segments_db, b"heads": self.heads_db, b"loose": self.loose_db,
                 b"dead": self.dead_db, b"meta": self.meta_db}
 
@@ -277,10 +277,14 @@ class BodyStore:
         try:
             with self.env.begin(buffers=True) as txn:
                 for name, db in self._dbs().items():
-                    values = name in (b"heads", b"dead", b"meta")
-                    for item in txn.cursor(db=db).iternext(keys=True, values=values):
-                        if name != b"meta" and len(item[0] if values else item) != 8:
-                            return f"a key of {len(item[0] if values else item)} bytes in {name.decode()}"
+                    cursor = txn.cursor(db=db)
+                    # The small values are read too (their pages are walked); the large ones not.
+                    keys: Iterable[memoryview] = (
+                        (key for key, _value in cursor.iternext(keys=True, values=True))
+                        if name in (b"heads", b"dead", b"meta") else cursor.iternext(keys=True, values=False))
+                    for key in keys:
+                        if name != b"meta" and len(key) != 8:
+                            return f"a key of {len(key)} bytes in {name.decode()}"
         except lmdb.Error as exc:
             return f"{exc}"
         return ""
@@ -294,9 +298,9 @@ class BodyStore:
         self._found("LMDB pages", f"{why}; copying what can be read into a new store")
         fresh_dir = os.path.join(self.path, "rebuild")
         os.makedirs(fresh_dir, exist_ok=True)
-        for name in ("data.mdb", "lock.mdb"):
-            if os.path.exists(os.path.join(fresh_dir, name)):
-                os.unlink(os.path.join(fresh_dir, name))
+        for file_name in ("data.mdb", "lock.mdb"):
+            if os.path.exists(os.path.join(fresh_dir, file_name)):
+                os.unlink(os.path.join(fresh_dir, file_name))
         fresh = lmdb.open(fresh_dir, map_size=self.env.info()["map_size"], max_dbs=5, sync=False)
         copied = lost = 0
         for name, db in self._dbs().items():
@@ -335,10 +339,10 @@ class BodyStore:
         self.env.close()
         os.replace(os.path.join(self.path, "data.mdb"), os.path.join(self.path, "data.mdb.damaged"))
         os.replace(os.path.join(fresh_dir, "data.mdb"), os.path.join(self.path, "data.mdb"))
-        for name in ("lock.mdb",):
+        for file_name in ("lock.mdb",):
             for where in (fresh_dir, self.path):
-                if os.path.exists(os.path.join(where, name)):
-                    os.unlink(os.path.join(where, name))
+                if os.path.exists(os.path.join(where, file_name)):
+                    os.unlink(os.path.join(where, file_name))
         os.rmdir(fresh_dir)
         self.env = lmdb.open(self.path, map_size=self.env_map_size, max_dbs=5, sync=False, metasync=False,
                              readahead=False, max_readers=64)
@@ -395,8 +399,8 @@ class BodyStore:
         repaired: list[tuple[bytes, bytes]] = []
         try:
             with self.env.begin(buffers=True) as txn:
-                for key, value in txn.cursor(db=self.heads_db):
-                    key = bytes(key)
+                for raw_key, value in txn.cursor(db=self.heads_db):
+                    key = bytes(raw_key)
                     if _key_of(key) is None:
                         self._found(f"header key {key.hex()}", "not a segment key; dropped")
                         unusable.append(key)
@@ -420,8 +424,9 @@ class BodyStore:
                     sizes = array("I", [offsets[i + 1] - offsets[i] for i in range(len(ids))])
                     self._segments.append(_Segment(_KEY.unpack(key)[0], ids, sizes, crcs))
                 by_key = {segment.key: segment for segment in self._segments}
-                for key, value in txn.cursor(db=self.dead_db):
-                    segment = by_key.get(_key_of(key))
+                for raw_key, value in txn.cursor(db=self.dead_db):
+                    segment_key = _key_of(raw_key)
+                    segment = by_key.get(segment_key) if segment_key is not None else None
                     if segment is None:
                         continue
                     marks = _marks(value, len(segment.ids))
@@ -720,8 +725,8 @@ class BodyStore:
                         bad.append(segment.ids[i])
                     keep.append((segment.ids[i], body, crc))
                 self._damaged(bad)
-                header, value = _encode(keep)
-                txn.put(key, value, db=self.segments_db)
+                header, rewritten_value = _encode(keep)
+                txn.put(key, rewritten_value, db=self.segments_db)
                 txn.put(key, header, db=self.heads_db)
                 txn.delete(key, db=self.dead_db)
                 fresh = _Segment(segment.key, array("Q", [item[0] for item in keep]),
@@ -793,11 +798,11 @@ class BodyStore:
                         bad.append(msg_id)
                         continue
                     if value is not None:
-                        body = _loose_body(value)
-                        if body is None:
+                        loose_body = _loose_body(value)
+                        if loose_body is None:
                             bad.append(msg_id)
                         else:
-                            found[msg_id] = body
+                            found[msg_id] = loose_body
             if bad:
                 self._damaged(bad)
         if bad and damaged is not None:
@@ -895,8 +900,8 @@ class BodyStore:
                     cursor = txn.cursor(db=self.loose_db)
                     next_position = (0, 0)
                     if cursor.set_range(_KEY.pack(next_id)):
-                        for key, value in cursor:
-                            msg_id = _key_of(key)
+                        for loose_key, value in cursor:
+                            msg_id = _key_of(loose_key)
                             if msg_id is None:
                                 continue
                             if read >= max_bytes:
@@ -936,12 +941,13 @@ def verify_body_store(path: str) -> list[Damage]:
     except lmdb.Error as exc:
         return [Damage("bodies", data, "environment", f"cannot be opened: {exc}")]
     try:
-        dbs = {}
+        dbs: dict[bytes, lmdb._Database | None] = {}
         for name in (b"segments", b"heads", b"loose", b"dead", b"meta"):
             try:
                 dbs[name] = env.open_db(name, create=False)
             except lmdb.NotFoundError:
                 dbs[name] = None
+        txn: lmdb.Transaction  # of bytes, then of memoryviews (buffers=True)
         with env.begin() as txn:
             meta = dbs[b"meta"]
             if meta is None or txn.get(_FORMAT_KEY, db=meta) != FORMAT:
@@ -959,8 +965,8 @@ def verify_body_store(path: str) -> list[Damage]:
         if dbs[b"heads"] is not None:
             try:
                 with env.begin(buffers=True) as txn:
-                    for key, head in txn.cursor(db=dbs[b"heads"]):
-                        key = bytes(key)
+                    for raw_key, head in txn.cursor(db=dbs[b"heads"]):
+                        key = bytes(raw_key)
                         where = f"segment {_key_of(key)}"
                         if _key_of(key) is None:
                             damage(f"header key {key.hex()}", "not a segment key")
@@ -1011,11 +1017,11 @@ def verify_body_store(path: str) -> list[Damage]:
         if dbs[b"loose"] is not None:
             try:
                 with env.begin(db=dbs[b"loose"], buffers=True) as txn:
-                    for key, value in txn.cursor():
-                        if _key_of(key) is None:
-                            damage(f"loose key {bytes(key).hex()}", "not a message id")
+                    for loose_key, value in txn.cursor():
+                        if _key_of(loose_key) is None:
+                            damage(f"loose key {bytes(loose_key).hex()}", "not a message id")
                         elif _loose_body(value) is None:
-                            damage(f"loose message {_key_of(key)}", "checksum mismatch")
+                            damage(f"loose message {_key_of(loose_key)}", "checksum mismatch")
             except lmdb.Error as exc:
                 damage("loose bodies", f"LMDB error while reading: {exc}")
     except lmdb.Error as exc:

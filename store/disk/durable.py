@@ -73,6 +73,7 @@ import os
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import lmdb
 import msgpack
@@ -146,7 +147,9 @@ def _pack(obj: object) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
-def _unpack(data: bytes) -> object:
+def _unpack(data: bytes | memoryview) -> Any:
+    """A record's value.  Any: its shape is the one ``_pack`` was given for that table (the table
+    says which; the record's checksum proved the bytes are those written), not a static type."""
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
@@ -293,7 +296,7 @@ class DurableStore:
         damages: list[Damage] = []
         with self.env.begin() as txn:
 
-            def records(table: str) -> Iterator[tuple[bytes, object]]:
+            def records(table: str) -> Iterator[tuple[bytes, Any]]:
                 for key, payload in self._checked(txn, table, damages):
                     yield key, (None if table in EMPTY_VALUE_TABLES else _unpack(payload))
 
@@ -332,7 +335,7 @@ class DurableStore:
             raise StateDamaged(self.path, damages)
         return state
 
-    def _checked(self, txn: lmdb.Transaction, table: str, damages: list[Damage]) -> Iterator[tuple[bytes, bytes]]:
+    def _checked(self, txn: lmdb.Transaction[bytes], table: str, damages: list[Damage]) -> Iterator[tuple[bytes, bytes]]:
         """A table's (key, payload) pairs whose checksum holds; the others go to ``damages``."""
         try:
             for key, value in txn.cursor(db=self.db[table]):

@@ -53,6 +53,7 @@ import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import lmdb
 import msgpack
@@ -130,7 +131,7 @@ class Checker:
     format: int  # 1: written before checksums, nothing sealed
     legacy: dict | None = None  # {"events": seq, "messages": id}: unsealed below these keys are old records
 
-    def unchecked_allowed(self, table: str, key: bytes) -> bool:
+    def unchecked_allowed(self, table: str, key: bytes | memoryview) -> bool:
         if self.format < 2:
             return True
         if self.legacy is None or table == "meta":
@@ -139,14 +140,15 @@ class Checker:
             return True
         return len(key) == 8 and U64.unpack(key)[0] < self.legacy.get(table, 0)
 
-    def payload(self, table: str, key: bytes, value) -> bytes | memoryview:
+    def payload(self, table: str, key: bytes | memoryview, value: bytes | memoryview) -> bytes | memoryview:
         """The checked payload; BadRecord if damaged.  An allowed old record is returned unchanged."""
         if is_sealed(value) or not self.unchecked_allowed(table, key):
             return unseal(key, value)
         return value
 
-    def decode(self, table: str, key: bytes, value) -> object:
-        """The record, checked and decoded; HistoryDamaged names it if it is damaged."""
+    def decode(self, table: str, key: bytes | memoryview, value: bytes | memoryview) -> Any:
+        """The record, checked and decoded; HistoryDamaged names it if it is damaged.  Any: the
+        record's shape is the one its table was written with (event_writer.py), not a static type."""
         try:
             return msgpack.unpackb(self.payload(table, key, value), raw=False)
         except BadRecord as exc:
