@@ -130,7 +130,7 @@ class ClusterLog:
         self._pending_bytes = 0
         self.retry_after = retry_after
         self.use_fork = use_fork
-        self._pending: list[list] = []
+        self._pending: list[Command] = []
         self._scheduled = False
         self._urgent = False  # a pending command that is not deferrable
         self._defer_handle: asyncio.TimerHandle | None = None
@@ -138,8 +138,10 @@ class ClusterLog:
         self._in_flight: dict[int, tuple[float, int, bytes]] = {}  # seq -> (proposed at, now, blob)
         self._inbox: deque[tuple] = deque()
         self._unannounced = False  # entries queued by the tick thread since the loop was last woken
-        self._schedule_drain: Callable[[Callable[[], None]], object] | None = None  # set by start()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # Both set by start(), which comes before anything that uses them (declared, not assigned:
+        # nothing is scheduled before there is a loop).
+        self._schedule_drain: Callable[[Callable[[], None]], object]
+        self._loop: asyncio.AbstractEventLoop
         self._retry_handle: asyncio.TimerHandle | None = None
         self.batches_applied = 0
         self.commands_applied = 0
@@ -201,9 +203,16 @@ class ClusterLog:
         return r.leader_address
 
     @property
+    def _started(self) -> Replica:
+        """The replica, for what runs only once ``start`` made it."""
+        if self.replica is None:
+            raise RuntimeError("the Raft log is not started")
+        return self.replica
+
+    @property
     def ready(self) -> bool:
         """This node has a leader and has applied everything the leader told it was committed."""
-        return self.leader is not None and self.replica.isReady()
+        return self.leader is not None and self._started.isReady()
 
     @property
     def backlog(self) -> int:
@@ -232,7 +241,7 @@ class ClusterLog:
     def compact(self, timeout: float = 60.0) -> Compaction:
         """Blocking (the admin API's worker thread): force a snapshot at the applied index and wait
         until the journal starts at it."""
-        r = self.replica
+        r = self._started
         target = r.last_applied
         r.forceLogCompaction()
         deadline = time.monotonic() + timeout
@@ -331,7 +340,7 @@ class ClusterLog:
         leader sent *before* the batch's AppendEntries).  What that callback reported is covered
         otherwise: a batch lost with a leader change is proposed again by ``_leader_changed``; one
         lost otherwise, after ``retry_after`` (``_retry_stale``), as before."""
-        replica = self.replica
+        replica = self._started
         if not replica.is_leader and replica.leader_address is not None:
             replica.propose(now_us, self.origin, seq, blob, None)
             return
@@ -386,7 +395,7 @@ class ClusterLog:
         hand-off, stage tracer, client on the leader).
         """
         self._inbox.append(item)
-        if item[0] == ENTRY and item[3] == self.origin and self.replica.is_leader:
+        if item[0] == ENTRY and item[3] == self.origin and self._started.is_leader:
             self._unannounced = False
             self._loop.call_soon_threadsafe(self._drain)
         else:
@@ -451,7 +460,7 @@ class ClusterLog:
             inbox.popleft()
 
     def _take_snapshot(self, path: str, meta: bytes) -> None:
-        replica = self.replica
+        replica = self._started
         reached = raft_clock()
         if isinstance(self.bodies, Bodies):
             # Every body the snapshot refers to on disk before the snapshot lets the journal go.
@@ -484,9 +493,9 @@ class ClusterLog:
             # thread: other members answer over the Raft port, which needs our loop free).
             self._catching_up = True
             log.info("fetching %d message bodies from other members", len(missing))
-            self._loop.run_in_executor(None, self._fetch_bodies, missing)
+            self._loop.run_in_executor(None, self._fetch_bodies, bodies, missing)
 
-    def _fetch_bodies(self, needed: dict[int, int]) -> None:
+    def _fetch_bodies(self, bodies: Bodies, needed: dict[int, int]) -> None:
         """Worker thread: ask the other members for ``needed`` (id -> size) until none is missing
         (a member may be down or still restarting: retried for up to two minutes)."""
         members = [ask(self._secret, address) for address in self._partners]
@@ -494,7 +503,7 @@ class ClusterLog:
         fetched = 0
         try:
             while True:
-                report = catch_up(self.bodies, needed, members)
+                report = catch_up(bodies, needed, members)
                 fetched += report.fetched
                 needed = {i: needed[i] for i in report.still_missing}
                 if not needed or time.monotonic() > deadline:
@@ -511,8 +520,11 @@ class ClusterLog:
         """Intact copies of damaged bodies from the other members, each checked against its
         checksum (store/disk/bodies.py "Damaged bodies"): on the loop while the delivery that read the
         body waits, or in the scrubber's thread."""
+        bodies = self.bodies
+        if not isinstance(bodies, Bodies):  # (never: only a Bodies is given this repairer, in start())
+            return {}
         members = [ask(self._secret, address, timeout=REPAIR_TIMEOUT) for address in self._partners]
-        return fetch_intact(ids, members, self.bodies.store.expected_crc)
+        return fetch_intact(ids, members, bodies.store.expected_crc)
 
     def _caught_up(self) -> None:
         self._catching_up = False

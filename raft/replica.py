@@ -188,6 +188,13 @@ class _FirstInUnion(set):
 
 
 class Replica(SyncObj):
+    # pysyncobj's private state that this class reads and writes (SyncObj's ``self.__name``, mangled).
+    # pysyncobj has no type information: these declare what its code assigns them (syncobj.py), so
+    # that the checker does not infer them from our assignments.
+    _SyncObj__raftCommitIndex: int
+    _SyncObj__raftLastApplied: int
+    _SyncObj__otherNodes: set[TCPNode]  # (swapped for a _FirstInUnion, a set, while sending)
+
     def __init__(self, self_address: str, partners: list[str], data_dir: str, secret: str,
                  sink: Callable[[tuple], None], *, bind_address: str | None = None,
                  snapshot_entries: int = 20_000, snapshot_seconds: float = 600.0,
@@ -209,7 +216,7 @@ class Replica(SyncObj):
         self.data_dir = data_dir
         self.snapshot_path = os.path.join(data_dir, "snapshot.lmdb")
         self._sink = sink
-        self.on_leader_changed: Callable[[], None] | None = None  # tick thread (see _SyncObj__onLeaderChanged)
+        self.on_leader_changed: Callable[[], object] | None = None  # tick thread (see _SyncObj__onLeaderChanged)
         self.sink_backlog = sink_backlog  # entries handed to the sink and not yet applied
         self._snapshot_state = SERIALIZER_STATE.NOT_SERIALIZING
         self._snapshot_pid: int | None = None
@@ -689,8 +696,10 @@ class Replica(SyncObj):
 
     # ------------------------------------------------------------------ batches in the log
 
-    def propose(self, now: int, origin: str, seq: int, blob: bytes, callback: Callable) -> None:
-        """Append a batch to the log (through the leader); ``callback(result, error)`` as pysyncobj's."""
+    def propose(self, now: int, origin: str, seq: int, blob: bytes,
+                callback: Callable[[object, int], None] | None) -> None:
+        """Append a batch to the log (through the leader); ``callback(result, error)`` as pysyncobj's
+        (None: no reply wanted, see ClusterLog._propose)."""
         origin_bytes = origin.encode()
         head = _BATCH_HEAD.pack(BATCH_COMMAND, now, seq, len(origin_bytes))
         self._applyCommand(b"".join((head, origin_bytes, blob)), callback)

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import TYPE_CHECKING
 
 from raftmq.store.disk.snapshot import write_snapshot
 
+if TYPE_CHECKING:  # (the type only: the child pickles whatever model the parent holds)
+    from raftmq.store.core.machine import StateMachine
 
-def fork_snapshot(path: str, machine: object, meta: bytes) -> int:
+
+def fork_snapshot(path: str, machine: StateMachine, meta: bytes) -> int:
     """Fork a child that writes ``machine``'s snapshot to ``path`` and exits 0 (1 on failure).
     Returns the child's pid to the parent."""
     pid = os.fork()

@@ -35,7 +35,7 @@ import pickle
 import struct
 from collections import deque
 from operator import attrgetter
-from typing import Any
+from typing import Any, Literal, overload
 
 import lmdb
 import msgpack
@@ -270,6 +270,12 @@ def write_snapshot(path: str, machine: StateMachine, meta: bytes) -> None:
     os.replace(tmp, path)
 
 
+@overload
+def read_snapshot(path: str, with_model: Literal[True] = True) -> tuple[bytes, bytes]: ...
+@overload
+def read_snapshot(path: str, with_model: Literal[False]) -> tuple[bytes, None]: ...
+@overload
+def read_snapshot(path: str, with_model: bool) -> tuple[bytes, bytes | None]: ...
 def read_snapshot(path: str, with_model: bool = True) -> tuple[bytes, bytes | None]:
     """(meta, model), each checked against its checksum; FormatTooNew for a snapshot written by a
     newer raftmq, SnapshotDamaged for one that fails its check (or that LMDB cannot read)."""
