@@ -18,22 +18,27 @@ and only bodies the member's store verified, and the asker checks every one.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from raftmq.store.disk.bodies import Bodies
 from raftmq.store.disk.body_fetch import Ask, FetchError, serve
 
 from .wire import admin_utility
 
+if TYPE_CHECKING:
+    from .replica import Replica
+
 log = logging.getLogger(__name__)
 
 COMMAND = "bodies"
 
 
-def serve_bodies(replica, bodies: Bodies) -> None:
+def serve_bodies(replica: Replica, bodies: Bodies) -> None:
     """Answer body requests on ``replica``'s Raft port (pysyncobj's transport, its tick thread)."""
     transport = replica._SyncObj__transport  # pysyncobj keeps it private
 
-    def on_request(args: list, callback) -> None:
+    def on_request(args: list, callback: Callable[[bytes, object], None]) -> None:
         if len(args) != 1 or not isinstance(args[0], bytes):
             callback(b"", None)  # pysyncobj then answers "SUCCESS bodies ...": decode_answer refuses it
             return

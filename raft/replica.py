@@ -311,7 +311,7 @@ class Replica(SyncObj):
 
         repeats = self.repeated_acks = RepeatedAcks()
 
-        def send(node, message):
+        def send(node: TCPNode, message: object) -> bool:
             if isinstance(message, dict) and message.get("type") in ACKNOWLEDGEMENTS:
                 if journal.dirty:
                     journal.flush()
@@ -464,7 +464,7 @@ class Replica(SyncObj):
         if self.on_leader_changed is not None:
             self.on_leader_changed()
 
-    def _SyncObj__onMessageReceived(self, node, message: dict) -> None:  # noqa: N802 (pysyncobj's name)
+    def _SyncObj__onMessageReceived(self, node: TCPNode, message: dict) -> None:  # noqa: N802 (pysyncobj's name)
         """Keep the leader's nextIndex for a follower from moving back on a successful reply.
 
         The leader sends entries as they are appended, without waiting for replies (pipelining),
@@ -547,7 +547,7 @@ class Replica(SyncObj):
             transport.send(node, request)
         return False
 
-    def _answer_pre_vote(self, node, message: dict) -> None:
+    def _answer_pre_vote(self, node: TCPNode, message: dict) -> None:
         """Grant or refuse a pre-vote; nothing about this node changes either way."""
         if self.selfNode is None:
             return
@@ -571,7 +571,7 @@ class Replica(SyncObj):
         self._SyncObj__transport.send(node, {"type": prevote.PRE_VOTE_REPLY, "term": message["term"],
                                              "granted": refusal is None})
 
-    def _count_pre_vote(self, node, message: dict) -> None:
+    def _count_pre_vote(self, node: TCPNode, message: dict) -> None:
         pending = self._pre_vote_round
         if pending is None or not message.get("granted"):
             return

@@ -55,10 +55,17 @@ from raftmq.trace import (
 from .replica import _BATCH_HEAD, BATCH_COMMAND, ENTRY
 
 if TYPE_CHECKING:
+    from pysyncobj.node import TCPNode
+
+    from raftmq.store.core.commands import Command
+    from raftmq.store.core.effects import Effects
+
     from .cluster import ClusterLog
+    from .journal import AppendJournal
+    from .replica import Replica
 
 
-def batch_key(command) -> tuple[str, int] | None:
+def batch_key(command: bytes | memoryview | None) -> tuple[str, int] | None:
     """(origin, seq) of a batch command as pysyncobj carries it, None for its own commands."""
     if not command or command[0] != BATCH_COMMAND:
         return None
@@ -92,7 +99,7 @@ def _hook_loop(log: ClusterLog, tracer: Tracer) -> None:
     submit, propose, machine = log.submit, log._propose, log.machine
     apply, on_outputs = machine.apply, log._on_outputs
 
-    def traced_submit(command, deferrable: bool = False, size: int = 0) -> None:
+    def traced_submit(command: Command, deferrable: bool = False, size: int = 0) -> None:
         if not log._pending:  # the first command of the next batch
             tracer.batch_rx, tracer.last_rx = tracer.last_rx, 0
             tracer.batch_submit = clock()
@@ -108,7 +115,8 @@ def _hook_loop(log: ClusterLog, tracer: Tracer) -> None:
         tracer.add(PROPOSE, origin, seq)
         propose(seq, now_us, blob)
 
-    def traced_apply(now, commands, index=None, batch_id=None, replies=True):
+    def traced_apply(now: int, commands: list, index: int | None = None, batch_id: tuple[str, int] | None = None,
+                     replies: bool = True) -> Effects:
         origin, seq = batch_id or ("", 0)
         tracer.add(APPLY, origin, seq, index or 0)
         effects = apply(now, commands, index, batch_id, replies=replies)
@@ -139,14 +147,16 @@ def _entries_span(message: dict) -> tuple[int, int]:
     return entries[0][1], entries[-1][1]
 
 
-def _hook_transport(replica, tracer: Tracer) -> None:
+def _hook_transport(replica: Replica, tracer: Tracer) -> None:
     transport = replica._SyncObj__transport
     send = transport.send
     received = transport._onMessageReceivedCallback
     journal = replica.journal
 
-    def traced_send(node, message):
-        kind = message.get("type") if isinstance(message, dict) else None
+    def traced_send(node: TCPNode, message: object) -> bool:
+        if not isinstance(message, dict):
+            return send(node, message)
+        kind = message.get("type")
         if kind == "append_entries":
             first, last = _entries_span(message)
             tracer.add(AE_SEND, node.address, first, last, message.get("commit_index", 0))
@@ -161,8 +171,11 @@ def _hook_transport(replica, tracer: Tracer) -> None:
                 tracer.add(FORWARD, key[0], key[1])
         return send(node, message)
 
-    def traced_received(node, message) -> None:
-        kind = message.get("type") if isinstance(message, dict) else None
+    def traced_received(node: TCPNode, message: object) -> None:
+        if not isinstance(message, dict):
+            received(node, message)
+            return
+        kind = message.get("type")
         if kind == "append_entries":
             first, last = _entries_span(message)
             tracer.add(AE_RECV, node.address, first, last, message.get("commit_index", 0))
@@ -179,7 +192,7 @@ def _hook_transport(replica, tracer: Tracer) -> None:
     transport.setOnMessageReceivedCallback(traced_received)
 
 
-def _hook_journal(journal, tracer: Tracer) -> None:
+def _hook_journal(journal: AppendJournal, tracer: Tracer) -> None:
     add, flush, set_commit = journal.add, journal.flush, journal.setRaftCommitIndex
     committed = [journal.getRaftCommitIndex()]
 
@@ -199,12 +212,13 @@ def _hook_journal(journal, tracer: Tracer) -> None:
         if journal._entries:
             tracer.add(FLUSHED, "", journal._entries[-1][1], end - start, ts=end)
 
-    def traced_set_commit(index: int) -> None:
-        set_commit(index)
-        if index > committed[0]:
-            committed[0] = index
-            tracer.add(COMMIT, "", index)
+    def traced_set_commit(raftCommitIndex: int) -> None:  # noqa: N803 (the name of what it wraps)
+        set_commit(raftCommitIndex)
+        if raftCommitIndex > committed[0]:
+            committed[0] = raftCommitIndex
+            tracer.add(COMMIT, "", raftCommitIndex)
 
-    journal.add = traced_add
-    journal.flush = traced_flush
-    journal.setRaftCommitIndex = traced_set_commit
+    # (instance attributes shadowing the methods, on purpose: see _hook_loop)
+    journal.add = traced_add  # type: ignore[method-assign]
+    journal.flush = traced_flush  # type: ignore[method-assign]
+    journal.setRaftCommitIndex = traced_set_commit  # type: ignore[method-assign]

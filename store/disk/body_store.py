@@ -85,6 +85,12 @@ SEGMENT_BYTES = 8 << 20
 COMPACT_BELOW = 0.25
 
 
+#: A key or value as LMDB returns it: bytes, or a memoryview in a ``buffers=True`` transaction.
+Stored = bytes | memoryview
+#: A body with its id and CRC32C, as a segment or loose value is written from.
+_Item = tuple[int, bytes, int]
+
+
 def body_key(msg_id: int) -> bytes:
     return _KEY.pack(msg_id)
 
@@ -136,7 +142,7 @@ def _encode(items: list[tuple[int, bytes, int]]) -> tuple[bytes, bytes]:
     return header, b"".join([header, *(item[1] for item in items)])
 
 
-def _key_of(key) -> int | None:
+def _key_of(key: Stored) -> int | None:
     """The id or segment number of a stored key; None for a damaged key (not 8 bytes)."""
     return _KEY.unpack(bytes(key))[0] if len(key) == 8 else None
 
@@ -149,7 +155,7 @@ class HeaderError(ValueError):
     """A segment header that does not verify (damaged, truncated, or of the first format)."""
 
 
-def _decode_header(value) -> tuple[array, array, array]:
+def _decode_header(value: Stored) -> tuple[array, array, array]:
     """(ids, offsets, crcs) of a verified segment header (``value`` may be the whole segment).
     Raises HeaderError if it does not verify."""
     if len(value) < 16 or bytes(value[:4]) != MAGIC:
@@ -172,7 +178,7 @@ def _decode_header(value) -> tuple[array, array, array]:
     return ids, offsets, crcs
 
 
-def _body_at(value, count: int, pos: int) -> bytes:
+def _body_at(value: Stored, count: int, pos: int) -> bytes:
     """The bytes of body ``pos`` as the segment value's own offsets say (not verified: the caller
     checks them against the body's CRC32C, which also catches damaged offsets)."""
     base = _header_size(count)
@@ -185,7 +191,7 @@ def _loose_value(body: bytes, crc: int) -> bytes:
     return _CRC.pack(crc) + body
 
 
-def _loose_body(value) -> bytes | None:
+def _loose_body(value: Stored | None) -> bytes | None:
     """The body of a loose value if it verifies, else None."""
     if value is None or len(value) < 4:
         return None
@@ -197,7 +203,7 @@ def _marks_value(alive: bytearray) -> bytes:
     return bytes(alive) + _CRC.pack(checksum(alive))
 
 
-def _marks(value, count: int) -> bytearray | None:
+def _marks(value: Stored | None, count: int) -> bytearray | None:
     """A segment's verified dead marks, None if they do not verify."""
     if value is None or len(value) != count + 4:
         return None
@@ -205,7 +211,7 @@ def _marks(value, count: int) -> bytearray | None:
     return marks if checksum(marks) == _CRC.unpack_from(value, count)[0] else None
 
 
-def _decode_legacy_header(value) -> tuple[array, array]:
+def _decode_legacy_header(value: Stored) -> tuple[array, array]:
     """(ids, offsets) of a segment of the first format (no checksums)."""
     (count,) = _COUNT.unpack_from(value, 0)
     ids = array("Q")
@@ -550,7 +556,8 @@ class BodyStore:
         self._written(nbytes)
         return written
 
-    def _write(self, runs, loose, stale, deletes) -> tuple[int, int]:
+    def _write(self, runs: list[list[_Item]], loose: list[_Item], stale: list[int],
+               deletes: Iterable[int]) -> tuple[int, int]:
         """The writes of one commit (lock held), in one transaction: (bodies written, bytes)."""
         written = nbytes = 0
         with self.env.begin(write=True) as txn:
@@ -578,7 +585,8 @@ class BodyStore:
             self._delete(deletes, txn)
         return written, nbytes
 
-    def _plan(self, items: list[tuple[int, bytes]], txn) -> tuple[list[list[tuple[int, bytes, int]]], list, list[int]]:
+    def _plan(self, items: list[tuple[int, bytes]],
+              txn: lmdb.Transaction) -> tuple[list[list[_Item]], list[_Item], list[int]]:
         """Split sorted puts into new segments (runs between existing segments, cut at
         SEGMENT_BYTES), loose bodies (ids inside an existing segment's range) and the stored ids
         they replace; each item gets its body's CRC32C (computed here, once per body).
@@ -590,11 +598,11 @@ class BodyStore:
         an id, the body of another message that the node had applied under it before a restart,
         while every model agreed on the right one.  The cause was in Raft: the node had applied
         entries the cluster never committed, raft/replica.py ``_SyncObj__onMessageReceived``.)"""
-        runs: list[list[tuple[int, bytes, int]]] = []
-        loose: list[tuple[int, bytes, int]] = []
+        runs: list[list[_Item]] = []
+        loose: list[_Item] = []
         stale: list[int] = []
-        values: dict[int, object] = {}
-        run: list[tuple[int, bytes, int]] = []
+        values: dict[int, Stored | None] = {}
+        run: list[_Item] = []
         run_gap = -1  # index of the existing segment after which the run lies
         run_bytes = 0
         previous = None
@@ -642,7 +650,7 @@ class BodyStore:
             runs.append(run)
         return runs, loose, stale
 
-    def _loose_held(self, msg_id: int, txn) -> bytes | None:
+    def _loose_held(self, msg_id: int, txn: lmdb.Transaction) -> Stored | None:
         """The loose value stored under ``msg_id`` (b"" if unreadable: replaced), or None."""
         if not self._loose:
             return None
@@ -659,7 +667,7 @@ class BodyStore:
         with self._lock, self.env.begin(write=True) as txn:
             return self._delete(ids, txn)
 
-    def _delete(self, ids: Iterable[int], txn) -> int:
+    def _delete(self, ids: Iterable[int], txn: lmdb.Transaction) -> int:
         deleted = 0
         emptied: list[_Segment] = []
         touched: dict[int, _Segment] = {}
@@ -770,7 +778,7 @@ class BodyStore:
         found: dict[int, bytes] = {}
         bad: list[int] = []
         with self._lock, self.env.begin(buffers=True) as txn:
-            values: dict[int, object] = {}
+            values: dict[int, Stored | None] = {}
             for msg_id in sorted(ids):
                 segment = self._segment_of(msg_id)
                 if segment is not None:
@@ -780,11 +788,11 @@ class BodyStore:
                             value = values.get(segment.key)
                             if value is None:
                                 value = values[segment.key] = txn.get(_KEY.pack(segment.key), db=self.segments_db)
-                            body = _body_at(value, len(segment.ids), pos)
-                        except (lmdb.Error, struct.error, TypeError):  # TypeError: the value is gone
+                            body = _body_at(value, len(segment.ids), pos) if value is not None else None
+                        except (lmdb.Error, struct.error):
                             bad.append(msg_id)
                             continue
-                        if checksum(body) == segment.crcs[pos]:
+                        if body is not None and checksum(body) == segment.crcs[pos]:  # (None: the value is gone)
                             found[msg_id] = body
                             if self.damaged:
                                 self.damaged.discard(msg_id)

@@ -71,7 +71,7 @@ import hashlib
 import logging
 import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,7 +125,7 @@ def describe_key(table: str, key: bytes) -> str:
         return f"{table}/key {key.hex()}"
 
 
-def _check_payload(table: str, key: bytes, payload) -> None:
+def _check_payload(table: str, key: bytes, payload: bytes | memoryview) -> None:
     """An unsealed record's structure (the only check an older record allows): msgpack that parses."""
     if table in EMPTY_VALUE_TABLES:
         if len(payload):
@@ -348,7 +348,7 @@ class DurableStore:
         except lmdb.Error as exc:
             damages.append(Damage("state", self.path, f"table {table}", f"LMDB cannot read it: {exc}"))
 
-    def message_bodies(self, ids) -> dict[int, bytes]:
+    def message_bodies(self, ids: Iterable[int]) -> dict[int, bytes]:
         """The bodies of the stored messages among ``ids`` (a single node's persistent messages
         are read back from here after a restart: store/disk/bodies.py's fallback)."""
         found: dict[int, bytes] = {}
@@ -383,7 +383,7 @@ class DurableStore:
                     for k, v in txn.cursor(db=self.db[table])]
 
 
-def read_format(txn: lmdb.Transaction, meta, path: str) -> int:
+def read_format(txn: lmdb.Transaction, meta: lmdb._Database, path: str) -> int:
     """The store's format stamp (1 when there is none: it predates numbered formats)."""
     raw = txn.get(b"format", db=meta)
     if raw is None:
@@ -505,7 +505,7 @@ class PersistenceRecorder:
     def delete_user(self, name: str) -> None:
         self._delete("users", name.encode())
 
-    def put_exchange(self, vhost: str, name: str, type_: str, auto_delete: bool, internal: bool, args: dict):
+    def put_exchange(self, vhost: str, name: str, type_: str, auto_delete: bool, internal: bool, args: dict) -> None:
         self._put("exchanges", _pack([vhost, name]), _pack([type_, auto_delete, internal, args]))
 
     def delete_exchange(self, vhost: str, name: str) -> None:

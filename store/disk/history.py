@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,7 +204,7 @@ class HistoryInfo:
     gaps: list
 
 
-def _meta(txn: lmdb.Transaction, db, key: bytes, default, check_: Checker):
+def _meta(txn: lmdb.Transaction, db: lmdb._Database | None, key: bytes, default: Any, check_: Checker) -> Any:
     value = txn.get(key, db=db) if db is not None else None
     return check_.decode("meta", key, value) if value is not None else default
 
@@ -222,7 +222,7 @@ def info(txn: lmdb.Transaction, tables: dict, check_: Checker) -> HistoryInfo:
                        messages=count("messages"), gaps=_meta(txn, meta, b"gaps", [], check_))
 
 
-def meta_put(put, db, key: bytes, value: object) -> None:
+def meta_put(put: Callable[..., object], db: lmdb._Database, key: bytes, value: object) -> None:
     """Write one meta record, sealed (``put``: a transaction's put)."""
     put(key, seal(key, msgpack.packb(value, use_bin_type=True)), db=db)
 

@@ -34,6 +34,7 @@ import os
 import pickle
 import struct
 from collections import deque
+from collections.abc import Iterator
 from operator import attrgetter
 from typing import Any, Literal, overload
 
@@ -199,7 +200,7 @@ def import_model(machine: StateMachine, blob: bytes) -> list[tuple[int, bytes]]:
     return legacy
 
 
-def holders(machine: StateMachine, ready: bool = True):
+def holders(machine: StateMachine, ready: bool = True) -> Iterator[Message]:
     """Every message held, once per holder: queue entries (ready and unacked) and delayed holds."""
     for queue in machine.queues_by_id.values() if ready else ():
         for entry in queue.ready.entries():
