@@ -106,7 +106,7 @@ class ClusterLog:
         self._pending_bytes = 0
         self.retry_after = retry_after
         self.use_fork = use_fork
-        self._pending: list[list] = []
+        self._pending: list[Command] = []
         self._scheduled = False
         self._urgent = False  # a pending command that is not deferrable
         self._defer_handle: asyncio.TimerHandle | None = None
@@ -114,8 +114,10 @@ class ClusterLog:
         self._in_flight: dict[int, tuple[float, int, bytes]] = {}  # seq -> (proposed at, now, blob)
         self._inbox: deque[tuple] = deque()
         self._unannounced = False  # entries queued by the tick thread since the loop was last woken
-        self._schedule_drain: Callable[[Callable[[], None]], object] | None = None  # set by start()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # Both set by start(), which comes before anything that uses them (declared, not assigned:
+        # nothing is scheduled before there is a loop).
+        self._schedule_drain: Callable[[Callable[[], None]], object]
+        self._loop: asyncio.AbstractEventLoop
         self._retry_handle: asyncio.TimerHandle | None = None
         self.batches_applied = 0
         self.commands_applied = 0
@@ -174,9 +176,16 @@ class ClusterLog:
         return r.leader_address
 
     @property
+    def _started(self) -> Replica:
+        """The replica, for what runs only once ``start`` made it."""
+        if self.replica is None:
+            raise RuntimeError("the Raft log is not started")
+        return self.replica
+
+    @property
     def ready(self) -> bool:
         """This node has a leader and has applied everything the leader told it was committed."""
-        return self.leader is not None and self.replica.isReady()
+        return self.leader is not None and self._started.isReady()
 
     @property
     def backlog(self) -> int:
@@ -205,7 +214,7 @@ class ClusterLog:
     def compact(self, timeout: float = 60.0) -> Compaction:
         """Blocking (the admin API's worker thread): force a snapshot at the applied index and wait
         until the journal starts at it."""
-        r = self.replica
+        r = self._started
         target = r.last_applied
         r.forceLogCompaction()
         deadline = time.monotonic() + timeout
@@ -304,7 +313,7 @@ class ClusterLog:
         leader sent *before* the batch's AppendEntries).  What that callback reported is covered
         otherwise: a batch lost with a leader change is proposed again by ``_leader_changed``; one
         lost otherwise, after ``retry_after`` (``_retry_stale``), as before."""
-        replica = self.replica
+        replica = self._started
         if not replica.is_leader and replica.leader_address is not None:
             replica.propose(now_us, self.origin, seq, blob, None)
             return
@@ -359,7 +368,7 @@ class ClusterLog:
         hand-off, stage tracer, client on the leader).
         """
         self._inbox.append(item)
-        if item[0] == ENTRY and item[3] == self.origin and self.replica.is_leader:
+        if item[0] == ENTRY and item[3] == self.origin and self._started.is_leader:
             self._unannounced = False
             self._loop.call_soon_threadsafe(self._drain)
         else:
@@ -415,7 +424,7 @@ class ClusterLog:
             inbox.popleft()
 
     def _take_snapshot(self, path: str, meta: bytes) -> None:
-        replica = self.replica
+        replica = self._started
         machine = self.machine
         reached = raft_clock()
         machine.checkpoint()
@@ -451,7 +460,7 @@ class ClusterLog:
     # ------------------------------------------------------------------ PeerRequests
 
     def serve(self, name: str, handler: Callable[[bytes], bytes]) -> None:
-        peer_requests.serve(self.replica, name, handler)
+        peer_requests.serve(self._started, name, handler)
 
     def askers(self, name: str, timeout: float) -> list[Callable[[bytes], bytes]]:
         return [peer_requests.ask(self._secret, address, name, timeout) for address in self._partners]

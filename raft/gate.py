@@ -76,7 +76,8 @@ class GatedServer(_tcp_server.TcpServer):
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # EMFILE, ENFILE, ENOBUFS, ECONNABORTED...: try again at the next poll
-                self._accept_errors.warning("raft port: accept failed: %s", errno.errorcode.get(exc.errno, exc))
+                name = errno.errorcode.get(exc.errno, exc) if exc.errno is not None else exc
+                self._accept_errors.warning("raft port: accept failed: %s", name)
                 return
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._TcpServer__sendBufferSize)

@@ -53,7 +53,7 @@ from pysyncobj.syncobj import _COMMAND_TYPE
 
 from raftmq.integrity import Damage
 
-from .journal_files import MetaFile, MetaUnreadable, SyncedMark, _fsync_dir
+from .journal_files import JournalMeta, MetaFile, MetaUnreadable, RepairMeta, SyncedMark, _fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class EntryDamaged(RuntimeError):
 class ScanResult:
     """What :func:`scan` found in a journal directory (nothing is changed on disk)."""
 
-    entries: list = field(default_factory=list)  # (command or None when evicted, index, term)
+    entries: list[tuple[bytes | None, int, int]] = field(default_factory=list)  # (command or None when evicted, index, term)
     offsets: list[int] = field(default_factory=list)
     segments: list[_Segment] = field(default_factory=list)  # kept, sizes cut to their intact records
     evicted: int = 0
@@ -253,10 +253,10 @@ class AppendJournal(Journal):
         self._mark = SyncedMark(path)
         self.damage: str | None = None  # what _load found damaged (None: intact, or a torn tail)
         self.on_read_damage: Callable[[Damage], None] | None = None  # an evicted entry read back damaged
-        self._entries: list[tuple[bytes, int, int]] = []
+        self._entries: list[tuple[bytes | None, int, int]] = []  # command None: evicted (on disk only)
         self._offsets: list[int] = []  # global offset of each entry's record
         self._segments: list[_Segment] = []
-        self._meta: dict[str, object] = {}
+        self._meta: JournalMeta = {}
         self._buffer: list[bytes] = []
         self._buffered = 0  # bytes in _buffer
         self._truncate = False  # the files hold records past _end that the next flush cuts off
@@ -342,16 +342,16 @@ class AppendJournal(Journal):
         n = 1 + sum(1 for name in os.listdir(self.path) if name.startswith("damaged-"))
         aside = os.path.join(self.path, f"damaged-{n}")
         os.makedirs(aside, exist_ok=True)
-        cut_number = result.cut[0] if result.cut is not None else None
+        cut = result.cut
         for number in result.numbers:
             path = _Segment(number, 0, 0).path(self.path)
             kept = os.path.join(aside, os.path.basename(path))
-            if cut_number is not None and number >= cut_number:
+            if cut is not None and number >= cut[0]:
                 if number in result.unlink:
                     os.replace(path, kept)
                 else:  # the segment the journal stops in: its verified prefix stays
                     shutil.copy2(path, kept)
-                    os.truncate(path, result.cut[1])
+                    os.truncate(path, cut[1])
             elif number in result.unlink:
                 os.unlink(path)
         _fsync_dir(aside)
@@ -587,7 +587,7 @@ class AppendJournal(Journal):
         commit = int(self._meta.get("commit", 1))
         return min(commit, self._entries[-1][1]) if self._entries else commit
 
-    def setCurrentTerm(self, term: int, votedForNodeId) -> None:  # noqa: N802, N803
+    def setCurrentTerm(self, term: int, votedForNodeId: str | None) -> None:  # noqa: N802, N803
         self._meta["term"] = term
         self._meta["vote"] = votedForNodeId
         self._write_meta()
@@ -595,7 +595,7 @@ class AppendJournal(Journal):
     def getCurrentTerm(self) -> int:  # noqa: N802
         return int(self._meta.get("term", 0))
 
-    def getVotedForNodeId(self):  # noqa: N802
+    def getVotedForNodeId(self) -> str | None:  # noqa: N802
         return self._meta.get("vote")
 
     def onOneSecondTimer(self) -> None:  # noqa: N802
@@ -683,11 +683,11 @@ class AppendJournal(Journal):
     # ------------------------------------------------------------------ repair (issue 29)
 
     @property
-    def repair(self) -> dict | None:
+    def repair(self) -> RepairMeta | None:
         """{"until": index, "reason": text} while this node's log is missing entries it may have
         acknowledged (kept in the meta file, so a restart before the repair keeps it)."""
         repair = self._meta.get("repair")
-        return dict(repair) if repair else None
+        return repair.copy() if repair else None
 
     def scrub_targets(self) -> list[tuple[str, int]]:
         """(path, bytes fsynced) of every segment, oldest first, for the scrubber (raft/scrub.py;
@@ -709,7 +709,7 @@ class AppendJournal(Journal):
         then unknown and the current term stands in (it is at least the entry's: stricter)."""
         mark = self._mark.mark
         claims = list(found) + [(mark.index, mark.term)] if mark is not None else list(found)
-        pending = self._meta.get("repair") or {}
+        pending = self._meta.get("repair")
         if pending:
             claims.append((int(pending.get("until", 0)), int(pending.get("until_term", self.getCurrentTerm()))))
         index, term = max(claims)

@@ -27,7 +27,9 @@ import json
 import logging
 import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NotRequired, TypedDict, cast
 
 from raftmq.integrity import checksum
 
@@ -51,11 +53,31 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _meta_crc(seq: int, meta: dict) -> int:
+def _meta_crc(seq: int, meta: Mapping[str, object]) -> int:
     return checksum(json.dumps([seq, meta], sort_keys=True, separators=(",", ":")).encode())
 
 
-def _parse_meta(raw: bytes) -> tuple[int, dict] | None:
+class RepairMeta(TypedDict):
+    """A pending repair (raft/repair.py): up to which entry, and why.  ``until_term`` is missing
+    from a meta file written before it was kept (the current term stands in)."""
+
+    until: int
+    until_term: NotRequired[int]
+    reason: str
+
+
+class JournalMeta(TypedDict, total=False):
+    """What the meta file holds: JSON values whose bytes the copy's checksum proved (``_parse_meta``);
+    readers still convert them (``int(...)``), a file of an earlier version being unchecked."""
+
+    first_index: int
+    commit: int  # the commit hint (replay after a restart)
+    term: int
+    vote: str | None  # pysyncobj's votedForNodeId (a node's address), None before any vote
+    repair: RepairMeta
+
+
+def _parse_meta(raw: bytes) -> tuple[int, JournalMeta] | None:
     """(seq, meta) of one copy, or None if it is damaged.  A bare object (no ``crc``) is a file
     written before checksums: sequence -1, so that any checked copy wins over it."""
     try:
@@ -65,11 +87,11 @@ def _parse_meta(raw: bytes) -> tuple[int, dict] | None:
     if not isinstance(doc, dict):
         return None
     if "crc" not in doc:
-        return (-1, doc) if "seq" not in doc and "meta" not in doc else None
+        return (-1, cast(JournalMeta, doc)) if "seq" not in doc and "meta" not in doc else None
     seq, meta = doc.get("seq"), doc.get("meta")
     if not isinstance(seq, int) or not isinstance(meta, dict) or doc["crc"] != _meta_crc(seq, meta):
         return None
-    return seq, meta
+    return seq, cast(JournalMeta, meta)
 
 
 class MetaFile:
@@ -79,11 +101,11 @@ class MetaFile:
         self.seq = 0
         self.problems: list[str] = []  # what load found wrong (a damaged copy, both damaged)
 
-    def load(self, mend: bool = True) -> dict:
+    def load(self, mend: bool = True) -> JournalMeta:
         """The newest intact meta; {} for a new journal.  Raises MetaUnreadable when a meta file
         exists and no copy of it is intact (the term and vote are then unknown).  ``mend``:
         rewrite both copies when one was damaged or old (not when a stopped node is verified)."""
-        found: list[tuple[int, dict]] = []
+        found: list[tuple[int, JournalMeta]] = []
         present = 0
         legacy = False
         for path in self.paths:
@@ -112,7 +134,7 @@ class MetaFile:
             self.write(meta)  # both copies intact again (and in the checked form)
         return meta
 
-    def write(self, meta: dict) -> None:
+    def write(self, meta: JournalMeta) -> None:
         """Both copies, each written in place and fsynced, one after the other."""
         self.seq += 1
         data = json.dumps({"seq": self.seq, "crc": _meta_crc(self.seq, meta), "meta": meta},

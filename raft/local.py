@@ -42,7 +42,7 @@ class LocalLog:
         self.machine = machine
         self._on_outputs = on_outputs
         self._clock = clock
-        self._pending: list[list] = []
+        self._pending: list[Command] = []
         self._scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._batch_no = 0
@@ -158,7 +158,10 @@ class LocalLog:
             return
         self._syncing = True
         target = self._batch_no
-        future = self._loop.run_in_executor(None, self.machine.sync)
+        loop = self._loop
+        if loop is None:  # (set by start() or the first submit, before any batch: never here)
+            loop = self._loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(None, self.machine.sync)
         future.add_done_callback(lambda f: self._sync_done(f, target))
 
     def _sync_done(self, future: asyncio.Future, target: int) -> None:

@@ -205,6 +205,13 @@ class NoSnapshots:
 
 
 class Replica(SyncObj):
+    # pysyncobj's private state that this class reads and writes (SyncObj's ``self.__name``, mangled).
+    # pysyncobj has no type information: these declare what its code assigns them (syncobj.py), so
+    # that the checker does not infer them from our assignments.
+    _SyncObj__raftCommitIndex: int
+    _SyncObj__raftLastApplied: int
+    _SyncObj__otherNodes: set[TCPNode]  # (swapped for a _FirstInUnion, a set, while sending)
+
     def __init__(self, self_address: str, partners: list[str], data_dir: str, secret: str,
                  sink: Callable[[tuple], None], *, bind_address: str | None = None,
                  snapshot_entries: int = 20_000, snapshot_seconds: float = 600.0,
@@ -230,7 +237,7 @@ class Replica(SyncObj):
         self.data_dir = data_dir
         self.snapshot_path = os.path.join(data_dir, "snapshot.lmdb")
         self._sink = sink
-        self.on_leader_changed: Callable[[], None] | None = None  # tick thread (see _SyncObj__onLeaderChanged)
+        self.on_leader_changed: Callable[[], object] | None = None  # tick thread (see _SyncObj__onLeaderChanged)
         self.sink_backlog = sink_backlog  # entries handed to the sink and not yet applied
         self._snapshot_state = SERIALIZER_STATE.NOT_SERIALIZING
         self._snapshot_pid: int | None = None
@@ -325,7 +332,7 @@ class Replica(SyncObj):
 
         repeats = self.repeated_acks = RepeatedAcks()
 
-        def send(node, message):
+        def send(node: TCPNode, message: object) -> bool:
             if isinstance(message, dict) and message.get("type") in ACKNOWLEDGEMENTS:
                 if journal.dirty:
                     journal.flush()
@@ -476,7 +483,7 @@ class Replica(SyncObj):
         if self.on_leader_changed is not None:
             self.on_leader_changed()
 
-    def _SyncObj__onMessageReceived(self, node, message: dict) -> None:  # noqa: N802 (pysyncobj's name)
+    def _SyncObj__onMessageReceived(self, node: TCPNode, message: dict) -> None:  # noqa: N802 (pysyncobj's name)
         """Keep the leader's nextIndex for a follower from moving back on a successful reply.
 
         The leader sends entries as they are appended, without waiting for replies (pipelining),
@@ -559,7 +566,7 @@ class Replica(SyncObj):
             transport.send(node, request)
         return False
 
-    def _answer_pre_vote(self, node, message: dict) -> None:
+    def _answer_pre_vote(self, node: TCPNode, message: dict) -> None:
         """Grant or refuse a pre-vote; nothing about this node changes either way."""
         if self.selfNode is None:
             return
@@ -583,7 +590,7 @@ class Replica(SyncObj):
         self._SyncObj__transport.send(node, {"type": prevote.PRE_VOTE_REPLY, "term": message["term"],
                                              "granted": refusal is None})
 
-    def _count_pre_vote(self, node, message: dict) -> None:
+    def _count_pre_vote(self, node: TCPNode, message: dict) -> None:
         pending = self._pre_vote_round
         if pending is None or not message.get("granted"):
             return
@@ -704,8 +711,10 @@ class Replica(SyncObj):
 
     # ------------------------------------------------------------------ batches in the log
 
-    def propose(self, now: int, origin: str, seq: int, blob: bytes, callback: Callable) -> None:
-        """Append a batch to the log (through the leader); ``callback(result, error)`` as pysyncobj's."""
+    def propose(self, now: int, origin: str, seq: int, blob: bytes,
+                callback: Callable[[object, int], None] | None) -> None:
+        """Append a batch to the log (through the leader); ``callback(result, error)`` as pysyncobj's
+        (None: no reply wanted, see ClusterLog._propose)."""
         origin_bytes = origin.encode()
         head = _BATCH_HEAD.pack(BATCH_COMMAND, now, seq, len(origin_bytes))
         self._applyCommand(b"".join((head, origin_bytes, blob)), callback)

@@ -92,12 +92,14 @@ class Sealer:
         if random_key is None:  # handshake: the cluster key, a random nonce
             nonce = os.urandom(NONCE_BYTES)
             return nonce, self._cluster.encrypt(nonce, plain, None)
-        if conn.tx_key_for is not random_key:
-            conn.tx_key_for, conn.tx_aead, conn.tx_count = random_key, self.session(random_key), 0
+        aead = conn.tx_aead
+        if aead is None or conn.tx_key_for is not random_key:  # (None: no session key yet)
+            aead = self.session(random_key)
+            conn.tx_key_for, conn.tx_aead, conn.tx_count = random_key, aead, 0
             conn.tx_prefix = os.urandom(4)
         conn.tx_count += 1
         nonce = conn.tx_prefix + _COUNTER.pack(conn.tx_count)
-        return nonce, conn.tx_aead.encrypt(nonce, plain, None)
+        return nonce, aead.encrypt(nonce, plain, None)
 
     def open(self, conn: SealedConnection, frame: memoryview) -> bytes:
         """The plaintext of ``frame``, which must be the next frame of ``conn``; else FrameError."""
@@ -108,12 +110,14 @@ class Sealer:
         try:
             if random_key is None:
                 return self._cluster.decrypt(nonce, sealed, None)
-            if conn.rx_key_for is not random_key:
-                conn.rx_key_for, conn.rx_aead, conn.rx_count = random_key, self.session(random_key), 0
+            aead = conn.rx_aead
+            if aead is None or conn.rx_key_for is not random_key:  # (None: no session key yet)
+                aead = self.session(random_key)
+                conn.rx_key_for, conn.rx_aead, conn.rx_count = random_key, aead, 0
                 conn.rx_prefix = bytes(nonce[:4])  # the sender's, for this session
             if nonce != conn.rx_prefix + _COUNTER.pack(conn.rx_count + 1):
                 raise FrameError("frame out of sequence (replayed, lost or reordered)")
-            plain = conn.rx_aead.decrypt(nonce, sealed, None)
+            plain = aead.decrypt(nonce, sealed, None)
         except InvalidTag:
             raise FrameError("frame failed authentication (wrong cluster secret?)") from None
         conn.rx_count += 1
@@ -133,6 +137,9 @@ class SealedConnection(TcpConnection):
     rx_count = 0
     rx_prefix = b""
     last_byte_at = 0.0  # time.monotonic() of the last bytes read
+    # pysyncobj's buffers (bytes after connect() and disconnect(), made bytearrays here).
+    _TcpConnection__writeBuffer: bytes | bytearray
+    _TcpConnection__readBuffer: bytes | bytearray
 
     def send(self, message: object) -> None:
         plain = pickle.dumps(message, PICKLE_PROTOCOL)

@@ -100,7 +100,7 @@ class PersistenceRecorder:
     def delete_user(self, name: str) -> None:
         self._delete("users", name.encode())
 
-    def put_exchange(self, vhost: str, name: str, type_: str, auto_delete: bool, internal: bool, args: dict):
+    def put_exchange(self, vhost: str, name: str, type_: str, auto_delete: bool, internal: bool, args: dict) -> None:
         self._put("exchanges", pack([vhost, name]), pack([type_, auto_delete, internal, args]))
 
     def delete_exchange(self, vhost: str, name: str) -> None:

@@ -51,7 +51,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..core.commands import OK, OUT_DELIVER, OUT_REPLY, OUT_TRANSFER, GotMessage, Ok, SessionAttached
@@ -186,14 +186,16 @@ class Bodies:
         """Bodies of messages that became live (before the batch's outputs are sent)."""
         pending = self._pending
         added = 0
-        for msg_id, body in puts:
-            if body.__class__ is int:  # shares another message's body (a dead-letter copy)
-                source = body
-                body = self.get(source)
-                if body is None:
+        for msg_id, source in puts:
+            if isinstance(source, int):  # shares another message's body (a dead-letter copy)
+                shared = self.get(source)
+                if shared is None:
                     self.stats.lost += 1
                     log.error("no body for message %d: its copy %d is stored without one", source, msg_id)
                     continue
+                body = shared
+            else:
+                body = source
             previous = pending.get(msg_id)
             if previous is not None:
                 added -= len(previous)  # the last apply's body for this id wins (BodyStore._plan)
@@ -369,8 +371,10 @@ class DictBodies:
         self.fallback = fallback
 
     def put(self, puts: Iterable[tuple[int, BodySource]]) -> None:
-        for msg_id, body in puts:
-            self.bodies[msg_id] = self.get(body) if body.__class__ is int else body
+        for msg_id, source in puts:
+            body = self.get(source) if isinstance(source, int) else source
+            if body is not None:  # a copy of a body this machine never had has none (as in Bodies.put)
+                self.bodies[msg_id] = body
 
     def drop(self, deletes: Iterable[int]) -> None:
         for msg_id in deletes:
@@ -473,6 +477,7 @@ def fill_bodies(outputs: list, bodies: Bodies | DictBodies, upcoming: Upcoming |
     per queue, into the bounded cache, which the alarm counts), so that a consumer keeping up
     with a backlog on disk reads it in batches; the front ends read ahead the deliveries they
     hold or park when they send them (``Bodies.read_ahead``)."""
+    indexes: Sequence[int]
     if local is not None:
         indexes = [i for i, out in enumerate(outputs) if local(out[0])]
     else:

@@ -112,7 +112,8 @@ def serve(bodies: Bodies, request: bytes, answer_bytes: int = ANSWER_BYTES) -> b
     node's consumers are about to read."""
     ids = decode_request(request)
     found = bodies.peek(ids)
-    out, size = [], 0
+    out: list[tuple[int, bytes]] = []
+    size = 0
     for msg_id in ids:
         body = found.get(msg_id)
         if body is None:

@@ -85,6 +85,12 @@ SEGMENT_BYTES = 8 << 20
 COMPACT_BELOW = 0.25
 
 
+#: A key or value as LMDB returns it: bytes, or a memoryview in a ``buffers=True`` transaction.
+Stored = bytes | memoryview
+#: A body with its id and CRC32C, as a segment or loose value is written from.
+_Item = tuple[int, bytes, int]
+
+
 def body_key(msg_id: int) -> bytes:
     return _KEY.pack(msg_id)
 
@@ -136,7 +142,7 @@ def _encode(items: list[tuple[int, bytes, int]]) -> tuple[bytes, bytes]:
     return header, b"".join([header, *(item[1] for item in items)])
 
 
-def _key_of(key) -> int | None:
+def _key_of(key: Stored) -> int | None:
     """The id or segment number of a stored key; None for a damaged key (not 8 bytes)."""
     return _KEY.unpack(bytes(key))[0] if len(key) == 8 else None
 
@@ -149,7 +155,7 @@ class HeaderError(ValueError):
     """A segment header that does not verify (damaged, truncated, or of the first format)."""
 
 
-def _decode_header(value) -> tuple[array, array, array]:
+def _decode_header(value: Stored) -> tuple[array, array, array]:
     """(ids, offsets, crcs) of a verified segment header (``value`` may be the whole segment).
     Raises HeaderError if it does not verify."""
     if len(value) < 16 or bytes(value[:4]) != MAGIC:
@@ -172,7 +178,7 @@ def _decode_header(value) -> tuple[array, array, array]:
     return ids, offsets, crcs
 
 
-def _body_at(value, count: int, pos: int) -> bytes:
+def _body_at(value: Stored, count: int, pos: int) -> bytes:
     """The bytes of body ``pos`` as the segment value's own offsets say (not verified: the caller
     checks them against the body's CRC32C, which also catches damaged offsets)."""
     base = _header_size(count)
@@ -185,7 +191,7 @@ def _loose_value(body: bytes, crc: int) -> bytes:
     return _CRC.pack(crc) + body
 
 
-def _loose_body(value) -> bytes | None:
+def _loose_body(value: Stored | None) -> bytes | None:
     """The body of a loose value if it verifies, else None."""
     if value is None or len(value) < 4:
         return None
@@ -197,7 +203,7 @@ def _marks_value(alive: bytearray) -> bytes:
     return bytes(alive) + _CRC.pack(checksum(alive))
 
 
-def _marks(value, count: int) -> bytearray | None:
+def _marks(value: Stored | None, count: int) -> bytearray | None:
     """A segment's verified dead marks, None if they do not verify."""
     if value is None or len(value) != count + 4:
         return None
@@ -205,7 +211,7 @@ def _marks(value, count: int) -> bytearray | None:
     return marks if checksum(marks) == _CRC.unpack_from(value, count)[0] else None
 
 
-def _decode_legacy_header(value) -> tuple[array, array]:
+def _decode_legacy_header(value: Stored) -> tuple[array, array]:
     """(ids, offsets) of a segment of the first format (no checksums)."""
     (count,) = _COUNT.unpack_from(value, 0)
     ids = array("Q")
@@ -266,7 +272,7 @@ class BodyStore:
 
     # ------------------------------------------------------------------ opening
 
-    def _dbs(self) -> dict[bytes, object]:
+    def _dbs(self) -> dict[bytes, lmdb._Database]:
         return {b"segments": self.segments_db, b"heads": self.heads_db, b"loose": self.loose_db,
                 b"dead": self.dead_db, b"meta": self.meta_db}
 
@@ -277,10 +283,14 @@ class BodyStore:
         try:
             with self.env.begin(buffers=True) as txn:
                 for name, db in self._dbs().items():
-                    values = name in (b"heads", b"dead", b"meta")
-                    for item in txn.cursor(db=db).iternext(keys=True, values=values):
-                        if name != b"meta" and len(item[0] if values else item) != 8:
-                            return f"a key of {len(item[0] if values else item)} bytes in {name.decode()}"
+                    cursor = txn.cursor(db=db)
+                    # The small values are read too (their pages are walked); the large ones not.
+                    keys: Iterable[memoryview] = (
+                        (key for key, _value in cursor.iternext(keys=True, values=True))
+                        if name in (b"heads", b"dead", b"meta") else cursor.iternext(keys=True, values=False))
+                    for key in keys:
+                        if name != b"meta" and len(key) != 8:
+                            return f"a key of {len(key)} bytes in {name.decode()}"
         except lmdb.Error as exc:
             return f"{exc}"
         return ""
@@ -294,9 +304,9 @@ class BodyStore:
         self._found("LMDB pages", f"{why}; copying what can be read into a new store")
         fresh_dir = os.path.join(self.path, "rebuild")
         os.makedirs(fresh_dir, exist_ok=True)
-        for name in ("data.mdb", "lock.mdb"):
-            if os.path.exists(os.path.join(fresh_dir, name)):
-                os.unlink(os.path.join(fresh_dir, name))
+        for file_name in ("data.mdb", "lock.mdb"):
+            if os.path.exists(os.path.join(fresh_dir, file_name)):
+                os.unlink(os.path.join(fresh_dir, file_name))
         fresh = lmdb.open(fresh_dir, map_size=self.env.info()["map_size"], max_dbs=5, sync=False)
         copied = lost = 0
         for name, db in self._dbs().items():
@@ -335,10 +345,10 @@ class BodyStore:
         self.env.close()
         os.replace(os.path.join(self.path, "data.mdb"), os.path.join(self.path, "data.mdb.damaged"))
         os.replace(os.path.join(fresh_dir, "data.mdb"), os.path.join(self.path, "data.mdb"))
-        for name in ("lock.mdb",):
+        for file_name in ("lock.mdb",):
             for where in (fresh_dir, self.path):
-                if os.path.exists(os.path.join(where, name)):
-                    os.unlink(os.path.join(where, name))
+                if os.path.exists(os.path.join(where, file_name)):
+                    os.unlink(os.path.join(where, file_name))
         os.rmdir(fresh_dir)
         self.env = lmdb.open(self.path, map_size=self.env_map_size, max_dbs=5, sync=False, metasync=False,
                              readahead=False, max_readers=64)
@@ -395,8 +405,8 @@ class BodyStore:
         repaired: list[tuple[bytes, bytes]] = []
         try:
             with self.env.begin(buffers=True) as txn:
-                for key, value in txn.cursor(db=self.heads_db):
-                    key = bytes(key)
+                for raw_key, value in txn.cursor(db=self.heads_db):
+                    key = bytes(raw_key)
                     if _key_of(key) is None:
                         self._found(f"header key {key.hex()}", "not a segment key; dropped")
                         unusable.append(key)
@@ -420,8 +430,9 @@ class BodyStore:
                     sizes = array("I", [offsets[i + 1] - offsets[i] for i in range(len(ids))])
                     self._segments.append(_Segment(_KEY.unpack(key)[0], ids, sizes, crcs))
                 by_key = {segment.key: segment for segment in self._segments}
-                for key, value in txn.cursor(db=self.dead_db):
-                    segment = by_key.get(_key_of(key))
+                for raw_key, value in txn.cursor(db=self.dead_db):
+                    segment_key = _key_of(raw_key)
+                    segment = by_key.get(segment_key) if segment_key is not None else None
                     if segment is None:
                         continue
                     marks = _marks(value, len(segment.ids))
@@ -545,7 +556,8 @@ class BodyStore:
         self._written(nbytes)
         return written
 
-    def _write(self, runs, loose, stale, deletes) -> tuple[int, int]:
+    def _write(self, runs: list[list[_Item]], loose: list[_Item], stale: list[int],
+               deletes: Iterable[int]) -> tuple[int, int]:
         """The writes of one commit (lock held), in one transaction: (bodies written, bytes)."""
         written = nbytes = 0
         with self.env.begin(write=True) as txn:
@@ -573,7 +585,8 @@ class BodyStore:
             self._delete(deletes, txn)
         return written, nbytes
 
-    def _plan(self, items: list[tuple[int, bytes]], txn) -> tuple[list[list[tuple[int, bytes, int]]], list, list[int]]:
+    def _plan(self, items: list[tuple[int, bytes]],
+              txn: lmdb.Transaction) -> tuple[list[list[_Item]], list[_Item], list[int]]:
         """Split sorted puts into new segments (runs between existing segments, cut at
         SEGMENT_BYTES), loose bodies (ids inside an existing segment's range) and the stored ids
         they replace; each item gets its body's CRC32C (computed here, once per body).
@@ -585,11 +598,11 @@ class BodyStore:
         an id, the body of another message that the node had applied under it before a restart,
         while every model agreed on the right one.  The cause was in Raft: the node had applied
         entries the cluster never committed, raft/replica.py ``_SyncObj__onMessageReceived``.)"""
-        runs: list[list[tuple[int, bytes, int]]] = []
-        loose: list[tuple[int, bytes, int]] = []
+        runs: list[list[_Item]] = []
+        loose: list[_Item] = []
         stale: list[int] = []
-        values: dict[int, object] = {}
-        run: list[tuple[int, bytes, int]] = []
+        values: dict[int, Stored | None] = {}
+        run: list[_Item] = []
         run_gap = -1  # index of the existing segment after which the run lies
         run_bytes = 0
         previous = None
@@ -637,7 +650,7 @@ class BodyStore:
             runs.append(run)
         return runs, loose, stale
 
-    def _loose_held(self, msg_id: int, txn) -> bytes | None:
+    def _loose_held(self, msg_id: int, txn: lmdb.Transaction) -> Stored | None:
         """The loose value stored under ``msg_id`` (b"" if unreadable: replaced), or None."""
         if not self._loose:
             return None
@@ -654,7 +667,7 @@ class BodyStore:
         with self._lock, self.env.begin(write=True) as txn:
             return self._delete(ids, txn)
 
-    def _delete(self, ids: Iterable[int], txn) -> int:
+    def _delete(self, ids: Iterable[int], txn: lmdb.Transaction) -> int:
         deleted = 0
         emptied: list[_Segment] = []
         touched: dict[int, _Segment] = {}
@@ -720,8 +733,8 @@ class BodyStore:
                         bad.append(segment.ids[i])
                     keep.append((segment.ids[i], body, crc))
                 self._damaged(bad)
-                header, value = _encode(keep)
-                txn.put(key, value, db=self.segments_db)
+                header, rewritten_value = _encode(keep)
+                txn.put(key, rewritten_value, db=self.segments_db)
                 txn.put(key, header, db=self.heads_db)
                 txn.delete(key, db=self.dead_db)
                 fresh = _Segment(segment.key, array("Q", [item[0] for item in keep]),
@@ -765,7 +778,7 @@ class BodyStore:
         found: dict[int, bytes] = {}
         bad: list[int] = []
         with self._lock, self.env.begin(buffers=True) as txn:
-            values: dict[int, object] = {}
+            values: dict[int, Stored | None] = {}
             for msg_id in sorted(ids):
                 segment = self._segment_of(msg_id)
                 if segment is not None:
@@ -775,11 +788,11 @@ class BodyStore:
                             value = values.get(segment.key)
                             if value is None:
                                 value = values[segment.key] = txn.get(_KEY.pack(segment.key), db=self.segments_db)
-                            body = _body_at(value, len(segment.ids), pos)
-                        except (lmdb.Error, struct.error, TypeError):  # TypeError: the value is gone
+                            body = _body_at(value, len(segment.ids), pos) if value is not None else None
+                        except (lmdb.Error, struct.error):
                             bad.append(msg_id)
                             continue
-                        if checksum(body) == segment.crcs[pos]:
+                        if body is not None and checksum(body) == segment.crcs[pos]:  # (None: the value is gone)
                             found[msg_id] = body
                             if self.damaged:
                                 self.damaged.discard(msg_id)
@@ -793,11 +806,11 @@ class BodyStore:
                         bad.append(msg_id)
                         continue
                     if value is not None:
-                        body = _loose_body(value)
-                        if body is None:
+                        loose_body = _loose_body(value)
+                        if loose_body is None:
                             bad.append(msg_id)
                         else:
-                            found[msg_id] = body
+                            found[msg_id] = loose_body
             if bad:
                 self._damaged(bad)
         if bad and damaged is not None:
@@ -895,8 +908,8 @@ class BodyStore:
                     cursor = txn.cursor(db=self.loose_db)
                     next_position = (0, 0)
                     if cursor.set_range(_KEY.pack(next_id)):
-                        for key, value in cursor:
-                            msg_id = _key_of(key)
+                        for loose_key, value in cursor:
+                            msg_id = _key_of(loose_key)
                             if msg_id is None:
                                 continue
                             if read >= max_bytes:
@@ -936,12 +949,13 @@ def verify_body_store(path: str) -> list[Damage]:
     except lmdb.Error as exc:
         return [Damage("bodies", data, "environment", f"cannot be opened: {exc}")]
     try:
-        dbs = {}
+        dbs: dict[bytes, lmdb._Database | None] = {}
         for name in (b"segments", b"heads", b"loose", b"dead", b"meta"):
             try:
                 dbs[name] = env.open_db(name, create=False)
             except lmdb.NotFoundError:
                 dbs[name] = None
+        txn: lmdb.Transaction  # of bytes, then of memoryviews (buffers=True)
         with env.begin() as txn:
             meta = dbs[b"meta"]
             if meta is None or txn.get(_FORMAT_KEY, db=meta) != FORMAT:
@@ -959,8 +973,8 @@ def verify_body_store(path: str) -> list[Damage]:
         if dbs[b"heads"] is not None:
             try:
                 with env.begin(buffers=True) as txn:
-                    for key, head in txn.cursor(db=dbs[b"heads"]):
-                        key = bytes(key)
+                    for raw_key, head in txn.cursor(db=dbs[b"heads"]):
+                        key = bytes(raw_key)
                         where = f"segment {_key_of(key)}"
                         if _key_of(key) is None:
                             damage(f"header key {key.hex()}", "not a segment key")
@@ -1011,11 +1025,11 @@ def verify_body_store(path: str) -> list[Damage]:
         if dbs[b"loose"] is not None:
             try:
                 with env.begin(db=dbs[b"loose"], buffers=True) as txn:
-                    for key, value in txn.cursor():
-                        if _key_of(key) is None:
-                            damage(f"loose key {bytes(key).hex()}", "not a message id")
+                    for loose_key, value in txn.cursor():
+                        if _key_of(loose_key) is None:
+                            damage(f"loose key {bytes(loose_key).hex()}", "not a message id")
                         elif _loose_body(value) is None:
-                            damage(f"loose message {_key_of(key)}", "checksum mismatch")
+                            damage(f"loose message {_key_of(loose_key)}", "checksum mismatch")
             except lmdb.Error as exc:
                 damage("loose bodies", f"LMDB error while reading: {exc}")
     except lmdb.Error as exc:

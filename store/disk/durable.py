@@ -70,7 +70,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import lmdb
 import msgpack
@@ -123,7 +124,7 @@ def describe_key(table: str, key: bytes) -> str:
         return f"{table}/key {key.hex()}"
 
 
-def _check_payload(table: str, key: bytes, payload) -> None:
+def _check_payload(table: str, key: bytes, payload: bytes | memoryview) -> None:
     """An unsealed record's structure (the only check an older record allows): msgpack that parses."""
     if table in EMPTY_VALUE_TABLES:
         if len(payload):
@@ -140,7 +141,9 @@ def _check_payload(table: str, key: bytes, payload) -> None:
 _pack = pack
 
 
-def _unpack(data: bytes) -> object:
+def _unpack(data: bytes | memoryview) -> Any:
+    """A record's value.  Any: its shape is the one ``_pack`` was given for that table (the table
+    says which; the record's checksum proved the bytes are those written), not a static type."""
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
@@ -269,7 +272,7 @@ class DurableStore:
         damages: list[Damage] = []
         with self.env.begin() as txn:
 
-            def records(table: str) -> Iterator[tuple[bytes, object]]:
+            def records(table: str) -> Iterator[tuple[bytes, Any]]:
                 for key, payload in self._checked(txn, table, damages):
                     yield key, (None if table in EMPTY_VALUE_TABLES else _unpack(payload))
 
@@ -308,7 +311,7 @@ class DurableStore:
             raise StateDamaged(self.path, damages)
         return state
 
-    def _checked(self, txn: lmdb.Transaction, table: str, damages: list[Damage]) -> Iterator[tuple[bytes, bytes]]:
+    def _checked(self, txn: lmdb.Transaction[bytes], table: str, damages: list[Damage]) -> Iterator[tuple[bytes, bytes]]:
         """A table's (key, payload) pairs whose checksum holds; the others go to ``damages``."""
         try:
             for key, value in txn.cursor(db=self.db[table]):
@@ -321,7 +324,7 @@ class DurableStore:
         except lmdb.Error as exc:
             damages.append(Damage("state", self.path, f"table {table}", f"LMDB cannot read it: {exc}"))
 
-    def message_bodies(self, ids) -> dict[int, bytes]:
+    def message_bodies(self, ids: Iterable[int]) -> dict[int, bytes]:
         """The bodies of the stored messages among ``ids`` (a single node's persistent messages
         are read back from here after a restart: store/disk/bodies.py's fallback)."""
         found: dict[int, bytes] = {}
@@ -356,7 +359,7 @@ class DurableStore:
                     for k, v in txn.cursor(db=self.db[table])]
 
 
-def read_format(txn: lmdb.Transaction, meta, path: str) -> int:
+def read_format(txn: lmdb.Transaction, meta: lmdb._Database, path: str) -> int:
     """The store's format stamp (1 when there is none: it predates numbered formats)."""
     raw = txn.get(b"format", db=meta)
     if raw is None:

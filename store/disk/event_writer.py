@@ -30,6 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import lmdb
 import msgpack
@@ -41,6 +42,9 @@ from . import history as EV
 from .history import U64, meta_put, name_key
 from .sealed import is_sealed, seal
 
+if TYPE_CHECKING:  # (the type only: no import of the model at run time)
+    from ..core.model import Message
+
 log = logging.getLogger(__name__)
 
 _RANK = {"none": 0, "metadata": 1, "body": 2}
@@ -50,7 +54,7 @@ COMPACT_CHUNK = 5_000  # events deleted per transaction while trimming
 COMPACT_INTERVAL = 1.0  # seconds between retention checks
 
 
-def _json(value) -> str:
+def _json(value: object) -> str:
     return json.dumps(value, sort_keys=True, default=lambda v: v.hex() if isinstance(v, bytes) else str(v))
 
 
@@ -318,7 +322,8 @@ class EventStore:
         self.written += written
 
     @staticmethod
-    def _put_message(put, db, event: list, message, body: bytes | None, level: int, publisher: str) -> None:
+    def _put_message(put: Callable[..., object], db: lmdb._Database, event: list, message: Message,
+                     body: bytes | None, level: int, publisher: str) -> None:
         """The message record: written at publish, rewritten when a queue it was routed to keeps more."""
         # The history's properties are 0-9-1 bytes whatever the publisher spoke (spark/ reads one
         # format); converted here, off the apply path, and only for messages of another protocol.

@@ -51,8 +51,9 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import lmdb
 import msgpack
@@ -130,7 +131,7 @@ class Checker:
     format: int  # 1: written before checksums, nothing sealed
     legacy: dict | None = None  # {"events": seq, "messages": id}: unsealed below these keys are old records
 
-    def unchecked_allowed(self, table: str, key: bytes) -> bool:
+    def unchecked_allowed(self, table: str, key: bytes | memoryview) -> bool:
         if self.format < 2:
             return True
         if self.legacy is None or table == "meta":
@@ -139,14 +140,15 @@ class Checker:
             return True
         return len(key) == 8 and U64.unpack(key)[0] < self.legacy.get(table, 0)
 
-    def payload(self, table: str, key: bytes, value) -> bytes | memoryview:
+    def payload(self, table: str, key: bytes | memoryview, value: bytes | memoryview) -> bytes | memoryview:
         """The checked payload; BadRecord if damaged.  An allowed old record is returned unchanged."""
         if is_sealed(value) or not self.unchecked_allowed(table, key):
             return unseal(key, value)
         return value
 
-    def decode(self, table: str, key: bytes, value) -> object:
-        """The record, checked and decoded; HistoryDamaged names it if it is damaged."""
+    def decode(self, table: str, key: bytes | memoryview, value: bytes | memoryview) -> Any:
+        """The record, checked and decoded; HistoryDamaged names it if it is damaged.  Any: the
+        record's shape is the one its table was written with (event_writer.py), not a static type."""
         try:
             return msgpack.unpackb(self.payload(table, key, value), raw=False)
         except BadRecord as exc:
@@ -202,7 +204,7 @@ class HistoryInfo:
     gaps: list
 
 
-def _meta(txn: lmdb.Transaction, db, key: bytes, default, check_: Checker):
+def _meta(txn: lmdb.Transaction, db: lmdb._Database | None, key: bytes, default: Any, check_: Checker) -> Any:
     value = txn.get(key, db=db) if db is not None else None
     return check_.decode("meta", key, value) if value is not None else default
 
@@ -220,7 +222,7 @@ def info(txn: lmdb.Transaction, tables: dict, check_: Checker) -> HistoryInfo:
                        messages=count("messages"), gaps=_meta(txn, meta, b"gaps", [], check_))
 
 
-def meta_put(put, db, key: bytes, value: object) -> None:
+def meta_put(put: Callable[..., object], db: lmdb._Database, key: bytes, value: object) -> None:
     """Write one meta record, sealed (``put``: a transaction's put)."""
     put(key, seal(key, msgpack.packb(value, use_bin_type=True)), db=db)
 

@@ -15,6 +15,7 @@ LMDB itself checks nothing of what it returns (no page checksums): this is the o
 from __future__ import annotations
 
 import struct
+from typing import overload
 
 import crc32c
 
@@ -55,7 +56,15 @@ def is_sealed(value: bytes | memoryview) -> bool:
     return len(value) > 0 and value[0] == SEALED
 
 
-def unseal(key: bytes, value: bytes | memoryview, sealed_only: bool = True) -> bytes | memoryview:
+# A stored value as LMDB returns it: bytes, or a memoryview from a ``buffers=True`` transaction.
+# ``unseal`` returns a slice of what it is given, so of the same type.
+@overload
+def unseal(key: bytes | memoryview, value: bytes, sealed_only: bool = True) -> bytes: ...
+@overload
+def unseal(key: bytes | memoryview, value: memoryview, sealed_only: bool = True) -> memoryview: ...
+@overload
+def unseal(key: bytes | memoryview, value: bytes | memoryview, sealed_only: bool = True) -> bytes | memoryview: ...
+def unseal(key: bytes | memoryview, value: bytes | memoryview, sealed_only: bool = True) -> bytes | memoryview:
     """The payload of a stored value, checked; BadRecord if it is damaged.  ``sealed_only`` False
     (a store written before checksums) passes an unsealed value through unchanged (the same object:
     ``unseal(k, v, False) is v`` tells the caller it was not checked)."""

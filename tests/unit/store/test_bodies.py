@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raftmq.store.disk.bodies import Bodies, BodyEffects
+from raftmq.store.disk.bodies import Bodies, BodyEffects, DictBodies
 from raftmq.store.disk.body_cache import BodyCache
 from raftmq.store.disk.body_fetch import (
     FetchError,
@@ -312,6 +312,18 @@ def test_a_dead_letter_copy_shares_its_originals_body(store):
     assert b.get(1) is None and b.get(2) == b"original"
     b.put([(3, 99)])  # a source this node never had: counted, logged, not stored
     assert b.get(3) is None and b.stats.lost == 1
+
+
+def test_dict_bodies_shares_a_copys_body_and_stores_nothing_for_an_unknown_source():
+    """DictBodies (a machine carrying its own effects out) as Bodies above: a dead-letter copy takes
+    its original's body; a copy of a body never held is not stored at all (it stored None under the
+    copy's id, so that ``bodies`` claimed a body it did not have; found by mypy: dict[int, bytes])."""
+    b = DictBodies()
+    b.put([(1, b"original"), (2, 1)])
+    b.drop([1])
+    assert b.bodies == {2: b"original"}
+    b.put([(3, 99)])
+    assert b.bodies == {2: b"original"} and b.get(3) is None
 
 
 def test_a_single_node_deletes_at_once_and_reads_persistent_bodies_from_its_fallback(store):

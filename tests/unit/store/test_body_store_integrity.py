@@ -80,6 +80,20 @@ def test_a_flipped_body_byte_is_detected_on_read_and_by_verify(path):
     assert [(d.where, d.what) for d in report] == [("segment 2, message 14", "checksum mismatch")]
 
 
+def test_a_segment_value_gone_under_a_live_index_is_reported_damaged_never_returned(path):
+    """The index (from the headers) lists a segment whose value LMDB no longer has: each of its
+    live bodies read is reported damaged and left out; the other segments read intact.  (This was
+    a TypeError caught on the read path; get_many now checks for the missing value.)"""
+    store = filled(path)
+    with store.env.begin(write=True) as txn:
+        txn.delete(segment_key(store, 1), db=store.segments_db)  # messages 11-20
+    damaged: list[int] = []
+    found = store.get_many(range(1, 31), damaged)
+    assert damaged == list(range(11, 21)) and sorted(found) == [*range(1, 11), *range(21, 31)]
+    assert all(found[i] == body_of(i) for i in found)
+    store.close()
+
+
 def test_a_damaged_header_is_replaced_by_the_segments_copy(path):
     """The ``heads`` copy of a header fails its checksum at open: the segment's own copy is used
     (and written back), so no body is lost; verify reported it before."""
