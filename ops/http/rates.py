@@ -28,12 +28,7 @@ MESSAGE_STATS = {
 }
 
 
-def _queue_sample(queue: Q.QueueDepth) -> tuple[int, int, int, int]:
-    """(messages, ready, unacked, published) of one sample (published: see queries.QueueDepth)."""
-    ready, unacked = queue.messages_ready, queue.messages_unacknowledged
-    return ready + unacked, ready, unacked, queue.published
-
-
+# A queue's sample: its numbers behind these rates (publish: queries.QueueDepth.published).
 _QUEUE_FIELDS = ("messages", "messages_ready", "messages_unacknowledged", "publish")
 
 
@@ -41,13 +36,14 @@ class Rates:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self._stats: list[tuple[float, dict[str, int]]] = []
-        self._queues: list[tuple[float, dict[int, tuple[int, int, int]]]] = []
+        self._queues: list[tuple[float, dict[int, tuple[int, int, int, int]]]] = []
 
     def sample(self) -> None:
         now = time.monotonic()
         machine = self.broker.machine
         self._stats = [*self._stats[-1:], (now, Q.message_stats(machine))]
-        depths = {q.qid: _queue_sample(q) for q in Q.queue_depths(machine)}
+        depths = {q.qid: (q.messages_ready + q.messages_unacknowledged, q.messages_ready, q.messages_unacknowledged,
+                          q.published) for q in Q.queue_depths(machine)}
         self._queues = [*self._queues[-1:], (now, depths)]
 
     async def run(self) -> None:
