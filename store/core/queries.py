@@ -10,8 +10,9 @@ Plain functions taking the machine, not a facade object: like rabbit_fifo's, the
 there is no second object to keep pointing at the right machine (a node builds its machine once
 but installs snapshots into it), and a caller pays one function call, no attribute hop.  Every
 result is a NamedTuple of plain values or a fresh dict/list (copied: a caller that changes it
-changes nothing in the model); dict results keep the model's order, which the callers' JSON order
-relies on (vhosts, queues, exchanges in creation order; the callers sort where RabbitMQ sorts).  Nothing here writes,
+changes nothing in the model), but ``exchange_names``, a read-only view of the keys for a membership
+test at once; results keep the model's order, which the callers' JSON order relies on (vhosts,
+queues, exchanges in creation order; the callers sort where RabbitMQ sorts).  Nothing here writes,
 reads a clock or does I/O, so calling a query between two applies is always safe, and on the event
 loop (the model's only thread) a result is consistent.
 
@@ -28,8 +29,8 @@ would add cost for nothing; they read, never write):
 * node/amqp010/session.py ``_window_mode``: the subscription's flow mode, per message.transfer sent.
 
 node/broker.py, which builds and configures the machine, keeps its wiring: the configuration it sets
-(``delayed_limit``, ``durable_links_limit``, ``event_sink``, ``limit_commands.on_refused``), the
-bodies loaded at start, the machine's own timer methods (``next_expiry_due``, ``next_deadline``), and
+(``delayed_limit``, ``durable_links_limit``, ``event_sink``, ``limit_commands.on_refused``, the
+audit ``event_seq`` aligned with the history at start), the bodies loaded at start, the machine's own timer methods (``next_expiry_due``, ``next_deadline``), and
 the limit and user tables it hands to node/limits.py's Usage and node/auth.py's Authenticator, read at
 each connection open and login through their own interfaces.  The model digest and the live body ids
 (node/status.py) are store/disk/snapshot.py's ``digest`` and ``live_bodies``: storage-side functions
