@@ -1,8 +1,9 @@
 """The node's broker: the state machine, its log, and the connections the outputs go to.
 
 Front ends never touch the state machine directly; they ``submit`` commands and receive outputs
-through the ``Endpoint`` interface. Reads they make for early validation (``machine`` attribute) are
-local and advisory: apply re-validates every command.
+through the ``Endpoint`` interface. Reads they make for early validation (of the ``machine``
+attribute, through store/core/queries.py; the few per-message ones listed there directly) are local
+and advisory: apply re-validates every command.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from raftmq.raft.cluster import ClusterLog
 from raftmq.raft.local import LocalLog
 from raftmq.raft.log import Log
 from raftmq.store.applier import Applier
+from raftmq.store.core import queries as Q
 from raftmq.store.core.commands import (
     OUT_CANCEL,
     OUT_CLOSE,
@@ -136,7 +138,7 @@ class Broker:
         self.machine.durable_links_limit = config.amqp10_durable_links_per_user  # store/core/sessions.py
         machine = self.machine
         # A refused delivery of a damaged body names its queue in the log (store/disk/bodies.py).
-        self.bodies.queue_name = lambda qid: getattr(machine.queues_by_id.get(qid), "name", None)
+        self.bodies.queue_name = lambda qid: Q.queue_name(machine, qid)
         # Damaged bodies are found when read and by this scrubber (started with the node).
         self.scrubber = BodyScrubber(self.bodies, config.scrub_bytes_per_second)
         self.flow_throttled = False
@@ -189,7 +191,7 @@ class Broker:
             self.submit(MemberSet(None, None, me.node_id, me.raft, me.amqp))
             self._tasks.append(asyncio.create_task(self._cluster_watch_loop()))
         for vhost in self.config.vhosts:
-            if vhost not in self.machine.vhosts:
+            if not Q.has_vhost(self.machine, vhost):
                 self.submit(VhostAdd(None, None, vhost))
         self._tasks.append(asyncio.create_task(self._tick_loop()))
         self._tasks.append(asyncio.create_task(self._alarm_loop()))
@@ -242,7 +244,7 @@ class Broker:
     @property
     def members(self) -> dict[str, tuple[str, str]]:
         """node_id -> (raft, amqp): the replicated member list, or the configured one until it has one."""
-        return self.machine.members or self._configured_members
+        return Q.members(self.machine) or self._configured_members
 
     @property
     def known_hosts(self) -> str:
@@ -378,7 +380,7 @@ class Broker:
             now = time.time_ns() // 1000
             if deadline is not None and now >= deadline:
                 self.submit(Tick(None, None))
-            due = self.machine.delayed.next_due()
+            due = Q.next_delayed_due(self.machine)
             if due is not None:
                 # Delayed messages (store/core/delayed.py) are released promptly: wake at the next due
                 # time rather than up to TICK_INTERVAL after it, and soon after a TICK just
@@ -426,10 +428,11 @@ class Broker:
                 continue
             connected = set(raft.connected_partners)
             raft_members = set(raft.member_addresses)
-            if self.machine.members:
+            announced = Q.members(self.machine)
+            if announced:
                 # A configured member back in the Raft configuration (removed, then added again while
                 # it kept running) announces itself only at start: the leader announces it instead.
-                known = {raft for raft, _amqp in self.machine.members.values()}
+                known = {raft for raft, _amqp in announced.values()}
                 for member in config.cluster:
                     if member.raft in raft_members and member.raft not in known:
                         log.info("member %s is back in the Raft configuration", member.node_id)
@@ -437,7 +440,7 @@ class Broker:
             for node_id, (raft_address, _amqp) in list(self.members.items()):
                 if node_id == config.node_id:
                     continue
-                if self.machine.members and raft_address not in raft_members:
+                if announced and raft_address not in raft_members:
                     # Removed from the Raft configuration (raftmq cluster remove): forget it.
                     log.warning("member %s left the Raft configuration", node_id)
                     self.submit(MemberRemove(None, None, node_id))

@@ -15,6 +15,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
+from raftmq.store.core import queries as Q
 from raftmq.store.disk.snapshot import digest, live_bodies
 
 if TYPE_CHECKING:
@@ -32,19 +33,20 @@ def _write_json(path: str, data: dict) -> None:
 
 def status_of(broker: Broker) -> dict:
     log = broker.log
+    counters = Q.counters(broker.machine)
     status = {
         "node_id": broker.config.node_id,
         "pid": os.getpid(),
         "boot": broker.boot,
         "time": time.time(),
-        "applied_index": broker.machine.applied_index,
+        "applied_index": counters.applied_index,
         "batches_applied": log.batches_applied,
         "commands_applied": log.commands_applied,
         "connections": len(broker.endpoints),
         "clustered": broker.config.clustered,
-        "event_seq": broker.machine.event_seq,
-        "apply_internal_errors": broker.machine.internal_errors,
-        "delayed_messages": len(broker.machine.delayed),  # held by x-delayed-message exchanges
+        "event_seq": counters.event_seq,
+        "apply_internal_errors": counters.internal_errors,
+        "delayed_messages": counters.delayed_messages,  # held by x-delayed-message exchanges
         # The login pool (node/logins.py): logins hashing or queued, done, refused as too many.
         "logins_pending": broker.auth.pool.pending, "logins_completed": broker.auth.pool.completed,
         "logins_refused_busy": broker.auth.pool.refused,
@@ -62,7 +64,7 @@ def status_of(broker: Broker) -> dict:
             leader=log.leader,
             leader_node=broker.node_of_raft(log.leader),
             ready=log.ready,
-            members=sorted(broker.machine.members),  # the replicated list (announced members)
+            members=sorted(Q.members(broker.machine)),  # the replicated list (announced members)
             term=raft.term,
             commit_index=raft.commit_index,
             raft_applied=raft.applied_index,
@@ -134,7 +136,7 @@ async def status_loop(broker: Broker, data_dir: str) -> None:
         model, bodies = digest(broker.machine), bodies_digest(broker)
         combined = hashlib.sha256(f"{model}:{bodies}".encode()).hexdigest()
         _write_json(os.path.join(data_dir, "digest.json"),
-                    {"applied_index": broker.machine.applied_index, "digest": combined,
+                    {"applied_index": Q.counters(broker.machine).applied_index, "digest": combined,
                      "model_digest": model, "bodies_digest": bodies, "time": time.time()})
 
     try:

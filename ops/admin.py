@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from raftmq.raft.log import NotReplicated
+from raftmq.store.core import queries as Q
 from raftmq.store.core.limits import SCOPES, check_limits
 from raftmq.store.core.users import overlaid
 
@@ -78,7 +79,7 @@ class AdminService(pb_grpc.AdminServicer):
         return pb.ClusterStatus(
             node_id=broker.config.node_id, role=st["role"], leader_node=st.get("leader_node") or "",
             term=st.get("term") or 0, commit_index=st.get("commit_index") or 0,
-            applied_index=st.get("raft_applied") or broker.machine.applied_index, members=members,
+            applied_index=st.get("raft_applied") or Q.counters(broker.machine).applied_index, members=members,
             connections=sum(1 for e in broker.endpoints.values() if not isinstance(e, AdminEndpoint)),
             ready=bool(st.get("ready")))
 
@@ -90,22 +91,21 @@ class AdminService(pb_grpc.AdminServicer):
         return self._run(self._list_queues(), context)
 
     async def _list_queues(self):
-        out = []
-        for vhost in self.broker.machine.vhosts.values():
-            for q in vhost.queues.values():
-                out.append(pb.QueueInfo(vhost=vhost.name, name=q.name, durable=q.durable,
-                                        exclusive=q.exclusive_owner is not None, auto_delete=q.auto_delete,
-                                        messages_ready=len(q.ready), messages_unacked=q.unacked_count,
-                                        consumers=len(q.consumers)))
+        machine = self.broker.machine
+        out = [pb.QueueInfo(vhost=q.vhost, name=q.name, durable=q.durable, exclusive=q.exclusive_owner is not None,
+                            auto_delete=q.auto_delete, messages_ready=q.messages_ready,
+                            messages_unacked=q.messages_unacknowledged, consumers=q.consumers)
+               for vhost in Q.vhost_names(machine) for q in Q.queues(machine, vhost)]
         return pb.QueueList(queues=out)
 
     def ListExchanges(self, request, context):  # noqa: N802
         return self._run(self._list_exchanges(), context)
 
     async def _list_exchanges(self):
+        machine = self.broker.machine
         return pb.ExchangeList(exchanges=[
-            pb.ExchangeInfo(vhost=v.name, name=e.name, type=e.type, durable=e.durable, bindings=len(e.bindings))
-            for v in self.broker.machine.vhosts.values() for e in v.exchanges.values()])
+            pb.ExchangeInfo(vhost=e.vhost, name=e.name, type=e.type, durable=e.durable, bindings=e.bindings)
+            for v in Q.vhost_names(machine) for e in Q.exchanges(machine, v)])
 
     def ListConnections(self, request, context):  # noqa: N802
         return self._run(self._list_connections(), context)
@@ -127,10 +127,9 @@ class AdminService(pb_grpc.AdminServicer):
 
     async def _list_consumers(self):
         return pb.ConsumerList(consumers=[
-            pb.ConsumerInfo(vhost=v.name, queue=q.name, tag=c.tag, connection=c.channel.conn,
-                            channel=c.channel.number, prefetch=c.prefetch, unacked=c.unacked,
-                            ack_required=not c.no_ack)
-            for v in self.broker.machine.vhosts.values() for q in v.queues.values() for c in q.consumers])
+            pb.ConsumerInfo(vhost=c.vhost, queue=c.queue, tag=c.tag, connection=c.connection, channel=c.channel,
+                            prefetch=c.prefetch, unacked=c.unacked, ack_required=not c.no_ack)
+            for c in Q.consumers(self.broker.machine)])
 
     # ------------------------------------------------------------------ changes (through the log)
 
@@ -227,10 +226,10 @@ class AdminService(pb_grpc.AdminServicer):
         return self._run(self._list_users(), context)
 
     async def _list_users(self):
-        managed = self.broker.machine.users
-        users = [_user_info(u.name, u.tags, u.loopback_only, u.permissions, "cluster") for u in managed.values()]
+        machine = self.broker.machine
+        users = [_user_info(u.name, u.tags, u.loopback_only, u.permissions, "cluster") for u in Q.users(machine)]
         users += [_user_info(name, u.tags, u.loopback_only, self._config_permissions(name), "config")
-                  for name, u in self.broker.config.users.items() if name not in managed]
+                  for name, u in self.broker.config.users.items() if not Q.has_user(machine, name)]
         return pb.UserList(users=sorted(users, key=lambda u: u.name))
 
     def PutUser(self, request, context):  # noqa: N802
@@ -261,8 +260,8 @@ class AdminService(pb_grpc.AdminServicer):
         return self._run(self._user_command(request.user, "clear_permissions", request.vhost or "/"), context)
 
     async def _user_command(self, name: str, operation: str, *args):
-        managed, configured = self.broker.machine.users, self.broker.config.users
-        if operation != "put_user" and name not in managed:
+        machine, configured = self.broker.machine, self.broker.config.users
+        if operation != "put_user" and not Q.has_user(machine, name):
             if name not in configured:
                 raise AdminError(404, f"NOT_FOUND - no user '{name}'")
             if operation == "delete_user":
@@ -270,7 +269,7 @@ class AdminService(pb_grpc.AdminServicer):
                                       "(put-user) to manage it through the cluster")
             # Permissions of a configuration-file user: the replicated overlay (store/core/users.py).
         await getattr(self.control, operation)(name, *args)
-        user = managed.get(name)
+        user = Q.user(machine, name)  # as the command left it
         if user is None:
             config = configured.get(name)
             if config is None:
@@ -279,7 +278,7 @@ class AdminService(pb_grpc.AdminServicer):
         return _user_info(user.name, user.tags, user.loopback_only, user.permissions, "cluster")
 
     def _config_permissions(self, name: str) -> dict:
-        return overlaid(self.broker.config.users[name].permissions, self.broker.machine.permission_overlay.get(name))
+        return overlaid(self.broker.config.users[name].permissions, Q.permission_overlay(self.broker.machine, name))
 
     # ------------------------------------------------------------------ vhost and user limits
 
@@ -301,13 +300,13 @@ class AdminService(pb_grpc.AdminServicer):
         machine = self.broker.machine
         if scope == "vhost":
             name = r.name or "/"
-            if name not in machine.vhosts:
+            if not Q.has_vhost(machine, name):
                 raise AdminError(404, f"NOT_FOUND - no vhost '{name}'")
-            return scope, name, dict(machine.vhost_limits.get(name, {}))
+            return scope, name, Q.vhost_limits(machine, name)
         name = r.name
-        if name not in machine.users and name not in self.broker.config.users:
+        if not Q.has_user(machine, name) and name not in self.broker.config.users:
             raise AdminError(404, f"NOT_FOUND - no user '{name}'")
-        return scope, name, dict(machine.user_limits.get(name, {}))
+        return scope, name, Q.user_limits(machine, name)
 
     async def _set_limits(self, r):
         """rabbitmqctl's set_vhost_limits replaces the vhost's limits with the definition
@@ -352,13 +351,13 @@ class AdminService(pb_grpc.AdminServicer):
         if r.scope not in SCOPES:
             raise AdminError(400, f"unknown limit scope '{r.scope}' (vhost or user)")
         machine = self.broker.machine
-        table = machine.vhost_limits if r.scope == "vhost" else machine.user_limits
-        return pb.LimitsList(limits=[self._limits_info(r.scope, name) for name in sorted(table) if table[name]])
+        names = Q.limited_vhosts(machine) if r.scope == "vhost" else Q.limited_users(machine)
+        return pb.LimitsList(limits=[self._limits_info(r.scope, name) for name in names])
 
     def _limits_info(self, scope: str, name: str) -> pb.LimitsInfo:
         machine = self.broker.machine
-        table = machine.vhost_limits if scope == "vhost" else machine.user_limits
-        return pb.LimitsInfo(scope=scope, name=name, value=json.dumps(table.get(name, {}), sort_keys=True))
+        limits = Q.vhost_limits(machine, name) if scope == "vhost" else Q.user_limits(machine, name)
+        return pb.LimitsInfo(scope=scope, name=name, value=json.dumps(limits, sort_keys=True))
 
     # ------------------------------------------------------------------ Raft log compaction
 

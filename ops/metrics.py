@@ -1,6 +1,7 @@
 """Prometheus metrics of a node, collected at scrape time from the broker's state.
 
-Nothing is counted on the hot path except a few integers in the state machine (``machine.stats``);
+Nothing is counted on the hot path except a few integers in the state machine (its message counters,
+read with the rest of its state through store/core/queries.py);
 everything else (queue depths, Raft indexes, connections) is read when Prometheus scrapes.
 Enable with ``metrics_port`` (``raftmq cluster up`` serves 15692, 15693, ... per node).
 
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from raftmq.node.amqp10.limits import KINDS
+from raftmq.store.core import queries as Q
 
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
@@ -55,36 +57,34 @@ class BrokerCollector:
         broker = self.broker
         machine = broker.machine
         node = broker.config.node_id
-        for key, value in machine.stats.items():
+        for key, value in Q.message_stats(machine).items():
             family = CounterMetricFamily(f"raftmq_messages_{key}", f"messages {key.replace('_', ' ')}",
                                          labels=["node"])
             family.add_metric([node], value)
             yield family
         errors = CounterMetricFamily("raftmq_apply_internal_errors", "commands whose apply raised a bug (541)",
                                      labels=["node"])
-        errors.add_metric([node], machine.internal_errors)
+        counters = Q.counters(machine)
+        errors.add_metric([node], counters.internal_errors)
         yield errors
         ready = GaugeMetricFamily("raftmq_queue_messages_ready", "messages ready for delivery",
                                   labels=["node", "vhost", "queue"])
         unacked = GaugeMetricFamily("raftmq_queue_messages_unacked", "messages delivered, not acknowledged",
                                     labels=["node", "vhost", "queue"])
         consumers = GaugeMetricFamily("raftmq_queue_consumers", "consumers", labels=["node", "vhost", "queue"])
-        counted = 0
-        for vhost in list(machine.vhosts.values()):
-            for queue in list(vhost.queues.values()):
-                labels = [node, vhost.name, queue.name]
-                ready.add_metric(labels, len(queue.ready))
-                unacked.add_metric(labels, queue.unacked_count)
-                consumers.add_metric(labels, len(queue.consumers))
-                counted += 1
-                if counted % QUEUE_STEP == 0:
-                    yield PAUSE
+        for counted, queue in enumerate(Q.queue_depths(machine), 1):
+            labels = [node, queue.vhost, queue.name]
+            ready.add_metric(labels, queue.messages_ready)
+            unacked.add_metric(labels, queue.messages_unacknowledged)
+            consumers.add_metric(labels, queue.consumers)
+            if counted % QUEUE_STEP == 0:
+                yield PAUSE
         yield ready
         yield unacked
         yield consumers
         yield _gauge("raftmq_connections", "client connections on this node", node, len(broker.endpoints))
         yield _gauge("raftmq_delayed_messages", "messages held by x-delayed-message exchanges", node,
-                     len(machine.delayed))
+                     Q.counters(machine).delayed_messages)
         by_protocol = GaugeMetricFamily("raftmq_connections_by_protocol", "client connections on this node",
                                         labels=["node", "protocol"])
         counts = Counter(_protocol(endpoint) for endpoint in broker.endpoints.values())
@@ -108,7 +108,7 @@ class BrokerCollector:
         for kind in KINDS:
             refused.add_metric([node, kind], limits.counts.get(kind, 0) if limits is not None else 0)
         yield refused
-        yield _gauge("raftmq_sessions", "AMQP 0-10 sessions in the cluster", node, len(machine.sessions))
+        yield _gauge("raftmq_sessions", "AMQP 0-10 sessions in the cluster", node, Q.counters(machine).sessions)
         yield _gauge("raftmq_resource_alarm", "1 while a resource alarm blocks publishers", node,
                      1 if broker.alarm else 0)
         yield from _body_metrics(broker, node)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from raftmq.node.auth import AuthError, Principal
+from raftmq.store.core import queries as Q
 
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
@@ -67,7 +68,7 @@ class Operator:
 
 def user_tags(broker: Broker, name: str) -> list[str]:
     """A user's tags: the replicated user's, else the configured one's."""
-    record = broker.machine.users.get(name)
+    record = Q.user(broker.machine, name)
     if record is not None:
         return list(record.tags)
     user = broker.config.users.get(name)
@@ -102,7 +103,7 @@ class Gatekeeper:
         connecting from elsewhere.  ``cached_only``: None too when the credentials would need a
         password check (a PBKDF2): the HTTP API answers remembered ones on its loop."""
         broker = self.broker
-        record = broker.machine.users.get(user)
+        record = Q.user(broker.machine, user)
         configured = broker.config.users.get(user)
         stored = record.password_hash if record is not None else (configured.password if configured else None)
         if stored is None:  # the same PBKDF2 as a known user's login: the time tells nothing (issue 31)
@@ -113,7 +114,7 @@ class Gatekeeper:
             return None
         # The permissions are part of the key: a change (for a user of the configuration file, its
         # overlay, store/core/users.py) must reach the next request, not wait for the cache to clear.
-        permissions = record.permissions if record is not None else broker.machine.permission_overlay.get(user, {})
+        permissions = record.permissions if record is not None else Q.permission_overlay(broker.machine, user)
         key = (user, stored, hashlib.sha256(password.encode()).digest(), tuple(sorted(permissions.items())))
         principal = self._known.get(key)
         if principal is None:

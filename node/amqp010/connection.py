@@ -31,6 +31,7 @@ from raftmq import __version__
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.protocol.amqp010.errors import FramingError
 from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER, FrameReader, encode_assembly
+from raftmq.store.core import queries as Q
 from raftmq.store.core.commands import OK, Command, Flow, Result
 from raftmq.store.disk.bodies import READ_AHEAD
 
@@ -404,7 +405,7 @@ class Amqp010Connection(asyncio.Protocol):
     def _open(self, m) -> None:
         vhost = m.virtual_host or "/"
         hosts = [h for h in self.broker.known_hosts.split(",") if h]
-        if vhost not in self.broker.machine.vhosts:
+        if not Q.has_vhost(self.broker.machine, vhost):
             if not self.broker.accepting:
                 # A node that has not caught up yet knows no vhost at all: that is not the
                 # client's fault (402 would end a failing-over client), so send it elsewhere.

@@ -32,6 +32,7 @@ from raftmq.protocol.amqp091.frames import (
     frames_at,
 )
 from raftmq.protocol.amqp091.methods import decode_method
+from raftmq.store.core import queries as Q
 from raftmq.store.core.commands import OK, Command, Flow, Publish, Result
 from raftmq.store.disk.bodies import READ_AHEAD
 
@@ -577,7 +578,7 @@ class Amqp091Connection(asyncio.Protocol):
             raise ConnectionException(
                 320, f"CONNECTION_FORCED - this node has no cluster leader; try {self.broker.known_hosts}",
                 method.CLASS_ID, method.METHOD_ID)
-        if vhost not in self.broker.machine.vhosts:
+        if not Q.has_vhost(self.broker.machine, vhost):
             raise ConnectionException(530, f"NOT_ALLOWED - vhost '{vhost}' not found",
                                       method.CLASS_ID, method.METHOD_ID)
         try:

@@ -35,6 +35,7 @@ from raftmq.protocol.amqp10.frames import (
     FrameReader,
     encode_frame,
 )
+from raftmq.store.core import queries as Q
 from raftmq.store.core.commands import Command, Flow
 
 from ..auth import AuthError, Principal
@@ -516,7 +517,7 @@ class Amqp10Connection(asyncio.Protocol):
         if self._refusal:
             self.close("amqp:resource-limit-exceeded", self._refusal)
             return
-        if vhost not in self.broker.machine.vhosts or not self.broker.accepting:
+        if not Q.has_vhost(self.broker.machine, vhost) or not self.broker.accepting:
             if not self.broker.accepting:
                 self.close("amqp:connection:forced", f"this node has no cluster leader; try {self.broker.known_hosts}")
             else:
@@ -557,7 +558,7 @@ class Amqp10Connection(asyncio.Protocol):
         spec's open then close with the error (2.4.4), below."""
         if not self.broker.accepting or self._refusal:
             return False  # answered with a close: no leader, or a connection limit
-        if vhost in self.broker.machine.vhosts:
+        if Q.has_vhost(self.broker.machine, vhost):
             try:
                 Access.open(self.principal, vhost)
                 return False

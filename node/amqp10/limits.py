@@ -33,7 +33,8 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from raftmq.store.core.sessions import durable_links_of, session_key
+from raftmq.store.core import queries as Q
+from raftmq.store.core.sessions import session_key
 
 if TYPE_CHECKING:
     from raftmq.node.config import Config
@@ -75,9 +76,9 @@ def durable_refusal(conn, name: bytes) -> str | None:
     """Why the durable link whose core session is ``name`` may not be created, or None."""
     limit = conn.config.amqp10_durable_links_per_user
     machine = conn.broker.machine
-    if session_key(conn.vhost, conn.principal.name, name) in machine.sessions:
+    if Q.has_session(machine, session_key(conn.vhost, conn.principal.name, name)):
         return None  # a re-attach: it exists already
-    if durable_links_of(machine.sessions, conn.principal.name) >= limit:
+    if Q.durable_link_count(machine, conn.principal.name) >= limit:
         text = f"user '{conn.principal.name}' has {limit} durable links (amqp10_durable_links_per_user)"
         refusals(conn.broker).refused("durable link", conn.peer, text)
         return text

@@ -69,6 +69,7 @@ from raftmq.protocol.amqp10 import performatives as p
 from raftmq.protocol.amqp10 import types as t
 from raftmq.protocol.amqp10.errors import Amqp10Error, DecodeError
 from raftmq.protocol.amqp10.stored import EMPTY
+from raftmq.store.core import queries as Q
 from raftmq.store.core import ranges as rs
 from raftmq.store.core.commands import (
     REJECTED,
@@ -267,8 +268,7 @@ class OutgoingLink(Link):
         source = a.source if isinstance(a.source, p.Source) else None
         conn = self.conn
         try:
-            vhost = conn.broker.machine.vhosts.get(conn.vhost)
-            plan = plan_source(conn, source, self.name, vhost.exchanges if vhost is not None else ())
+            plan = plan_source(conn, source, self.name, Q.exchange_names(conn.broker.machine, conn.vhost))
             if plan.queue is not None:  # a topic subscription: its own queue, bound (terminus.py)
                 self.queue, declare = plan.queue, plan.setup
                 for command in plan.setup:
@@ -284,8 +284,7 @@ class OutgoingLink(Link):
                 if not isinstance(address, str):
                     raise AddressError("a receiver needs a source address")
                 self.queue = parse_source(address)
-                vhost = conn.broker.machine.vhosts.get(conn.vhost)
-                if vhost is None or self.queue not in vhost.queues:
+                if not Q.has_queue(conn.broker.machine, conn.vhost, self.queue):
                     self._refuse("amqp:not-found", f"no queue '{self.queue}' in vhost '{conn.vhost}'")
                     return None
                 declare = None

@@ -39,6 +39,7 @@ from urllib.parse import unquote
 from raftmq.protocol.amqp10 import convert
 from raftmq.protocol.amqp10 import performatives as p
 from raftmq.protocol.amqp10.errors import DecodeError
+from raftmq.store.core import queries as Q
 from raftmq.store.core.commands import (
     ExchangeBind,
     ExchangeDeclare,
@@ -249,8 +250,7 @@ class ManagementLink(Link):
             return self._respond(request_id, "403", exc.text)
         existed = None
         if command.op == Op.QUEUE_DECLARE:
-            vhost = conn.broker.machine.vhosts.get(conn.vhost)
-            existed = vhost is not None and command.name in vhost.queues
+            existed = Q.has_queue(conn.broker.machine, conn.vhost, command.name)
 
         def done(result: tuple) -> None:
             if result[0] != 0:

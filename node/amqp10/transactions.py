@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING
 from raftmq.protocol.amqp10 import performatives as p
 from raftmq.protocol.amqp10 import types as t
 from raftmq.protocol.amqp10.errors import DecodeError
+from raftmq.store.core import queries as Q
 from raftmq.store.core import ranges as rs
 from raftmq.store.core.commands import MessageSettle, Publish, TxCommit
 from raftmq.store.core.sessions import (
@@ -361,11 +362,11 @@ class CoordinatorLink(Link):
         """A held publish whose exchange (or, through the default exchange, queue) was deleted since it
         was posted: the presumptive outcome no longer holds (4.4.4.1), so the commit is refused.  (This
         node's view: a deletion racing the commit is applied as the core applies it -- dropped.)"""
-        vhost = self.conn.broker.machine.vhosts.get(self.conn.vhost)
+        machine, vhost = self.conn.broker.machine, self.conn.vhost
         for cmd in txn.publishes:
-            if vhost is None or cmd.exchange not in vhost.exchanges:
+            if not Q.has_exchange(machine, vhost, cmd.exchange):
                 return f"exchange '{cmd.exchange}' was deleted"
-            if not cmd.exchange and cmd.routing_key not in vhost.queues:
+            if not cmd.exchange and not Q.has_queue(machine, vhost, cmd.routing_key):
                 return f"queue '{cmd.routing_key}' was deleted"
         return None
 

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from raftmq.node.auth import LoginBusy
 from raftmq.node.core.access import Access, AccessRefused
+from raftmq.store.core import queries as Q
 
 from ..control import AdminError, Control
 from ..operator import MANAGEMENT, Gatekeeper, Operator
@@ -177,7 +178,7 @@ def require(request: web.Request, tag: str) -> Operator:
 def require_vhost(request: web.Request, vhost: str, *, change: bool = False) -> None:
     """404 for an unknown vhost; refused without permissions there (monitoring users see all)."""
     ctx, op = context(request), operator(request)
-    if vhost not in ctx.broker.machine.vhosts:
+    if not Q.has_vhost(ctx.broker.machine, vhost):
         raise HttpError(404, "Object Not Found", "Not Found")
     allowed = op.may_use_vhost(vhost) if change else op.may_see_vhost(vhost)
     if not allowed:

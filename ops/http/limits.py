@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from raftmq.store.core import queries as Q
 from raftmq.store.core.limits import check_limits, limit_of
 
 from ..operator import ADMINISTRATOR
@@ -37,15 +38,15 @@ from .common import (
 
 
 def vhost_limits(broker, vhost: str) -> dict[str, int]:
-    return dict(broker.machine.vhost_limits.get(vhost, {}))
+    return Q.vhost_limits(broker.machine, vhost)
 
 
 def user_limits(broker, user: str) -> dict[str, int]:
-    return dict(broker.machine.user_limits.get(user, {}))
+    return Q.user_limits(broker.machine, user)
 
 
 def _is_user(broker, name: str) -> bool:
-    return name in broker.machine.users or name in broker.config.users
+    return Q.has_user(broker.machine, name) or name in broker.config.users
 
 
 async def list_vhost_limits(request: web.Request) -> web.Response:
@@ -55,8 +56,8 @@ async def list_vhost_limits(request: web.Request) -> web.Response:
         require_vhost(request, wanted)
         names = [wanted]
     else:
-        names = [v for v in sorted(broker.machine.vhost_limits) if op.may_see_vhost(v)]
-    rows = [{"vhost": v, "value": vhost_limits(broker, v)} for v in names if broker.machine.vhost_limits.get(v)]
+        names = [v for v in Q.limited_vhosts(broker.machine) if op.may_see_vhost(v)]
+    rows = [{"vhost": v, "value": limits} for v in names if (limits := vhost_limits(broker, v))]
     return columns(request, rows)
 
 
@@ -70,8 +71,8 @@ async def list_user_limits(request: web.Request) -> web.Response:
             raise not_found()
         names = [wanted]
     else:
-        names = sorted(broker.machine.user_limits)
-    rows = [{"user": u, "value": user_limits(broker, u)} for u in names if broker.machine.user_limits.get(u)]
+        names = Q.limited_users(broker.machine)
+    rows = [{"user": u, "value": limits} for u in names if (limits := user_limits(broker, u))]
     return columns(request, rows)
 
 
@@ -94,7 +95,7 @@ async def _value(request: web.Request, scope: str, name: str) -> int:
 async def put_vhost_limit(request: web.Request) -> web.Response:
     require(request, ADMINISTRATOR)
     vhost, name = request.match_info["vhost"], request.match_info["name"]
-    if vhost not in context(request).broker.machine.vhosts:
+    if not Q.has_vhost(context(request).broker.machine, vhost):
         raise not_found()
     value = await _value(request, "vhost", name)
     await context(request).control.set_limits("vhost", vhost, {name: value})
@@ -104,7 +105,7 @@ async def put_vhost_limit(request: web.Request) -> web.Response:
 async def delete_vhost_limit(request: web.Request) -> web.Response:
     require(request, ADMINISTRATOR)
     vhost, name = request.match_info["vhost"], request.match_info["name"]
-    if vhost not in context(request).broker.machine.vhosts:
+    if not Q.has_vhost(context(request).broker.machine, vhost):
         raise not_found()
     if check_limits("vhost", {name: None}) is None:  # clearing an unknown name is a no-op (RabbitMQ: 204)
         await context(request).control.set_limits("vhost", vhost, {name: None})
@@ -164,7 +165,7 @@ def check_queue_limits(broker, data: dict, changes: list[tuple[str, str, dict]])
     limits: dict[str, dict[str, int]] = {}
     for scope, name, values in changes:
         if scope == "vhost":
-            merged = limits.setdefault(name, dict(machine.vhost_limits.get(name, {})))
+            merged = limits.setdefault(name, Q.vhost_limits(machine, name))
             for key, value in values.items():
                 if value is None:
                     merged.pop(key, None)
@@ -173,13 +174,11 @@ def check_queue_limits(broker, data: dict, changes: list[tuple[str, str, dict]])
     new: dict[str, set[str]] = {}
     for queue in data.get("queues") or []:
         vhost, name = str(queue["vhost"]), str(queue["name"])
-        existing = machine.vhosts.get(vhost)
-        if existing is None or name not in existing.queues:
+        if not Q.has_queue(machine, vhost, name):
             new.setdefault(vhost, set()).add(name)
     for vhost, names in sorted(new.items()):
-        limit = limit_of(limits.get(vhost, machine.vhost_limits.get(vhost)), "max-queues")
-        existing = machine.vhosts.get(vhost)
-        count = len(existing.queues) if existing is not None else 0
+        limit = limit_of(limits.get(vhost, Q.vhost_limits(machine, vhost)), "max-queues")
+        count = Q.queue_count(machine, vhost)
         if limit is not None and count + len(names) > limit:
             raise bad_request(f"adding {len(names)} queue(s) to vhost '{vhost}' would pass its max-queues "
                               f"limit of {limit} (it has {count} queue(s)); nothing was imported")

@@ -13,6 +13,7 @@ import base64
 from aiohttp import web
 
 from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
+from raftmq.store.core import queries as Q
 from raftmq.store.core.commands import ROUTED
 from raftmq.store.core.message import decode
 from raftmq.store.core.model import Message
@@ -28,16 +29,16 @@ from .common import (
     reply,
     require_vhost,
 )
-from .views import binding_view, default_binding, exchange_view, properties_key, queue_view
+from .views import binding_view, by_name, default_binding, exchange_view, properties_key, queue_view
 
 
-def _visible_vhosts(request: web.Request, vhost: str | None):
-    machine = context(request).broker.machine
+def _visible_vhosts(request: web.Request, vhost: str | None) -> list[str]:
+    """The names of the vhosts to list: the one asked for, or every one the operator may see."""
     if vhost is not None:
         require_vhost(request, vhost)
-        return [machine.vhosts[vhost]]
+        return [vhost]
     op = operator(request)
-    return [v for v in machine.vhosts.values() if op.may_see_vhost(v.name)]
+    return [v for v in Q.vhost_names(context(request).broker.machine) if op.may_see_vhost(v)]
 
 
 def _vhost_arg(request: web.Request) -> str | None:
@@ -52,25 +53,26 @@ def _name(request: web.Request, key: str = "name") -> str:
 
 async def list_queues(request: web.Request) -> web.Response:
     ctx = context(request)
+    machine = ctx.broker.machine
     rows = [queue_view(ctx.broker, q, ctx.rates) for v in _visible_vhosts(request, _vhost_arg(request))
-            for q in sorted(v.queues.values(), key=lambda q: q.name)]
+            for q in sorted(Q.queues(machine, v), key=by_name)]
     return columns(request, rows)
 
 
-def _queue(request: web.Request):
+def _queue(request: web.Request) -> tuple[str, Q.QueueInfo]:
     vhost = _vhost_arg(request)
     require_vhost(request, vhost)
-    queue = context(request).broker.machine.vhosts[vhost].queues.get(_name(request))
+    queue = Q.queue(context(request).broker.machine, vhost, _name(request))
     if queue is None:
         raise not_found()
     return vhost, queue
 
 
 async def get_queue(request: web.Request) -> web.Response:
-    _vhost, queue = _queue(request)
+    vhost, queue = _queue(request)
     ctx = context(request)
     view = queue_view(ctx.broker, queue, ctx.rates)
-    view["consumer_details"] = [_consumer_view(ctx, c) for c in queue.consumers]
+    view["consumer_details"] = [_consumer_view(c) for c in Q.consumers(ctx.broker.machine, vhost, queue.name)]
     return reply(view)
 
 
@@ -82,7 +84,7 @@ async def put_queue(request: web.Request) -> web.Response:
     arguments = data.get("arguments") or {}
     if not isinstance(arguments, dict):
         raise bad_request("arguments must be an object")
-    existed = name in context(request).broker.machine.vhosts[vhost].queues
+    existed = Q.has_queue(context(request).broker.machine, vhost, name)
     await context(request).control.declare_queue(vhost, name, _flag(data, "durable", True),
                                                  _flag(data, "auto_delete", False), arguments,
                                                  access=access_in(request, vhost))
@@ -170,15 +172,15 @@ def _properties_view(message: Message) -> dict:
 
 async def list_exchanges(request: web.Request) -> web.Response:
     machine = context(request).broker.machine
-    rows = [exchange_view(e, machine) for v in _visible_vhosts(request, _vhost_arg(request))
-            for e in sorted(v.exchanges.values(), key=lambda e: e.name)]
+    rows = [exchange_view(e, plugins=True) for v in _visible_vhosts(request, _vhost_arg(request))
+            for e in sorted(Q.exchanges(machine, v), key=by_name)]
     return columns(request, rows)
 
 
-def _exchange(request: web.Request):
+def _exchange(request: web.Request) -> tuple[str, Q.ExchangeInfo]:
     vhost = _vhost_arg(request)
     require_vhost(request, vhost)
-    exchange = context(request).broker.machine.vhosts[vhost].exchanges.get(_exchange_name(request))
+    exchange = Q.exchange(context(request).broker.machine, vhost, _exchange_name(request))
     if exchange is None:
         raise not_found()
     return vhost, exchange
@@ -191,7 +193,7 @@ def _exchange_name(request: web.Request) -> str:
 
 async def get_exchange(request: web.Request) -> web.Response:
     _vhost, exchange = _exchange(request)
-    view = exchange_view(exchange, context(request).broker.machine)
+    view = exchange_view(exchange, plugins=True)
     view["incoming"], view["outgoing"] = [], []
     return reply(view)
 
@@ -202,7 +204,7 @@ async def put_exchange(request: web.Request) -> web.Response:
     data = await body(request)
     if "type" not in data:
         raise bad_request("[{key_missing,type}]")
-    existed = name in context(request).broker.machine.vhosts[vhost].exchanges
+    existed = Q.has_exchange(context(request).broker.machine, vhost, name)
     await context(request).control.declare_exchange(vhost, name, str(data["type"]), _flag(data, "durable", True),
                                                     _flag(data, "auto_delete", False), _flag(data, "internal", False),
                                                     data.get("arguments") or {}, access=access_in(request, vhost))
@@ -265,48 +267,53 @@ def _properties(data: dict) -> BasicProperties:
 
 # ------------------------------------------------------------------ bindings
 
-def _bindings_of(vhost) -> list[dict]:
-    rows = [default_binding(vhost.name, q) for q in sorted(vhost.queues.values(), key=lambda q: q.name)]
-    for exchange in sorted(vhost.exchanges.values(), key=lambda e: e.name):
-        rows += [binding_view(vhost.name, b) for b in exchange.bindings]
-    return rows
+def _default_bindings(machine, vhost: str) -> list[dict]:
+    """The default exchange's implicit binding to each queue of the vhost, by queue name."""
+    return [default_binding(vhost, q) for q in sorted(Q.queues(machine, vhost), key=by_name)]
+
+
+def _bindings_of(machine, vhost: str) -> list[dict]:
+    return _default_bindings(machine, vhost) + [binding_view(vhost, b) for b in Q.bindings(machine, vhost)]
 
 
 async def list_bindings(request: web.Request) -> web.Response:
-    rows = [row for v in _visible_vhosts(request, _vhost_arg(request)) for row in _bindings_of(v)]
+    machine = context(request).broker.machine
+    rows = [row for v in _visible_vhosts(request, _vhost_arg(request)) for row in _bindings_of(machine, v)]
     return columns(request, rows)
 
 
-def _pair(request: web.Request):
+def _pair(request: web.Request) -> tuple[str, str, str, bool]:
     """(vhost, source exchange, destination, destination is a queue) from .../e/{source}/{q|e}/{dest}."""
     vhost = _vhost_arg(request)
     require_vhost(request, vhost)
-    machine_vhost = context(request).broker.machine.vhosts[vhost]
+    machine = context(request).broker.machine
     source = _name(request, "source")
     source = "" if source == "amq.default" else source
     to_queue = request.match_info["kind"] == "q"
     destination = _name(request, "destination")
-    if source not in machine_vhost.exchanges:
+    if not Q.has_exchange(machine, vhost, source):
         raise not_found()
-    if destination not in (machine_vhost.queues if to_queue else machine_vhost.exchanges):
+    if not (Q.has_queue if to_queue else Q.has_exchange)(machine, vhost, destination):
         raise not_found()
-    return vhost, machine_vhost, source, destination, to_queue
+    return vhost, source, destination, to_queue
 
 
-def _pair_bindings(machine_vhost, vhost, source, destination, to_queue) -> list[dict]:
+def _pair_bindings(request: web.Request, vhost: str, source: str, destination: str, to_queue: bool) -> list[dict]:
+    machine = context(request).broker.machine
     if not source:  # the default exchange: its implicit binding to every queue
-        return [default_binding(vhost, machine_vhost.queues[destination])] if to_queue else []
-    return [binding_view(vhost, b) for b in machine_vhost.exchanges[source].bindings
+        queue = Q.queue(machine, vhost, destination) if to_queue else None
+        return [default_binding(vhost, queue)] if queue is not None else []
+    return [binding_view(vhost, b) for b in Q.bindings(machine, vhost, source)
             if b.destination == destination and b.dest_is_queue == to_queue]
 
 
 async def list_pair(request: web.Request) -> web.Response:
-    vhost, machine_vhost, source, destination, to_queue = _pair(request)
-    return reply(_pair_bindings(machine_vhost, vhost, source, destination, to_queue))
+    vhost, source, destination, to_queue = _pair(request)
+    return reply(_pair_bindings(request, vhost, source, destination, to_queue))
 
 
 async def create_binding(request: web.Request) -> web.Response:
-    vhost, _machine_vhost, source, destination, to_queue = _pair(request)
+    vhost, source, destination, to_queue = _pair(request)
     require_vhost(request, vhost, change=True)
     data = await body(request)
     routing_key, arguments = str(data.get("routing_key", "")), data.get("arguments") or {}
@@ -317,19 +324,19 @@ async def create_binding(request: web.Request) -> web.Response:
 
 
 async def get_binding(request: web.Request) -> web.Response:
-    vhost, machine_vhost, source, destination, to_queue = _pair(request)
+    vhost, source, destination, to_queue = _pair(request)
     wanted = request.match_info["props"]
-    for row in _pair_bindings(machine_vhost, vhost, source, destination, to_queue):
+    for row in _pair_bindings(request, vhost, source, destination, to_queue):
         if row["properties_key"] == wanted:
             return reply(row)
     raise not_found()
 
 
 async def delete_binding(request: web.Request) -> web.Response:
-    vhost, machine_vhost, source, destination, to_queue = _pair(request)
+    vhost, source, destination, to_queue = _pair(request)
     require_vhost(request, vhost, change=True)
     wanted = request.match_info["props"]
-    for row in _pair_bindings(machine_vhost, vhost, source, destination, to_queue):
+    for row in _pair_bindings(request, vhost, source, destination, to_queue):
         if row["properties_key"] == wanted and source:
             await context(request).control.unbind(vhost, source, destination, to_queue, row["routing_key"],
                                                    row["arguments"], access=access_in(request, vhost))
@@ -339,25 +346,24 @@ async def delete_binding(request: web.Request) -> web.Response:
 
 async def queue_bindings(request: web.Request) -> web.Response:
     vhost, queue = _queue(request)
-    machine_vhost = context(request).broker.machine.vhosts[vhost]
     rows = [default_binding(vhost, queue)]
-    for exchange in sorted(machine_vhost.exchanges.values(), key=lambda e: e.name):
-        rows += [binding_view(vhost, b) for b in exchange.bindings if b.dest_is_queue and b.destination == queue.name]
+    rows += [binding_view(vhost, b) for b in Q.bindings(context(request).broker.machine, vhost)
+             if b.dest_is_queue and b.destination == queue.name]
     return reply(rows)
 
 
 async def exchange_bindings(request: web.Request) -> web.Response:
     """.../bindings/source (bindings from this exchange) or .../bindings/destination (to it)."""
     vhost, exchange = _exchange(request)
-    machine_vhost = context(request).broker.machine.vhosts[vhost]
+    machine = context(request).broker.machine
     if request.match_info["side"] == "source":
         if exchange.name == "":
-            rows = [default_binding(vhost, q) for q in sorted(machine_vhost.queues.values(), key=lambda q: q.name)]
+            rows = _default_bindings(machine, vhost)
         else:
-            rows = [binding_view(vhost, b) for b in exchange.bindings]
+            rows = [binding_view(vhost, b) for b in Q.bindings(machine, vhost, exchange.name)]
     else:
-        rows = [binding_view(vhost, b) for e in sorted(machine_vhost.exchanges.values(), key=lambda e: e.name)
-                for b in e.bindings if not b.dest_is_queue and b.destination == exchange.name]
+        rows = [binding_view(vhost, b) for b in Q.bindings(machine, vhost)
+                if not b.dest_is_queue and b.destination == exchange.name]
     return reply(rows)
 
 
@@ -370,13 +376,12 @@ def _flag(data: dict, key: str, default: bool) -> bool:
 
 # ------------------------------------------------------------------ consumers
 
-def _consumer_view(ctx, consumer) -> dict:
-    queue = consumer.queue
+def _consumer_view(consumer: Q.ConsumerInfo) -> dict:
     return {
-        "queue": {"name": queue.name, "vhost": queue.vhost},
+        "queue": {"name": consumer.queue, "vhost": consumer.vhost},
         "consumer_tag": consumer.tag,
-        "channel_details": {"name": f"{consumer.channel.conn} ({consumer.channel.number})",
-                            "number": consumer.channel.number, "connection_name": consumer.channel.conn,
+        "channel_details": {"name": f"{consumer.connection} ({consumer.channel})",
+                            "number": consumer.channel, "connection_name": consumer.connection,
                             "node": "raftmq"},
         "ack_required": not consumer.no_ack,
         "exclusive": consumer.exclusive,
@@ -388,9 +393,8 @@ def _consumer_view(ctx, consumer) -> dict:
 
 
 async def list_consumers(request: web.Request) -> web.Response:
-    ctx = context(request)
-    rows = [_consumer_view(ctx, c) for v in _visible_vhosts(request, _vhost_arg(request))
-            for q in v.queues.values() for c in q.consumers]
+    machine = context(request).broker.machine
+    rows = [_consumer_view(c) for v in _visible_vhosts(request, _vhost_arg(request)) for c in Q.consumers(machine, v)]
     return columns(request, rows)
 
 

@@ -17,6 +17,7 @@ import time
 from aiohttp import web
 
 from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
+from raftmq.store.core import queries as Q
 from raftmq.store.core.commands import ROUTED
 
 from ..control import AdminEndpoint
@@ -54,10 +55,9 @@ def _version() -> str:
 async def overview(request: web.Request) -> web.Response:
     ctx, op = context(request), operator(request)
     broker = ctx.broker
-    vhosts = [v for v in broker.machine.vhosts.values() if op.may_see_vhost(v.name)]
-    queues = [q for v in vhosts for q in v.queues.values()]
-    ready = sum(len(q.ready) for q in queues)
-    unacked = sum(q.unacked_count for q in queues)
+    vhosts = [v for v in Q.vhosts(broker.machine) if op.may_see_vhost(v.name)]
+    ready = sum(v.messages_ready for v in vhosts)
+    unacked = sum(v.messages_unacknowledged for v in vhosts)
     connections = _connections(request)
     config = broker.config
     listeners = [{"node": node_name(broker), "protocol": "amqp", "ip_address": config.host, "port": config.port}]
@@ -83,13 +83,13 @@ async def overview(request: web.Request) -> web.Response:
         "queue_totals": {"messages": ready + unacked, "messages_ready": ready,
                          "messages_unacknowledged": unacked,
                          # raftmq: held by x-delayed-message exchanges (store/core/delayed.py)
-                         "messages_delayed": len(broker.machine.delayed)},
+                         "messages_delayed": Q.counters(broker.machine).delayed_messages},
         "object_totals": {
             "connections": len(connections),
-            "channels": sum(len(_channel_states(broker, conn_id)) for conn_id, _ in connections),
-            "consumers": sum(len(q.consumers) for q in queues),
-            "exchanges": sum(len(v.exchanges) for v in vhosts),
-            "queues": len(queues),
+            "channels": sum(Q.channel_count(broker.machine, conn_id) for conn_id, _ in connections),
+            "consumers": sum(v.consumers for v in vhosts),
+            "exchanges": sum(v.exchanges for v in vhosts),
+            "queues": sum(v.queues for v in vhosts),
         },
         "listeners": listeners,
         "contexts": [{"node": node_name(broker), "description": "raftmq management", "path": "/",
@@ -131,8 +131,9 @@ def _nodes(broker) -> list[dict]:
         "being_drained": False,
     }
     if raft is None:
-        local["raft"] = {"role": "single", "leader": True, "term": 0, "commit_index": broker.machine.applied_index,
-                         "applied_index": broker.machine.applied_index, "lag": 0}
+        applied = Q.counters(broker.machine).applied_index
+        local["raft"] = {"role": "single", "leader": True, "term": 0, "commit_index": applied,
+                         "applied_index": applied, "lag": 0}
         return [local]
     connected = set(raft.connected_partners)
     nodes = []
@@ -204,17 +205,13 @@ def _connection_view(broker, conn_id: str, endpoint) -> dict:
         "peer_host": peer_host,
         "peer_port": int(peer_port) if peer_port.isdigit() else 0,
         "ssl": endpoint.transport.get_extra_info("ssl_object") is not None if hasattr(endpoint, "transport") else False,
-        "channels": len(_channel_states(broker, conn_id)),
+        "channels": Q.channel_count(broker.machine, conn_id),
         "timeout": getattr(endpoint, "heartbeat", 0),
         "frame_max": getattr(endpoint, "frame_max", 0),
         "channel_max": getattr(endpoint, "channel_max", 0),
         "client_properties": getattr(endpoint, "client_properties", {}) or {},
         "raftmq_id": conn_id,
     }
-
-
-def _channel_states(broker, conn_id: str) -> dict:
-    return broker.machine.channels.get(conn_id, {})
 
 
 async def list_connections(request: web.Request) -> web.Response:
@@ -251,16 +248,16 @@ async def list_channels(request: web.Request) -> web.Response:
     for conn_id, endpoint in _connections(request):
         name = _connection_name(endpoint, broker.config)
         peer_host, _, peer_port = getattr(endpoint, "peer", "?:0").rpartition(":")
-        for number, ch in sorted(_channel_states(broker, conn_id).items()):
+        for ch in Q.channels(broker.machine, conn_id):
             rows.append({
-                "name": f"{name} ({number})",
-                "number": number,
+                "name": f"{name} ({ch.number})",
+                "number": ch.number,
                 "node": node_name(broker),
                 "user": endpoint.principal.name,
                 "vhost": getattr(endpoint, "vhost", "/"),
                 "state": "running" if ch.active else "flow",
-                "consumer_count": len(ch.consumers),
-                "messages_unacknowledged": len(ch.unacked),
+                "consumer_count": ch.consumers,
+                "messages_unacknowledged": ch.messages_unacknowledged,
                 "prefetch_count": ch.consumer_prefetch,
                 "global_prefetch_count": ch.prefetch_count,
                 "connection_details": {"name": name, "peer_host": peer_host,
@@ -301,7 +298,7 @@ async def virtual_hosts_check(request: web.Request) -> web.Response:
     broker = context(request).broker
     if not broker.accepting:
         return reply({"status": "failed", "reason": "no cluster leader: no vhost can make progress",
-                      "virtual-hosts": sorted(broker.machine.vhosts)}, status=503)
+                      "virtual-hosts": sorted(Q.vhost_names(broker.machine))}, status=503)
     return reply({"status": "ok"})
 
 

@@ -20,6 +20,7 @@ import re
 from aiohttp import web
 
 from raftmq.node.auth import HASH_SCHEME, RABBIT_HASHES, hash_password
+from raftmq.store.core import queries as Q
 from raftmq.store.core.users import overlaid
 
 from ..control import AdminError
@@ -42,6 +43,7 @@ from .views import (
     MANAGEMENT_VERSION,
     PRODUCT,
     binding_view,
+    by_name,
     exchange_view,
     is_default_exchange,
     permission_view,
@@ -61,14 +63,13 @@ def _tags(value) -> list[str]:
 
 
 def _users(broker) -> list[dict]:
-    managed = broker.machine.users
     rows = []
-    for name, user in managed.items():
+    for user in Q.users(broker.machine):
         algorithm, stored = _exported_hash(user.password_hash)
-        rows.append({"name": name, "password_hash": stored, "hashing_algorithm": algorithm,
-                     "tags": list(user.tags), "limits": user_limits(broker, name)})
+        rows.append({"name": user.name, "password_hash": stored, "hashing_algorithm": algorithm,
+                     "tags": list(user.tags), "limits": user_limits(broker, user.name)})
     for name, user in broker.config.users.items():
-        if name not in managed:
+        if not Q.has_user(broker.machine, name):
             rows.append({"name": name, "password_hash": "", "hashing_algorithm": "", "tags": list(user.tags),
                          "limits": user_limits(broker, name), "source": "config"})
     return sorted(rows, key=lambda r: r["name"])
@@ -114,7 +115,7 @@ async def put_user(request: web.Request) -> web.Response:
     require(request, ADMINISTRATOR)
     name = request.match_info["name"]
     data = await body(request)
-    existed = name in context(request).broker.machine.users
+    existed = Q.has_user(context(request).broker.machine, name)
     await _put_user(request, name, data)
     return web.Response(status=204 if existed else 201)
 
@@ -132,7 +133,7 @@ async def _put_user(request: web.Request, name: str, data: dict) -> None:
     # Loopback-only stays as it was: RabbitMQ keeps it in its configuration (loopback_users), so
     # definitions imported from RabbitMQ -- which list guest -- must not open guest to the network.
     broker = context(request).broker
-    record, configured = broker.machine.users.get(name), broker.config.users.get(name)
+    record, configured = Q.user(broker.machine, name), broker.config.users.get(name)
     loopback_only = record.loopback_only if record is not None else bool(configured and configured.loopback_only)
     await context(request).control.put_user(name, stored, _tags(data.get("tags")), loopback_only)
 
@@ -141,7 +142,7 @@ async def delete_user(request: web.Request) -> web.Response:
     require(request, ADMINISTRATOR)
     name = request.match_info["name"]
     broker = context(request).broker
-    if name not in broker.machine.users:
+    if not Q.has_user(broker.machine, name):
         if name in broker.config.users:
             raise AdminError(405, f"user '{name}' is defined in the configuration file")
         raise not_found()
@@ -151,13 +152,12 @@ async def delete_user(request: web.Request) -> web.Response:
 
 def _permissions(broker) -> list[dict]:
     rows = []
-    managed = broker.machine.users
-    for name, user in managed.items():
-        rows += [permission_view(name, vh, p) for vh, p in sorted(user.permissions.items())]
-    overlay = broker.machine.permission_overlay
+    machine = broker.machine
+    for managed in Q.users(machine):
+        rows += [permission_view(managed.name, vh, p) for vh, p in sorted(managed.permissions.items())]
     for name, user in broker.config.users.items():
-        if name not in managed:
-            permissions = overlaid(user.permissions, overlay.get(name))
+        if not Q.has_user(machine, name):
+            permissions = overlaid(user.permissions, Q.permission_overlay(machine, name))
             rows += [permission_view(name, vh, p) for vh, p in sorted(permissions.items())]
     return rows
 
@@ -171,7 +171,7 @@ async def user_permissions(request: web.Request) -> web.Response:
     require(request, ADMINISTRATOR)
     name = request.match_info["name"]
     broker = context(request).broker
-    if name not in broker.machine.users and name not in broker.config.users:
+    if not Q.has_user(broker.machine, name) and name not in broker.config.users:
         raise not_found()
     return reply([p for p in _permissions(broker) if p["user"] == name])
 
@@ -213,7 +213,7 @@ async def _set_permission(request: web.Request, user: str, vhost: str, data: dic
             raise bad_request(f"bad regular expression for {key}: {exc}") from None
         patterns.append(str(data[key]))
     broker = context(request).broker
-    if user not in broker.machine.users and user not in broker.config.users:
+    if not Q.has_user(broker.machine, user) and user not in broker.config.users:
         raise bad_request(f"no user '{user}'")
     await context(request).control.set_permissions(user, vhost, *patterns)
 
@@ -228,9 +228,8 @@ async def delete_permission(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-def _vhost_view(broker, vhost) -> dict:
-    ready = sum(len(q.ready) for q in vhost.queues.values())
-    unacked = sum(q.unacked_count for q in vhost.queues.values())
+def _vhost_view(broker, vhost: Q.VhostInfo) -> dict:
+    ready, unacked = vhost.messages_ready, vhost.messages_unacknowledged
     return {"name": vhost.name, "description": "", "tags": [], "tracing": False,
             "metadata": {"description": "", "tags": []}, "default_queue_type": "classic",
             "messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked,
@@ -239,7 +238,7 @@ def _vhost_view(broker, vhost) -> dict:
 
 async def list_vhosts(request: web.Request) -> web.Response:
     broker, op = context(request).broker, operator(request)
-    rows = [_vhost_view(broker, v) for name, v in sorted(broker.machine.vhosts.items()) if op.may_see_vhost(name)]
+    rows = [_vhost_view(broker, v) for v in sorted(Q.vhosts(broker.machine), key=by_name) if op.may_see_vhost(v.name)]
     return columns(request, rows)
 
 
@@ -247,17 +246,20 @@ async def get_vhost(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     require_vhost(request, name)
     broker = context(request).broker
-    return reply(_vhost_view(broker, broker.machine.vhosts[name]))
+    vhost = Q.vhost(broker.machine, name)
+    if vhost is None:  # (require_vhost answered 404 already)
+        raise not_found()
+    return reply(_vhost_view(broker, vhost))
 
 
 async def put_vhost(request: web.Request) -> web.Response:
     require(request, ADMINISTRATOR)
     name = request.match_info["name"]
     broker = context(request).broker
-    existed = name in broker.machine.vhosts
+    existed = Q.has_vhost(broker.machine, name)
     await context(request).control.add_vhost(name)
     creator = operator(request).name
-    if not existed and (creator in broker.machine.users or creator in broker.config.users):
+    if not existed and (Q.has_user(broker.machine, creator) or creator in broker.config.users):
         # RabbitMQ gives the user who creates a vhost full permissions on it (rabbit_vhost:add),
         # a user of the configuration file too (the permission overlay, store/core/users.py).
         await context(request).control.set_permissions(creator, name, ".*", ".*", ".*")
@@ -270,7 +272,7 @@ async def delete_vhost(request: web.Request) -> web.Response:
     replicated command (store/core/topology.py vhost_delete).  ``/`` may be deleted, as in RabbitMQ."""
     require(request, ADMINISTRATOR)
     name = request.match_info["name"]
-    if name not in context(request).broker.machine.vhosts:
+    if not Q.has_vhost(context(request).broker.machine, name):
         raise not_found()
     await context(request).control.delete_vhost(name)
     return web.Response(status=204)
@@ -281,18 +283,18 @@ async def delete_vhost(request: web.Request) -> web.Response:
 def export_definitions(broker) -> dict:
     machine = broker.machine
     queues, exchanges, bindings = [], [], []
-    for vhost in sorted(machine.vhosts.values(), key=lambda v: v.name):
-        for q in sorted(vhost.queues.values(), key=lambda q: q.name):
+    for vhost in sorted(Q.vhost_names(machine)):
+        for q in sorted(Q.queues(machine, vhost), key=by_name):
             if q.durable and q.exclusive_owner is None:  # RabbitMQ exports what survives a restart
-                queues.append({"name": q.name, "vhost": vhost.name, "durable": True, "auto_delete": q.auto_delete,
-                               "arguments": dict(q.arguments or {})})
-        for e in sorted(vhost.exchanges.values(), key=lambda e: e.name):
+                queues.append({"name": q.name, "vhost": vhost, "durable": True, "auto_delete": q.auto_delete,
+                               "arguments": q.arguments})
+        for e in sorted(Q.exchanges(machine, vhost), key=by_name):
             if e.durable and not is_default_exchange(e.name):
                 view = exchange_view(e)
                 view.pop("user_who_performed_action")
                 view.pop("policy")
                 exchanges.append(view)
-            bindings += [_binding_definition(binding_view(vhost.name, b)) for b in e.bindings]
+        bindings += [_binding_definition(binding_view(vhost, b)) for b in Q.bindings(machine, vhost)]
     users = [{k: v for k, v in u.items() if k != "source"} for u in _users(broker) if u.get("source") != "config"]
     return {
         "rabbit_version": MANAGEMENT_VERSION,
@@ -300,8 +302,8 @@ def export_definitions(broker) -> dict:
         "product_name": PRODUCT,
         "product_version": MANAGEMENT_VERSION,
         "users": users,
-        "vhosts": [{"name": name, "limits": vhost_limits(broker, name)} for name in sorted(machine.vhosts)],
-        "permissions": [p for p in _permissions(broker) if p["user"] in machine.users],
+        "vhosts": [{"name": name, "limits": vhost_limits(broker, name)} for name in sorted(Q.vhost_names(machine))],
+        "permissions": [p for p in _permissions(broker) if Q.has_user(machine, p["user"])],
         "topic_permissions": [],
         "parameters": [],
         "global_parameters": [],

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .rates import queue_published
-
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
-    from raftmq.store.core.model import Exchange, Queue
-    from raftmq.store.core.routing import Binding
+    from raftmq.store.core.queries import BindingInfo, ExchangeInfo, QueueInfo, VhostInfo
 
     from .rates import Rates
 
@@ -30,8 +27,8 @@ def node_name(broker: Broker, node_id: str | None = None) -> str:
     return f"raftmq@{node_id or broker.config.node_id}"
 
 
-def queue_view(broker: Broker, queue: Queue, rates: Rates) -> dict:
-    ready, unacked = len(queue.ready), queue.unacked_count
+def queue_view(broker: Broker, queue: QueueInfo, rates: Rates) -> dict:
+    ready, unacked = queue.messages_ready, queue.messages_unacknowledged
     exclusive = queue.exclusive_owner is not None
     view = {
         "name": queue.name,
@@ -39,7 +36,7 @@ def queue_view(broker: Broker, queue: Queue, rates: Rates) -> dict:
         "durable": queue.durable,
         "auto_delete": queue.auto_delete,
         "exclusive": exclusive,
-        "arguments": dict(queue.arguments or {}),
+        "arguments": queue.arguments,
         "node": node_name(broker),
         "type": "classic",
         "state": "running",
@@ -48,19 +45,19 @@ def queue_view(broker: Broker, queue: Queue, rates: Rates) -> dict:
         "effective_policy_definition": {},
         "exclusive_consumer_tag": None,
         "single_active_consumer_tag": None,
-        "consumers": len(queue.consumers),
+        "consumers": queue.consumers,
         "consumer_capacity": 1.0 if queue.consumers else 0,
         "consumer_utilisation": 1.0 if queue.consumers else 0,
         "messages": ready + unacked,
         "messages_ready": ready,
         "messages_unacknowledged": unacked,
-        "message_bytes_ready": queue.ready_bytes,
+        "message_bytes_ready": queue.message_bytes_ready,
         "messages_details": {"rate": rates.queue_rate(queue, "messages")},
         "messages_ready_details": {"rate": rates.queue_rate(queue, "messages_ready")},
         "messages_unacknowledged_details": {"rate": rates.queue_rate(queue, "messages_unacknowledged")},
         # RabbitMQ's queue message_stats also count deliveries and acks; raftmq counts those per
         # node only (overview), so a queue tells its publishes (KEDA's MessageRate reads this).
-        "message_stats": {"publish": queue_published(queue),
+        "message_stats": {"publish": queue.published,
                           "publish_details": {"rate": rates.queue_rate(queue, "publish")}},
     }
     if exclusive:
@@ -68,7 +65,8 @@ def queue_view(broker: Broker, queue: Queue, rates: Rates) -> dict:
     return view
 
 
-def exchange_view(exchange: Exchange, machine=None) -> dict:
+def exchange_view(exchange: ExchangeInfo, plugins: bool = False) -> dict:
+    """``plugins``: with the plugin exchanges' own info items (not in definitions)."""
     view = {
         "name": exchange.name,
         "vhost": exchange.vhost,
@@ -80,16 +78,19 @@ def exchange_view(exchange: Exchange, machine=None) -> dict:
         "user_who_performed_action": "rmq-internal" if is_default_exchange(exchange.name) else "",
         "policy": None,
     }
-    if machine is not None:
+    if plugins:
         # The plugins' own info items: rabbitmq-delayed-message-exchange's messages_delayed, the
         # deduplication plugin's cache_info (issue 21).
         if exchange.type == "x-delayed-message":
-            view["messages_delayed"] = machine.delayed.held_by(exchange.vhost, exchange.name)
+            view["messages_delayed"] = exchange.messages_delayed
         elif exchange.type == "x-message-deduplication":
-            cache = machine.exchange_caches.get((exchange.vhost, exchange.name))
-            view["cache_info"] = {"entries": len(cache.entries) if cache else 0,
-                                  "size": cache.size if cache else None}
+            view["cache_info"] = {"entries": exchange.cache_entries or 0, "size": exchange.cache_size}
     return view
+
+
+def by_name(item: QueueInfo | ExchangeInfo | VhostInfo) -> str:
+    """The sort key of RabbitMQ's listings (queries return model order)."""
+    return item.name
 
 
 def is_default_exchange(name: str) -> bool:
@@ -97,7 +98,7 @@ def is_default_exchange(name: str) -> bool:
     return name == "" or name.startswith("amq.")
 
 
-def binding_view(vhost: str, binding: Binding) -> dict:
+def binding_view(vhost: str, binding: BindingInfo) -> dict:
     return {
         "source": binding.source,
         "vhost": vhost,
@@ -123,7 +124,7 @@ def properties_key(routing_key: str, arguments: dict | None) -> str:
     return key
 
 
-def default_binding(vhost: str, queue: Queue) -> dict:
+def default_binding(vhost: str, queue: QueueInfo) -> dict:
     """Every queue is bound to the default exchange by its name (RabbitMQ lists it first)."""
     return {"source": "", "vhost": vhost, "destination": queue.name, "destination_type": "queue",
             "routing_key": queue.name, "arguments": {}, "properties_key": quote_key(queue.name)}

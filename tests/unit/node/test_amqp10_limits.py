@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 from raftmq.node.amqp10 import limits
 from raftmq.node.config import Config
+from raftmq.store.core import queries
 
 
 def test_channel_max_is_sessions_minus_one_and_never_above_either_side() -> None:
@@ -29,15 +30,17 @@ def test_handle_max_is_links_minus_one_and_never_above_the_client() -> None:
 
 
 def test_durable_links_are_counted_per_user_by_their_core_session_name() -> None:
-    """Only sessions named as durable links (recovery.py) of that user count, attached or not."""
+    """Only sessions named as durable links (recovery.py) of that user count, attached or not (the
+    count durable_refusal reads through store/core/queries.py)."""
     def session(principal: str, name: bytes):
         return SimpleNamespace(principal=principal, name=name)
     sessions = {
         1: session("alice", b"amqp10-link\x00c1\x00a"), 2: session("alice", b"amqp10-link\x00c2\x00b"),
         3: session("alice", b"amqp10:conn-1:7"), 4: session("bob", b"amqp10-link\x00c1\x00a")}
-    assert limits.durable_links_of(sessions, "alice") == 2
-    assert limits.durable_links_of(sessions, "bob") == 1
-    assert limits.durable_links_of(sessions, "carol") == 0
+    machine = SimpleNamespace(sessions=sessions)
+    assert queries.durable_link_count(machine, "alice") == 2
+    assert queries.durable_link_count(machine, "bob") == 1
+    assert queries.durable_link_count(machine, "carol") == 0
 
 
 def test_refusals_are_all_counted_and_logged_once_per_interval(caplog, monkeypatch) -> None:
