@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from raftmq.store.applier import StoredMachine
 from raftmq.store.core import queries as Q
 from raftmq.store.core.commands import MemberSet, Op, make
-from raftmq.store.core.machine import StateMachine
 from raftmq.store.core.sessions import session_key
 from tests.unit.store.test_features21 import NOW, C, Driver, _driver
 
@@ -21,7 +21,7 @@ MS = 1000
 
 @pytest.fixture
 def d() -> Driver:
-    return _driver(StateMachine(None))
+    return _driver(StoredMachine())
 
 
 def consume(d: Driver, queue: str, tag: str, ch: int, prefetch: int) -> None:
