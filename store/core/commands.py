@@ -9,7 +9,11 @@ with msgpack as it is.
 
 Every command starts with the same fields: ``conn``, the id of the connection that issued it (None
 for the node's own commands), ``token``, the issuer's request id to answer (None when no reply is
-wanted), and, for operations on a channel or session, ``channel``.  The last field, ``op``, has a
+wanted), and, for operations on a channel or session, ``channel`` (then ``conn`` is a ``str``: a
+channel belongs to a connection).  The field types say what a handler sees: a front end may build
+a command as a template with conn and channel None and fill them in with ``_replace`` before it is
+applied (the inner command of a 0-10 ``SessionCommand`` is filled in by apply itself,
+store/core/sessions.py).  The last field, ``op``, has a
 default and names the operation: it is what the log carries to pick the type back
 (``decode_batch``).  The state machine applies a *batch* of commands with one timestamp stamped by
 the proposer (the leader), so apply never reads a clock.
@@ -214,14 +218,14 @@ class BoundInfo(NamedTuple):
 # --------------------------------------------------------------------------- connections, channels
 
 class ChannelOpen(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     op: Op = Op.CHANNEL_OPEN
 
 
 class ChannelClose(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     op: Op = Op.CHANNEL_CLOSE
@@ -230,13 +234,13 @@ class ChannelClose(NamedTuple):
 class ConnectionClose(NamedTuple):
     """A connection is gone: its channels close, unacked deliveries return to their queues."""
 
-    conn: str | None
+    conn: str
     token: int | None
     op: Op = Op.CONNECTION_CLOSE
 
 
 class Qos(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     prefetch_count: int
@@ -247,7 +251,7 @@ class Qos(NamedTuple):
 class Flow(NamedTuple):
     """Stop or resume deliveries to a channel (channel.flow, or back-pressure from a slow socket)."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     active: bool
@@ -257,7 +261,7 @@ class Flow(NamedTuple):
 # ------------------------------------------------------------------------------------- topology
 
 class ExchangeDeclare(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -272,7 +276,7 @@ class ExchangeDeclare(NamedTuple):
 
 
 class ExchangeDelete(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -282,7 +286,7 @@ class ExchangeDelete(NamedTuple):
 
 
 class ExchangeBind(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -294,7 +298,7 @@ class ExchangeBind(NamedTuple):
 
 
 class ExchangeUnbind(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -308,7 +312,7 @@ class ExchangeUnbind(NamedTuple):
 class QueueDeclare(NamedTuple):
     """Value: ``DeclaredQueue``.  ``server_named``: the front end generated the name."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -323,7 +327,7 @@ class QueueDeclare(NamedTuple):
 
 
 class QueueBind(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -335,7 +339,7 @@ class QueueBind(NamedTuple):
 
 
 class QueueUnbind(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -349,7 +353,7 @@ class QueueUnbind(NamedTuple):
 class QueuePurge(NamedTuple):
     """Value: the number of messages purged."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -360,7 +364,7 @@ class QueuePurge(NamedTuple):
 class QueueDelete(NamedTuple):
     """Value: the number of messages deleted with the queue."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -375,7 +379,7 @@ class QueueDelete(NamedTuple):
 class Consume(NamedTuple):
     """Value: the consumer tag."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -390,7 +394,7 @@ class Consume(NamedTuple):
 class Cancel(NamedTuple):
     """Value: the consumer tag (also a 0-10 message.cancel: the destination)."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     consumer_tag: str
@@ -402,7 +406,7 @@ class Publish(NamedTuple):
     publisher's protocol encodes them, ``properties_format`` says which (store/core/message.py);
     ``priority`` and ``expiration`` (ms, or None) are read from them by the front end."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -421,7 +425,7 @@ class Publish(NamedTuple):
 class Get(NamedTuple):
     """Value: ``GotMessage`` or None (the queue was empty)."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -433,7 +437,7 @@ class Get(NamedTuple):
 class Ack(NamedTuple):
     """``refs``: the deliveries acknowledged, as the channel's [qid, seq] pairs."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     refs: list
@@ -443,7 +447,7 @@ class Ack(NamedTuple):
 class Nack(NamedTuple):
     """``unsent``: deliveries the front end never wrote to the client (not counted as redelivered)."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     refs: list
@@ -453,7 +457,7 @@ class Nack(NamedTuple):
 
 
 class Recover(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     requeue: bool
@@ -464,7 +468,7 @@ class TxCommit(NamedTuple):
     """``operations``: the Publish/Ack/Nack commands of the transaction, applied all or none.
     Value: the operations' results, in order."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     operations: list
@@ -588,7 +592,7 @@ class LimitsSet(NamedTuple):
 class SessionAttach(NamedTuple):
     """Value: ``SessionBusy`` or ``SessionAttached``."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -599,7 +603,7 @@ class SessionAttach(NamedTuple):
 
 
 class SessionDetach(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     op: Op = Op.SESSION_DETACH
@@ -608,7 +612,7 @@ class SessionDetach(NamedTuple):
 class SessionTimeout(NamedTuple):
     """Value: the seconds granted."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     seconds: int
@@ -619,7 +623,7 @@ class SessionCommand(NamedTuple):
     """Apply ``inner`` once per (session, ``command_id``).  Value: inner's value, ``Duplicate``,
     or ``CommandResult`` for an inner query."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     command_id: int
@@ -628,7 +632,7 @@ class SessionCommand(NamedTuple):
 
 
 class SessionKnownCompleted(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     ranges: list
@@ -636,16 +640,16 @@ class SessionKnownCompleted(NamedTuple):
 
 
 class SessionTxSelect(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
-    channel: int | None
+    channel: int
     op: Op = Op.SESSION_TX_SELECT
 
 
 class MessageSubscribe(NamedTuple):
     """Value: the destination."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -659,7 +663,7 @@ class MessageSubscribe(NamedTuple):
 
 
 class MessageFlow(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     destination: str
@@ -669,7 +673,7 @@ class MessageFlow(NamedTuple):
 
 
 class MessageFlowMode(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     destination: str
@@ -678,7 +682,7 @@ class MessageFlowMode(NamedTuple):
 
 
 class MessageStop(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     destination: str
@@ -686,7 +690,7 @@ class MessageStop(NamedTuple):
 
 
 class MessageFlush(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     destination: str
@@ -696,7 +700,7 @@ class MessageFlush(NamedTuple):
 class MessageSettle(NamedTuple):
     """``how``: store.sessions.SETTLE_ACCEPT, _RELEASE, _RELEASE_REDELIVERED or _REJECT."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     ranges: list
@@ -710,7 +714,7 @@ class MessageModify(NamedTuple):
     value}``, store/core/values.py's types) are merged into each message (store/core/modify.py).  A command of
     its own so that MessageSettle, one per batch of ordinary settlements, stays as it is."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     ranges: list
@@ -723,7 +727,7 @@ class SessionWindowCredit(NamedTuple):
     """0-10 window mode: the client completed transfers; ``messages`` and ``bytes`` of credit back.
     Submitted without a token by the front end; never an error."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     destination: str
@@ -735,7 +739,7 @@ class SessionWindowCredit(NamedTuple):
 class MessageAcquire(NamedTuple):
     """Value: the acquired transfer ranges."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     ranges: list
@@ -743,7 +747,7 @@ class MessageAcquire(NamedTuple):
 
 
 class MessageResume(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     op: Op = Op.MESSAGE_RESUME
@@ -752,7 +756,7 @@ class MessageResume(NamedTuple):
 class QueueQuery(NamedTuple):
     """Value: ``QueueInfo`` or None.  Read-only, through the log so that it is linearizable."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -763,7 +767,7 @@ class QueueQuery(NamedTuple):
 class ExchangeQuery(NamedTuple):
     """Value: ``ExchangeInfo`` or None."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -774,7 +778,7 @@ class ExchangeQuery(NamedTuple):
 class ExchangeBound(NamedTuple):
     """Value: ``BoundInfo``.  ``routing_key``/``arguments`` None: not asked about."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -795,7 +799,7 @@ Command = (ChannelOpen | ChannelClose | ConnectionClose | Qos | Flow | ExchangeD
            | ExchangeQuery | ExchangeBound | SessionWindowCredit | MessageModify | VhostDelete
            | LimitsSet)
 
-COMMAND_TYPES: dict[int, type] = {cls._field_defaults["op"]: cls for cls in Command.__args__}
+COMMAND_TYPES: dict[int, type[Command]] = {cls._field_defaults["op"]: cls for cls in Command.__args__}
 assert len(COMMAND_TYPES) == len(Op), "every Op has exactly one command type"
 
 
@@ -830,7 +834,7 @@ def decode_batch(blob: bytes | memoryview) -> list:
     # Each command rebuilt without its type's Python-level constructor (every command, on every
     # node): the log only holds what encode_batch wrote.  Nested commands are typed afterwards.
     types, new = COMMAND_TYPES, tuple.__new__
-    commands = [new(types[raw[-1]], raw) for raw in raws]
+    commands: list[Command] = [new(types[raw[-1]], raw) for raw in raws]
     for i, raw in enumerate(raws):
         if raw[-1] in _NESTING:
             commands[i] = _nested(commands[i], _typed_v2)

@@ -45,7 +45,7 @@ class Connections:
         m = self.m
         channels = m.channels.get(conn)
         ch = channels.get(number) if channels else None
-        if ch is None:
+        if channels is None or ch is None:
             return
         if ch.session is not None:
             if error:
@@ -67,7 +67,7 @@ class Connections:
         for queue in list(m.exclusive_queues.pop(conn, {}).values()):
             m.topology.delete_queue(queue)
 
-    def node_reset(self, cmd: NodeReset) -> None:
+    def node_reset(self, cmd: NodeReset) -> int:
         """Close every connection of node ``node_id`` not of its boot ``keep_boot``.
 
         Issued when a node is declared down (``keep_boot`` None) and when a node restarts: its

@@ -19,6 +19,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from ..disk.bodies import DictBodies, fill_bodies
 from ..disk.durable import DurableStore, PersistenceRecorder
@@ -54,7 +55,7 @@ from .users import UserCommands, UserRecord
 log = logging.getLogger(__name__)
 _new_tuple = tuple.__new__
 
-def _channel_of(command) -> int | None:
+def _channel_of(command: Command) -> int | None:
     """The channel (or 0-10 session) a command came on; None for connection- and node-level ones."""
     return getattr(command, "channel", None)
 
@@ -157,13 +158,16 @@ class StateMachine:
         self.own_bodies = DictBodies()
         self._replies = True  # apply_batch(replies=...)
         self._dirty: dict[int, Queue] = {}
-        self._shared_props: dict[bytes | int, bytes | int] = {}  # see Delivery.publish
+        # Each key maps to itself (bytes to the same bytes, int to the same int): Delivery.publish.
+        self._shared_props: dict[Any, Any] = {}
         # The owner identity of the command being applied when it is not its connection: an AMQP
         # 0-10 session (exclusive queues belong to the session and survive its failover).
         self._caller_owner: str | None = None
         self.internal_errors = 0  # commands that raised something other than CommandError (a bug)
         self._persist: PersistenceRecorder | None = None
-        self._handlers: dict[int, Callable[[list], object]] = {
+        # Each handler takes its own command type: the table is indexed by op, which the checker
+        # cannot relate to the type (commands.COMMAND_TYPES does, at run time).
+        self._handlers: dict[int, Callable[[Any], object]] = {
             Op.CHANNEL_OPEN: self.connections.channel_open,
             Op.CHANNEL_CLOSE: self.connections.channel_close,
             Op.CONNECTION_CLOSE: self.connections.connection_close,
@@ -289,15 +293,17 @@ class StateMachine:
 
     def _apply_one(self, command: Command) -> None:
         op = command.op
+        result: Ok | Refused | None
         try:
             value = self._handlers[op](command)
             result = None  # Ok(OK, value), made only if a reply is sent (followers send none)
         except CommandError as exc:
             result = Refused(ERR, exc.code, exc.text)
-            if exc.code not in HARD_ERRORS and command.conn is not None and _channel_of(command) is not None:
+            channel = _channel_of(command)
+            if exc.code not in HARD_ERRORS and command.conn is not None and channel is not None:
                 # A channel exception closes the channel: later commands from it are refused
                 # (an 0-10 execution exception destroys the session the same way).
-                self.connections.close_channel(command.conn, command.channel, error=True)
+                self.connections.close_channel(command.conn, channel, error=True)
         except Exception:
             # A bug, not a refusal (refusals raise CommandError before changing anything).  Every
             # replica applies the same command with the same code, so they all fail alike and stay
@@ -362,6 +368,8 @@ class StateMachine:
 
     def _load(self, store: DurableStore) -> None:
         state = store.load()
+        vhost: VHost | None  # declared here: the bindings' loop finds it or not
+        queue: Queue | None
         self.next_qid, self.next_msg_id = state.counters
         self.applied_index = state.applied_index
         for name in state.vhosts:

@@ -45,6 +45,7 @@ from .commands import (
     MessageStop,
     MessageSubscribe,
     Op,
+    QueueDeclare,
     QueueQuery,
     SessionAttach,
     SessionAttached,
@@ -169,11 +170,12 @@ class SessionCommands:
 
     def unregister_channel(self, ch: ChannelState) -> None:
         m = self.m
-        channels = m.channels.get(ch.conn)
-        if channels is not None and channels.get(ch.number) is ch:
+        conn = ch.conn
+        channels = m.channels.get(conn) if conn is not None else None
+        if conn is not None and channels is not None and channels.get(ch.number) is ch:
             del channels[ch.number]
             if not channels:
-                del m.channels[ch.conn]
+                del m.channels[conn]
         ch.conn = None
 
     def session_detach(self, cmd: SessionDetach) -> None:
@@ -235,7 +237,8 @@ class SessionCommands:
         m._caller_owner = session.key
         try:
             inner = session_rules.check(m, conn, number, inner._replace(conn=conn, token=None, channel=number))
-            if inner.op == Op.QUEUE_DECLARE and inner.passive:
+            value: object
+            if isinstance(inner, QueueDeclare) and inner.passive:
                 value = session_rules.passive_declare(m, inner)
             else:
                 value = m._handlers[inner.op](inner)
@@ -324,12 +327,12 @@ class SessionCommands:
         acquired = []
         for transfer_id in rs.ids(id_ranges):
             item = session.browsed.pop(transfer_id, None) if session else None
-            if item is None:
+            if session is None or item is None:
                 continue
             qid, seq, destination = item
             queue = m.queues_by_id.get(qid)
             entry = queue.ready.remove_seq(seq) if queue is not None else None
-            if entry is None:
+            if queue is None or entry is None:
                 continue  # consumed, expired or acquired by someone else meanwhile
             queue.ready_bytes -= entry.message.size
             entry.delivery_count += 1

@@ -5,7 +5,7 @@ A concern of the state machine: how the concerns meet is in store/core/machine.p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 from ..disk.durable import binding_key
 from . import events as EV
@@ -184,11 +184,23 @@ class Topology:
         if exchange.durable and m._persist is not None:
             m._persist.delete_exchange(vhost.name, exchange.name)
 
-    def binding_endpoints(self, vhost: VHost, source: str, dest_is_queue: bool, dest: str, conn: str):
+    @overload
+    def binding_endpoints(self, vhost: VHost, source: str, dest_is_queue: Literal[True], dest: str,
+                          conn: str) -> tuple[Exchange, Queue]: ...
+
+    @overload
+    def binding_endpoints(self, vhost: VHost, source: str, dest_is_queue: Literal[False], dest: str,
+                          conn: str) -> tuple[Exchange, Exchange]: ...
+
+    def binding_endpoints(self, vhost: VHost, source: str, dest_is_queue: bool, dest: str,
+                          conn: str) -> tuple[Exchange, Queue | Exchange]:
+        """The source exchange and the destination (a queue or an exchange, as ``dest_is_queue`` says)
+        of a binding, or the refusal."""
         m = self.m
         if source == "" or (not dest_is_queue and dest == ""):
             raise CommandError(403, "operation not permitted on the default exchange")
         exchange = m.exchange(vhost, source)
+        target: Queue | Exchange
         if dest_is_queue:
             target = m.queue(vhost, dest, conn)
         else:
