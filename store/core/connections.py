@@ -16,6 +16,7 @@ from .commands import (
     MemberRemove,
     MemberSet,
     NodeReset,
+    OutClose,
     Qos,
 )
 from .errors import CommandError
@@ -86,7 +87,7 @@ class Connections:
                 del m.applied_batches[origin]
         for conn in conns:
             self.connection_close(ConnectionClose(conn, None))
-            m._out.append((conn, OUT_CLOSE, 320, f"CONNECTION_FORCED - node {node_id} left the cluster"))
+            m._out.append(OutClose(conn, OUT_CLOSE, 320, f"CONNECTION_FORCED - node {node_id} left the cluster"))
         return len(conns)
 
     def member_set(self, cmd: MemberSet) -> None:

@@ -447,12 +447,12 @@ class Delivery:
         else:
             consumer.unacked += 1
             self.hold(ch, consumer, queue, entry)
+        # Tuple literals, typed by commands.OutTransfer and OutDeliver (the hot path: commands.py "outputs").
         if session is not None:
             m._out.append((ch.conn, OUT_TRANSFER, ch.number, consumer.tag,
-                              (transfer_id, queue.qid, entry.seq, redelivered, message)))
+                           (transfer_id, queue.qid, entry.seq, redelivered, message)))
         else:
-            m._out.append((ch.conn, OUT_DELIVER, ch.number, consumer.tag,
-                              (queue.qid, entry.seq, redelivered, message)))
+            m._out.append((ch.conn, OUT_DELIVER, ch.number, consumer.tag, (queue.qid, entry.seq, redelivered, message)))
 
     def hold(self, ch: ChannelState, holder: object, queue: Queue, entry: Entry) -> None:
         """Record an unacked delivery; a durable entry's delivery count is persisted so that a

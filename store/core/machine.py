@@ -30,6 +30,7 @@ from .commands import (
     Command,
     Ok,
     Op,
+    Output,
     Refused,
     VhostAdd,
 )
@@ -149,7 +150,7 @@ class StateMachine:
         self.durable_links_limit = DEFAULT_DURABLE_LINKS  # configuration (amqp10_durable_links_per_user)
         self.exchange_caches: dict[tuple[str, str], DedupCache] = {}  # x-message-deduplication exchanges
         self._now = 0
-        self._out: list = []
+        self._out: list[Output] = []
         self._body_puts: list[tuple[int, bytes | int]] = []  # the batch's Effects.body_puts
         self._body_deletes: list[int] = []  # and body_deletes
         # Bodies of a single node's held delayed messages, read by _load, for the node to store.
@@ -319,7 +320,7 @@ class StateMachine:
             # can close the channel they came from.
             if result is None:
                 result = _new_tuple(Ok, (OK, value))  # Ok(OK, value) without its Python-level __new__
-            self._out.append((command.conn, OUT_REPLY, token, result, _channel_of(command)))
+            self._out.append((command.conn, OUT_REPLY, token, result, _channel_of(command)))  # an OutReply
         # Until none is left: dispatching one queue can dirty another (a message expired or past
         # its delivery limit, dead-lettered into a queue with consumers).  Left for the next
         # command, it would be dispatched there on this node but never on a follower that installs

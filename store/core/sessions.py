@@ -45,6 +45,7 @@ from .commands import (
     MessageStop,
     MessageSubscribe,
     Op,
+    OutSessionDetached,
     QueueDeclare,
     QueueQuery,
     SessionAttach,
@@ -135,7 +136,7 @@ class SessionCommands:
             else:
                 old_conn, old_number = session.channel.conn, session.channel.number
                 self.unregister_channel(session.channel)
-                m._out.append((old_conn, OUT_SESSION_DETACHED, old_number, bytes(name)))
+                m._out.append(OutSessionDetached(old_conn, OUT_SESSION_DETACHED, old_number, bytes(name)))
                 if session.timeout <= 0:
                     # Taking over detaches the old attachment, and state with a zero timeout does
                     # not outlive a detach (session.request-timeout L4587ff, 3.6.4): a new session.
@@ -316,7 +317,7 @@ class SessionCommands:
                 if queue.delivery_header and entry.delivery_count > 0:
                     message = with_delivery_count(message, entry.delivery_count)
                 m._out.append((ch.conn, OUT_TRANSFER, ch.number, consumer.tag,
-                                  (transfer_id, queue.qid, entry.seq, entry.delivery_count > 0, message)))
+                               (transfer_id, queue.qid, entry.seq, entry.delivery_count > 0, message)))
 
     def message_acquire(self, cmd: MessageAcquire) -> list:
         """message.acquire (L5854): take browsed messages that are still available; the ranges acquired."""

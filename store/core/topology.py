@@ -17,6 +17,8 @@ from .commands import (
     ExchangeDeclare,
     ExchangeDelete,
     ExchangeUnbind,
+    OutCancel,
+    OutVhostClosed,
     QueueBind,
     QueueDeclare,
     QueueDelete,
@@ -96,7 +98,7 @@ class Topology:
         m.limit_commands.forget("vhost", name)
         if m._persist is not None:
             m._persist.delete_vhost(name)
-        m._out.append((None, OUT_VHOST_CLOSED, name, 320, f"CONNECTION_FORCED - vhost '{name}' is deleted"))
+        m._out.append(OutVhostClosed(None, OUT_VHOST_CLOSED, name, 320, f"CONNECTION_FORCED - vhost '{name}' is deleted"))
         return None
 
     def exchange_declare(self, cmd: ExchangeDeclare) -> None:
@@ -471,7 +473,7 @@ class Topology:
         if queue.exclusive_owner is not None:
             m.exclusive_queues.get(queue.exclusive_owner, {}).pop(queue.qid, None)
         for consumer in [*queue.consumers, *queue.browsers]:
-            m._out.append((consumer.channel.conn, OUT_CANCEL, consumer.channel.number, consumer.tag))
+            m._out.append(OutCancel(consumer.channel.conn, OUT_CANCEL, consumer.channel.number, consumer.tag))
             consumer.channel.consumers.pop(consumer.tag, None)
         queue.consumers.clear()
         queue.browsers.clear()
