@@ -166,8 +166,8 @@ class StateMachine:
         self._caller_owner: str | None = None
         self.internal_errors = 0  # commands that raised something other than CommandError (a bug)
         self._persist: PersistenceRecorder | None = None
-        # Each handler takes its own command type: the table is indexed by op, which the checker
-        # cannot relate to the type (commands.COMMAND_TYPES does, at run time).
+        # op -> handler; each takes its own command type (the table is the hot path's dispatch, so
+        # the checker sees the union only at the call: Callable[[Any], ...]).
         self._handlers: dict[int, Callable[[Any], object]] = {
             Op.CHANNEL_OPEN: self.connections.channel_open,
             Op.CHANNEL_CLOSE: self.connections.channel_close,
@@ -369,8 +369,6 @@ class StateMachine:
 
     def _load(self, store: DurableStore) -> None:
         state = store.load()
-        vhost: VHost | None  # declared here: the bindings' loop finds it or not
-        queue: Queue | None
         self.next_qid, self.next_msg_id = state.counters
         self.applied_index = state.applied_index
         for name in state.vhosts:
@@ -391,8 +389,8 @@ class StateMachine:
             self.topology.configure_queue(queue, parse_stored_queue_arguments(args, queue.name, queue.vhost))
             self.topology.register_queue(vhost, queue)
         for vhost_name, source, dest_is_queue, dest, rk, args in state.bindings:
-            vhost = self.vhosts.get(vhost_name)
-            exchange = vhost.exchanges.get(source) if vhost else None
+            bound_in = self.vhosts.get(vhost_name)
+            exchange = bound_in.exchanges.get(source) if bound_in else None
             if exchange is None:
                 continue
             binding = Binding(source, dest_is_queue, dest, rk, args)
@@ -420,10 +418,11 @@ class StateMachine:
                 message.refs += 1
                 message.live += 1
         for qid, seq, (msg_id, expires_at, priority, delivery_count) in state.entries:
-            queue = self.queues_by_id.get(qid)
+            entry_queue = self.queues_by_id.get(qid)
             message = messages.get(msg_id)
-            if queue is None or message is None:
+            if entry_queue is None or message is None:
                 continue
+            queue = entry_queue
             entry = Entry(seq, message, expires_at, min(priority, queue.max_priority), True, delivery_count)
             queue.ready.append(entry)
             queue.ready_bytes += message.size
