@@ -42,10 +42,10 @@ BATCH = 200
 
 
 def machine() -> StateMachine:
-    m = StateMachine(None)
-    m.apply_batch(NOW, [VhostAdd(None, None, "/"), ChannelOpen(CONN, None, 1),
-                        QueueDeclare(CONN, None, 1, "/", "q", False, True, False, False, {}),
-                        Consume(CONN, 1, 1, "/", "q", "ctag", False, False, {})])
+    m = StateMachine()
+    m.apply(NOW, [VhostAdd(None, None, "/"), ChannelOpen(CONN, None, 1),
+                  QueueDeclare(CONN, None, 1, "/", "q", False, True, False, False, {}),
+                  Consume(CONN, 1, 1, "/", "q", "ctag", False, False, {})])
     return m
 
 

@@ -58,10 +58,19 @@ def _arity(alias: object) -> int:
 
 def _machine() -> StateMachine:
     """A vhost, connection C's channel 1 and a queue ``q``."""
-    m = StateMachine(None)
-    m.apply_batch(NOW, [VhostAdd(None, None, "/"), ChannelOpen(C, None, 1),
-                        QueueDeclare(C, None, 1, "/", "q", False, False, False, False, {})])
+    m = StateMachine()
+    _apply(m, VhostAdd(None, None, "/"), ChannelOpen(C, None, 1),
+           QueueDeclare(C, None, 1, "/", "q", False, False, False, False, {}))
     return m
+
+
+def _apply(m: StateMachine, *commands) -> list:
+    """Apply, then give the outputs their bodies as the node does (bodies kept in a dict)."""
+    effects = m.apply(NOW, list(commands))
+    bodies = DictBodies()
+    bodies.put(effects.body_puts)
+    fill_bodies(effects.outputs, bodies)
+    return effects.outputs
 
 
 def test_reply_and_delivery_before_and_after_fill_bodies():
@@ -70,7 +79,7 @@ def test_reply_and_delivery_before_and_after_fill_bodies():
     apply leaves it; fill_bodies makes the delivery (..., Message, body), the arities of OutReply,
     OutDeliver, Delivered and DeliveredWithBody."""
     m = _machine()
-    m.apply_batch(NOW, [Consume(C, None, 1, "/", "q", "ctag", False, False, {})])
+    _apply(m, Consume(C, None, 1, "/", "q", "ctag", False, False, {}))
     effects = m.apply(NOW, [Publish(C, 7, 1, "/", "", "q", False, b"\x00\x00", b"hello", False, 0, None)])
     reply = next(o for o in effects.outputs if o[1] == OUT_REPLY)
     deliver = next(o for o in effects.outputs if o[1] == OUT_DELIVER)
@@ -93,15 +102,15 @@ def test_cancel_close_and_vhost_closed_are_named_records():
     queue's delete (OutCancel), a connection of a node declared down (OutClose), a deleted vhost
     (OutVhostClosed, addressed to no connection)."""
     m = _machine()
-    m.apply_batch(NOW, [Consume(C, None, 1, "/", "q", "ctag", False, False, {})])
-    outputs = m.apply_batch(NOW, [QueueDelete(C, None, 1, "/", "q", False, False)])
+    _apply(m, Consume(C, None, 1, "/", "q", "ctag", False, False, {}))
+    outputs = _apply(m, QueueDelete(C, None, 1, "/", "q", False, False))
     cancel = next(o for o in outputs if o[1] == OUT_CANCEL)
     assert cancel.__class__ is OutCancel and (cancel.conn, cancel.channel, cancel.consumer_tag) == (C, 1, "ctag")
-    outputs = m.apply_batch(NOW, [NodeReset(None, None, "n1", None)])
+    outputs = _apply(m, NodeReset(None, None, "n1", None))
     close = next(o for o in outputs if o[1] == OUT_CLOSE)
     assert close.__class__ is OutClose and close.conn == C and close.reply_code == 320
     assert close.reply_text.startswith("CONNECTION_FORCED")
-    outputs = m.apply_batch(NOW, [VhostDelete(None, 1, "/")])
+    outputs = _apply(m, VhostDelete(None, 1, "/"))
     closed = next(o for o in outputs if o[1] == OUT_VHOST_CLOSED)
     assert closed.__class__ is OutVhostClosed and closed.conn is None and closed.vhost == "/"
     assert closed.reply_code == 320
@@ -109,7 +118,7 @@ def test_cancel_close_and_vhost_closed_are_named_records():
 
 def test_transfer_and_session_detached():
     """0-10: a transfer is (conn, OUT_TRANSFER, channel, destination, (transfer_id, qid, seq,
-    redelivered, Message[, body])) -- apply_batch fills the body in -- and a session taken over by
+    redelivered, Message[, body])) -- the test client fills the body in -- and a session taken over by
     another connection answers the old one with OutSessionDetached (session.attach force,
     shared/specs/amqp-0-10.txt L4490, and the forced attach of L1447ff)."""
     m = machine_with_queue()
