@@ -9,7 +9,11 @@ with msgpack as it is.
 
 Every command starts with the same fields: ``conn``, the id of the connection that issued it (None
 for the node's own commands), ``token``, the issuer's request id to answer (None when no reply is
-wanted), and, for operations on a channel or session, ``channel``.  The last field, ``op``, has a
+wanted), and, for operations on a channel or session, ``channel`` (then ``conn`` is a ``str``: a
+channel belongs to a connection).  The field types say what a handler sees: a front end may build
+a command as a template with conn and channel None and fill them in with ``_replace`` before it is
+applied (the inner command of a 0-10 ``SessionCommand`` is filled in by apply itself,
+store/core/sessions.py).  The last field, ``op``, has a
 default and names the operation: it is what the log carries to pick the type back
 (``decode_batch``).  The state machine applies a *batch* of commands with one timestamp stamped by
 the proposer (the leader), so apply never reads a clock.
@@ -22,11 +26,14 @@ protocol.  Values with several parts are typed too (``DeclaredQueue``, ``GotMess
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, TypeAlias
 
 import msgpack
 
 from raftmq.versions import COMMAND_FORMAT, check
+
+if TYPE_CHECKING:
+    from .model import Message
 
 
 class Op(IntEnum):
@@ -92,22 +99,14 @@ ROUTED = 0
 UNROUTABLE = 1
 REJECTED = 2  # a queue with x-overflow=reject-publish refused it: nack the publisher
 
-# Output kinds, the second item of every output tuple ``(conn, kind, ...)``.
-OUT_REPLY = 0  # (conn, OUT_REPLY, token, result, channel)
-# A delivery leaves apply as (qid, seq, redelivered, Message) and a transfer as (transfer_id, qid,
-# seq, redelivered, Message); the node appends the body (store/bodies.fill_bodies) before they
-# reach a front end, which reads it as the tuple's last item -- except when the consumer holds the
-# message until it settles it: then the tuple stays without one, and the front end reads the body
-# when it writes the delivery (store/bodies.body_to_send).
-OUT_DELIVER = 1  # (conn, OUT_DELIVER, channel, consumer_tag, (qid, seq, redelivered, Message[, body]))
-OUT_CANCEL = 2  # (conn, OUT_CANCEL, channel, consumer_tag): server-side consumer cancel
-OUT_CLOSE = 3  # (conn, OUT_CLOSE, reply_code, reply_text): the cluster closed this connection
-OUT_TRANSFER = 4  # (conn, OUT_TRANSFER, channel, destination, (transfer_id, qid, seq, redelivered, Message[, body]))
-OUT_SESSION_DETACHED = 5  # (conn, OUT_SESSION_DETACHED, channel, name): the session moved elsewhere
-# (None, OUT_VHOST_CLOSED, vhost, reply_code, reply_text): a vhost was deleted; every node closes its
-# own connections open on it.  Addressed to no connection: the machine does not know which
-# connection opened which vhost (connections open no state in the log), each node does.
-OUT_VHOST_CLOSED = 6
+# Output kinds, the second item of every output ``(conn, kind, ...)`` (the records below).
+OUT_REPLY: Final = 0
+OUT_DELIVER: Final = 1
+OUT_CANCEL: Final = 2
+OUT_CLOSE: Final = 3
+OUT_TRANSFER: Final = 4
+OUT_SESSION_DETACHED: Final = 5
+OUT_VHOST_CLOSED: Final = 6
 
 
 # ---------------------------------------------------------------------------------------- results
@@ -211,17 +210,96 @@ class BoundInfo(NamedTuple):
     args_not_matched: bool
 
 
+# ---------------------------------------------------------------------------------------- outputs
+# What apply tells the connections (``Effects.outputs``, in order): tuples that start with the
+# connection id and the kind (``OUT_*``), so that a node routes them by ``out[0]`` and dispatches
+# on ``out[1]`` (node/broker.py); the rest is typed below, per kind.
+#
+# The hot ones -- a reply per command with a token (every confirmed publish), a delivery or a
+# transfer per message, each rebuilt once more when the node appends the body -- are plain tuples
+# with a typed alias: an instance of a NamedTuple, even built with ``tuple.__new__`` (no Python-level
+# ``__new__``), is a heap-type object that costs ~0.2 µs more to make and free than a tuple literal,
+# and made them +1.1 µs per delivered confirmed publish on the leader (+15 %) and +0.5 µs on a
+# follower (bench/apply_deliver.py, docs/benchmarks.md "Typed outputs").  The checker sees the
+# aliases as precisely as records (a wrong item type or arity is an error); the rare outputs are
+# NamedTuples.
+#
+# A delivery leaves apply as ``Delivered`` and a transfer as ``Transferred``; the node gives them
+# their body (store/disk/bodies.fill_bodies: ``DeliveredWithBody``/``TransferredWithBody``, the
+# body last) before they reach a front end -- except when the consumer holds the message until it
+# settles it: then the tuple stays without one, and the front end reads the body when it writes the
+# delivery (store/disk/bodies.body_to_send).  Front ends tell the two apart by length.
+
+Delivered: TypeAlias = tuple[int, int, bool, "Message"]  # (qid, seq, redelivered, message)
+DeliveredWithBody: TypeAlias = tuple[int, int, bool, "Message", bytes]  # ... and the body
+# A 0-10 message.transfer: (transfer_id, qid, seq, redelivered, message), the id the session's
+# command id for it.
+Transferred: TypeAlias = tuple[int, int, int, bool, "Message"]
+TransferredWithBody: TypeAlias = tuple[int, int, int, bool, "Message", bytes]
+
+# (conn, OUT_REPLY, token, result, channel): the result of the command that carried ``token`` (or
+# the error of a token-less one).
+OutReply: TypeAlias = tuple[str | None, Literal[0], int | None, Result, int | None]
+# (conn, OUT_DELIVER, channel, consumer_tag, delivery): a message for a consumer (basic.deliver; a
+# 1.0 link's transfer).
+OutDeliver: TypeAlias = tuple[str | None, Literal[1], int, str, Delivered | DeliveredWithBody]
+# (conn, OUT_TRANSFER, channel, destination, transfer): a message for a 0-10 subscription.
+OutTransfer: TypeAlias = tuple[str | None, Literal[4], int, str, Transferred | TransferredWithBody]
+
+
+class OutCancel(NamedTuple):
+    """A server-side consumer cancel (the queue went)."""
+
+    conn: str | None
+    kind: Literal[2]  # OUT_CANCEL
+    channel: int
+    consumer_tag: str
+
+
+class OutClose(NamedTuple):
+    """The cluster closed this connection."""
+
+    conn: str
+    kind: Literal[3]  # OUT_CLOSE
+    reply_code: int
+    reply_text: str
+
+
+class OutSessionDetached(NamedTuple):
+    """The 0-10 session ``name`` was taken over by another connection."""
+
+    conn: str | None
+    kind: Literal[5]  # OUT_SESSION_DETACHED
+    channel: int
+    name: bytes
+
+
+class OutVhostClosed(NamedTuple):
+    """A vhost was deleted; every node closes its own connections open on it.  Addressed to no
+    connection: the machine does not know which connection opened which vhost (connections open
+    no state in the log), each node does."""
+
+    conn: None
+    kind: Literal[6]  # OUT_VHOST_CLOSED
+    vhost: str
+    reply_code: int
+    reply_text: str
+
+
+Output = OutReply | OutDeliver | OutCancel | OutClose | OutTransfer | OutSessionDetached | OutVhostClosed
+
+
 # --------------------------------------------------------------------------- connections, channels
 
 class ChannelOpen(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     op: Op = Op.CHANNEL_OPEN
 
 
 class ChannelClose(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     op: Op = Op.CHANNEL_CLOSE
@@ -230,13 +308,13 @@ class ChannelClose(NamedTuple):
 class ConnectionClose(NamedTuple):
     """A connection is gone: its channels close, unacked deliveries return to their queues."""
 
-    conn: str | None
+    conn: str
     token: int | None
     op: Op = Op.CONNECTION_CLOSE
 
 
 class Qos(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     prefetch_count: int
@@ -247,7 +325,7 @@ class Qos(NamedTuple):
 class Flow(NamedTuple):
     """Stop or resume deliveries to a channel (channel.flow, or back-pressure from a slow socket)."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     active: bool
@@ -257,7 +335,7 @@ class Flow(NamedTuple):
 # ------------------------------------------------------------------------------------- topology
 
 class ExchangeDeclare(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -272,7 +350,7 @@ class ExchangeDeclare(NamedTuple):
 
 
 class ExchangeDelete(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -282,7 +360,7 @@ class ExchangeDelete(NamedTuple):
 
 
 class ExchangeBind(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -294,7 +372,7 @@ class ExchangeBind(NamedTuple):
 
 
 class ExchangeUnbind(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -308,7 +386,7 @@ class ExchangeUnbind(NamedTuple):
 class QueueDeclare(NamedTuple):
     """Value: ``DeclaredQueue``.  ``server_named``: the front end generated the name."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -323,7 +401,7 @@ class QueueDeclare(NamedTuple):
 
 
 class QueueBind(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -335,7 +413,7 @@ class QueueBind(NamedTuple):
 
 
 class QueueUnbind(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -349,7 +427,7 @@ class QueueUnbind(NamedTuple):
 class QueuePurge(NamedTuple):
     """Value: the number of messages purged."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -360,7 +438,7 @@ class QueuePurge(NamedTuple):
 class QueueDelete(NamedTuple):
     """Value: the number of messages deleted with the queue."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -375,7 +453,7 @@ class QueueDelete(NamedTuple):
 class Consume(NamedTuple):
     """Value: the consumer tag."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -390,7 +468,7 @@ class Consume(NamedTuple):
 class Cancel(NamedTuple):
     """Value: the consumer tag (also a 0-10 message.cancel: the destination)."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     consumer_tag: str
@@ -402,7 +480,7 @@ class Publish(NamedTuple):
     publisher's protocol encodes them, ``properties_format`` says which (store/core/message.py);
     ``priority`` and ``expiration`` (ms, or None) are read from them by the front end."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -421,7 +499,7 @@ class Publish(NamedTuple):
 class Get(NamedTuple):
     """Value: ``GotMessage`` or None (the queue was empty)."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -433,7 +511,7 @@ class Get(NamedTuple):
 class Ack(NamedTuple):
     """``refs``: the deliveries acknowledged, as the channel's [qid, seq] pairs."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     refs: list
@@ -443,7 +521,7 @@ class Ack(NamedTuple):
 class Nack(NamedTuple):
     """``unsent``: deliveries the front end never wrote to the client (not counted as redelivered)."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     refs: list
@@ -453,7 +531,7 @@ class Nack(NamedTuple):
 
 
 class Recover(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     requeue: bool
@@ -464,7 +542,7 @@ class TxCommit(NamedTuple):
     """``operations``: the Publish/Ack/Nack commands of the transaction, applied all or none.
     Value: the operations' results, in order."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     operations: list
@@ -588,7 +666,7 @@ class LimitsSet(NamedTuple):
 class SessionAttach(NamedTuple):
     """Value: ``SessionBusy`` or ``SessionAttached``."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -599,7 +677,7 @@ class SessionAttach(NamedTuple):
 
 
 class SessionDetach(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     op: Op = Op.SESSION_DETACH
@@ -608,7 +686,7 @@ class SessionDetach(NamedTuple):
 class SessionTimeout(NamedTuple):
     """Value: the seconds granted."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     seconds: int
@@ -619,7 +697,7 @@ class SessionCommand(NamedTuple):
     """Apply ``inner`` once per (session, ``command_id``).  Value: inner's value, ``Duplicate``,
     or ``CommandResult`` for an inner query."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     command_id: int
@@ -628,7 +706,7 @@ class SessionCommand(NamedTuple):
 
 
 class SessionKnownCompleted(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     ranges: list
@@ -636,16 +714,16 @@ class SessionKnownCompleted(NamedTuple):
 
 
 class SessionTxSelect(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
-    channel: int | None
+    channel: int
     op: Op = Op.SESSION_TX_SELECT
 
 
 class MessageSubscribe(NamedTuple):
     """Value: the destination."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -659,7 +737,7 @@ class MessageSubscribe(NamedTuple):
 
 
 class MessageFlow(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     destination: str
@@ -669,7 +747,7 @@ class MessageFlow(NamedTuple):
 
 
 class MessageFlowMode(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     destination: str
@@ -678,7 +756,7 @@ class MessageFlowMode(NamedTuple):
 
 
 class MessageStop(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     destination: str
@@ -686,7 +764,7 @@ class MessageStop(NamedTuple):
 
 
 class MessageFlush(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     destination: str
@@ -696,7 +774,7 @@ class MessageFlush(NamedTuple):
 class MessageSettle(NamedTuple):
     """``how``: store.sessions.SETTLE_ACCEPT, _RELEASE, _RELEASE_REDELIVERED or _REJECT."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     ranges: list
@@ -710,7 +788,7 @@ class MessageModify(NamedTuple):
     value}``, store/core/values.py's types) are merged into each message (store/core/modify.py).  A command of
     its own so that MessageSettle, one per batch of ordinary settlements, stays as it is."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     ranges: list
@@ -723,7 +801,7 @@ class SessionWindowCredit(NamedTuple):
     """0-10 window mode: the client completed transfers; ``messages`` and ``bytes`` of credit back.
     Submitted without a token by the front end; never an error."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     destination: str
@@ -735,7 +813,7 @@ class SessionWindowCredit(NamedTuple):
 class MessageAcquire(NamedTuple):
     """Value: the acquired transfer ranges."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     ranges: list
@@ -743,7 +821,7 @@ class MessageAcquire(NamedTuple):
 
 
 class MessageResume(NamedTuple):
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     op: Op = Op.MESSAGE_RESUME
@@ -752,7 +830,7 @@ class MessageResume(NamedTuple):
 class QueueQuery(NamedTuple):
     """Value: ``QueueInfo`` or None.  Read-only, through the log so that it is linearizable."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -763,7 +841,7 @@ class QueueQuery(NamedTuple):
 class ExchangeQuery(NamedTuple):
     """Value: ``ExchangeInfo`` or None."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -774,7 +852,7 @@ class ExchangeQuery(NamedTuple):
 class ExchangeBound(NamedTuple):
     """Value: ``BoundInfo``.  ``routing_key``/``arguments`` None: not asked about."""
 
-    conn: str | None
+    conn: str
     token: int | None
     channel: int
     vhost: str
@@ -795,7 +873,7 @@ Command = (ChannelOpen | ChannelClose | ConnectionClose | Qos | Flow | ExchangeD
            | ExchangeQuery | ExchangeBound | SessionWindowCredit | MessageModify | VhostDelete
            | LimitsSet)
 
-COMMAND_TYPES: dict[int, type] = {cls._field_defaults["op"]: cls for cls in Command.__args__}
+COMMAND_TYPES: dict[int, type[Command]] = {cls._field_defaults["op"]: cls for cls in Command.__args__}
 assert len(COMMAND_TYPES) == len(Op), "every Op has exactly one command type"
 
 
@@ -830,7 +908,7 @@ def decode_batch(blob: bytes | memoryview) -> list:
     # Each command rebuilt without its type's Python-level constructor (every command, on every
     # node): the log only holds what encode_batch wrote.  Nested commands are typed afterwards.
     types, new = COMMAND_TYPES, tuple.__new__
-    commands = [new(types[raw[-1]], raw) for raw in raws]
+    commands: list[Command] = [new(types[raw[-1]], raw) for raw in raws]
     for i, raw in enumerate(raws):
         if raw[-1] in _NESTING:
             commands[i] = _nested(commands[i], _typed_v2)

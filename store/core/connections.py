@@ -16,6 +16,7 @@ from .commands import (
     MemberRemove,
     MemberSet,
     NodeReset,
+    OutClose,
     Qos,
 )
 from .errors import CommandError
@@ -45,7 +46,7 @@ class Connections:
         m = self.m
         channels = m.channels.get(conn)
         ch = channels.get(number) if channels else None
-        if ch is None:
+        if channels is None or ch is None:
             return
         if ch.session is not None:
             if error:
@@ -67,7 +68,7 @@ class Connections:
         for queue in list(m.exclusive_queues.pop(conn, {}).values()):
             m.topology.delete_queue(queue)
 
-    def node_reset(self, cmd: NodeReset) -> None:
+    def node_reset(self, cmd: NodeReset) -> int:
         """Close every connection of node ``node_id`` not of its boot ``keep_boot``.
 
         Issued when a node is declared down (``keep_boot`` None) and when a node restarts: its
@@ -86,7 +87,7 @@ class Connections:
                 del m.applied_batches[origin]
         for conn in conns:
             self.connection_close(ConnectionClose(conn, None))
-            m._out.append((conn, OUT_CLOSE, 320, f"CONNECTION_FORCED - node {node_id} left the cluster"))
+            m._out.append(OutClose(conn, OUT_CLOSE, 320, f"CONNECTION_FORCED - node {node_id} left the cluster"))
         return len(conns)
 
     def member_set(self, cmd: MemberSet) -> None:

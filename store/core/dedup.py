@@ -97,8 +97,11 @@ class DedupCache:
         cache's for this entry: an exchange's per-message ``x-cache-ttl`` (store/core/exchange_dedup.py);
         entries of mixed lifetimes are then removed when found expired, not only from the front."""
         entries = self.entries
-        if ttl is not None or self.ttl is not None:
-            until = now + (ttl if ttl is not None else self.ttl)
+        if ttl is None:
+            ttl = self.ttl
+        until: int | None
+        if ttl is not None:
+            until = now + ttl
             # Same TTL for every entry and a time that never goes back: the oldest expire first.
             while entries:
                 first, (first_until, first_id) = next(iter(entries.items()))

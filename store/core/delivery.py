@@ -252,7 +252,7 @@ class Delivery:
         entry = Entry(queue.next_seq, message, expires_at, priority, durable)
         queue.next_seq += 1
         queue.ready.append(entry)
-        if dedup_as is not None:
+        if dedup_as is not None and queue.dedup is not None:
             queue.dedup.add(dedup_as, message.id, m._now, expires_at)
         if not m.records_events:
             m.event_seq += 1
@@ -315,16 +315,16 @@ class Delivery:
                     return
             else:
                 start = queue.next_consumer % n
-                chosen = None
+                found: Consumer | None = None
                 for i in range(n):
                     candidate = consumers[(start + i) % n]
                     if candidate.room() > 0 and candidate.fits(ready.peek()):
-                        chosen = candidate
+                        found = candidate
                         queue.next_consumer = (start + i + 1) % n
                         break
-                if chosen is None:
+                if found is None:
                     return
-                room = 1
+                chosen, room = found, 1
             while room > 0:
                 entry = ready.pop()
                 if entry is None:
@@ -383,6 +383,8 @@ class Delivery:
         m = self.m
         ready = queue.ready
         selection = consumer.filter
+        if selection is None:
+            return None, budget  # not a filtered consumer: nothing to scan for
         now = m._now
         limit = queue.delivery_limit
         while True:
@@ -445,12 +447,12 @@ class Delivery:
         else:
             consumer.unacked += 1
             self.hold(ch, consumer, queue, entry)
+        # Tuple literals, typed by commands.OutTransfer and OutDeliver (the hot path: commands.py "outputs").
         if session is not None:
             m._out.append((ch.conn, OUT_TRANSFER, ch.number, consumer.tag,
-                              (transfer_id, queue.qid, entry.seq, redelivered, message)))
+                           (transfer_id, queue.qid, entry.seq, redelivered, message)))
         else:
-            m._out.append((ch.conn, OUT_DELIVER, ch.number, consumer.tag,
-                              (queue.qid, entry.seq, redelivered, message)))
+            m._out.append((ch.conn, OUT_DELIVER, ch.number, consumer.tag, (queue.qid, entry.seq, redelivered, message)))
 
     def hold(self, ch: ChannelState, holder: object, queue: Queue, entry: Entry) -> None:
         """Record an unacked delivery; a durable entry's delivery count is persisted so that a

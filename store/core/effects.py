@@ -12,6 +12,10 @@ never builds what it would throw away.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .commands import Output
 
 # Persistence operations, in order: (PUT, table, key, value), (DELETE, table, key) and
 # (DELETE_PREFIX, table, prefix) for every key starting with ``prefix`` (a queue's entries).
@@ -24,7 +28,7 @@ PUT, DELETE, DELETE_PREFIX, PUT_WITH_BODY = 0, 1, 2, 3
 class Effects:
     """The effects of one applied batch."""
 
-    outputs: list = field(default_factory=list)  # (conn, OUT_*, ...) tuples: store/core/commands.py
+    outputs: list[Output] = field(default_factory=list)  # (conn, OUT_*, ...) records: store/core/commands.py
     persistence: list[tuple] = field(default_factory=list)  # LMDB operations, single node only
     sync_needed: bool = False  # a persistence operation promised durability (a confirm waits on it)
     events: list[list] = field(default_factory=list)  # audit events (store/disk/history.py), if recorded

@@ -19,9 +19,11 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator
 from operator import attrgetter
+from typing import TypeVar, cast
 
 from .model import Entry, Message
 
+_T = TypeVar("_T")
 _NONE = -1  # expires_at None
 _PERSISTENT, _DURABLE, _REFERENCED = 1, 2, 4  # flags
 
@@ -55,7 +57,7 @@ def _progression(column: array) -> list[int] | None:
         else None
 
 
-def _shared(values: list) -> object:
+def _shared(values: list[_T]) -> _T | list[_T]:
     """One value when every item is that value (the usual case), else the list."""
     first = values[0]
     for value in values:
@@ -68,35 +70,54 @@ class FrozenRun:
     """Consecutive ready entries of one priority level, as columns."""
 
     __slots__ = ("seq", "last_seq", "level", *_COLUMNS, "exchange", "routing_key", "properties", "_progressions")
+    # The slots' types (the slots are named from _COLUMNS, which the checker cannot read).
+    seq: int  # the first entry's sequence
+    last_seq: int
+    level: int
+    seqs: array[int]
+    ids: array[int]
+    sizes: array[int]
+    published: array[int]
+    expires: array[int]  # _NONE for None
+    counts: array[int]
+    flags: array[int]
+    priorities: array[int]
+    formats: array[int]
+    # One value shared by every message of the run, or the list of each message's (``_shared``).
+    exchange: str | list[str]
+    routing_key: str | list[str]
+    properties: bytes | list[bytes]
+    _progressions: tuple[list[int] | None, ...]
 
     def __len__(self) -> int:
         return len(self.seqs)
 
     @classmethod
-    def freeze(cls, entries: list[Entry], level: int) -> FrozenRun | None:
+    def freeze(cls, entries: list[Entry | FrozenRun], level: int) -> FrozenRun | None:
         """A run of ``entries`` (in sequence order), or None when one of them cannot be frozen.
 
         An item may be a FrozenRun itself (no ``message``): the newest items of a level are not
         always entries appended since its last freeze, when 0-10 message.acquire took those out
         of the list (``ReadyList.remove_seq``); reading its message was an AttributeError in apply."""
-        for entry in entries:
-            if entry.__class__ is not Entry or entry.holder is not None:
+        for item in entries:
+            if item.__class__ is not Entry or item.holder is not None:
                 return None
-        messages = list(map(_MESSAGE, entries))
+        plain = cast("list[Entry]", entries)  # every item is an Entry: checked just above
+        messages = list(map(_MESSAGE, plain))
         for message in messages:
             if message.__class__ is not Message or message.live != 1 or message.refs > 1:
                 return None
         run = cls.__new__(cls)
         run.level = level
-        run.seqs = array("q", map(_SEQ, entries))
+        run.seqs = array("q", map(_SEQ, plain))
         run.seq, run.last_seq = run.seqs[0], run.seqs[-1]
         run.ids = array("q", map(_ID, messages))
         run.sizes = array("q", map(_SIZE, messages))
         run.published = array("q", map(_PUBLISHED, messages))
-        run.expires = array("q", [_NONE if e is None else e for e in map(_EXPIRES, entries)])
-        run.counts = array("q", map(_COUNT, entries))
+        run.expires = array("q", [_NONE if e is None else e for e in map(_EXPIRES, plain)])
+        run.counts = array("q", map(_COUNT, plain))
         run.flags = array("B", [(_PERSISTENT if m.persistent else 0) | (_DURABLE if e.durable else 0)
-                                | (_REFERENCED if m.refs else 0) for e, m in zip(entries, messages, strict=True)])
+                                | (_REFERENCED if m.refs else 0) for e, m in zip(plain, messages, strict=True)])
         run.priorities = array("B", map(_PRIORITY, messages))
         run.formats = array("B", map(_FORMAT, messages))
         run.exchange = _shared([m.exchange for m in messages])
@@ -112,7 +133,7 @@ class FrozenRun:
     def thaw(self) -> list[Entry]:
         """The entries again, each with its own ``Message`` (live 1), as they were frozen."""
         level = self.level
-        out = []
+        out: list[Entry] = []
         append = out.append
         for seq, msg_id, size, published, expires, count, flags, priority, fmt, exchange, key, props in zip(
                 self.seqs, self.ids, self.sizes, self.published, self.expires, self.counts, self.flags,
@@ -158,7 +179,7 @@ class FrozenRun:
     def from_row(cls, row: list | tuple) -> FrozenRun:
         run = cls.__new__(cls)
         run.level = row[1]
-        progressions = []
+        progressions: list[list[int] | None] = []
         for name, raw in zip(_COLUMNS, row[2:2 + len(_COLUMNS)], strict=True):
             column = array(_TYPECODE[name])
             if isinstance(raw, (bytes, bytearray)):

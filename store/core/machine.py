@@ -28,6 +28,7 @@ from .commands import (
     Command,
     Ok,
     Op,
+    Output,
     Refused,
     VhostAdd,
 )
@@ -54,7 +55,7 @@ from .users import UserCommands, UserRecord
 log = logging.getLogger(__name__)
 _new_tuple = tuple.__new__
 
-def _channel_of(command) -> int | None:
+def _channel_of(command: Command) -> int | None:
     """The channel (or 0-10 session) a command came on; None for connection- and node-level ones."""
     return getattr(command, "channel", None)
 
@@ -152,14 +153,15 @@ class StateMachine:
         self.durable_links_limit = DEFAULT_DURABLE_LINKS  # configuration (amqp10_durable_links_per_user)
         self.exchange_caches: dict[tuple[str, str], DedupCache] = {}  # x-message-deduplication exchanges
         self._now = 0
-        self._out: list = []
+        self._out: list[Output] = []
         self._body_puts: list[tuple[int, bytes | int]] = []  # the batch's Effects.body_puts
         self._body_deletes: list[int] = []  # and body_deletes
         # Bodies of a single node's held delayed messages, read by restore, for the node to store.
         self.loaded_bodies: list[tuple[int, bytes]] = []
         self._replies = True  # apply_batch(replies=...)
         self._dirty: dict[int, Queue] = {}
-        self._shared_props: dict[bytes | int, bytes | int] = {}  # see Delivery.publish
+        # Each key maps to itself (bytes to the same bytes, int to the same int): Delivery.publish.
+        self._shared_props: dict[Any, Any] = {}
         # The owner identity of the command being applied when it is not its connection: an AMQP
         # 0-10 session (exclusive queues belong to the session and survive its failover).
         self._caller_owner: str | None = None
@@ -293,7 +295,7 @@ class StateMachine:
             # can close the channel they came from.
             if result is None:
                 result = _new_tuple(Ok, (OK, value))  # Ok(OK, value) without its Python-level __new__
-            self._out.append((command.conn, OUT_REPLY, token, result, _channel_of(command)))
+            self._out.append((command.conn, OUT_REPLY, token, result, _channel_of(command)))  # an OutReply
         # Until none is left: dispatching one queue can dirty another (a message expired or past
         # its delivery limit, dead-lettered into a queue with consumers).  Left for the next
         # command, it would be dispatched there on this node but never on a follower that installs

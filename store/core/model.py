@@ -98,7 +98,7 @@ class Entry:
 _NO_LIMIT = 1 << 62  # Consumer.room() of a consumer without any limit
 
 
-def _seq_of(entry: Entry) -> int:
+def _seq_of(entry: Entry | FrozenRun) -> int:
     return entry.seq
 
 
@@ -181,7 +181,7 @@ class ReadyList:
             return
         batch = [fresh.pop() for _ in range(FREEZE_BATCH)]
         batch.reverse()
-        run = FrozenRun.freeze(batch, level)
+        run = FrozenRun.freeze(batch, level)  # None if an item is not a plain Entry (a run among them)
         if run is None:
             fresh.extend(batch)
         else:
@@ -196,12 +196,13 @@ class ReadyList:
         fresh.rotate(i)
 
     @staticmethod
-    def _head(fresh: deque) -> Entry:
+    def _head(fresh: deque[Entry | FrozenRun]) -> Entry:
         head = fresh[0]
-        if head.__class__ is FrozenRun:
+        if isinstance(head, FrozenRun):
             fresh.popleft()
-            fresh.extendleft(reversed(head.thaw()))
-            head = fresh[0]
+            entries = head.thaw()
+            fresh.extendleft(reversed(entries))
+            return entries[0]
         return head
 
     def requeue(self, entry: Entry) -> None:
@@ -227,7 +228,10 @@ class ReadyList:
                 self._count -= 1
                 if fresh[0].__class__ is FrozenRun:
                     self._head(fresh)
-                return fresh.popleft()
+                entry = fresh.popleft()
+                if TYPE_CHECKING:  # an Entry: _head thawed a run at the head (no check at run time)
+                    assert isinstance(entry, Entry)
+                return entry
         return None
 
     def pop_oldest(self) -> Entry | None:
@@ -243,8 +247,9 @@ class ReadyList:
         fresh, returned = self._levels[best_level], self._returned[best_level]
         self._count -= 1
         if fresh and fresh[0].seq == best_seq:
-            self._head(fresh)
-            return fresh.popleft()
+            entry = self._head(fresh)
+            fresh.popleft()
+            return entry
         return heapq.heappop(returned)[1]
 
     def next_after(self, seq: int) -> Entry | None:
@@ -252,13 +257,15 @@ class ReadyList:
         best = None
         for fresh, returned in zip(self._levels, self._returned, strict=True):
             i = bisect_right(fresh, seq, key=_seq_of)
-            if i > 0 and fresh[i - 1].__class__ is FrozenRun and fresh[i - 1].last_seq > seq:
+            if i > 0 and (before := fresh[i - 1]).__class__ is FrozenRun and before.last_seq > seq:
                 self._thaw_at(fresh, i - 1)  # the next entry is inside that run
                 i = bisect_right(fresh, seq, key=_seq_of)
             if i < len(fresh) and fresh[i].__class__ is FrozenRun:
                 self._thaw_at(fresh, i)
             if i < len(fresh) and (best is None or fresh[i].seq < best.seq):
-                best = fresh[i]
+                item = fresh[i]
+                if isinstance(item, Entry):  # always: a run there was thawed just above
+                    best = item
             for item_seq, entry in returned:
                 if item_seq > seq and (best is None or item_seq < best.seq):
                     best = entry
@@ -268,11 +275,10 @@ class ReadyList:
         """Take the entry with sequence ``seq`` out of the list, wherever it is (0-10 message.acquire)."""
         for fresh, returned in zip(self._levels, self._returned, strict=True):
             i = bisect_right(fresh, seq, key=_seq_of) - 1
-            if i >= 0 and fresh[i].__class__ is FrozenRun and seq <= fresh[i].last_seq:
+            if i >= 0 and isinstance(run := fresh[i], FrozenRun) and seq <= run.last_seq:
                 self._thaw_at(fresh, i)
                 i = bisect_right(fresh, seq, key=_seq_of) - 1
-            if i >= 0 and fresh[i].seq == seq:
-                entry = fresh[i]
+            if i >= 0 and isinstance(entry := fresh[i], Entry) and entry.seq == seq:
                 del fresh[i]
                 self._count -= 1
                 return entry
@@ -307,7 +313,7 @@ class ReadyList:
         """(message id, body size) of every entry, frozen ones without thawing them."""
         for level in self._levels:
             for item in level:
-                if item.__class__ is FrozenRun:
+                if isinstance(item, FrozenRun):
                     yield from item.id_sizes()
                 else:
                     yield item.message.id, item.message.size
@@ -318,7 +324,7 @@ class ReadyList:
     def fresh_seq_ids(self, level: int) -> Iterator[tuple[int, int]]:
         """(seq, message id) of a level's fresh entries in order, frozen ones without thawing."""
         for item in self._levels[level]:
-            if item.__class__ is FrozenRun:
+            if isinstance(item, FrozenRun):
                 yield from item.seq_ids()
             else:
                 yield item.seq, item.message.id
@@ -334,7 +340,7 @@ class ReadyList:
 
 @dataclass(slots=True, eq=False)
 class ChannelState:
-    conn: str
+    conn: str | None  # None while a detached 0-10 session waits out its timeout (sessions.py)
     number: int
     prefetch_count: int = 0  # channel-wide limit (basic.qos global=true)
     consumer_prefetch: int = 0  # limit for consumers created after basic.qos global=false

@@ -88,7 +88,7 @@ class PluginExchanges:
         message = held.message
         vhost = m.vhosts.get(held.vhost)
         exchange = vhost.exchanges.get(held.exchange) if vhost is not None else None
-        if exchange is None:
+        if vhost is None or exchange is None:
             m.event(EV.DROPPED, None, message, "delayed exchange deleted", held.vhost)
             return
         m.event(EV.DELAY_RELEASED, None, message, str(m._now - held.due), held.vhost)

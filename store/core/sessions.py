@@ -45,6 +45,8 @@ from .commands import (
     MessageStop,
     MessageSubscribe,
     Op,
+    OutSessionDetached,
+    QueueDeclare,
     QueueQuery,
     SessionAttach,
     SessionAttached,
@@ -134,7 +136,7 @@ class SessionCommands:
             else:
                 old_conn, old_number = session.channel.conn, session.channel.number
                 self.unregister_channel(session.channel)
-                m._out.append((old_conn, OUT_SESSION_DETACHED, old_number, bytes(name)))
+                m._out.append(OutSessionDetached(old_conn, OUT_SESSION_DETACHED, old_number, bytes(name)))
                 if session.timeout <= 0:
                     # Taking over detaches the old attachment, and state with a zero timeout does
                     # not outlive a detach (session.request-timeout L4587ff, 3.6.4): a new session.
@@ -169,11 +171,12 @@ class SessionCommands:
 
     def unregister_channel(self, ch: ChannelState) -> None:
         m = self.m
-        channels = m.channels.get(ch.conn)
-        if channels is not None and channels.get(ch.number) is ch:
+        conn = ch.conn
+        channels = m.channels.get(conn) if conn is not None else None
+        if conn is not None and channels is not None and channels.get(ch.number) is ch:
             del channels[ch.number]
             if not channels:
-                del m.channels[ch.conn]
+                del m.channels[conn]
         ch.conn = None
 
     def session_detach(self, cmd: SessionDetach) -> None:
@@ -235,7 +238,8 @@ class SessionCommands:
         m._caller_owner = session.key
         try:
             inner = session_rules.check(m, conn, number, inner._replace(conn=conn, token=None, channel=number))
-            if inner.op == Op.QUEUE_DECLARE and inner.passive:
+            value: object
+            if isinstance(inner, QueueDeclare) and inner.passive:
                 value = session_rules.passive_declare(m, inner)
             else:
                 value = m._handlers[inner.op](inner)
@@ -313,7 +317,7 @@ class SessionCommands:
                 if queue.delivery_header and entry.delivery_count > 0:
                     message = with_delivery_count(message, entry.delivery_count)
                 m._out.append((ch.conn, OUT_TRANSFER, ch.number, consumer.tag,
-                                  (transfer_id, queue.qid, entry.seq, entry.delivery_count > 0, message)))
+                               (transfer_id, queue.qid, entry.seq, entry.delivery_count > 0, message)))
 
     def message_acquire(self, cmd: MessageAcquire) -> list:
         """message.acquire (L5854): take browsed messages that are still available; the ranges acquired."""
@@ -324,12 +328,12 @@ class SessionCommands:
         acquired = []
         for transfer_id in rs.ids(id_ranges):
             item = session.browsed.pop(transfer_id, None) if session else None
-            if item is None:
+            if session is None or item is None:
                 continue
             qid, seq, destination = item
             queue = m.queues_by_id.get(qid)
             entry = queue.ready.remove_seq(seq) if queue is not None else None
-            if entry is None:
+            if queue is None or entry is None:
                 continue  # consumed, expired or acquired by someone else meanwhile
             queue.ready_bytes -= entry.message.size
             entry.delivery_count += 1

@@ -5,7 +5,7 @@ A concern of the state machine: how the concerns meet is in store/core/machine.p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 from . import events as EV
 from .commands import (
@@ -16,6 +16,8 @@ from .commands import (
     ExchangeDeclare,
     ExchangeDelete,
     ExchangeUnbind,
+    OutCancel,
+    OutVhostClosed,
     QueueBind,
     QueueDeclare,
     QueueDelete,
@@ -96,7 +98,7 @@ class Topology:
         m.limit_commands.forget("vhost", name)
         if m._persist is not None:
             m._persist.delete_vhost(name)
-        m._out.append((None, OUT_VHOST_CLOSED, name, 320, f"CONNECTION_FORCED - vhost '{name}' is deleted"))
+        m._out.append(OutVhostClosed(None, OUT_VHOST_CLOSED, name, 320, f"CONNECTION_FORCED - vhost '{name}' is deleted"))
         return None
 
     def exchange_declare(self, cmd: ExchangeDeclare) -> None:
@@ -184,11 +186,23 @@ class Topology:
         if exchange.durable and m._persist is not None:
             m._persist.delete_exchange(vhost.name, exchange.name)
 
-    def binding_endpoints(self, vhost: VHost, source: str, dest_is_queue: bool, dest: str, conn: str):
+    @overload
+    def binding_endpoints(self, vhost: VHost, source: str, dest_is_queue: Literal[True], dest: str,
+                          conn: str) -> tuple[Exchange, Queue]: ...
+
+    @overload
+    def binding_endpoints(self, vhost: VHost, source: str, dest_is_queue: Literal[False], dest: str,
+                          conn: str) -> tuple[Exchange, Exchange]: ...
+
+    def binding_endpoints(self, vhost: VHost, source: str, dest_is_queue: bool, dest: str,
+                          conn: str) -> tuple[Exchange, Queue | Exchange]:
+        """The source exchange and the destination (a queue or an exchange, as ``dest_is_queue`` says)
+        of a binding, or the refusal."""
         m = self.m
         if source == "" or (not dest_is_queue and dest == ""):
             raise CommandError(403, "operation not permitted on the default exchange")
         exchange = m.exchange(vhost, source)
+        target: Queue | Exchange
         if dest_is_queue:
             target = m.queue(vhost, dest, conn)
         else:
@@ -459,7 +473,7 @@ class Topology:
         if queue.exclusive_owner is not None:
             m.exclusive_queues.get(queue.exclusive_owner, {}).pop(queue.qid, None)
         for consumer in [*queue.consumers, *queue.browsers]:
-            m._out.append((consumer.channel.conn, OUT_CANCEL, consumer.channel.number, consumer.tag))
+            m._out.append(OutCancel(consumer.channel.conn, OUT_CANCEL, consumer.channel.number, consumer.tag))
             consumer.channel.consumers.pop(consumer.tag, None)
         queue.consumers.clear()
         queue.browsers.clear()

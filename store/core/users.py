@@ -53,7 +53,8 @@ def overlaid(permissions: dict[str, tuple[str, str, str]],
         if patterns is None:
             result.pop(vhost, None)
         else:
-            result[vhost] = tuple(patterns)
+            configure, write, read = patterns  # a list when it came through msgpack
+            result[vhost] = (configure, write, read)
     return result
 
 

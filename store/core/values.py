@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import datetime
 import decimal
+from typing import overload
+
+
+@overload
+def to_plain(value: dict) -> dict[str, object]: ...
+
+
+@overload
+def to_plain(value: object) -> object: ...
 
 
 def to_plain(value: object) -> object:
+    """``value`` as a plain value (a dict stays a dict, with str keys: the overloads say so)."""
     if value is None or isinstance(value, (bool, str, bytes)):
         return value
     if isinstance(value, int):

@@ -84,7 +84,7 @@ def compile_like(pattern: str, escape: str | None = None) -> LikePattern:
             seq |= bit
         elif token is _ANY_ONE:
             one |= bit
-        else:
-            masks[token] = masks.get(token, 0) | bit  # type: ignore[index]
+        elif isinstance(token, str):  # a literal character (the other tokens are the two wildcards)
+            masks[token] = masks.get(token, 0) | bit
     start = 1 | ((1 & seq) << 1)
     return LikePattern(pattern, escape, len(tokens), 1 << len(tokens), seq, one, masks, start)

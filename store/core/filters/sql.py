@@ -42,7 +42,7 @@ expression is TRUE.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NoReturn
 
 from .like import PatternError, compile_like
 from .view import MessageView
@@ -255,7 +255,7 @@ class _Parser:
             self.fail(f"expected '{op}'")
         self.pos += 1
 
-    def fail(self, what: str):
+    def fail(self, what: str) -> NoReturn:
         kind, value, position = self.peek()
         shown = "the end" if kind == "end" else repr(value if kind != "str" else f"'{value}'")
         raise SelectorError(f"{what} at position {position}, found {shown}")
