@@ -20,7 +20,7 @@ from array import array
 from collections.abc import Iterator
 from operator import attrgetter
 
-from .model import Entry, Message
+from .entries import Entry, Message
 
 _NONE = -1  # expires_at None
 _PERSISTENT, _DURABLE, _REFERENCED = 1, 2, 4  # flags
