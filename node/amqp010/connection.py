@@ -41,7 +41,7 @@ from ..writeflow import DEFAULT_HIGH, Parking, ReadGate, peer_closed, reader_byt
 from .session import ServerSession
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ..broker import Broker, ClientEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -481,3 +481,7 @@ class _Unknown:
     def __init__(self, exc: c.UnknownCommand | None) -> None:
         self.CLASS_CODE = exc.class_code if exc else 0
         self.CODE = exc.code if exc else 0
+
+
+if TYPE_CHECKING:  # the broker's interface to a client connection (node/broker.py), checked by mypy
+    _endpoint: type[ClientEndpoint] = Amqp010Connection

@@ -43,7 +43,7 @@ from .channel import Channel
 from .errors import ConnectionException
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ..broker import Broker, ClientEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -352,6 +352,12 @@ class Amqp091Connection(asyncio.Protocol):
     def on_forced_close(self, reply_code: int, reply_text: str) -> None:
         """The cluster released this connection (its node was declared down): tell the client."""
         self.close_connection(reply_code, reply_text)
+
+    def on_transfer(self, channel_no: int, destination: str, transfer: tuple) -> None:
+        pass  # 0-10 and 1.0 transfers never target a 0-9-1 connection (it attaches no core session)
+
+    def on_session_detached(self, channel_no: int, name: bytes) -> None:
+        pass  # as on_transfer: a 0-9-1 connection has no core session to lose
 
     # ------------------------------------------------------------------ frames
 
@@ -724,3 +730,7 @@ class _IgnoringChannel:
 
 
 _IGNORE_CHANNEL = _IgnoringChannel()
+
+
+if TYPE_CHECKING:  # the broker's interface to a client connection (node/broker.py), checked by mypy
+    _endpoint: type[ClientEndpoint] = Amqp091Connection

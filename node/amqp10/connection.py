@@ -48,7 +48,7 @@ from .session import Session, error
 from .settling import SETTLE_BATCH, SETTLE_DELAY
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ..broker import Broker, ClientEndpoint
     from .links import Link
 
 log = logging.getLogger(__name__)
@@ -652,3 +652,7 @@ def _framing(text: str) -> Amqp10Error:
     exc = Amqp10Error(text)
     exc.condition = "amqp:connection:framing-error"
     return exc
+
+
+if TYPE_CHECKING:  # the broker's interface to a client connection (node/broker.py), checked by mypy
+    _endpoint: type[ClientEndpoint] = Amqp10Connection
