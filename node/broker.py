@@ -48,7 +48,6 @@ from .admission import Admission
 from .auth import Authenticator
 from .core import formats  # noqa: F401  (every protocol's property codec, before the machine applies anything)
 from .limits import Usage
-from .status import status_loop
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +235,6 @@ class Broker:
                 self.submit(VhostAdd(None, None, vhost))
         self._tasks.append(asyncio.create_task(self._tick_loop()))
         self._tasks.append(asyncio.create_task(self._alarm_loop()))
-        self._tasks.append(asyncio.create_task(status_loop(self, self.config.resolved_data_dir())))
         self.scrubber.start()
 
     async def stop(self) -> None:
