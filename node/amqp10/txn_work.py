@@ -152,6 +152,8 @@ def retire(link: OutgoingLink, transfer_ids: list[int], state, settled: bool, fi
                                       delivery_ids))
 
 
+# ---------------------------------------------------------------------------- a discharge: commit, rollback
+
 def commit_operations(txn: Transaction) -> list:
     """The core commands of a commit: held publishes on the coordinator's core session, then one
     MESSAGE_SETTLE per link and outcome on that link's core session."""
