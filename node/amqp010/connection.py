@@ -38,7 +38,7 @@ from ..auth import AuthError, Principal
 from ..core.access import Access, AccessRefused
 from ..peer import peer_of
 from ..writeflow import DEFAULT_HIGH, Parking, ReadGate, peer_closed, reader_bytes, set_write_limits
-from .session import ServerSession
+from .session import ServerSession, SessionHost
 
 if TYPE_CHECKING:
     from ..broker import Broker, ClientEndpoint
@@ -485,3 +485,4 @@ class _Unknown:
 
 if TYPE_CHECKING:  # the broker's interface to a client connection (node/broker.py), checked by mypy
     _endpoint: type[ClientEndpoint] = Amqp010Connection
+    _session_host: type[SessionHost] = Amqp010Connection  # session.py

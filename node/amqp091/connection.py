@@ -39,7 +39,7 @@ from ..auth import MECHANISMS, AuthError, Principal
 from ..core.access import Access, AccessRefused
 from ..peer import peer_of
 from ..writeflow import DEFAULT_HIGH, Parking, peer_closed, reader_bytes, set_write_limits
-from .channel import Channel
+from .channel import Channel, ChannelHost
 from .errors import ConnectionException
 
 if TYPE_CHECKING:
@@ -734,3 +734,4 @@ _IGNORE_CHANNEL = _IgnoringChannel()
 
 if TYPE_CHECKING:  # the broker's interface to a client connection (node/broker.py), checked by mypy
     _endpoint: type[ClientEndpoint] = Amqp091Connection
+    _channel_host: type[ChannelHost] = Amqp091Connection  # channel.py
