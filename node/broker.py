@@ -35,6 +35,7 @@ from raftmq.store.core.commands import (
     MemberRemove,
     MemberSet,
     NodeReset,
+    Result,
     Tick,
     VhostAdd,
 )
@@ -50,7 +51,6 @@ from .admission import Admission
 from .auth import Authenticator
 from .core import formats  # noqa: F401  (every protocol's property codec, before the machine applies anything)
 from .limits import Usage
-from .status import status_loop
 
 log = logging.getLogger(__name__)
 
@@ -61,19 +61,65 @@ ALARM_CHECK_INTERVAL = 1.0
 
 
 class Endpoint(Protocol):
-    """What a front-end connection offers the broker."""
+    """What the broker calls on everything it registered (``register``): the front ends' connections
+    and the admin's pseudo-connection (ops/control.py ``AdminEndpoint``).
 
-    def on_reply(self, token: int | None, result: tuple, channel: int | None) -> None: ...
+    Outputs of an apply reach their connection through the ``on_*`` methods, one call per output
+    tuple (store/core/commands.py ``OUT_*``), then one ``flush`` per connection touched.  An output
+    kind a protocol cannot receive (a 0-9-1 delivery to a 0-10 connection) never reaches it; its
+    method is there, empty, so that the broker dispatches without asking.  The parameters are
+    positional-only: the broker passes them so, and each front end names them its own way.
+    """
 
-    def on_deliver(self, channel: int, consumer_tag: str, delivery: tuple) -> None: ...
+    def on_reply(self, token: int | None, result: Result, channel: int | None, /) -> None:
+        """OUT_REPLY: the result of a command this connection submitted with ``token`` (None for a
+        command submitted without one: only errors come back, e.g. a publish without confirms)."""
 
-    def on_cancel(self, channel: int, consumer_tag: str) -> None: ...
+    def on_deliver(self, channel: int, consumer_tag: str, delivery: tuple, /) -> None:
+        """OUT_DELIVER: a message for a 0-9-1 consumer; ``delivery`` is ``(qid, seq, redelivered,
+        Message[, body])`` (store/core/commands.py)."""
 
-    def on_forced_close(self, reply_code: int, reply_text: str) -> None: ...
+    def on_cancel(self, channel: int, consumer_tag: str, /) -> None:
+        """OUT_CANCEL: the core cancelled a consumer (its queue was deleted)."""
 
-    def flush(self) -> None: ...
+    def on_transfer(self, channel: int, destination: str, transfer: tuple, /) -> None:
+        """OUT_TRANSFER: a message for a 0-10 subscription or a 1.0 link (a core session's
+        destination); ``transfer`` is ``(transfer_id, qid, seq, redelivered, Message[, body])``."""
 
-    def set_blocked(self, reason: str | None) -> None: ...
+    def on_session_detached(self, channel: int, name: bytes, /) -> None:
+        """OUT_SESSION_DETACHED: the core session on ``channel`` was attached elsewhere (a 0-10
+        attach with force, a stolen 1.0 link): end ours."""
+
+    def on_forced_close(self, reply_code: int, reply_text: str, /) -> None:
+        """OUT_CLOSE, or the connection's vhost was deleted: close with the protocol's forced close."""
+
+    def flush(self) -> None:
+        """Write what the outputs just dispatched queued (once per batch of outputs)."""
+
+    def set_blocked(self, reason: str | None) -> None:
+        """A resource alarm was set (``reason``) or cleared (None): stop or resume reading publishers."""
+
+    def resume_flow(self) -> None:
+        """The proposal backlog is low again: read again if ``pause_for_flow`` stopped this one."""
+
+
+class ClientEndpoint(Endpoint, Protocol):
+    """A client's connection, which the broker also closes, watches while blocked and counts for the
+    memory alarm (``close_all``, the alarm loop, ``memory_held``; node/server.py closes them at
+    shutdown).  Every front end's connection class is one; the admin's endpoint is not, so the
+    broker looks these methods up with ``getattr``."""
+
+    def close_connection(self, code: int, text: str, /) -> None:
+        """Close from the server's side (shutdown, a disk failure, an administrator): ``code`` is a
+        0-9-1 reply code, mapped by the other protocols to their forced close."""
+
+    def drop_if_peer_gone(self) -> None:
+        """While reading is paused the connection cannot see its client leave: look, and drop it."""
+
+    def held_bytes(self) -> int:
+        """Bytes held for the client (write buffer, parked deliveries, partial input), for the
+        memory alarm."""
+        ...
 
 
 class Broker:
@@ -142,7 +188,7 @@ class Broker:
         # Damaged bodies are found when read and by this scrubber (started with the node).
         self.scrubber = BodyScrubber(self.bodies, config.scrub_bytes_per_second)
         self.flow_throttled = False
-        self.flow_paused: set = set()  # endpoints not read until the backlog is low again
+        self.flow_paused: set[Endpoint] = set()  # endpoints not read until the backlog is low again
         self.log.on_throttle = self._on_throttle
         self.events: EventStore | None = None
         if config.audit_retention != "none" or config.audit_vhosts:
@@ -195,7 +241,6 @@ class Broker:
                 self.submit(VhostAdd(None, None, vhost))
         self._tasks.append(asyncio.create_task(self._tick_loop()))
         self._tasks.append(asyncio.create_task(self._alarm_loop()))
-        self._tasks.append(asyncio.create_task(status_loop(self, self.config.resolved_data_dir())))
         self.scrubber.start()
 
     async def stop(self) -> None:
@@ -321,7 +366,7 @@ class Broker:
             for endpoint in paused:
                 endpoint.resume_flow()
 
-    def pause_for_flow(self, endpoint) -> None:
+    def pause_for_flow(self, endpoint: Endpoint) -> None:
         self.flow_paused.add(endpoint)
 
     # ------------------------------------------------------------------ outputs

@@ -24,6 +24,7 @@ from .amqp091.connection import Amqp091Connection
 from .amqp10.connection import Amqp10Connection
 from .broker import Broker
 from .descriptors import DescriptorReserve, raise_nofile_limit
+from .status import status_loop
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,9 @@ Service = Callable[[Broker], Callable[[], None]]
 async def serve(config: Config, ready: asyncio.Event | None = None, services: Sequence[Service] = ()) -> None:
     broker = Broker(config)
     await broker.start()
+    # status.json and digest.json (node/status.py) beside the broker: started here, so that the
+    # broker, which status.py reads, does not import it.
+    status = asyncio.create_task(status_loop(broker, config.resolved_data_dir()))
     stops = [start(broker) for start in services]
     loop = asyncio.get_running_loop()
     servers = [await loop.create_server(lambda: HeaderSniffer(broker), config.host, config.port,
@@ -144,6 +148,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None, services: Se
         await asyncio.sleep(0.05)
         for stop_service in stops:
             stop_service()
+        status.cancel()
+        await asyncio.gather(status, return_exceptions=True)
         await broker.stop()
 
 GC_THRESHOLDS = (50_000, 20, 20)  # see tune_gc

@@ -41,7 +41,7 @@ from raftmq.store.core.commands import (
 )
 
 if TYPE_CHECKING:
-    from raftmq.node.broker import Broker
+    from raftmq.node.broker import Broker, Endpoint
     from raftmq.node.core.access import Access
     from raftmq.store.core.model import Message
 
@@ -142,6 +142,9 @@ class AdminEndpoint:
 
     def set_blocked(self, reason) -> None:
         pass
+
+    def resume_flow(self) -> None:
+        pass  # never paused for flow: the broker pauses the front ends that read publishers
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,3 +276,7 @@ class Control:
             raise AdminError(404, f"no connection '{conn_id}' on this node")
         endpoint.close_connection(320, f"CONNECTION_FORCED - {reason or 'closed by an administrator'}")
         endpoint.flush()
+
+
+if TYPE_CHECKING:  # the broker's interface (node/broker.py), checked by mypy
+    _endpoint: type[Endpoint] = AdminEndpoint

@@ -39,10 +39,10 @@ from ..auth import AuthError, Principal
 from ..core.access import Access, AccessRefused
 from ..peer import peer_of
 from ..writeflow import DEFAULT_HIGH, Parking, ReadGate, peer_closed, reader_bytes, set_write_limits
-from .session import ServerSession
+from .session import ServerSession, SessionHost
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ..broker import Broker, ClientEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -482,3 +482,8 @@ class _Unknown:
     def __init__(self, exc: c.UnknownCommand | None) -> None:
         self.CLASS_CODE = exc.class_code if exc else 0
         self.CODE = exc.code if exc else 0
+
+
+if TYPE_CHECKING:  # the broker's interface to a client connection (node/broker.py), checked by mypy
+    _endpoint: type[ClientEndpoint] = Amqp010Connection
+    _session_host: type[SessionHost] = Amqp010Connection  # session.py

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.store.core import ranges as rs
@@ -65,7 +65,9 @@ from .properties import from_core, to_core
 from .window import WindowCredit
 
 if TYPE_CHECKING:
-    from .connection import Amqp010Connection
+    from ..auth import Principal
+    from ..broker import Broker
+    from ..core.access import Access
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +78,30 @@ NOT_IMPLEMENTED = 540
 UNAUTHORIZED_ACCESS = 403  # execution error-code unauthorized-access (spec 0-10 class execution)
 
 
+class SessionHost(Protocol):
+    """What a session uses of its connection (connection.py's ``Amqp010Connection``, checked there):
+    an interface, so that this module, which the connection imports, does not import it back."""
+
+    broker: Broker
+    conn_id: str | None
+    principal: Principal | None
+    access: Access | None  # set by connection.open
+    vhost: str
+    counts: list[int]  # [published, delivered]
+    completion_due: dict[int, ServerSession]  # sessions whose session.completed is due
+
+    def send(self, channel: int, method) -> None: ...
+
+    def submit(self, command: Command, deferrable: bool = False) -> None: ...
+
+    def request(self, session: ServerSession, command: Command, on_ok, on_error=None,
+                deferrable: bool = False) -> None: ...
+
+    def drop_session(self, channel: int) -> None: ...
+
+
 class ServerSession:
-    def __init__(self, conn: Amqp010Connection, channel: int, name: bytes) -> None:
+    def __init__(self, conn: SessionHost, channel: int, name: bytes) -> None:
         self.conn = conn
         self.channel = channel
         self.name = name

@@ -14,7 +14,7 @@ import base64
 import os
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from raftmq.protocol.amqp091 import methods as m
 from raftmq.protocol.amqp091.errors import AMQPError
@@ -73,7 +73,38 @@ AMPLE_UNCONFIRMED = 8
 _new_tuple = tuple.__new__
 
 if TYPE_CHECKING:
-    from .connection import Amqp091Connection
+    from ..broker import Broker
+    from ..config import Config
+    from ..core.access import Access
+
+
+class ChannelHost(Protocol):
+    """What a channel uses of its connection (connection.py's ``Amqp091Connection``, checked there):
+    an interface, so that this module, which the connection imports, does not import it back."""
+
+    broker: Broker
+    config: Config
+    conn_id: str | None
+    access: Access | None  # set by connection.open
+    vhost: str
+    frame_max: int
+    is_publisher: bool
+    client_capabilities: dict
+    confirm_dirty: dict[int, Channel]  # channels with confirms to flush
+    write_high: int
+    counts: list[int]  # [published, delivered]
+
+    def write(self, data: bytes) -> None: ...
+
+    def issue_token(self) -> int: ...
+
+    def request(self, channel: Channel, command: Command, method_cls, on_ok, deferrable: bool = False,
+                size: int = 0) -> None: ...
+
+    def request_publish(self, channel: Channel, command: Publish, seq: int, deferrable: bool,
+                        size: int) -> None: ...
+
+    def forget_channel(self, number: int) -> None: ...
 
 BASIC_CLASS_ID = 60
 
@@ -86,7 +117,7 @@ def _server_queue_name() -> str:
 
 
 class Channel:
-    def __init__(self, conn: Amqp091Connection, number: int) -> None:
+    def __init__(self, conn: ChannelHost, number: int) -> None:
         self.conn = conn
         self.number = number
         self.state = OPENING

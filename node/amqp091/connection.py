@@ -40,11 +40,11 @@ from ..auth import MECHANISMS, AuthError, Principal
 from ..core.access import Access, AccessRefused
 from ..peer import peer_of
 from ..writeflow import DEFAULT_HIGH, Parking, peer_closed, reader_bytes, set_write_limits
-from .channel import Channel
+from .channel import Channel, ChannelHost
 from .errors import ConnectionException
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ..broker import Broker, ClientEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -353,6 +353,12 @@ class Amqp091Connection(asyncio.Protocol):
     def on_forced_close(self, reply_code: int, reply_text: str) -> None:
         """The cluster released this connection (its node was declared down): tell the client."""
         self.close_connection(reply_code, reply_text)
+
+    def on_transfer(self, channel_no: int, destination: str, transfer: tuple) -> None:
+        pass  # 0-10 and 1.0 transfers never target a 0-9-1 connection (it attaches no core session)
+
+    def on_session_detached(self, channel_no: int, name: bytes) -> None:
+        pass  # as on_transfer: a 0-9-1 connection has no core session to lose
 
     # ------------------------------------------------------------------ frames
 
@@ -725,3 +731,8 @@ class _IgnoringChannel:
 
 
 _IGNORE_CHANNEL = _IgnoringChannel()
+
+
+if TYPE_CHECKING:  # the broker's interface to a client connection (node/broker.py), checked by mypy
+    _endpoint: type[ClientEndpoint] = Amqp091Connection
+    _channel_host: type[ChannelHost] = Amqp091Connection  # channel.py

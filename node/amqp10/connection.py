@@ -42,12 +42,15 @@ from ..auth import AuthError, Principal
 from ..core.access import Access, AccessRefused
 from ..peer import peer_of
 from ..writeflow import ReadGate, peer_closed, set_write_limits
+from .attach import attach_link
 from .failover import failover_server_list, redirect_info
 from .limits import channel_max, refusals
 from .session import Session, error
+from .settling import SETTLE_BATCH, SETTLE_DELAY
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ..broker import Broker, ClientEndpoint
+    from .links import Link
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +63,6 @@ CLOSE_TIMEOUT = 2.0
 # 2.4.5 idle timeout: checks per threshold (twice our idle-time-out), and how early a timer may fire
 IDLE_CHECKS = 8
 IDLE_EARLY = 0.005
-# Settlements (client dispositions) go to the core in batches: each MESSAGE_SETTLE is a log entry, and
-# proton sends a disposition per message, read ~30 at a time.  A batch goes once it holds
-# SETTLE_BATCH settlements or SETTLE_DELAY after the first; a client's settlement is final when it
-# sends it (first mode), so the delay only keeps the message unacked in the core a little longer.
-SETTLE_BATCH = 256
-SETTLE_DELAY = 0.005
 RABBITMQ_COMPAT_VERSION = "4.2.0"  # what amqp10_rabbitmq_compat announces: see _server_properties
 # Open's offered-capabilities (2.7.1): what this broker really does, named as Qpid, Artemis and RabbitMQ 4
 # name it.  ANONYMOUS-RELAY: a sender with a null target routes each message by its 'to' (links.py;
@@ -264,6 +261,11 @@ class Amqp10Connection(asyncio.Protocol):
 
     def _send_sasl(self, body) -> None:
         self._wbuf.append(encode_frame(body, 0, frame_type=TYPE_SASL))
+
+    def attach_link(self, session: Session, attach) -> Link | None:
+        """The link for a client's attach on one of our sessions (attach.py chooses its kind; the
+        session asks here so that session.py imports no link module)."""
+        return attach_link(session, attach)
 
     def flush_settles(self) -> None:
         """Submit the settlements read so far: one MESSAGE_SETTLE per link and outcome."""
@@ -651,3 +653,7 @@ def _framing(text: str) -> Amqp10Error:
     exc = Amqp10Error(text)
     exc.condition = "amqp:connection:framing-error"
     return exc
+
+
+if TYPE_CHECKING:  # the broker's interface to a client connection (node/broker.py), checked by mypy
+    _endpoint: type[ClientEndpoint] = Amqp10Connection

@@ -98,13 +98,14 @@ from raftmq.store.disk.bodies import READ_AHEAD, body_to_send
 
 from ..core.access import WRITE, AccessRefused
 from .address import AddressError, Target, parse_source, parse_target, queue_address
-from .connection import SETTLE_BATCH
 from .direct_reply import dynamic_queue_prefix
 from .filters import FilterRefused, SourceFilters, from_source
-from .limits import link_refusal, refusals
+from .limits import refusals
 from .modified import settle_modified
 from .session import SERIAL, SessionError, error
+from .settling import SETTLE_BATCH
 from .terminus import Refusal, plan_source, target_of
+from .txn_work import post, retire
 
 if TYPE_CHECKING:
     from .session import Session
@@ -131,27 +132,6 @@ def delivery_octets(message, body: bytes, redelivered: bool) -> bytes:
     protocol published it) and its body (the node's, store/disk/bodies.py: the model holds none)."""
     return convert.encode_delivery(properties_in(message, AMQP100, EMPTY), body, message.exchange,
                                    message.routing_key, redelivered)
-
-
-def attach_link(session: Session, attach):
-    """The link for a client's attach (None when refused: the refusal is already sent)."""
-    from .management import ManagementLink, is_management
-    from .recovery import DurableOutgoingLink, is_durable
-    from .transactions import CoordinatorLink, is_coordinator
-
-    refusal = link_refusal(session)
-    if refusal is not None:  # limits.py: links of all sessions of the connection
-        Link(session, attach)._refuse("amqp:resource-limit-exceeded", refusal)
-        return None
-    if is_management(attach):
-        return ManagementLink(session, attach).attach()
-    if is_coordinator(attach):  # 4.2 the transaction coordinator (transactions.py)
-        return CoordinatorLink(session, attach).attach()
-    if attach.role and is_durable(attach):
-        return DurableOutgoingLink(session, attach).attach()
-    if attach.role:  # the client is the receiver: we send
-        return OutgoingLink(session, attach).attach()
-    return IncomingLink(session, attach).attach()
 
 
 class Link:
@@ -577,8 +557,7 @@ class OutgoingLink(Link):
 
     def on_outcome(self, transfer_ids: list[int], state, settled: bool, first: int, last: int) -> None:
         cls = state.__class__
-        if cls is p.TransactionalState:  # 4.4.2 transactional retirement (transactions.py)
-            from .transactions import retire
+        if cls is p.TransactionalState:  # 4.4.2 transactional retirement (txn_work.py)
             return retire(self, transfer_ids, state, settled, first, last)
         if cls is p.Released:
             how = SETTLE_RELEASE
@@ -766,7 +745,6 @@ class IncomingLink(Link):
                    False, message.properties, message.body, message.persistent, message.priority or 0,
                    message.ttl, AMQP100)
         if txn_state is not None:  # 4.4.1 transactional posting: held until the commit
-            from .transactions import post
             return post(self, delivery_id, settled, txn_state, command)
         if settled:
             self.conn.broker.submit(command, False, len(message.body))

@@ -130,8 +130,6 @@ class Session:
             self.end(exc.condition, exc.text)
 
     def _dispatch(self, body, payload: bytes) -> None:
-        from .links import attach_link
-
         cls = body.__class__
         if cls is p.Transfer:
             self._on_transfer(body, payload)
@@ -143,7 +141,7 @@ class Session:
             self._check_handle(body.handle)
             if body.handle in self.links or body.handle in self.detaching:
                 raise SessionError("amqp:session:handle-in-use", f"handle {body.handle} is in use")
-            link = attach_link(self, body)
+            link = self.conn.attach_link(self, body)  # attach.py: which kind of link
             if link is not None:
                 self.links[body.handle] = link
         elif cls is p.Detach:

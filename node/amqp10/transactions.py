@@ -54,33 +54,37 @@ publish beyond is rejected with ``amqp:resource-limit-exceeded`` and its transac
 (its commit is rejected with ``amqp:transaction:rollback``).  A connection holds at most
 ``amqp10_tx_max_open`` undischarged transactions; a declare beyond is rejected with
 ``amqp:resource-limit-exceeded``.
+
+This module is the coordinator link; the transactional work the links hand over (posting,
+retirement), the registry of open transactions, commit operations and rollback are txn_work.py,
+which sits below links.py (the coordinator is a link, so links.py cannot import it).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from raftmq.protocol.amqp10 import performatives as p
 from raftmq.protocol.amqp10 import types as t
 from raftmq.protocol.amqp10.errors import DecodeError
 from raftmq.store.core import queries as Q
-from raftmq.store.core import ranges as rs
-from raftmq.store.core.commands import MessageSettle, Publish, TxCommit
-from raftmq.store.core.sessions import (
-    SETTLE_ACCEPT,
-    SETTLE_REJECT,
-    SETTLE_RELEASE,
-    SETTLE_RELEASE_REDELIVERED,
-)
+from raftmq.store.core.commands import TxCommit
 
 from .links import FIRST, Link
-from .session import SERIAL, error
+from .session import SERIAL, SessionError, error
+from .txn_work import (
+    ROLLBACK,
+    UNKNOWN_ID,
+    Transaction,
+    commit_operations,
+    registry,
+    rollback,
+    settle_after_commit,
+    txn_id_of,
+)
 
 if TYPE_CHECKING:
-    from .connection import Amqp10Connection
-    from .links import IncomingLink, OutgoingLink
     from .session import Session
 
 log = logging.getLogger(__name__)
@@ -91,132 +95,10 @@ REFUSED = frozenset(("amqp:distributed-transactions", "amqp:promotable-transacti
 CONTROL_CREDIT = 64  # control messages the controller may send before we top its credit up
 MAX_CONTROL_MESSAGE = 64 * 1024  # a declare or discharge is a few dozen bytes
 
-UNKNOWN_ID = "amqp:transaction:unknown-id"
-ROLLBACK = "amqp:transaction:rollback"
-
 
 def is_coordinator(attach) -> bool:
     """A controller's attach to the coordinator (4.2): the client sends, to a coordinator target."""
     return not attach.role and isinstance(attach.target, p.Coordinator)
-
-
-def settle_how(outcome) -> int:
-    """The core settlement for a terminal outcome (as links.OutgoingLink.on_outcome maps them)."""
-    cls = outcome.__class__
-    if cls is p.Released:
-        return SETTLE_RELEASE
-    if cls is p.Rejected:
-        return SETTLE_REJECT
-    if cls is p.Modified:
-        if outcome.undeliverable_here:
-            return SETTLE_REJECT
-        return SETTLE_RELEASE_REDELIVERED if outcome.delivery_failed else SETTLE_RELEASE
-    return SETTLE_ACCEPT
-
-
-@dataclass
-class Retirement:
-    """Outcomes the controller gave deliveries of one outgoing link in a transaction (4.4.2)."""
-
-    link: OutgoingLink
-    transfer_ids: list[int]
-    how: int
-    outcome: object
-    settled: bool  # the controller settled them (else we settle once committed)
-    delivery_ids: list[int]  # the session's delivery ids (for our settling disposition)
-
-
-@dataclass
-class Transaction:
-    txn_id: bytes
-    coordinator: CoordinatorLink
-    publishes: list[Publish] = field(default_factory=list)
-    held_bytes: int = 0
-    retirements: list[Retirement] = field(default_factory=list)
-    failed: str | None = None  # why the transaction can only roll back
-
-
-class Registry:
-    """A connection's undischarged transactions by txn-id (multi-ssns-per-txn: the connection's)."""
-
-    def __init__(self) -> None:
-        self.open: dict[bytes, Transaction] = {}
-        self.next_id = 0
-
-    def held(self) -> tuple[int, int]:
-        """Publishes and body bytes the connection's open transactions hold (the bounds' measure)."""
-        return (sum(len(txn.publishes) for txn in self.open.values()),
-                sum(txn.held_bytes for txn in self.open.values()))
-
-    def declare(self, coordinator: CoordinatorLink) -> Transaction:
-        self.next_id += 1
-        txn = Transaction(b"txn-%d" % self.next_id, coordinator)
-        self.open[txn.txn_id] = txn
-        return txn
-
-
-def registry(conn: Amqp10Connection) -> Registry:
-    reg = getattr(conn, "amqp10_transactions", None)
-    if reg is None:
-        reg = Registry()
-        conn.amqp10_transactions = reg
-    return reg
-
-
-def _txn_id(state) -> bytes | None:
-    txn_id = state.txn_id
-    return bytes(txn_id) if isinstance(txn_id, (bytes, bytearray)) else None
-
-
-# ---------------------------------------------------------------------------- hooks for links.py
-
-def post(link: IncomingLink, delivery_id: int, settled: bool, state, command: Publish) -> None:
-    """4.4.1: a checked publish of ``link`` carrying ``transactional-state``: held by its transaction."""
-    conn = link.conn
-    reg = registry(conn)
-    txn = reg.open.get(_txn_id(state))
-    if txn is None:
-        link._outcome(delivery_id, settled, p.Rejected(error=error(UNKNOWN_ID, "no such transaction")))
-        return
-    tid = txn.txn_id
-    if txn.failed is not None:
-        link._outcome(delivery_id, settled, p.TransactionalState(
-            txn_id=tid, outcome=p.Rejected(error=error(ROLLBACK, txn.failed))))
-        return
-    config = conn.config
-    size = len(command.body)
-    messages, held_bytes = reg.held()
-    if messages >= config.amqp10_tx_max_messages or held_bytes + size > config.amqp10_tx_max_bytes:
-        txn.failed = (f"the connection's transactions would hold more than {config.amqp10_tx_max_messages} "
-                      f"messages or {config.amqp10_tx_max_bytes} bytes")
-        link._outcome(delivery_id, settled, p.TransactionalState(
-            txn_id=tid, outcome=p.Rejected(error=error("amqp:resource-limit-exceeded", txn.failed))))
-        return
-    txn.publishes.append(command)
-    txn.held_bytes += size
-    link._outcome(delivery_id, settled, p.TransactionalState(txn_id=tid, outcome=p.Accepted()))
-
-
-def retire(link: OutgoingLink, transfer_ids: list[int], state, settled: bool, first: int, last: int) -> None:
-    """4.4.2: the controller's transactional outcome for deliveries of ``link``, applied on commit."""
-    conn = link.conn
-    txn = registry(conn).open.get(_txn_id(state))
-    if txn is None:
-        # No rejected outcome can answer a disposition: the link ends with the error (its unsettled
-        # deliveries return to the queue).
-        link.session.detach_link(link, error(UNKNOWN_ID, "a disposition names an unknown transaction"))
-        return
-    outcome = state.outcome
-    if outcome is None:
-        if settled:  # settled with no outcome: the default outcome, applied with the transaction
-            outcome = p.Released()
-        else:
-            return  # says nothing yet
-    span = (last - first) % SERIAL
-    delivery_ids = [] if settled else [d for d, (lk, _) in link.session.unsettled.items()
-                                       if lk is link and (d - first) % SERIAL <= span]
-    txn.retirements.append(Retirement(link, list(transfer_ids), settle_how(outcome), outcome, settled,
-                                      delivery_ids))
 
 
 # ---------------------------------------------------------------------------- the coordinator link
@@ -263,7 +145,6 @@ class CoordinatorLink(Link):
     def on_transfer(self, transfer, payload: bytes) -> None:
         if self.current is None:
             if transfer.delivery_id is None:
-                from .session import SessionError
                 raise SessionError("amqp:invalid-field", "the first transfer of a delivery needs a delivery-id")
             self.current = transfer
             if self.credit <= 0:
@@ -330,7 +211,7 @@ class CoordinatorLink(Link):
 
     def _discharge(self, delivery_id: int, discharge) -> None:
         reg = registry(self.conn)
-        txn = reg.open.pop(_txn_id(discharge), None)
+        txn = reg.open.pop(txn_id_of(discharge), None)
         if txn is None:
             return self._answer(delivery_id, p.Rejected(error=error(UNKNOWN_ID, "no such transaction")))
         if discharge.fail:
@@ -375,46 +256,6 @@ class CoordinatorLink(Link):
             for link in session.links.values():
                 current = getattr(link, "current", None)
                 if (link is not self and current is not None and isinstance(current.state, p.TransactionalState)
-                        and _txn_id(current.state) == txn_id):
+                        and txn_id_of(current.state) == txn_id):
                     return True
         return False
-
-
-def commit_operations(txn: Transaction) -> list:
-    """The core commands of a commit: held publishes on the coordinator's core session, then one
-    MESSAGE_SETTLE per link and outcome on that link's core session."""
-    conn_id, core = txn.coordinator.conn.conn_id, txn.coordinator.core
-    operations: list = [cmd._replace(conn=conn_id, token=None, channel=core) for cmd in txn.publishes]
-    grouped: dict[tuple[int, int], list[int]] = {}
-    for r in txn.retirements:
-        grouped.setdefault((r.link.core, r.how), []).extend(r.transfer_ids)
-    for (channel, how), transfer_ids in grouped.items():
-        ranges = [list(x) for x in rs.from_ids(sorted(set(transfer_ids)))]
-        operations.append(MessageSettle(conn_id, None, channel, ranges, how))
-    return operations
-
-
-def settle_after_commit(txn: Transaction) -> None:
-    """Deliveries the controller retired unsettled: settled by us with the outcome (4.4.2)."""
-    for r in txn.retirements:
-        if r.settled or not r.link.alive:
-            continue
-        session = r.link.session
-        for delivery_id in r.delivery_ids:
-            if session.unsettled.pop(delivery_id, None) is not None:
-                session.conn.send(session.channel, p.Disposition(role=False, first=delivery_id, settled=True,
-                                                                 state=r.outcome))
-
-
-def rollback(txn: Transaction) -> None:
-    """Drop the held publishes; settled retirements take the default outcome, released (4.4.4.2)."""
-    txn.publishes.clear()
-    txn.held_bytes = 0
-    grouped: dict[object, list[int]] = {}
-    for r in txn.retirements:
-        if r.settled and r.link.alive:
-            grouped.setdefault(r.link, []).extend(r.transfer_ids)
-    txn.retirements.clear()
-    for link, transfer_ids in grouped.items():
-        ranges = [list(x) for x in rs.from_ids(sorted(set(transfer_ids)))]
-        link.conn.broker.submit(MessageSettle(link.conn.conn_id, None, link.core, ranges, SETTLE_RELEASE))

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from operator import attrgetter
 from typing import TypeVar, cast
 
-from .model import Entry, Message
+from .entries import Entry, Message
 
 _T = TypeVar("_T")
 _NONE = -1  # expires_at None
