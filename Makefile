@@ -38,10 +38,12 @@ test-cluster: $(STAMP)
 
 test: $(STAMP) system-packages
 	$(BIN)/ruff check .
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/python -m mypy
 
 proto: $(STAMP)
 	$(BIN)/pip install --quiet grpcio-tools

@@ -209,7 +209,7 @@ def requirements(command: Command) -> tuple[Requirement, ...]:
     return rule(command)
 
 
-def _op_name(op: object) -> str:
+def _op_name(op: int) -> str:
     try:
         return Op(op).name
     except ValueError:

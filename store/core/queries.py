@@ -91,7 +91,7 @@ class ConsumerInfo(NamedTuple):
     vhost: str
     queue: str
     tag: str
-    connection: str  # the consuming connection's id
+    connection: str | None  # the consuming connection's id (None: a detached 0-10 session's)
     channel: int
     prefetch: int
     unacked: int

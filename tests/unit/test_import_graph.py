@@ -248,15 +248,11 @@ class Layer:
 
 LAYERS = (
     Layer("raft/ is a log: it knows nothing of the store, the node or ops",
-          ("raftmq.raft",), ("raftmq.store", "raftmq.node", "raftmq.ops"),
-          broken_today="raft/cluster.py, local.py, log.py, replica.py and body_peer.py import store/ "
-                       "(the applier and the snapshot interface of issue 33 are being built)"),
+          ("raftmq.raft",), ("raftmq.store", "raftmq.node", "raftmq.ops")),
     Layer("store/core is pure: no storage, no log, no node, no I/O, clock, thread or randomness",
           ("raftmq.store.core",),
           ("lmdb", "raftmq.store.disk", "raftmq.raft", "raftmq.node", "raftmq.ops",
-           "os", "threading", "socket", "time", "asyncio", "random"),
-          broken_today="store/core/machine.py imports store/disk/bodies.py and durable.py, topology.py "
-                       "imports durable.py (the applier takes the effects to storage, issue 33)"),
+           "os", "threading", "socket", "time", "asyncio", "random")),
     Layer("protocol/ is wire formats only: no store, log, node or ops",
           ("raftmq.protocol",), ("raftmq.store", "raftmq.raft", "raftmq.node", "raftmq.ops"),
           broken_today="protocol/*/neutral.py register their property codecs with store/core/message.py "
