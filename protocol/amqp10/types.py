@@ -349,7 +349,7 @@ def _header(name: str, width: int, buf, pos: int, end: int, least_size: int) -> 
 
 
 def _compound(name: str, width: int, is_map: bool) -> Decoder:
-    def dec(buf, pos, end, depth, budget):
+    def dec(buf: bytes, pos: int, end: int, depth: int, budget: list) -> tuple[object, int]:
         _deeper(depth)
         count, pos, stop = _header(name, width, buf, pos, end, width)
         if count > stop - pos:  # every item takes at least its constructor octet
