@@ -134,6 +134,13 @@ def delivery_octets(message, body: bytes, redelivered: bool) -> bytes:
                                    message.routing_key, redelivered)
 
 
+def _topup_may_wait(have: int, wanted: int) -> bool:
+    """Whether a credit top-up is deferrable (raft/cluster.py): while the core still holds half
+    the client's credit nobody waits for it, so it may wait for company.  Issue 30: a receiver's
+    top-up after every message (proton's credit window) took a Raft batch of its own."""
+    return have > 0 and 2 * have >= wanted
+
+
 class Link:
     sends = False
 
@@ -380,11 +387,8 @@ class OutgoingLink(Link):
                 delta = target - have if 2 * have <= target or self.drain_wanted else 0
         if delta > 0:
             self.granted += delta
-            # While the core still holds half the client's credit nobody waits for the top-up: it
-            # may wait for company (raft/cluster.py, deferrable).  Issue 30: a receiver's top-up
-            # after every message (proton's credit window) took a Raft batch of its own.
             conn.broker.submit(MessageFlow(conn.conn_id, None, self.core, self.destination, 0, delta),
-                               have > 0 and 2 * have >= wanted)
+                               _topup_may_wait(have, wanted))
         elif delta < 0 and wanted < have:
             self.stopping = True
             conn.request(MessageStop(conn.conn_id, None, self.core, self.destination), self._stopped)
@@ -421,7 +425,7 @@ class OutgoingLink(Link):
         elif have < target and 2 * have <= target:  # topped up at half: one MESSAGE_FLOW per ~credit messages
             self.granted += target - have
             conn.broker.submit(MessageFlow(conn.conn_id, None, self.core, self.destination, 0, target - have),
-                               have > 0 and 2 * have >= wanted)  # (deferrable: see _apply_credit)
+                               _topup_may_wait(have, wanted))
 
     def _send_held(self) -> None:
         held = self.held
