@@ -660,6 +660,38 @@ def table(results: Results) -> str:
     return "\n".join(lines)
 
 
+def codec_split(batch: int = 100, rounds: int = 200) -> dict[str, float]:
+    """CPU µs per command of each serialisation step, in process, for batches of ``batch``: which
+    of them a hop adds.  A cluster already pays ``encode_batch`` (the proposer, for the log) and
+    ``decode_batch`` (every member applies the entry's bytes, raft/cluster.py); the outputs' codec
+    is new with a hop."""
+    commands = make_batches(batch, batch, 1)[0]
+    blob = encode_batch(commands)
+    figures: dict[str, float] = {}
+    outputs = {}
+    for scenario in SCENARIOS:
+        out: list = []
+        Group(scenario).apply(commands, out.extend)
+        outputs[scenario] = out
+    steps: dict[str, Callable[[], object]] = {
+        "encode_batch": lambda: encode_batch(commands),
+        "decode_batch": lambda: decode_batch(blob),
+    }
+    for scenario, out in outputs.items():
+        packed = encode_outputs(out)
+        steps[f"encode outputs ({scenario})"] = lambda out=out: encode_outputs(out)
+        steps[f"decode outputs ({scenario})"] = lambda packed=packed: decode_outputs(packed)
+    for name, step in steps.items():
+        best = float("inf")
+        for _ in range(5):
+            started = time.process_time()
+            for _ in range(rounds):
+                step()
+            best = min(best, (time.process_time() - started) / (rounds * batch) * 1e6)
+        figures[name] = best
+    return figures
+
+
 def main(argv: list[str] | None = None) -> Results:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--transports", default=",".join(TRANSPORTS))
@@ -687,6 +719,9 @@ def main(argv: list[str] | None = None) -> Results:
                       args.window, args.seconds, 0, args.ring, args.rounds,
                       progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(table(results))
+    split = codec_split()
+    print("\nserialisation, in process, batches of 100, µs per command (best of 5): "
+          + ", ".join(f"{name} {us:.2f}" for name, us in split.items()))
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
     return results
 

@@ -13,6 +13,7 @@ from bench.ipc_hop import (
     TRANSPORTS,
     Group,
     Ring,
+    codec_split,
     decode_outputs,
     encode_outputs,
     make_batches,
@@ -88,3 +89,12 @@ def test_outputs_cross_as_plain_values() -> None:
     qid, seq, redelivered, message, body = deliver[4]
     assert deliver[3] == "ctag" and not redelivered
     assert message[2] == "q" and message[3] == b"\x10\x00\x02" and body == b"x" * 256
+
+
+def test_codec_split_times_each_step() -> None:
+    """Each serialisation step of the hop gets a figure (µs per command, > 0): the batch's codec
+    (paid by a cluster today) and the outputs' codec of both scenarios (new with a hop)."""
+    split = codec_split(batch=10, rounds=5)
+    assert set(split) == {"encode_batch", "decode_batch", "encode outputs (confirm)", "decode outputs (confirm)",
+                          "encode outputs (deliver)", "decode outputs (deliver)"}
+    assert all(us > 0 for us in split.values())
