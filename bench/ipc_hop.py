@@ -24,6 +24,8 @@ Transports:
   decode them) in this process: what any hop costs before the transport;
 - ``uds-asyncio``: a Unix domain socket, asyncio streams at both ends, 4-byte length prefixes (a
   real front and a real group are asyncio processes);
+- ``uds-protocol``: the same socket read by an ``asyncio.Protocol`` at both ends (each read
+  parsed for every whole frame in it; the group answers all of them in one write);
 - ``uds-sync``: a ``socketpair``, blocking reads and writes at both ends (the kernel's share of the
   socket row, without asyncio);
 - ``pipe``: an ``os.pipe`` pair (1 MiB pipe buffers), blocking, length-prefixed;
@@ -59,6 +61,7 @@ import struct
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing import shared_memory
@@ -86,7 +89,8 @@ CONN = "n1.front.1"
 PROPS = b"\x10\x00\x02"  # 0-9-1 properties: delivery mode 2
 BODY = b"x" * 256
 PURGE_EVERY = 10_000  # confirm scenario: messages between purges of the queue
-TRANSPORTS = ("inproc", "codec", "uds-asyncio", "uds-sync", "pipe", "shm")
+TRANSPORTS = ("inproc", "codec", "uds-asyncio", "uds-protocol", "uds-sync", "pipe", "shm")
+ASYNC = ("uds-asyncio", "uds-protocol")
 SCENARIOS = ("confirm", "deliver")
 BATCHES = (1, 10, 100)
 LEN = struct.Struct("<I")
@@ -282,9 +286,65 @@ def _group_sync(scenario: str, link: FdLink | ShmLink) -> None:
         pass
 
 
-async def _group_asyncio(scenario: str, path: str, ready: mp.synchronize.Event) -> None:
+def split_frames(buf: bytearray) -> list[bytes]:
+    """The whole length-prefixed frames at the start of ``buf``, taken out of it."""
+    frames, pos, end = [], 0, len(buf)
+    while end - pos >= 4:
+        (n,) = LEN.unpack_from(buf, pos)
+        if end - pos - 4 < n:
+            break
+        frames.append(bytes(buf[pos + 4:pos + 4 + n]))
+        pos += 4 + n
+    if pos:
+        del buf[:pos]
+    return frames
+
+
+class GroupProtocol(asyncio.Protocol):
+    """The group's end of ``uds-protocol``: every whole request of a read served, the answers
+    written together."""
+
+    def __init__(self, group: Group, done: asyncio.Event) -> None:
+        self.group, self.done = group, done
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        out: list[bytes] = []
+
+        def send(reply: bytes) -> None:
+            out.append(LEN.pack(len(reply)))
+            out.append(reply)
+
+        stop = False
+        for request in split_frames(self.buf):
+            if not serve_request(self.group, request, send):
+                stop = True
+                break
+        assert self.transport is not None
+        if out:
+            self.transport.write(b"".join(out))
+        if stop:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.done.set()
+
+
+async def _group_asyncio(scenario: str, path: str, ready: mp.synchronize.Event, protocol: bool) -> None:
     group = Group(scenario)
     done = asyncio.Event()
+    if protocol:
+        server = await asyncio.get_running_loop().create_unix_server(lambda: GroupProtocol(group, done), path)
+        ready.set()
+        await done.wait()
+        server.close()
+        return
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         def send(data: bytes) -> None:
@@ -309,9 +369,9 @@ async def _group_asyncio(scenario: str, path: str, ready: mp.synchronize.Event) 
 def _group_main(transport: str, scenario: str, ends: tuple, nice: int) -> None:
     """The group process (forked): serve until told to stop."""
     os.nice(nice)
-    if transport == "uds-asyncio":
+    if transport in ASYNC:
         path, ready = ends
-        asyncio.run(_group_asyncio(scenario, path, ready))
+        asyncio.run(_group_asyncio(scenario, path, ready, transport == "uds-protocol"))
     elif transport == "shm":
         to_group, to_front = ends
         _group_sync(scenario, ShmLink(to_front, to_group))
@@ -378,6 +438,74 @@ def make_batches(count: int, batch: int, first_token: int) -> list[list]:
              for i in range(batch)] for b in range(max(1, count // batch))]
 
 
+class StreamLink:
+    """The front's end of ``uds-asyncio``: asyncio streams."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    def send(self, data: bytes) -> None:
+        self.writer.write(LEN.pack(len(data)) + data)
+
+    async def drain(self) -> None:
+        await self.writer.drain()
+
+    async def recv(self) -> bytes:
+        (n,) = LEN.unpack(await self.reader.readexactly(4))
+        return await self.reader.readexactly(n)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class FrontProtocol(asyncio.Protocol):
+    """The front's end of ``uds-protocol``: frames parsed as they arrive, awaited one by one."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.frames: deque[bytes] = deque()
+        self.waiter: asyncio.Future | None = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        self.frames.extend(split_frames(self.buf))
+        if self.frames and self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(EOFError("the group closed the link"))
+
+    def send(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(LEN.pack(len(data)) + data)
+
+    async def drain(self) -> None:
+        return None  # the requests in flight are bounded by the window
+
+    async def recv(self) -> bytes:
+        while not self.frames:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+        return self.frames.popleft()
+
+    def close(self) -> None:
+        assert self.transport is not None
+        self.transport.close()
+
+
+async def _connect(transport: str, path: str) -> StreamLink | FrontProtocol:
+    if transport == "uds-protocol":
+        _, protocol = await asyncio.get_running_loop().create_unix_connection(FrontProtocol, path)
+        return protocol
+    return StreamLink(*await asyncio.open_unix_connection(path))
+
+
 class Front:
     """The front's end of one transport (blocking calls; the asyncio one runs its own loop)."""
 
@@ -388,13 +516,13 @@ class Front:
         self.link: FdLink | ShmLink | None = None
         self.rings: list[Ring] = []
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self.alink: StreamLink | FrontProtocol | None = None
         self.tmp: tempfile.TemporaryDirectory | None = None
         ctx = mp.get_context("fork")
         if transport in ("inproc", "codec"):
             self.group = Group(scenario)
             return
-        if transport == "uds-asyncio":
+        if transport in ASYNC:
             self.tmp = tempfile.TemporaryDirectory(prefix="ipc_hop.")
             path = os.path.join(self.tmp.name, "group.sock")
             ready = ctx.Event()
@@ -403,7 +531,7 @@ class Front:
             if not ready.wait(30):
                 raise RuntimeError("the group process did not start listening")
             self.loop = asyncio.new_event_loop()
-            self.streams = self.loop.run_until_complete(asyncio.open_unix_connection(path))
+            self.alink = self.loop.run_until_complete(_connect(transport, path))
             return
         if transport == "shm":
             to_group, to_front = Ring(ring), Ring(ring)
@@ -444,7 +572,7 @@ class Front:
         return msgpack.unpackb(self._roundtrip(STATS))
 
     def _roundtrip(self, request: bytes) -> bytes:
-        if self.streams is not None:
+        if self.alink is not None:
             assert self.loop is not None
             return self.loop.run_until_complete(self._roundtrip_async(request))
         assert self.link is not None
@@ -452,12 +580,11 @@ class Front:
         return self.link.recv()
 
     async def _roundtrip_async(self, request: bytes) -> bytes:
-        assert self.streams is not None
-        reader, writer = self.streams
-        writer.write(LEN.pack(len(request)) + request)
-        await writer.drain()
-        (n,) = LEN.unpack(await reader.readexactly(4))
-        return await reader.readexactly(n)
+        alink = self.alink
+        assert alink is not None
+        alink.send(request)
+        await alink.drain()
+        return await alink.recv()
 
     def latency(self, scenario: str, samples: int, seconds: float) -> Latency:
         """Lock-step round trips of one batch of one publish, each timed."""
@@ -465,7 +592,7 @@ class Front:
         times: list[float] = []
         tally = Tally()
         deadline = time.monotonic() + seconds
-        if self.streams is not None:
+        if self.alink is not None:
             assert self.loop is not None
             self.loop.run_until_complete(self._latency_async(batches, times, tally, deadline))
         else:
@@ -514,7 +641,7 @@ class Front:
         front0 = time.process_time()
         started = time.perf_counter()
         deadline = time.monotonic() + seconds
-        if self.streams is not None:
+        if self.alink is not None:
             assert self.loop is not None
             sent = self.loop.run_until_complete(self._pipeline_async(batches, window, run.tally, deadline))
         elif self.group is not None:
@@ -555,21 +682,19 @@ class Front:
         return sent
 
     async def _pipeline_async(self, batches: list[list], window: int, tally: Tally, deadline: float) -> int:
-        assert self.streams is not None
-        reader, writer = self.streams
+        alink = self.alink
+        assert alink is not None
         sent = in_flight = 0
         total = len(batches)
         while sent < total or in_flight:
             while in_flight < window and sent < total:
-                request = BATCH + encode_batch(batches[sent])
-                writer.write(LEN.pack(len(request)) + request)
+                alink.send(BATCH + encode_batch(batches[sent]))
                 sent += 1
                 in_flight += 1
                 if time.monotonic() > deadline:
                     total = sent
-            await writer.drain()
-            (n,) = LEN.unpack(await reader.readexactly(4))
-            tally.dispatch(decode_outputs(await reader.readexactly(n)))
+            await alink.drain()
+            tally.dispatch(decode_outputs(await alink.recv()))
             in_flight -= 1
         return sent
 
@@ -577,12 +702,11 @@ class Front:
         if self.process is None:
             return
         try:
-            if self.streams is not None:
+            if self.alink is not None:
                 assert self.loop is not None
-                _, writer = self.streams
-                writer.write(LEN.pack(1) + QUIT)
-                self.loop.run_until_complete(writer.drain())
-                writer.close()
+                self.alink.send(QUIT)
+                self.loop.run_until_complete(self.alink.drain())
+                self.alink.close()
             elif self.link is not None:
                 self.link.send(QUIT)
         finally:

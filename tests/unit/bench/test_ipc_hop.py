@@ -1,8 +1,9 @@
 """bench/ipc_hop.py with tiny counts (seconds): every transport carries real publishes to a real
 group process and back, and the front checks what came back (one confirm per publish, and in the
 ``deliver`` scenario one delivery per publish; ``Front.throughput`` raises otherwise).  The
-shared-memory ring is checked on its own across its wrap-around.  AMQP 0-9-1 §1.8.3.9 (basic.ack,
-the confirm) and §1.8.3.9/basic.deliver are what the two scenarios' outputs stand for."""
+shared-memory ring is checked on its own across its wrap-around.  The outputs stand for AMQP 0-9-1
+basic.ack as a publisher confirm (0-9-1 reference §1.8.3.13; RabbitMQ's confirm extension) and
+basic.deliver with no-ack consumers (§1.8.3.9, §1.8.3.3.5)."""
 
 from __future__ import annotations
 
