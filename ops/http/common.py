@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from raftmq.store.core import queries as Q
 from ..control import AdminError, Control
 from ..operator import MANAGEMENT, Gatekeeper, Operator
 from .bodies import SMALL_BODY_VALUES, BodyError, read_json
+from .session import COOKIE, CSRF_HEADER, Session, SessionStore, session_operator
 
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
@@ -36,7 +38,9 @@ FORBIDDEN_STATUS = 403
 # The management page needs a login too: the browser then sends the same basic credentials with
 # every API call of the page (same origin, at or below "/").
 PROTECTED_PAGES = frozenset(("/api", "/", "/index.html"))
+PUBLIC_API = frozenset(("/api/login", "/api/login/"))
 REALM = 'Basic realm="RabbitMQ Management"'
+SAFE_METHODS = frozenset(("GET", "HEAD", "OPTIONS"))
 
 
 @dataclass
@@ -45,6 +49,7 @@ class Context:
     control: Control
     gatekeeper: Gatekeeper
     rates: Rates
+    sessions: SessionStore = field(default_factory=SessionStore)
 
 
 CONTEXT = web.AppKey("raftmq_context", Context)
@@ -208,24 +213,63 @@ async def body(request: web.Request, max_values: int = SMALL_BODY_VALUES) -> dic
     return data
 
 
+def _login_failed(request: web.Request) -> HttpError:
+    """401; with RabbitMQ's Basic challenge for tools, without it for the UI's script (a challenge
+    makes a browser show its own login prompt instead of the page's form)."""
+    ui = request.headers.get("X-Requested-With") == "XMLHttpRequest" or COOKIE in request.cookies
+    return HttpError(401, "not_authorized", "Login failed", headers={} if ui else {"WWW-Authenticate": REALM})
+
+
+def request_session(request: web.Request) -> tuple[str, Session] | None:
+    """(id, session) of the request's session cookie when it names a live session, else None."""
+    session_id = request.cookies.get(COOKIE)
+    if not session_id:
+        return None
+    session = context(request).sessions.get(session_id)
+    return (session_id, session) if session is not None else None
+
+
+def _session_login(request: web.Request) -> Operator | None:
+    """The operator of the request's session cookie, or None without a live one.  A change made with
+    the cookie must carry the session's CSRF token (403 otherwise): the browser sends the cookie
+    whoever's page asks, only a page of this origin has the token (ops/http/session.py)."""
+    found = request_session(request)
+    if found is None:
+        return None
+    _session_id, session = found
+    op = session_operator(context(request).broker, session, request.remote)
+    if op is None:
+        return None
+    if request.method not in SAFE_METHODS:
+        token = request.headers.get(CSRF_HEADER, "")
+        if not secrets.compare_digest(token.encode("utf-8", "replace"), session.csrf.encode()):
+            raise HttpError(FORBIDDEN_STATUS, "csrf_token_invalid",
+                            f"a change made with the session cookie needs the session's {CSRF_HEADER} header")
+    request["session"] = session
+    return op
+
+
 @web.middleware
 async def authenticate(request: web.Request, handler):
-    """Every /api path needs a management user (RabbitMQ has no anonymous management access)."""
+    """Every /api path but /api/login needs a management user (RabbitMQ has no anonymous management
+    access): by the session cookie of a UI login, else by Basic credentials (rabbitmqadmin, Flower)."""
     try:
-        if request.path.startswith("/api/") or request.path in PROTECTED_PAGES:
-            # A login not seen before costs a PBKDF2 verification (~5 ms): in the bounded login
-            # pool (node/logins.py), so that wrong passwords cannot stall the broker's loop.
-            # Credentials verified before are answered here (a dashboard polling keeps working
-            # while the pool is busy).
-            ctx, header = context(request), request.headers.get("Authorization")
-            op = ctx.gatekeeper.login_header(header, request.remote, cached_only=True)
+        if (request.path.startswith("/api/") or request.path in PROTECTED_PAGES) and request.path not in PUBLIC_API:
+            op = _session_login(request)
             if op is None:
-                try:
-                    op = await ctx.broker.auth.pool.run(ctx.gatekeeper.login_header, header, request.remote)
-                except LoginBusy:
-                    raise HttpError(503, "busy", "too many logins in progress; try again") from None
+                # A login not seen before costs a PBKDF2 verification (~5 ms): in the bounded login
+                # pool (node/logins.py), so that wrong passwords cannot stall the broker's loop.
+                # Credentials verified before are answered here (a dashboard polling keeps working
+                # while the pool is busy).
+                ctx, header = context(request), request.headers.get("Authorization")
+                op = ctx.gatekeeper.login_header(header, request.remote, cached_only=True)
+                if op is None and header is not None:
+                    try:
+                        op = await ctx.broker.auth.pool.run(ctx.gatekeeper.login_header, header, request.remote)
+                    except LoginBusy:
+                        raise HttpError(503, "busy", "too many logins in progress; try again") from None
             if op is None:
-                raise HttpError(401, "not_authorized", "Login failed", headers={"WWW-Authenticate": REALM})
+                raise _login_failed(request)
             if not op.has(MANAGEMENT):
                 raise forbidden("Not management user")
             request["operator"] = op

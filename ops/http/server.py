@@ -19,7 +19,7 @@ from raftmq.node.descriptors import DescriptorReserve
 
 from ..control import Control
 from ..operator import Gatekeeper
-from . import resources, system, users
+from . import login, resources, system, users
 from .common import CONTEXT, Context, authenticate
 from .crosssite import cross_site, security_headers
 from .listener import HttpListener
@@ -40,6 +40,7 @@ def build_app(broker: Broker, gatekeeper: Gatekeeper | None = None) -> tuple[web
     app[CONTEXT] = Context(broker, Control(broker), gatekeeper or Gatekeeper(broker), rates)
     app.router.add_get("/", _page)
     app.router.add_get("/index.html", _page)
+    login.add_routes(app)
     resources.add_routes(app)
     system.add_routes(app)
     users.add_routes(app)
