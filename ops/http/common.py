@@ -35,9 +35,9 @@ if TYPE_CHECKING:
     from .rates import Rates
 
 FORBIDDEN_STATUS = 403
-# The management page needs a login too: the browser then sends the same basic credentials with
-# every API call of the page (same origin, at or below "/").
-PROTECTED_PAGES = frozenset(("/api", "/", "/index.html"))
+# The management page itself holds no data: it is the login form and the script (issue 35); every
+# /api path but the login needs a login (a session cookie or Basic credentials).
+PROTECTED_PAGES = frozenset(("/api",))
 PUBLIC_API = frozenset(("/api/login", "/api/login/"))
 REALM = 'Basic realm="RabbitMQ Management"'
 SAFE_METHODS = frozenset(("GET", "HEAD", "OPTIONS"))
