@@ -200,3 +200,43 @@ def test_queue_pages_match_the_whole_list(node):
     assert status == 200 and page["items"] == exchanges[3:6] and page["filtered_count"] == len(exchanges) > 3
     for name in names:
         assert call(node.http_base, "DELETE", path("queues", "/", name))[0] == 204
+
+
+def test_secure_cookie_on_a_tls_listener(tmp_path):
+    """Over https (http_tls_cert/http_tls_key) the session cookie is also ``Secure`` (RFC 6265
+    4.1.2.5: the browser sends it over TLS only), and the session works there."""
+    import ssl
+
+    from tests.integration.test_tls import self_signed
+
+    cert, key = self_signed(tmp_path)
+    port = free_port()
+    with RaftmqNode(tmp_path / "n", extra_args=["--http-port", str(port)],
+                    env={"RAFTMQ_HTTP_TLS_CERT": str(cert), "RAFTMQ_HTTP_TLS_KEY": str(key)}):
+        context = ssl.create_default_context(cafile=str(cert))
+
+        def https(method: str, url: str, body=None, headers: dict | None = None):
+            conn = http.client.HTTPSConnection("localhost", port, timeout=10, context=context)
+            try:
+                data = json.dumps(body).encode() if body is not None else None
+                conn.request(method, url, body=data, headers={**({"Content-Type": "application/json"} if data else {}),
+                                                                 **(headers or {})})
+                response = conn.getresponse()
+                return response.status, response.headers, response.read()
+            finally:
+                conn.close()
+
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                status, headers, raw = https("POST", "/api/login", {"username": "guest", "password": "guest"})
+                break
+            except (ConnectionError, ssl.SSLError, OSError):
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert status == 200, raw
+        attributes = [part.strip().lower() for part in headers["Set-Cookie"].split(";")]
+        assert "secure" in attributes and "httponly" in attributes and "samesite=strict" in attributes
+        cookie, token = headers["Set-Cookie"].split(";", 1)[0], json.loads(raw)["csrf_token"]
+        status, _, raw = https("GET", "/api/whoami", headers={"Cookie": cookie})
+        assert status == 200 and json.loads(raw)["csrf_token"] == token and json.loads(raw)["name"] == "guest"
