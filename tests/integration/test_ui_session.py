@@ -15,6 +15,8 @@ read.  Checked:
    request without credentials still gets 401 with RabbitMQ's Basic challenge (rabbitmqadmin,
    Flower: tests/integration/test_http_api.py, test_flower.py).
 5. A session acts with the user's current tags and ends when the password changes.
+6. The Queues/Exchanges pages' server-side paging equals the whole list filtered and cut by hand.
+7. On a TLS listener the cookie is also Secure.
 """
 
 from __future__ import annotations
