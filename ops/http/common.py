@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -26,6 +28,7 @@ from raftmq.store.core import queries as Q
 from ..control import AdminError, Control
 from ..operator import MANAGEMENT, Gatekeeper, Operator
 from .bodies import SMALL_BODY_VALUES, BodyError, read_json
+from .session import COOKIE, CSRF_HEADER, Session, SessionStore, session_operator
 
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
@@ -33,10 +36,12 @@ if TYPE_CHECKING:
     from .rates import Rates
 
 FORBIDDEN_STATUS = 403
-# The management page needs a login too: the browser then sends the same basic credentials with
-# every API call of the page (same origin, at or below "/").
-PROTECTED_PAGES = frozenset(("/api", "/", "/index.html"))
+# The management page itself holds no data: it is the login form and the script (issue 35); every
+# /api path but the login needs a login (a session cookie or Basic credentials).
+PROTECTED_PAGES = frozenset(("/api",))
+PUBLIC_API = frozenset(("/api/login", "/api/login/"))
 REALM = 'Basic realm="RabbitMQ Management"'
+SAFE_METHODS = frozenset(("GET", "HEAD", "OPTIONS"))
 
 
 @dataclass
@@ -45,6 +50,7 @@ class Context:
     control: Control
     gatekeeper: Gatekeeper
     rates: Rates
+    sessions: SessionStore = field(default_factory=SessionStore)
 
 
 CONTEXT = web.AppKey("raftmq_context", Context)
@@ -75,23 +81,23 @@ def reply(data, status: int = 200) -> web.Response:
     return web.Response(text=json.dumps(jsonable(data)), status=status, content_type="application/json")
 
 
-def columns(request: web.Request, rows: list[dict]) -> web.Response:
+def columns(request: web.Request, rows: list, view: Callable[[Any], dict] | None = None) -> web.Response:
     """A list, shaped by RabbitMQ's query parameters: ``name`` filters by a substring of the name
     (``use_regex=true``: a regular expression), ``sort``/``sort_reverse`` order by a (dotted) field,
     ``columns=a,b.c`` keeps only those fields (rabbitmqadmin asks for what it shows), and ``page``
-    with ``page_size`` answers one page wrapped as RabbitMQ does ({"items": ..., "page_count"...})."""
+    with ``page_size`` answers one page wrapped as RabbitMQ does ({"items": ..., "page_count"...}).
+
+    With ``view``, ``rows`` are objects with a ``name`` attribute and ``view`` makes each one's JSON
+    row: filtered by name and paged first, only the rows of the page are made (the UI's Queues page
+    with 10,000 queues: bench/ui_queues_page.py), unless a sort needs every row first."""
     query = request.query
     item_count = len(rows)
-    name_filter = query.get("name")
-    if name_filter:
-        if query.get("use_regex") == "true":
-            try:
-                pattern = re.compile(name_filter)
-            except re.error as exc:
-                raise bad_request(f"bad regular expression: {exc}") from None
-            rows = [r for r in rows if pattern.search(str(r.get("name", "")))]
-        else:
-            rows = [r for r in rows if name_filter in str(r.get("name", ""))]
+    if view is not None:
+        if not query.get("sort") and "page" in query:
+            rows = _by_name(query, rows, lambda item: item.name)
+            return _page(query, rows, item_count, view)
+        rows = [view(item) for item in rows]
+    rows = _by_name(query, rows, lambda row: str(row.get("name", "")))
     if query.get("sort"):
         key = query["sort"].split(".")
 
@@ -102,12 +108,33 @@ def columns(request: web.Request, rows: list[dict]) -> web.Response:
             return (value is None, str(type(value)), value if value is not None else 0)
 
         rows = sorted(rows, key=sort_key, reverse=query.get("sort_reverse") == "true")
-    wanted = query.get("columns")
-    if wanted:
-        keep = [c.split(".")[0] for c in wanted.split(",") if c]
-        rows = [{k: r[k] for k in keep if k in r} for r in rows]
     if "page" not in query:
-        return reply(rows)
+        return reply(_keep_columns(query, rows))
+    return _page(query, rows, item_count, None)
+
+
+def _by_name(query, rows: list, name_of: Callable[[Any], str]) -> list:
+    name_filter = query.get("name")
+    if not name_filter:
+        return rows
+    if query.get("use_regex") == "true":
+        try:
+            pattern = re.compile(name_filter)
+        except re.error as exc:
+            raise bad_request(f"bad regular expression: {exc}") from None
+        return [r for r in rows if pattern.search(name_of(r))]
+    return [r for r in rows if name_filter in name_of(r)]
+
+
+def _keep_columns(query, rows: list[dict]) -> list[dict]:
+    wanted = query.get("columns")
+    if not wanted:
+        return rows
+    keep = [c.split(".")[0] for c in wanted.split(",") if c]
+    return [{k: r[k] for k in keep if k in r} for r in rows]
+
+
+def _page(query, rows: list, item_count: int, view: Callable[[Any], dict] | None) -> web.Response:
     try:
         page, page_size = int(query["page"]), int(query.get("page_size", 100))
     except ValueError:
@@ -118,6 +145,9 @@ def columns(request: web.Request, rows: list[dict]) -> web.Response:
     if page > page_count:
         raise bad_request(f"page out of range: there are {page_count}")
     items = rows[(page - 1) * page_size: page * page_size]
+    if view is not None:
+        items = [view(item) for item in items]
+    items = _keep_columns(query, items)
     return reply({"items": items, "page": page, "page_count": page_count, "page_size": page_size,
                   "filtered_count": len(rows), "item_count": item_count, "total_count": item_count})
 
@@ -208,24 +238,63 @@ async def body(request: web.Request, max_values: int = SMALL_BODY_VALUES) -> dic
     return data
 
 
+def _login_failed(request: web.Request) -> HttpError:
+    """401; with RabbitMQ's Basic challenge for tools, without it for the UI's script (a challenge
+    makes a browser show its own login prompt instead of the page's form)."""
+    ui = request.headers.get("X-Requested-With") == "XMLHttpRequest" or COOKIE in request.cookies
+    return HttpError(401, "not_authorized", "Login failed", headers={} if ui else {"WWW-Authenticate": REALM})
+
+
+def request_session(request: web.Request) -> tuple[str, Session] | None:
+    """(id, session) of the request's session cookie when it names a live session, else None."""
+    session_id = request.cookies.get(COOKIE)
+    if not session_id:
+        return None
+    session = context(request).sessions.get(session_id)
+    return (session_id, session) if session is not None else None
+
+
+def _session_login(request: web.Request) -> Operator | None:
+    """The operator of the request's session cookie, or None without a live one.  A change made with
+    the cookie must carry the session's CSRF token (403 otherwise): the browser sends the cookie
+    whoever's page asks, only a page of this origin has the token (ops/http/session.py)."""
+    found = request_session(request)
+    if found is None:
+        return None
+    _session_id, session = found
+    op = session_operator(context(request).broker, session, request.remote)
+    if op is None:
+        return None
+    if request.method not in SAFE_METHODS:
+        token = request.headers.get(CSRF_HEADER, "")
+        if not secrets.compare_digest(token.encode("utf-8", "replace"), session.csrf.encode()):
+            raise HttpError(FORBIDDEN_STATUS, "csrf_token_invalid",
+                            f"a change made with the session cookie needs the session's {CSRF_HEADER} header")
+    request["session"] = session
+    return op
+
+
 @web.middleware
 async def authenticate(request: web.Request, handler):
-    """Every /api path needs a management user (RabbitMQ has no anonymous management access)."""
+    """Every /api path but /api/login needs a management user (RabbitMQ has no anonymous management
+    access): by the session cookie of a UI login, else by Basic credentials (rabbitmqadmin, Flower)."""
     try:
-        if request.path.startswith("/api/") or request.path in PROTECTED_PAGES:
-            # A login not seen before costs a PBKDF2 verification (~5 ms): in the bounded login
-            # pool (node/logins.py), so that wrong passwords cannot stall the broker's loop.
-            # Credentials verified before are answered here (a dashboard polling keeps working
-            # while the pool is busy).
-            ctx, header = context(request), request.headers.get("Authorization")
-            op = ctx.gatekeeper.login_header(header, request.remote, cached_only=True)
+        if (request.path.startswith("/api/") or request.path in PROTECTED_PAGES) and request.path not in PUBLIC_API:
+            op = _session_login(request)
             if op is None:
-                try:
-                    op = await ctx.broker.auth.pool.run(ctx.gatekeeper.login_header, header, request.remote)
-                except LoginBusy:
-                    raise HttpError(503, "busy", "too many logins in progress; try again") from None
+                # A login not seen before costs a PBKDF2 verification (~5 ms): in the bounded login
+                # pool (node/logins.py), so that wrong passwords cannot stall the broker's loop.
+                # Credentials verified before are answered here (a dashboard polling keeps working
+                # while the pool is busy).
+                ctx, header = context(request), request.headers.get("Authorization")
+                op = ctx.gatekeeper.login_header(header, request.remote, cached_only=True)
+                if op is None and header is not None:
+                    try:
+                        op = await ctx.broker.auth.pool.run(ctx.gatekeeper.login_header, header, request.remote)
+                    except LoginBusy:
+                        raise HttpError(503, "busy", "too many logins in progress; try again") from None
             if op is None:
-                raise HttpError(401, "not_authorized", "Login failed", headers={"WWW-Authenticate": REALM})
+                raise _login_failed(request)
             if not op.has(MANAGEMENT):
                 raise forbidden("Not management user")
             request["operator"] = op

@@ -10,7 +10,8 @@ page can send instead:
   ``application/json`` (parameters such as charset allowed) and must not carry another Content-Type
   at all, even without a body: 415 otherwise, as RabbitMQ's cowboy handlers answer for other types.
   A cross-site form can only send text/plain, urlencoded or multipart bodies; a cross-site fetch() of
-  application/json needs a CORS preflight, which this API never grants.
+  application/json needs a CORS preflight, which this API never grants.  One exception: /api/login
+  takes a urlencoded form too (it changes nothing but opens a session, and the Origin check holds).
 * such a request with an ``Origin`` header (or, without one, a ``Referer``) naming another host
   and port than its ``Host`` header is refused 403, and so is ``Origin: null`` (sandboxed frames).
   Browsers send Origin with every cross-site POST, PUT and DELETE.
@@ -28,6 +29,9 @@ from .common import HttpError
 
 SAFE_METHODS = frozenset(("GET", "HEAD", "OPTIONS"))
 JSON = "application/json"
+FORM = "application/x-www-form-urlencoded"
+# The login form may post a form body (ops/http/login.py); the Origin/Referer check still applies.
+FORM_PATHS = frozenset(("/api/login", "/api/login/"))
 API_CSP = "default-src 'none'; frame-ancestors 'none'"
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -70,7 +74,8 @@ def refusal(request: web.Request) -> HttpError | None:
                          f"cross-site request refused: {'Origin' if origin is not None else 'Referer'} "
                          f"{source[:200]!r} is not this host")
     has_type = "Content-Type" in request.headers
-    if (has_type or request.body_exists) and request.content_type != JSON:
+    form_ok = request.path in FORM_PATHS and request.content_type == FORM
+    if (has_type or request.body_exists) and request.content_type != JSON and not form_ok:
         given = request.headers.get("Content-Type", "none")[:100]
         return HttpError(415, "unsupported_media_type", f"changes take an application/json body, not {given}")
     return None

@@ -54,9 +54,8 @@ def _name(request: web.Request, key: str = "name") -> str:
 async def list_queues(request: web.Request) -> web.Response:
     ctx = context(request)
     machine = ctx.broker.machine
-    rows = [queue_view(ctx.broker, q, ctx.rates) for v in _visible_vhosts(request, _vhost_arg(request))
-            for q in sorted(Q.queues(machine, v), key=by_name)]
-    return columns(request, rows)
+    queues = [q for v in _visible_vhosts(request, _vhost_arg(request)) for q in sorted(Q.queues(machine, v), key=by_name)]
+    return columns(request, queues, lambda q: queue_view(ctx.broker, q, ctx.rates))
 
 
 def _queue(request: web.Request) -> tuple[str, Q.QueueInfo]:
@@ -172,9 +171,9 @@ def _properties_view(message: Message) -> dict:
 
 async def list_exchanges(request: web.Request) -> web.Response:
     machine = context(request).broker.machine
-    rows = [exchange_view(e, plugins=True) for v in _visible_vhosts(request, _vhost_arg(request))
-            for e in sorted(Q.exchanges(machine, v), key=by_name)]
-    return columns(request, rows)
+    exchanges = [e for v in _visible_vhosts(request, _vhost_arg(request)) for e in sorted(Q.exchanges(machine, v),
+                                                                                         key=by_name)]
+    return columns(request, exchanges, lambda e: exchange_view(e, plugins=True))
 
 
 def _exchange(request: web.Request) -> tuple[str, Q.ExchangeInfo]:

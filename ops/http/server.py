@@ -19,7 +19,7 @@ from raftmq.node.descriptors import DescriptorReserve
 
 from ..control import Control
 from ..operator import Gatekeeper
-from . import resources, system, users
+from . import login, resources, system, users
 from .common import CONTEXT, Context, authenticate
 from .crosssite import cross_site, security_headers
 from .listener import HttpListener
@@ -40,6 +40,9 @@ def build_app(broker: Broker, gatekeeper: Gatekeeper | None = None) -> tuple[web
     app[CONTEXT] = Context(broker, Control(broker), gatekeeper or Gatekeeper(broker), rates)
     app.router.add_get("/", _page)
     app.router.add_get("/index.html", _page)
+    for name in STATIC_FILES:
+        app.router.add_get(f"/static/{name}", _static)
+    login.add_routes(app)
     resources.add_routes(app)
     system.add_routes(app)
     users.add_routes(app)
@@ -64,14 +67,25 @@ def _accept_trailing_slash(router: web.UrlDispatcher) -> None:
             router.add_route(route.method, path + "/", route.handler)
 
 
-PAGE = Path(__file__).with_name("static") / "index.html"
+STATIC = Path(__file__).with_name("static")
+PAGE = STATIC / "index.html"
+# The UI's files (issue 35): served to anyone, they hold no data; the data is behind the login.
+STATIC_FILES = {"app.js": "text/javascript", "app.css": "text/css"}
+PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+            "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
 
 
 async def _page(request: web.Request) -> web.Response:
-    """The management page (ops/http/static/index.html): it reads this node's API."""
-    return web.Response(text=PAGE.read_text(), content_type="text/html",
-                        headers={"Content-Security-Policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; "
-                                                            "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'"})
+    """The management UI (ops/http/static/index.html and app.js): a login form, then the tabs,
+    on this node's API.  Its script is a file of this origin: the CSP allows no inline script."""
+    return web.Response(text=PAGE.read_text(), content_type="text/html", headers={"Content-Security-Policy": PAGE_CSP,
+                                                                                  "Cache-Control": "no-cache"})
+
+
+async def _static(request: web.Request) -> web.Response:
+    name = request.path.rsplit("/", 1)[1]
+    return web.Response(text=(STATIC / name).read_text(), content_type=STATIC_FILES[name],
+                        headers={"Cache-Control": "no-cache"})
 
 
 def _tls(broker: Broker) -> ssl.SSLContext | None:

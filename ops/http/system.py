@@ -34,6 +34,7 @@ from .common import (
     require,
     require_vhost,
 )
+from .login import grants
 from .views import MANAGEMENT_VERSION, PRODUCT, node_name
 
 STARTED = time.time()
@@ -321,8 +322,15 @@ async def cluster_name(request: web.Request) -> web.Response:
 
 
 async def whoami(request: web.Request) -> web.Response:
+    """RabbitMQ's {"name", "tags"}; to the UI (logged in by a session cookie) also the tags granted
+    (ops/http/login.py) and the session's CSRF token.  Basic-auth callers get RabbitMQ's answer."""
     op = operator(request)
-    return reply({"name": op.name, "tags": sorted(op.tags)})
+    out: dict = {"name": op.name, "tags": sorted(op.tags)}
+    session = request.get("session")
+    if session is not None:
+        out["grants"] = grants(op)
+        out["csrf_token"] = session.csrf
+    return reply(out)
 
 
 async def extensions(request: web.Request) -> web.Response:

@@ -48,3 +48,16 @@ def test_content_types():
     assert status("POST", host, **{"Content-Type": "application/json; charset=utf-8"}) is None
     assert status("DELETE", host) is None  # no body, no content type
     assert status("GET", host, Origin="http://evil.example", **{"Content-Type": "text/plain"}) is None  # reads
+
+
+def test_login_form_body_only_on_the_login_path():
+    """/api/login alone takes a urlencoded form (the UI's login form, ops/http/login.py); the Origin
+    check still holds there, and every other path still refuses form bodies."""
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    login = make_mocked_request("POST", "/api/login", headers={"Host": "localhost:15672", **form})
+    assert refusal(login) is None
+    evil = make_mocked_request("POST", "/api/login", headers={"Host": "localhost:15672", "Origin": "http://evil.example",
+                                                              **form})
+    assert refusal(evil).status == 403
+    other = make_mocked_request("POST", "/api/logout", headers={"Host": "localhost:15672", **form})
+    assert refusal(other).status == 415
