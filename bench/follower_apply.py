@@ -1,7 +1,7 @@
 """A follower's CPU per replicated publish: decode a batch from the log and apply it without replies.
 
 In process, no sockets and no Raft: 200 persistent 256 B publishes into one durable queue per batch,
-decoded by ``store.commands.decode_batch`` and applied with ``replies=False`` (what every follower
+decoded by ``store.core.commands.decode_batch`` and applied with ``replies=False`` (what every follower
 does with every entry).  Runs against any checkout (old code built commands as lists, new as typed
 commands), so old and new can be compared side by side::
 

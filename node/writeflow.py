@@ -56,7 +56,7 @@ class Parking:
     ``owned_bytes`` counts the bodies parked deliveries carry, which nothing else holds any more:
     an auto-ack delivery left its queue when it was assigned, so the node holds its body only
     here; a manual-ack delivery is still an unacked message of its queue and is parked without its
-    body, which is read when it is written (store/bodies.fill_bodies).
+    body, which is read when it is written (store/disk/bodies.fill_bodies).
     """
 
     stop_after: int = DEFAULT_HIGH  # parked bytes of one channel before its assignment is stopped

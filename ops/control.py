@@ -210,7 +210,7 @@ class Control:
     async def publish(self, vhost: str, exchange: str, routing_key: str, properties: bytes, body: bytes,
                       persistent: bool, priority: int | None, expiration_ms: int | None,
                       access: Access | None = None) -> int:
-        """The publish outcome: store.commands ROUTED, UNROUTABLE or REJECTED."""
+        """The publish outcome: store.core.commands ROUTED, UNROUTABLE or REJECTED."""
         return await self.endpoint.command(Publish, vhost, exchange, routing_key, False, properties, body,
                                            persistent, priority, expiration_ms, access=access)
 

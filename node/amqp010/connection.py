@@ -252,7 +252,7 @@ class Amqp010Connection(asyncio.Protocol):
             self.counts[1] += 1
             if self._parking.holding:
                 size = transfer[4].size
-                # Parked with its body (accept-mode none, or browsed: store/bodies.fill_bodies), it
+                # Parked with its body (accept-mode none, or browsed: store/disk/bodies.fill_bodies), it
                 # is held only here; without one (to be accepted), it is read when written.
                 owned = size if len(transfer) > 5 else 0
                 if self._parking.park(channel_no, destination, transfer, owned, size):

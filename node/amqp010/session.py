@@ -466,7 +466,7 @@ class ServerSession:
     def on_transfer(self, destination: str, transfer: tuple,
                     following: Callable[[], list[int]] | None = None) -> None:
         """A transfer assigned to one of our subscriptions.  One to be accepted carries no body
-        (store/bodies.fill_bodies): it is read now, with ``following`` when it is only on disk."""
+        (store/disk/bodies.fill_bodies): it is read now, with ``following`` when it is only on disk."""
         if not self.attached:
             return
         message = transfer[4]

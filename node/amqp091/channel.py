@@ -724,7 +724,7 @@ class Channel:
 
     def _send_delivery(self, consumer_tag: str, delivery: tuple, no_ack: bool,
                        following: Callable[[], Iterable[int]] | None = None) -> None:
-        """Write one delivery.  A manual-ack delivery carries no body (store/bodies.fill_bodies): it
+        """Write one delivery.  A manual-ack delivery carries no body (store/disk/bodies.fill_bodies): it
         is read now, with ``following`` (the ids sent next) when it is only on disk."""
         if len(delivery) == 5:
             qid, seq, redelivered, message, body = delivery

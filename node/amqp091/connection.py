@@ -327,7 +327,7 @@ class Amqp091Connection(asyncio.Protocol):
             self.counts[1] += 1
             if self._parking.holding and channel.is_open:
                 size = delivery[3].size
-                # Parked with its body (auto-ack: store/bodies.fill_bodies), it is held only here;
+                # Parked with its body (auto-ack: store/disk/bodies.fill_bodies), it is held only here;
                 # without one (manual ack), it is read when written.
                 owned = size if len(delivery) > 4 else 0
                 # A channel under a basic.qos limit parks at most its credit: no stop needed.

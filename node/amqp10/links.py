@@ -24,7 +24,7 @@ exact scheme below.
 *Held while blocked* (issue 31 item 2): while the client's session incoming-window is 0 (2.5.6), a
 delivery of the session waits for it, or the connection's write buffer is past ``write_buffer_high``
 (``Session.blocked``), every outgoing link holds what the core assigns in ``held`` too, as the core's
-transfer tuples: an unsettled one carries no body (store/bodies.fill_bodies), so credit alone never
+transfer tuples: an unsettled one carries no body (store/disk/bodies.fill_bodies), so credit alone never
 reads a backlog from disk; it goes out when the session resumes the link (``resume_sending``).  A
 pre-settled link's transfers carry their bodies: it gives the core no credit while blocked, counts
 what it holds for the memory alarm, and stops the core (``FLOW``) past ``write_buffer_high`` of it.
@@ -448,7 +448,7 @@ class OutgoingLink(Link):
 
     def _hold(self, transfer: tuple) -> None:
         """Keep a core transfer until credit, window and write buffer allow it: by reference (an
-        unsettled one carries no body, store/bodies.fill_bodies) -- or, pre-settled, with the body the
+        unsettled one carries no body, store/disk/bodies.fill_bodies) -- or, pre-settled, with the body the
         core gave it, counted for the memory alarm; past ``write_buffer_high`` of those the core is
         stopped for this link (node/writeflow.py's rule) until they are sent."""
         self.held.append(transfer)
@@ -544,7 +544,7 @@ class OutgoingLink(Link):
 
     def _send(self, transfer: tuple, following: Callable[[], list[int]] | None = None) -> None:
         """One core transfer to the client.  An unsettled one carries no body
-        (store/bodies.fill_bodies): it is read now, with ``following`` when it is only on disk."""
+        (store/disk/bodies.fill_bodies): it is read now, with ``following`` when it is only on disk."""
         transfer_id, redelivered, message = transfer[0], transfer[3], transfer[4]
         body = body_to_send(self.conn.broker.bodies, message, transfer, 5, following, transfer[1])
         if body is None:

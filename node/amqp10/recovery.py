@@ -142,7 +142,7 @@ class DurableOutgoingLink(OutgoingLink):
         if result[0] != 0:
             return self._subscribed(result)
         known = {replay[0] for replay in self.replays}
-        # (a core transfer to be settled carries no body: read when sent, store/bodies.fill_bodies)
+        # (a core transfer to be settled carries no body: read when sent, store/disk/bodies.fill_bodies)
         self.replays += [(t[0], t[4], t[5] if len(t) > 5 else None, False) for t in self.early
                          if t[0] not in known]
         self.early = []

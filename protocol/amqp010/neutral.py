@@ -62,7 +62,7 @@ def structs(raw: bytes) -> tuple[Any, Any]:
 
 
 def delivery_headers(message: Any, redelivered: bool) -> list:
-    """The header structs of a 0-10 transfer of a stored message (``store.model.Message``): the
+    """The header structs of a 0-10 transfer of a stored message (``store.core.model.Message``): the
     message's own delivery-properties fields with this delivery's exchange, routing key and
     redelivered flag, and its message-properties -- only what the publisher set (a 0-10 consumer
     gets the structs as they came), so an empty message-properties is left out.  A message of

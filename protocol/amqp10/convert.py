@@ -10,7 +10,7 @@ What the core needs besides (durable, priority, ttl) and what routing needs (``t
 read on the way.
 
 Delivering (:func:`encode_delivery`): stored properties in format ``AMQP100`` (the publisher's own, or
-another protocol's converted by ``store.message.properties_in``) and a body become a 1.0 message: a
+another protocol's converted by ``store.core.message.properties_in``) and a body become a 1.0 message: a
 header with the delivery's first-acquirer and delivery-count (the header ``x-delivery-count`` of a
 quorum-style redelivery if there is one, else 1 for a redelivery), message-annotations with the
 exchange and routing key the message was published with (``x-exchange``, ``x-routing-key``, as

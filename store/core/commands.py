@@ -151,9 +151,9 @@ class GotMessage(NamedTuple):
     qid: int
     seq: int
     redelivered: bool
-    message: Any  # store.model.Message
+    message: Any  # store.core.model.Message
     message_count: int
-    body: bytes | None = None  # filled in by the node (store/bodies.fill_bodies): the model has none
+    body: bytes | None = None  # filled in by the node (store/disk/bodies.fill_bodies): the model has none
 
 
 class SessionBusy(NamedTuple):

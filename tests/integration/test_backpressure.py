@@ -295,7 +295,7 @@ def test_consumer_attached_to_a_backlog_is_not_sent_it_all_at_once(memory_node: 
     """A manual-ack consumer without prefetch attaches to a queue holding 64 MiB and does not read.
     One apply assigns it the whole backlog; the node writes only up to the high-water mark and
     parks the rest as references to the queued messages, without their bodies, which are read
-    when they are written (store/bodies.fill_bodies), so its RSS grows by well under the backlog
+    when they are written (store/disk/bodies.fill_bodies), so its RSS grows by well under the backlog
     (before: every body encoded into the write buffer at once, +64 MiB on top of the queue; with
     the backlog on disk and bodies given at assignment, +95 MB read back from it). When the
     consumer reads, it gets all of them, in order."""
