@@ -17,6 +17,7 @@ import time
 from typing import Protocol
 
 from raftmq.node.config import Config
+from raftmq.node.leaders import LeaderHistory
 from raftmq.raft.cluster import ClusterLog
 from raftmq.raft.local import LocalLog
 from raftmq.raft.log import Log
@@ -216,6 +217,7 @@ class Broker:
         self._tasks: list[asyncio.Task] = []
         self._leaderless_since: float | None = None
         self.leader_changes = 0
+        self.leader_history = LeaderHistory()  # the last leaders seen, with time and term (node/leaders.py)
         self._last_leader: str | None = None
         self._cut_off = False  # leaderless since this node, the leader, lost its majority
         self._majority_lost_seen = 0  # Replica.majority_lost at the last look
@@ -468,6 +470,8 @@ class Broker:
                     log.info("Raft leader is now %s (%s)%s", self.node_of_raft(self.log.leader) or "?",
                              self.log.leader, ", this node" if self.log.is_leader else "")
                     self._last_leader = self.log.leader
+                    self.leader_history.saw(time.time(), raft.term,
+                                            self.node_of_raft(self.log.leader) or self.log.leader)
             if not self.log.is_leader:
                 unreachable_since.clear()
                 continue

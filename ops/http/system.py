@@ -100,7 +100,8 @@ async def overview(request: web.Request) -> web.Response:
 
 # ------------------------------------------------------------------ nodes
 
-def _nodes(broker) -> list[dict]:
+def node_members(broker) -> list[dict]:
+    """Every member as /api/nodes lists it (also the Cluster page's rows: ops/http/raftview.py)."""
     log = broker.log
     raft = log.raft_status()
     config = broker.config
@@ -162,12 +163,12 @@ def _nodes(broker) -> list[dict]:
 
 async def list_nodes(request: web.Request) -> web.Response:
     require(request, MONITORING)
-    return columns(request, _nodes(context(request).broker))
+    return columns(request, node_members(context(request).broker))
 
 
 async def get_node(request: web.Request) -> web.Response:
     require(request, MONITORING)
-    return reply_one(_nodes(context(request).broker), name=request.match_info["name"])
+    return reply_one(node_members(context(request).broker), name=request.match_info["name"])
 
 
 # ------------------------------------------------------------------ connections and channels

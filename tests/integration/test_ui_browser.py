@@ -15,7 +15,15 @@ Checked (issue 35, part one):
    and in as that user: no Admin tab, no Nodes section (the tags, as RabbitMQ), 403 from the API for
    an admin call, and a change without the CSRF token refused (403) while the page's own works.
 2. ``test_wrong_password``: the form says "Login failed" and shows no data.
-3. ``test_cluster_overview_shows_the_leader`` (cluster mark): a follower's Overview names the leader.
+3. ``test_cluster_overview_shows_the_leader`` (cluster mark): a follower's Overview names the leader;
+   then (part two) its Cluster page (GET /api/raftmq/cluster, ops/http/raftview.py) shows the same
+   leader, three members with term, commit and applied index, the leader as a connected partner and
+   the leader in its history; the test kills -9 the leader's process (by the PID it started) and
+   the page, still open on the surviving follower, shows another leader, the old one not running,
+   a leader change counted and the change in its history (old leader -> new, higher term).
+   Screenshots before and after.
+4. In ``test_work_in_the_ui``: the Cluster tab of one node ("single", no changes); a management
+   user has no Cluster tab and gets 403 from /api/raftmq/cluster (monitoring only, as /api/nodes).
 
 Chromium is Debian's ``chromium`` package (``make system-packages`` installs it as root); without a
 chromium binary the tests skip.
@@ -120,9 +128,9 @@ class Browser:
         self.send("Page.navigate", url=url)
         self.wait("document.readyState === 'complete' && typeof start === 'function'", f"{url} loaded")
 
-    def wait(self, expression: str, what: str):
+    def wait(self, expression: str, what: str, timeout: float = WAIT_TIMEOUT):
         """Poll ``expression`` until it is truthy; its value (an element counts as true)."""
-        deadline = time.monotonic() + WAIT_TIMEOUT
+        deadline = time.monotonic() + timeout
         while True:
             value = self.js(f"(() => {{ try {{ const v = {expression}; return v instanceof Node ? true : v; }}"
                             " catch (e) { return null; } })()")
@@ -235,6 +243,12 @@ def test_work_in_the_ui(node, browser):
     assert browser.visible("tab-admin") and "administrator" in browser.text("user-tags")
     browser.wait("document.getElementById('nodes')", "the Nodes table of the Overview")
     assert browser.js("document.querySelector('#nodes tbody td.leader').textContent") == "single"
+    assert browser.visible("tab-cluster")
+    browser.go("#/cluster", "document.getElementById('raft-members')", "the Cluster page")
+    assert browser.js("document.querySelector('#raft-members tbody td.leader').textContent") == "single"
+    status, raft = call(node.http_base, "GET", "/api/raftmq/cluster")
+    assert status == 200 and raft["clustered"] is False and raft["leader"] == raft["node"]
+    assert raft["leader_changes"] == 0 and raft["recent_leader_changes"] == []
 
     # Queues: declare one from the form (server-side list: filtered by name).
     browser.go("#/queues", "document.getElementById('queues-table')", "the Queues page")
@@ -307,10 +321,12 @@ def test_work_in_the_ui(node, browser):
     assert not browser.visible("tab-admin")
     browser.wait("document.getElementById('object-totals')", "the Overview")
     assert browser.js("document.getElementById('nodes') === null")  # Nodes: monitoring only
+    assert not browser.visible("tab-cluster")  # the Raft view: monitoring only
     browser.go("#/users", "true", "a try at the Admin page")
     assert browser.js("document.getElementById('users-table') === null")  # the page shows the Overview
     ui = "'X-Requested-With': 'XMLHttpRequest'"
     assert browser.js(f"fetch('/api/users', {{headers: {{{ui}}}}}).then(r => r.status)") == 403
+    assert browser.js(f"fetch('/api/raftmq/cluster', {{headers: {{{ui}}}}}).then(r => r.status)") == 403
     # CSRF: the cookie alone does not make a change; with the page's token it does.
     def put(headers: str) -> str:
         return (f"fetch('/api/queues/%2F/ui-alice-q', {{method: 'PUT', headers: {{{ui}, {headers}"
@@ -344,9 +360,30 @@ def _publish(amqp_url: str, queue: str, count: int) -> None:
         connection.close()
 
 
+ELECTION_TIMEOUT = 60.0  # seconds for the page to show a new leader after a kill -9 (slow shared machine)
+
+
+def _cluster_page(browser, leader_name: str, what: str, timeout: float = WAIT_TIMEOUT) -> dict:
+    """Wait until the Cluster page's members table marks ``leader_name`` (and only it) leader; the
+    page's summary, members and leader history as {"summary": {column: text}, "members": {name: [cells]},
+    "changes": [[cells]]}."""
+    return browser.wait(
+        "(() => { const cells = r => [...r.cells].map(c => c.textContent);"
+        " const rows = [...document.querySelectorAll('#raft-members tbody tr')];"
+        " const leaders = rows.filter(r => r.cells[2].classList.contains('leader')).map(r => r.cells[0].textContent);"
+        f" if (rows.length !== 3 || leaders.length !== 1 || leaders[0] !== {json.dumps(leader_name)}) return null;"
+        " const heads = [...document.querySelectorAll('#raft-summary thead th')].map(t => t.textContent);"
+        " const values = cells(document.querySelector('#raft-summary tbody tr'));"
+        " return {summary: Object.fromEntries(heads.map((k, i) => [k, values[i]])),"
+        " members: Object.fromEntries(rows.map(r => [r.cells[0].textContent, cells(r)])),"
+        " changes: [...document.querySelectorAll('#leader-changes tbody tr')].map(cells)}; })()",
+        what, timeout)
+
+
 @pytest.mark.cluster
 def test_cluster_overview_shows_the_leader(tmp_path, browser):
-    """A follower's Overview lists the three members and marks the leader Raft reports."""
+    """A follower's Overview lists the three members and marks the leader Raft reports; its Cluster
+    page shows the Raft view, and after kill -9 of the leader a new leader and the change (checks 3)."""
     cluster = Cluster(3, tmp_path / "cluster")
     bases = {}
     for member in cluster.nodes:
@@ -365,9 +402,45 @@ def test_cluster_overview_shows_the_leader(tmp_path, browser):
             "(() => { const rows = [...document.querySelectorAll('#nodes tbody tr')];"
             " const leaders = rows.filter(r => r.cells[2].classList.contains('leader')).map(r => r.cells[0].textContent);"
             f" return rows.length === 3 && leaders.length === 1 && leaders[0] === {json.dumps(leader_name)}"
+            # a follower's link to the other follower may still be connecting: its role "unknown" then
+            " && rows.every(r => r.cells[2].textContent !== 'unknown')"
             " && Object.fromEntries(rows.map(r => [r.cells[0].textContent, r.cells[2].textContent])); })()",
             f"the leader {leader_name}")
         assert roles == {f"raftmq@{n.node_id}": ("leader" if n is leader else "follower") for n in cluster.nodes}
         assert browser.text("node").endswith(f"raftmq@{follower.node_id}")
         browser.wait("document.getElementById('queued').textContent.includes('4')", "4 queued messages")
         browser.screenshot("ui-cluster-follower.png")
+
+        # The Cluster page (raftmq's own): the Raft view from the follower.
+        browser.click("tab-cluster")
+        before = _cluster_page(browser, leader_name, f"the Cluster page with the leader {leader_name}")
+        assert before["summary"]["Seen from"] == f"raftmq@{follower.node_id}"
+        assert before["summary"]["Leader"] == leader_name
+        assert leader_name in before["summary"]["Connected partners"]
+        term_before = int(before["summary"]["Term"])
+        assert term_before >= 1
+        me = before["members"][f"raftmq@{follower.node_id}"]
+        assert me[2] == "follower" and int(me[4]) >= 1 and int(me[5]) >= 1  # commit, applied index
+        assert me[6] == ""  # lag: the leader's knowledge, not shown on a follower
+        assert before["changes"] and before["changes"][0][2] == leader_name  # the newest first
+        changes_before = int(before["summary"]["Leader changes"])
+        browser.screenshot("ui-cluster-raft-before.png")
+
+        # kill -9 the leader (the process this test started, by its PID): the page on the surviving
+        # follower shows another leader, the old one down, and the change.
+        leader.kill9()
+        after = browser.wait(
+            "(() => { const rows = [...document.querySelectorAll('#raft-members tbody tr')];"
+            " const leaders = rows.filter(r => r.cells[2].classList.contains('leader')).map(r => r.cells[0].textContent);"
+            f" return leaders.length === 1 && leaders[0] !== {json.dumps(leader_name)} && leaders[0]; }})()",
+            "a new leader on the Cluster page", ELECTION_TIMEOUT)
+        new_leader = cluster.leader(exclude=leader)
+        assert after == f"raftmq@{new_leader.node_id}"
+        view = _cluster_page(browser, after, "the Cluster page after the election")
+        assert view["members"][leader_name][1] == "no"  # the killed leader: not running
+        assert int(view["summary"]["Leader changes"]) >= changes_before + 1
+        assert int(view["summary"]["Term"]) > term_before
+        newest = view["changes"][0]  # [time, term, leader, previous leader]
+        assert newest[2] == after and int(newest[1]) > term_before
+        assert any(change[3] == leader_name for change in view["changes"])  # the change away from the old one
+        browser.screenshot("ui-cluster-raft-after.png")

@@ -2,7 +2,7 @@
 //
 // A login form opens a session (POST /api/login: an HttpOnly cookie and a CSRF token); every API
 // call then goes with the cookie, and every change with the token in X-CSRF-Token.  The tabs are
-// RabbitMQ's (Overview, Connections, Channels, Exchanges, Queues, Admin), on RabbitMQ's API paths;
+// RabbitMQ's (Overview, Connections, Channels, Exchanges, Queues, Admin) and raftmq's Cluster, on the API;
 // lists are paged and filtered by the server (page, page_size, name, use_regex).  What a user sees
 // follows its tags as the server reports them (/api/whoami "grants": ops/http/login.py), and the
 // API refuses what the tags do not allow whatever the page shows.  Text from the server is put in
@@ -422,6 +422,39 @@ views.queue = async (vhost, name) => {
   return {title: `Queue ${name}`, content, load};
 };
 
+// raftmq's own page (RabbitMQ has none): the Raft view of the node the page is served by, from
+// GET /api/raftmq/cluster (ops/http/raftview.py; monitoring users).  Lag is the leader's knowledge:
+// on a follower that column is empty.
+views.cluster = async () => {
+  const summary = h("div", {id: "raft-summary-box"}), members = h("div", {id: "raft-members-box"});
+  const changes = h("div", {id: "leader-changes-box"});
+  async function load() {
+    const c = await api("GET", "/api/raftmq/cluster");
+    const p = c.prevote;
+    summary.replaceChildren(table("raft-summary", [["Seen from", x => x.node], ["Leader", x => x.leader || "none",
+      {cls: x => x.leader ? "leader" : "down"}], ["Term", x => x.term, {numeric: true}],
+      ["Leader changes", x => x.leader_changes, {numeric: true}],
+      ["Connected partners", x => x.connected_partners.join(", ")],
+      ["Majority lost", x => x.majority_lost, {numeric: true}],
+      ["Snapshots damaged", x => x.snapshots_damaged, {numeric: true}],
+      ["Pre-vote rounds / won", () => `${p.rounds} / ${p.won}`], ["Pre-votes granted / refused",
+        () => `${p.granted} / ${p.refused}`]], [c]));
+    members.replaceChildren(table("raft-members", [
+      ["Name", n => n.name], ["Running", n => n.running ? "yes" : "no", {cls: n => n.running ? "" : "down"}],
+      ["Role", n => n.raft.role, {cls: n => n.raft.leader ? "leader" : ""}],
+      ["Term", n => n.raft.term, {numeric: true}],
+      ["Commit index", n => n.raft.commit_index, {numeric: true}],
+      ["Applied index", n => n.raft.applied_index, {numeric: true}],
+      ["Lag (entries, leader's view)", n => n.raft.lag, {numeric: true}]], c.members));
+    changes.replaceChildren(c.recent_leader_changes.length === 0 ? h("p", {text: "No leader seen yet."}) :
+      table("leader-changes", [["Time", x => new Date(x.time).toLocaleTimeString()], ["Term", x => x.term,
+        {numeric: true}], ["Leader", x => x.leader], ["Previous leader", x => x.previous || "(first seen)"]],
+        c.recent_leader_changes));
+  }
+  return {title: "Cluster", content: [section("Raft", summary), section("Members", members),
+    section("Last leader changes (newest first)", changes)], load};
+};
+
 views.admin = async () => {
   const users = new Pager("users", "/api/users", [["Name", u => u.name], ["Tags", u => u.tags.join(", ")],
     ["Has password", u => u.password_hash || u.source === "config" ? "●" : "○"]]);
@@ -485,6 +518,7 @@ function route() {
   if (parts[0] === "queues" && parts.length === 3) return ["queues", views.queue, parts.slice(1)];
   if (parts[0] === "exchanges" && parts.length === 3) return ["exchanges", views.exchange, parts.slice(1)];
   if (parts[0] === "users" && may("administrator")) return ["admin", views.admin, []];
+  if (parts[0] === "cluster" && may("monitoring")) return ["cluster", views.cluster, []];
   const tab = {connections: "connections", channels: "channels", exchanges: "exchanges", queues: "queues"}[parts[0]];
   return tab ? [tab, views[tab], []] : ["overview", views.overview, []];
 }
@@ -522,6 +556,7 @@ function signedIn(me) {
   document.getElementById("user-name").textContent = me.name;
   document.getElementById("user-tags").textContent = me.tags.length ? `(${me.tags.join(", ")})` : "";
   document.getElementById("tab-admin").hidden = !may("administrator");
+  document.getElementById("tab-cluster").hidden = !may("monitoring");
   clearInterval(state.timer);
   state.timer = setInterval(refresh, REFRESH_MS);
   api("GET", "/api/overview").then(o => {
