@@ -85,9 +85,6 @@ from .sealed import EXIT_STORE_DAMAGED, SEAL_HEAD, BadRecord, StoreDamaged, seal
 
 log = logging.getLogger(__name__)
 
-_U64 = U64
-_QID_SEQ = QID_SEQ
-
 TABLES = ("meta", "vhosts", "exchanges", "queues", "bindings", "messages", "entries", "users", "delayed")
 EMPTY_VALUE_TABLES = frozenset(("vhosts", "bindings"))  # the key is the record; the value is b""
 
@@ -113,9 +110,9 @@ def describe_key(table: str, key: bytes) -> str:
     """A damaged record's place, for a person: table and key (decoded when the layout says how)."""
     try:
         if table in ("messages",) and len(key) == 8:
-            return f"{table}/message {_U64.unpack(key)[0]}"
+            return f"{table}/message {U64.unpack(key)[0]}"
         if table in ("entries", "delayed") and len(key) == 16:
-            a, b = _QID_SEQ.unpack(key)
+            a, b = QID_SEQ.unpack(key)
             return f"{table}/{'qid' if table == 'entries' else 'due'} {a} seq {b}"
         if table in ("vhosts", "users", "meta"):
             return f"{table}/{key.decode()!r}"
@@ -138,17 +135,14 @@ def _check_payload(table: str, key: bytes, payload: bytes | memoryview) -> None:
         raise BadRecord(f"does not decode ({exc.__class__.__name__})") from exc
 
 
-_pack = pack
-
-
 def _unpack(data: bytes | memoryview) -> Any:
-    """A record's value.  Any: its shape is the one ``_pack`` was given for that table (the table
+    """A record's value.  Any: its shape is the one ``pack`` was given for that table (the table
     says which; the record's checksum proved the bytes are those written), not a static type."""
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
 def entry_key(qid: int, seq: int) -> bytes:
-    return _QID_SEQ.pack(qid, seq)
+    return QID_SEQ.pack(qid, seq)
 
 
 class DurableStore:
@@ -186,7 +180,7 @@ class DurableStore:
                         self._sealed_on_upgrade, STORE_FORMAT)
         if found < STORE_FORMAT:
             with self.env.begin(write=True) as txn:
-                txn.put(b"format", _pack(STORE_FORMAT), db=self.db["meta"])
+                txn.put(b"format", pack(STORE_FORMAT), db=self.db["meta"])
             self.sync()
 
     def _seal_older_records(self, found: int) -> None:
@@ -251,7 +245,7 @@ class DurableStore:
                         raise LookupError(f"no body for message {msg_id} to store")
                     record = list(record)
                     record[at] = body
-                    txn.put(key, seal(key, _pack(record)), db=table)
+                    txn.put(key, seal(key, pack(record)), db=table)
                 elif kind == DELETE:
                     txn.delete(op[2], db=table)
                 else:  # DELETE_PREFIX
@@ -262,9 +256,9 @@ class DurableStore:
                             if not cursor.delete():
                                 break
             meta = db["meta"]
-            txn.put(b"counters", seal(b"counters", _pack(list(counters))), db=meta)
+            txn.put(b"counters", seal(b"counters", pack(list(counters))), db=meta)
             if applied_index is not None:
-                txn.put(b"applied", seal(b"applied", _pack(applied_index)), db=meta)
+                txn.put(b"applied", seal(b"applied", pack(applied_index)), db=meta)
 
     def load(self) -> LoadedState:
         """Everything in the store, every record checked (StateDamaged names all damaged ones)."""
@@ -300,12 +294,12 @@ class DurableStore:
             for k, _ in records("bindings"):
                 state.bindings.append(tuple(_unpack(k)))
             for k, v in records("messages"):
-                state.messages[_U64.unpack(k)[0]] = v
+                state.messages[U64.unpack(k)[0]] = v
             for k, v in records("entries"):
-                qid, seq = _QID_SEQ.unpack(k)
+                qid, seq = QID_SEQ.unpack(k)
                 state.entries.append((qid, seq, v))
             for k, v in records("delayed"):
-                due, seq = _QID_SEQ.unpack(k)
+                due, seq = QID_SEQ.unpack(k)
                 state.delayed.append((due, seq, v))
         if damages:
             raise StateDamaged(self.path, damages)
@@ -331,7 +325,7 @@ class DurableStore:
         table = self.db["messages"]
         with self.env.begin(db=table) as txn:
             for msg_id in sorted(ids):
-                key = _U64.pack(msg_id)
+                key = U64.pack(msg_id)
                 raw = txn.get(key)
                 if raw is None:
                     continue
