@@ -89,6 +89,13 @@ class Op(IntEnum):
     LIMITS_SET = 66  # (scope, name, {limit: value or None}): vhost and user limits, store/core/limits.py
     SESSION_WINDOW_CREDIT = 87  # (destination, messages, bytes): 0-10 window credit for completed transfers
     MESSAGE_MODIFY = 95  # AMQP 1.0 modified outcome with message-annotations: see store/core/modify.py
+    # Queue groups (issue 34): see store/core/groups.py
+    GROUPS_SET = 100  # (groups): how many groups the cluster has (metadata group, forwarded)
+    META_APPLY = 101  # (seq, command, placed): a metadata command forwarded to a queue group
+    META_TRIM = 102  # (up_to): the metadata outbox entries every queue group has applied
+    QUEUE_GONE = 103  # (source, seq, qid): a queue group deleted one of its queues
+    GONE_TRIM = 104  # (up_to): the deletions the metadata group has taken in
+    QUEUE_FORGET = 105  # (qid): the metadata group forgets a queue its group deleted (forwarded)
 
 
 OK = 0
@@ -98,6 +105,7 @@ ERR = 1
 ROUTED = 0
 UNROUTABLE = 1
 REJECTED = 2  # a queue with x-overflow=reject-publish refused it: nack the publisher
+NOT_HERE = 3  # issue 34: every queue it routes to is in another group (the front end merges the answers)
 
 # Output kinds, the second item of every output ``(conn, kind, ...)`` (the records below).
 OUT_REPLY: Final = 0
@@ -863,6 +871,74 @@ class ExchangeBound(NamedTuple):
     op: Op = Op.EXCHANGE_BOUND
 
 
+# ------------------------------------------------------------------- queue groups (store/core/groups.py)
+
+class GroupsSet(NamedTuple):
+    """The cluster has ``groups`` groups: the metadata group (0) and ``groups - 1`` queue groups.
+    Applied by the metadata group and forwarded to every queue group (placement reads it)."""
+
+    conn: str | None
+    token: int | None
+    groups: int
+    op: Op = Op.GROUPS_SET
+
+
+class MetaApply(NamedTuple):
+    """Metadata command ``seq`` of the metadata group's outbox, proposed to a queue group by the
+    forwarder.  ``placed``: (qid, group) for a queue declare, as the metadata group decided it.
+    A queue group applies each ``seq`` once, in order (a gap waits for the forwarder's resend)."""
+
+    conn: str | None
+    token: int | None
+    seq: int
+    command: Any
+    placed: tuple | None
+    op: Op = Op.META_APPLY
+
+
+class MetaTrim(NamedTuple):
+    """The metadata group drops outbox entries up to ``up_to``: every queue group applied them."""
+
+    conn: str | None
+    token: int | None
+    up_to: int
+    op: Op = Op.META_TRIM
+
+
+class QueueGone(NamedTuple):
+    """Queue group ``source`` deleted queue ``qid`` (auto-delete, x-expires, queue.delete): entry
+    ``seq`` of its deletion outbox, applied once by the metadata group.  ``reply_conn`` and
+    ``reply_token``: the client's queue.delete, answered by the metadata group too (None for a
+    deletion no client asked for)."""
+
+    conn: str | None
+    token: int | None
+    source: int
+    seq: int
+    qid: int
+    reply_conn: str | None = None
+    reply_token: int | None = None
+    op: Op = Op.QUEUE_GONE
+
+
+class GoneTrim(NamedTuple):
+    """A queue group drops deletion-outbox entries up to ``up_to``: the metadata group has them."""
+
+    conn: str | None
+    token: int | None
+    up_to: int
+    op: Op = Op.GONE_TRIM
+
+
+class QueueForget(NamedTuple):
+    """Forget queue ``qid`` (deleted by its group) with its bindings; a no-op if gone already."""
+
+    conn: str | None
+    token: int | None
+    qid: int
+    op: Op = Op.QUEUE_FORGET
+
+
 Command = (ChannelOpen | ChannelClose | ConnectionClose | Qos | Flow | ExchangeDeclare | ExchangeDelete
            | ExchangeBind | ExchangeUnbind | QueueDeclare | QueueBind | QueueUnbind | QueuePurge
            | QueueDelete | Consume | Cancel | Publish | Get | Ack | Nack | Recover | TxCommit | Tick
@@ -871,7 +947,7 @@ Command = (ChannelOpen | ChannelClose | ConnectionClose | Qos | Flow | ExchangeD
            | SessionKnownCompleted | SessionTxSelect | MessageSubscribe | MessageFlow | MessageFlowMode
            | MessageStop | MessageFlush | MessageSettle | MessageAcquire | MessageResume | QueueQuery
            | ExchangeQuery | ExchangeBound | SessionWindowCredit | MessageModify | VhostDelete
-           | LimitsSet)
+           | LimitsSet | GroupsSet | MetaApply | MetaTrim | QueueGone | GoneTrim | QueueForget)
 
 COMMAND_TYPES: dict[int, type[Command]] = {cls._field_defaults["op"]: cls for cls in Command.__args__}
 assert len(COMMAND_TYPES) == len(Op), "every Op has exactly one command type"
@@ -926,10 +1002,13 @@ def _typed_v1(raw: list) -> Command:
     return _nested(command, _typed_v1) if raw[0] in _NESTING else command
 
 
-_NESTING = frozenset((Op.SESSION_COMMAND, Op.TX_COMMIT))
+_NESTING = frozenset((Op.SESSION_COMMAND, Op.TX_COMMIT, Op.META_APPLY))
 
 
 def _nested(command: Any, typed) -> Command:
     if command.op == Op.SESSION_COMMAND:
         return command._replace(inner=typed(command.inner))
+    if command.op == Op.META_APPLY:
+        placed = tuple(command.placed) if command.placed is not None else None
+        return command._replace(command=typed(command.command), placed=placed)
     return command._replace(operations=[typed(raw) for raw in command.operations])

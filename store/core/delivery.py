@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from . import events as EV
 from . import session_rules
 from .commands import (
+    NOT_HERE,
     OUT_DELIVER,
     OUT_TRANSFER,
     REJECTED,
@@ -61,6 +62,8 @@ class Delivery:
             cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.consumer_tag, cmd.no_ack, cmd.exclusive)
         ch = m.channel(conn, number)
         queue = m.queue(m.vhost(vhost_name), queue_name, conn)
+        if queue.group != m.group:
+            m.groups.check_own(queue)
         selection = None
         arguments = cmd.arguments
         if arguments and isinstance(arguments, dict) and FILTER_ARGUMENT in arguments:
@@ -71,6 +74,8 @@ class Delivery:
         if not tag:
             ch.next_tag += 1
             tag = f"amq.ctag-{conn}-{number}-{ch.next_tag}"
+            if m.group:  # unique across the groups a channel consumes from (issue 34)
+                tag = f"{tag}-g{m.group}"
         if tag in ch.consumers:
             raise CommandError(530, f"attempt to reuse consumer tag '{tag}'")
         if any(c.exclusive for c in queue.consumers) or (exclusive and queue.consumers):
@@ -167,6 +172,13 @@ class Delivery:
                 self.keep_body(message, body)
                 return outcome
         queues = m.topology.route(vhost, exchange, routing_key, message)
+        if m.group_count > 1 and queues:
+            # Issue 34: this group stores the copies of its own queues; the front end sent the
+            # publish to every group it routes to, and one of them answers for the rest.
+            own = [queue for queue in queues if queue.group == m.group]
+            if not own:
+                return NOT_HERE
+            queues = own
         self._publishing = message.id, body  # a reject-publish-dlx copy takes its body from here
         if not m.records_events:
             m.event_seq += 1  # numbered alike on every node, recorded where history is kept
@@ -470,6 +482,8 @@ class Delivery:
         conn, number, vhost_name, queue_name, no_ack = cmd.conn, cmd.channel, cmd.vhost, cmd.queue, cmd.no_ack
         ch = m.channel(conn, number)
         queue = m.queue(m.vhost(vhost_name), queue_name, conn)
+        if queue.group != m.group:
+            m.groups.check_own(queue)
         m.topology.touch(queue)
         if queue.qid in m.expiring:
             m.expiry.expire_head(queue)

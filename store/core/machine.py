@@ -40,6 +40,7 @@ from .delivery import Delivery
 from .effects import Effects
 from .errors import HARD_ERRORS, CommandError
 from .expiry import Expiry
+from .groups import Groups
 from .limits import LimitCommands
 from .message import AMQP091
 from .model import ChannelState, Entry, Exchange, Message, Queue, Session, VHost
@@ -107,6 +108,7 @@ class StateMachine:
         self.user_commands = UserCommands(self)
         self.plugin_exchanges = PluginExchanges(self)
         self.limit_commands = LimitCommands(self)
+        self.groups = Groups(self)
         self.vhosts: dict[str, VHost] = {}
         self.channels: dict[str, dict[int, ChannelState]] = {}
         self.exclusive_queues: dict[str, dict[int, Queue]] = {}
@@ -165,6 +167,18 @@ class StateMachine:
         # The owner identity of the command being applied when it is not its connection: an AMQP
         # 0-10 session (exclusive queues belong to the session and survive its failover).
         self._caller_owner: str | None = None
+        # Queue groups (issue 34, store/core/groups.py).  ``group`` is which group this machine
+        # applies (configuration, set by the node); the rest is replicated state.
+        self.group = 0
+        self.group_count = 1
+        self.meta_outbox: deque[tuple[int, Any, tuple[int, int] | None]] = deque()  # metadata group
+        self.meta_seq = 0
+        self.meta_applied = 0  # a queue group: the last metadata outbox entry applied
+        self.gone_outbox: deque[tuple[int, int, str | None, int | None]] = deque()  # a queue group: (seq, qid, conn, token)
+        self.gone_seq = 0
+        self.gone_applied: dict[int, int] = {}  # the metadata group: source group -> last seq taken in
+        self.forwarding = False  # applying a MetaApply's command (not state: set and reset inside it)
+        self.forwarded_placement: tuple[int, int] | None = None
         self.internal_errors = 0  # commands that raised something other than CommandError (a bug)
         self._persist: PersistenceRecorder | None = None
         # op -> handler; each takes its own command type (the table is the hot path's dispatch, so
@@ -203,6 +217,7 @@ class StateMachine:
             **self.user_commands.user_handlers(),
             **self.limit_commands.handlers(),
         }
+        self._handlers.update(self.groups.handlers(self._handlers))
 
     def apply(self, now: int, commands: list, index: int | None = None,
               batch_id: tuple[str, int] | None = None, replies: bool = True) -> Effects:
@@ -276,7 +291,8 @@ class StateMachine:
         except CommandError as exc:
             result = Refused(ERR, exc.code, exc.text)
             channel = _channel_of(command)
-            if exc.code not in HARD_ERRORS and command.conn is not None and channel is not None:
+            if (exc.code not in HARD_ERRORS and command.conn is not None and channel is not None
+                    and not self.forwarding):
                 # A channel exception closes the channel: later commands from it are refused
                 # (an 0-10 execution exception destroys the session the same way).
                 self.connections.close_channel(command.conn, channel, error=True)
@@ -307,6 +323,17 @@ class StateMachine:
             for queue in dirty.values():
                 self.delivery.dispatch(queue)
 
+    def apply_forwarded(self, command: Command) -> None:
+        """Apply a metadata command forwarded from the metadata group (store/core/groups.py),
+        answering its issuer as the metadata group did: on every replica, since the forwarder's
+        node proposed the batch and the issuer's node must answer (``replies`` is for the
+        proposer's commands)."""
+        replies, self._replies = self._replies, True
+        try:
+            self._apply_one(command)
+        finally:
+            self._replies = replies
+
     def vhost(self, name: str) -> VHost:
         vhost = self.vhosts.get(name)
         if vhost is None:
@@ -316,6 +343,8 @@ class StateMachine:
     def channel(self, conn: str, number: int) -> ChannelState:
         ch = self.channels.get(conn, {}).get(number)
         if ch is None:
+            if self.forwarding:  # a forwarded metadata command: its issuer may have gone since
+                return ChannelState(conn, number)
             raise CommandError(504, f"channel {number} is not open")
         return ch
 

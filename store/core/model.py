@@ -392,6 +392,9 @@ class Queue:
     dedup: DedupCache | None = None  # x-message-deduplication (store/core/dedup.py)
     selective: list[Consumer] = field(default_factory=list)  # consumers with a filter (also in consumers)
     no_local: bool = False  # Qpid's no-local argument (store/core/queue_args.py NO_LOCAL)
+    # The group whose log holds the queue's messages (issue 34, store/core/groups.py).  In every
+    # other group the queue is a *stub*: its name, arguments and bindings, for routing, no messages.
+    group: int = 0
 
     def __setstate__(self, state: tuple) -> None:
         """Unpickle a queue, the fields a snapshot predates taking their defaults."""
@@ -405,7 +408,8 @@ class Queue:
             object.__setattr__(self, name, value)
 
 
-_QUEUE_ADDED_FIELDS = (("delivery_limit", None), ("delivery_header", False), ("dedup", None), ("no_local", False))
+_QUEUE_ADDED_FIELDS = (("delivery_limit", None), ("delivery_header", False), ("dedup", None), ("no_local", False),
+                       ("group", 0))
 
 
 @dataclass(slots=True, eq=False)

@@ -30,6 +30,7 @@ from .dedup import DedupCache
 from .errors import CommandError
 from .exchange_types import LOCAL_RANDOM, PLUGIN_TYPES, pick_local_random, validate_binding
 from .exchange_types import validate as validate_plugin_exchange
+from .groups import GroupPending
 from .headers import message_headers
 from .message import AMQP091, Properties, codec
 from .model import Exchange, Message, Queue, ReadyList, VHost
@@ -300,6 +301,8 @@ class Topology:
         m.channel(conn, number)
         vhost = m.vhost(vhost_name)
         existing = vhost.queues.get(name)
+        if existing is not None and m.group_count > 1:
+            m.groups.placed_existing(existing)  # a forwarded redeclare carries the placement
         if passive:
             queue = m.queue(vhost, name, conn)
             return DeclaredQueue(name, len(queue.ready), len(queue.consumers))
@@ -338,9 +341,13 @@ class Topology:
         settings = parse_queue_arguments(args, name, vhost_name)  # refused before anything changes
         m.limit_commands.check_queue_limit(conn, vhost_name, len(vhost.queues), name)  # max-queues (store/core/limits.py)
         owner = (m._caller_owner or conn) if exclusive else None  # 0-10: the session owns it
-        queue = Queue(m.next_qid, vhost_name, name, durable, owner, auto_delete, args)
+        if m.group_count > 1 or m.forwarded_placement is not None:
+            qid, group = m.groups.place(args)  # issue 34: decided by the metadata group
+        else:
+            qid, group = m.next_qid, 0
+            m.next_qid += 1
+        queue = Queue(qid, vhost_name, name, durable, owner, auto_delete, args, group=group)
         self.configure_queue(queue, settings)
-        m.next_qid += 1
         self.register_queue(vhost, queue)
         m.definition_event(EV.QUEUE_DECLARED, vhost_name, queue=name, detail=owner or "",
                                definition=(bool(durable), bool(exclusive), bool(auto_delete), args))
@@ -365,7 +372,7 @@ class Topology:
             ttl = settings.cache_ttl * 1000 if settings.cache_ttl is not None else None
             queue.dedup = DedupCache(settings.cache_size, ttl)
         queue.ready = ReadyList(queue.max_priority)
-        if settings.expires is not None:
+        if settings.expires is not None and queue.group == m.group:  # a stub never expires on its own
             m.idle_expiring[queue.qid] = queue
             m.queue_last_used[queue.qid] = m._now
 
@@ -434,6 +441,8 @@ class Topology:
         conn, number, vhost_name, name = cmd.conn, cmd.channel, cmd.vhost, cmd.name
         m.channel(conn, number)
         queue = m.queue(m.vhost(vhost_name), name, conn)
+        if queue.group != m.group:
+            m.groups.check_own(queue)
         count = 0
         for entry in queue.ready.drain():
             m.event(EV.PURGED, queue, entry.message)
@@ -442,7 +451,7 @@ class Topology:
         queue.ready_bytes = 0
         return count
 
-    def queue_delete(self, cmd: QueueDelete) -> int:
+    def queue_delete(self, cmd: QueueDelete) -> int | GroupPending:
         m = self.m
         (conn, number, vhost_name, name, if_unused, if_empty) = (
             cmd.conn, cmd.channel, cmd.vhost, cmd.name, cmd.if_unused, cmd.if_empty)
@@ -452,11 +461,17 @@ class Topology:
         if queue is None:
             return 0  # RabbitMQ: deleting a missing queue succeeds with a count of 0
         m.queue(vhost, name, conn)
+        if queue.group != m.group:
+            m.groups.check_own(queue)
         if if_unused and queue.consumers:
             raise CommandError(406, f"queue '{name}' in vhost '{vhost_name}' in use")
         if if_empty and len(queue.ready):
             raise CommandError(406, f"queue '{name}' in vhost '{vhost_name}' is not empty")
         count = len(queue.ready)
+        if m.group_count > 1:
+            m.groups.deleting_for = (conn, cmd.token)
+            self.delete_queue(queue)
+            return m.groups.delete_reply(count, True)
         self.delete_queue(queue)
         return count
 
@@ -496,6 +511,8 @@ class Topology:
         m.definition_event(EV.QUEUE_DELETED, vhost.name, queue=queue.name)
         if queue.durable and queue.exclusive_owner is None and m._persist is not None:
             m._persist.delete_queue(vhost.name, queue.name, queue.qid)
+        if m.group_count > 1:
+            m.groups.deleted(queue)
 
     def route(self, vhost: VHost, exchange: Exchange, routing_key: str, message: Message) -> list[Queue]:
         if exchange.name == "":

@@ -57,6 +57,8 @@ MODEL_FIELDS = (
     "rescan",  # issue 37 (filtered consumers, store/core/delivery.py)
     "permission_overlay",  # issue 37 (configuration-file users' permissions, store/core/users.py)
     "vhost_limits", "user_limits",  # issue 31 (store/core/limits.py); absent in older snapshots: no limits
+    # issue 34 (store/core/groups.py): absent in older snapshots, one group
+    "group_count", "meta_outbox", "meta_seq", "meta_applied", "gone_outbox", "gone_seq", "gone_applied",
 )
 
 
@@ -344,6 +346,10 @@ def digest(machine: StateMachine) -> str:
 
     put("counters", machine.next_qid, machine.next_msg_id, machine.message_bytes)
     put("members", sorted(machine.members.items()))
+    if machine.group_count > 1:  # issue 34: the same digest as before for a cluster of one group
+        put("groups", machine.group_count, machine.meta_seq, machine.meta_applied, machine.gone_seq,
+            sorted(machine.gone_applied.items()), [(s, c, p) for s, c, p in machine.meta_outbox],
+            list(machine.gone_outbox), sorted((q.qid, q.group) for q in machine.queues_by_id.values()))
     for vname in sorted(machine.vhosts):
         vhost = machine.vhosts[vname]
         put("vhost", vname)

@@ -1,0 +1,315 @@
+"""Queue groups (issue 34): the metadata outbox, queue placement and stubs.
+
+A cluster with ``G > 1`` groups runs ``G`` Raft logs, each applied by its own ``StateMachine``: the
+*metadata group* (0), where every metadata command (vhosts, users, permissions, limits, members,
+exchanges, bindings, queue declares) is decided, and the *queue groups* ``1..G-1``.  Every group's
+machine holds the whole topology -- so a front end can route with any of them, and a queue group
+routes its own publishes at apply as a single group does -- but a queue's messages, consumers and
+deliveries live only in the group it was *placed* in; everywhere else the queue is a *stub* (name,
+arguments, bindings; no messages).  ``G == 1`` is today's broker: nothing here runs.
+
+How the topology reaches the queue groups, in order and exactly once (docs/design.md, "Sharded Raft
+groups"):
+
+- **The metadata outbox.**  The metadata group appends every metadata command it applied without
+  refusing to ``meta_outbox`` as ``(seq, command, placed)``: replicated state, so every replica of
+  the metadata group holds the same outbox.  ``placed`` is the ``(qid, group)`` a queue declare was
+  given: placement is decided once, here, from replicated state (deterministic).
+- **The forwarder** (node side, ``node/groups.py``) proposes each entry to every queue group as
+  ``MetaApply(seq, command, placed)``; a queue group applies ``seq == meta_applied + 1`` and ignores
+  the rest (a duplicate, or a gap the forwarder fills by resending), so a resent entry has effect
+  once.  ``MetaTrim(up_to)`` drops entries every queue group has applied.
+- **Deletions flow back.**  A queue group that deletes one of its own queues for a reason of its own
+  (queue.delete, auto-delete after the last consumer, x-expires) appends ``(seq, qid)`` to its
+  ``gone_outbox``; the forwarder proposes ``QueueGone(source, seq, qid)`` to the metadata group,
+  which applies each ``(source, seq)`` once and turns it into ``QueueForget(qid)`` -- a metadata
+  command like the others, so the stubs and bindings go everywhere.  ``GoneTrim`` drops what the
+  metadata group took in.  Queues are forgotten by id, never by name: a queue declared again under
+  the same name (a new id) is not touched by the old one's deletion.
+
+A forwarded command is applied as its issuer's, so its reply (``OUT_REPLY`` to the issuer's
+connection and token) comes from every group: the front end answers the client once all have
+(``node/groups.py`` joins them), so a client that saw declare-ok can use the queue from any group.
+A forwarded command does not need its issuer's channel to be open in the queue group (the
+connection may have closed since): ``StateMachine.channel`` lends a scratch channel while one
+applies.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .commands import (
+    OK,
+    OUT_REPLY,
+    ExchangeBind,
+    ExchangeDeclare,
+    GoneTrim,
+    GroupsSet,
+    LimitsSet,
+    MemberSet,
+    MetaApply,
+    MetaTrim,
+    Ok,
+    Op,
+    PermissionSet,
+    QueueBind,
+    QueueDeclare,
+    QueueForget,
+    QueueGone,
+    UserPut,
+    VhostAdd,
+)
+from .errors import CommandError
+
+
+class GroupPending(NamedTuple):
+    """A reply's value when ``more`` replies for the same token will come from other groups: the
+    front end answers the client with ``value`` (merged with theirs) once all have come."""
+
+    value: Any
+    more: int
+
+
+if TYPE_CHECKING:
+    from .machine import StateMachine
+    from .model import Queue
+
+# The operations the metadata group decides and forwards.
+META_OPS = frozenset((
+    Op.EXCHANGE_DECLARE, Op.EXCHANGE_DELETE, Op.EXCHANGE_BIND, Op.EXCHANGE_UNBIND, Op.QUEUE_DECLARE,
+    Op.QUEUE_BIND, Op.QUEUE_UNBIND, Op.VHOST_ADD, Op.VHOST_DELETE, Op.USER_PUT, Op.USER_DELETE,
+    Op.PERMISSION_SET, Op.PERMISSION_CLEAR, Op.LIMITS_SET, Op.MEMBER_SET, Op.MEMBER_REMOVE,
+    Op.GROUPS_SET, Op.QUEUE_FORGET,
+))
+# The operations that act on one queue's contents: applied by the queue's own group only.
+QUEUE_OPS = frozenset((Op.CONSUME, Op.GET, Op.QUEUE_PURGE, Op.QUEUE_DELETE))
+
+PLACEMENT_ARGUMENT = "x-queue-group"  # a queue argument choosing the group (an int in 0..G-1)
+META_GROUP = 0
+DUMP_CHANNEL = 0  # the channel number of the commands a bootstrap dump replays (a scratch channel)
+
+
+class Groups:
+    """The machine's part in queue groups.  State lives on the machine (``m.group`` ... below) so
+    that snapshots carry it with the rest; this class holds code only, as the other concerns."""
+
+    def __init__(self, machine: StateMachine) -> None:
+        self.m = machine
+        self._placed: tuple[int, int] | None = None  # the queue declare being applied: its (qid, group)
+        self.deleting_for: tuple[str, int | None] | None = None  # the client's queue.delete being applied
+
+    def handlers(self, table: dict[int, Callable[[Any], object]]) -> dict[int, Callable[[Any], object]]:
+        """The metadata handlers wrapped to append to the outbox, and the groups' own commands."""
+        wrapped: dict[int, Callable[[Any], object]] = {
+            op: self._outboxed(table[op]) for op in META_OPS if op in table}
+        wrapped.update({
+            Op.GROUPS_SET: self._outboxed(self.groups_set),
+            Op.QUEUE_FORGET: self._outboxed(self.queue_forget),
+            Op.META_APPLY: self.meta_apply,
+            Op.META_TRIM: self.meta_trim,
+            Op.QUEUE_GONE: self.queue_gone,
+            Op.GONE_TRIM: self.gone_trim,
+        })
+        return wrapped
+
+    def _outboxed(self, handler: Callable[[Any], object]) -> Callable[[Any], object]:
+        def apply(cmd: Any) -> object:
+            self._placed = None
+            value = handler(cmd)  # a refusal raises: nothing is appended
+            m = self.m
+            if m.group == META_GROUP and m.group_count > 1 and not m.forwarding:
+                m.meta_seq += 1
+                m.meta_outbox.append((m.meta_seq, cmd, self._placed))
+                if cmd.token is not None:
+                    value = GroupPending(value, m.group_count - 1)  # each queue group answers too
+            self._placed = None
+            return value
+        return apply
+
+    # ----------------------------------------------------------------------------- placement
+
+    def place(self, arguments: dict) -> tuple[int, int]:
+        """The id and group of a new queue.  In a queue group applying a forwarded declare, the
+        metadata group's decision; in the metadata group, the group with the fewest queues (ties to
+        the lowest number), or the one the ``x-queue-group`` argument names."""
+        m = self.m
+        if m.forwarded_placement is not None:
+            qid, group = m.forwarded_placement
+            m.next_qid = max(m.next_qid, qid + 1)
+            self._placed = (qid, group)
+            return qid, group
+        qid = m.next_qid
+        m.next_qid += 1
+        group = META_GROUP
+        if m.group_count > 1:
+            wanted = arguments.get(PLACEMENT_ARGUMENT) if arguments else None
+            if wanted is not None:
+                if type(wanted) is not int or not 0 <= wanted < m.group_count:
+                    raise CommandError(406, f"invalid arg '{PLACEMENT_ARGUMENT}': {wanted!r} is not a group "
+                                            f"number below {m.group_count}")
+                group = wanted
+            else:
+                counts = self.queue_counts()
+                # Queue groups first: the metadata group keeps the queues of an older data directory.
+                group = min(range(1, m.group_count), key=lambda g: (counts.get(g, 0), g))
+        self._placed = (qid, group)
+        return qid, group
+
+    def placed_existing(self, queue: Queue) -> None:
+        """A declare of an existing queue forwards the queue's placement with it."""
+        self._placed = (queue.qid, queue.group)
+
+    def queue_counts(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for queue in self.m.queues_by_id.values():
+            counts[queue.group] = counts.get(queue.group, 0) + 1
+        return counts
+
+    def check_own(self, queue: Queue) -> None:
+        """Refuse an operation on a queue's contents where the queue is a stub (the router sends
+        them to the queue's group: this is a command that raced a placement change)."""
+        if queue.group != self.m.group:
+            raise CommandError(404, f"queue '{queue.name}' in vhost '{queue.vhost}' is in group {queue.group}, "
+                                    f"not {self.m.group}")
+
+    def deleted(self, queue: Queue) -> None:
+        """``queue`` was deleted here (topology.delete_queue): tell the other groups if it was ours
+        and the deletion was ours to decide (not a forwarded metadata command, which every group
+        applies anyway).  A client's queue.delete (``deleting_for``) is answered by every group."""
+        m = self.m
+        if m.group_count <= 1 or m.forwarding or queue.group != m.group:
+            return
+        conn, token = self.deleting_for or (None, None)
+        self.deleting_for = None
+        if m.group == META_GROUP:
+            m.meta_seq += 1
+            m.meta_outbox.append((m.meta_seq, QueueForget(conn, token, queue.qid), None))
+        else:
+            m.gone_seq += 1
+            m.gone_outbox.append((m.gone_seq, queue.qid, conn, token))
+
+    def delete_reply(self, count: int, deleted: bool) -> int | GroupPending:
+        """The value of a client's queue.delete: with several groups, the other groups still answer
+        (their QueueForget) before the client may be told (``GroupPending``)."""
+        m = self.m
+        if m.group_count <= 1 or not deleted:
+            return count
+        return GroupPending(count, m.group_count if m.group != META_GROUP else m.group_count - 1)
+
+    # ------------------------------------------------------------------------- the commands
+
+    def groups_set(self, cmd: GroupsSet) -> None:
+        m = self.m
+        if cmd.groups < 1:
+            raise CommandError(406, f"a cluster needs at least one group, not {cmd.groups}")
+        if cmd.groups < m.group_count:
+            raise CommandError(406, f"groups cannot be removed ({m.group_count} -> {cmd.groups})")
+        grown = cmd.groups > m.group_count
+        m.group_count = cmd.groups
+        if grown and m.group == META_GROUP and not m.forwarding and cmd.groups > 1:
+            # New queue groups start empty: the outbox first replays the topology as it is (the
+            # commands are idempotent for groups that had it), then goes on.
+            for command, placed in metadata_dump(m):
+                m.meta_seq += 1
+                m.meta_outbox.append((m.meta_seq, command, placed))
+
+    def meta_apply(self, cmd: MetaApply) -> object:
+        """A queue group applies metadata entry ``seq`` once, in order, as its issuer's command."""
+        m = self.m
+        if cmd.seq != m.meta_applied + 1:
+            return None  # a duplicate (<=) or a gap (>): the forwarder resends from meta_applied + 1
+        m.meta_applied = cmd.seq
+        m.forwarding = True
+        m.forwarded_placement = cmd.placed
+        try:
+            m.apply_forwarded(cmd.command)
+        finally:
+            m.forwarding = False
+            m.forwarded_placement = None
+        return None
+
+    def meta_trim(self, cmd: MetaTrim) -> None:
+        outbox = self.m.meta_outbox
+        while outbox and outbox[0][0] <= cmd.up_to:
+            outbox.popleft()
+
+    def queue_gone(self, cmd: QueueGone) -> None:
+        m = self.m
+        if m.group != META_GROUP:
+            raise CommandError(540, "QueueGone is for the metadata group")
+        if cmd.seq != m.gone_applied.get(cmd.source, 0) + 1:
+            return None
+        m.gone_applied[cmd.source] = cmd.seq
+        # As a metadata command of its own: applied here and forwarded (the outboxed handler).
+        self._outboxed(self.queue_forget)(QueueForget(cmd.reply_conn, cmd.reply_token, cmd.qid))
+        if cmd.reply_token is not None:
+            # The metadata group's answer to the client's queue.delete, on every replica (the
+            # forwarder's node proposed this command, the client's node answers it).
+            m._out.append((cmd.reply_conn, OUT_REPLY, cmd.reply_token, Ok(OK, None), None))
+        return None
+
+    def gone_trim(self, cmd: GoneTrim) -> None:
+        outbox = self.m.gone_outbox
+        while outbox and outbox[0][0] <= cmd.up_to:
+            outbox.popleft()
+
+    def queue_forget(self, cmd: QueueForget) -> None:
+        m = self.m
+        queue = m.queues_by_id.get(cmd.qid)
+        if queue is not None:
+            m.topology.delete_queue(queue)
+
+
+def metadata_dump(m: StateMachine) -> list[tuple[Any, tuple[int, int] | None]]:
+    """The topology as metadata commands, for queue groups that start empty: vhosts, users,
+    permissions, limits, members, exchanges, queues (with their placement), bindings.  Queues the
+    metadata group holds itself (an older data directory's) are stubs in the queue groups."""
+    out: list[tuple[Any, tuple[int, int] | None]] = [(GroupsSet(None, None, m.group_count), None)]
+    for node_id, (raft, amqp) in m.members.items():
+        out.append((MemberSet(None, None, node_id, raft, amqp), None))
+    for name in m.vhosts:
+        out.append((VhostAdd(None, None, name), None))
+    for user in m.users.values():
+        out.append((UserPut(None, None, None, user.name, user.password_hash, list(user.tags), user.loopback_only),
+                    None))
+        for vhost_name, (configure, write, read) in user.permissions.items():
+            out.append((PermissionSet(None, None, None, user.name, vhost_name, configure, write, read), None))
+    for name, overlay in m.permission_overlay.items():
+        for vhost_name, perms in overlay.items():
+            if perms is not None:
+                out.append((PermissionSet(None, None, None, name, vhost_name, *perms), None))
+    for scope, table in (("vhost", m.vhost_limits), ("user", m.user_limits)):
+        for name, limits in table.items():
+            out.append((LimitsSet(None, None, None, scope, name, dict(limits)), None))
+    for vhost in m.vhosts.values():
+        for exchange in vhost.exchanges.values():
+            if exchange.name == "" or exchange.name.startswith("amq."):
+                continue  # every vhost is made with them
+            out.append((ExchangeDeclare("", None, DUMP_CHANNEL, vhost.name, exchange.name, exchange.type, False,
+                                        exchange.durable, exchange.auto_delete, exchange.internal,
+                                        dict(exchange.arguments)), None))
+        for queue in vhost.queues.values():
+            owner = queue.exclusive_owner
+            out.append((QueueDeclare(owner or "", None, DUMP_CHANNEL, vhost.name, queue.name, False, queue.durable,
+                                     owner is not None, queue.auto_delete, dict(queue.arguments), True),
+                        (queue.qid, queue.group)))
+        for exchange in vhost.exchanges.values():
+            for b in exchange.bindings:
+                if b.dest_is_queue:
+                    out.append((QueueBind("", None, DUMP_CHANNEL, vhost.name, b.destination, b.source,
+                                          b.routing_key, dict(b.arguments or {})), None))
+                else:
+                    out.append((ExchangeBind("", None, DUMP_CHANNEL, vhost.name, b.destination, b.source,
+                                             b.routing_key, dict(b.arguments or {})), None))
+    return out
+
+
+def new_outbox() -> deque:
+    return deque()
+
+
+__all__ = ["Groups", "GroupPending", "META_OPS", "QUEUE_OPS", "PLACEMENT_ARGUMENT", "META_GROUP",
+           "metadata_dump", "GoneTrim", "MetaTrim", "QueueGone"]
