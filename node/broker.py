@@ -51,6 +51,7 @@ from raftmq.trace import Tracer
 from .admission import Admission
 from .auth import Authenticator
 from .core import formats  # noqa: F401  (every protocol's property codec, before the machine applies anything)
+from .group_host import GroupHost
 from .limits import Usage
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ class ClientEndpoint(Endpoint, Protocol):
 
 
 class Broker:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, boot: str | None = None) -> None:
         self.config = config
         self.admission = Admission(config)  # connection limits of the protocol front ends
         # Vhost and user limits against this node's clients (node/limits.py; the limits are replicated).
@@ -132,7 +133,7 @@ class Broker:
         data_dir = config.resolved_data_dir()
         # Connection ids must never repeat across restarts once the log is replicated: prefix a
         # boot stamp (taken here, outside apply, so the state machine stays deterministic).
-        self._boot = f"{config.node_id}.{time.time_ns() // 1000:x}"
+        self._boot = boot or f"{config.node_id}.{time.time_ns() // 1000:x}"  # a queue group's worker: its node's
         self.store: DurableStore | None
         self.log: Log
         # Message bodies live outside the model, once per node (store/disk/bodies.py, issue 18).
@@ -143,7 +144,9 @@ class Broker:
             # model is rebuilt from them at start, transient parts included.
             self.store = None
             self.machine = StateMachine()
-            self.applier = Applier(self.machine, self.bodies)
+            # A queue group's worker fills every delivery's body at apply: the main process that
+            # writes it has no access to this group's body store (node/worker.py).
+            self.applier = Applier(self.machine, self.bodies, lazy_bodies=config.group == 0)
             me = config.member()
             self.log = ClusterLog(
                 self.applier, self._on_outputs, origin=self._boot, self_address=me.raft,
@@ -174,10 +177,11 @@ class Broker:
             self.bodies.fallback = self.store.message_bodies
             self.bodies.put(self.machine.loaded_bodies)
             self.machine.loaded_bodies = []
-            self.applier = Applier(self.machine, self.bodies, self.store)
+            self.applier = Applier(self.machine, self.bodies, self.store, lazy_bodies=config.group == 0)
             self.log = LocalLog(self.applier, self._on_outputs)
             self.log.on_fatal = self._on_disk_failure
             self._configured_members = {}
+        self.machine.group = config.group  # issue 34: which group this process applies
         self.machine.delayed_limit = config.max_delayed_messages
         # max-queues refusals (applied on every node): counted and logged by the node of the client.
         self.machine.limit_commands.on_refused = lambda conn, reason: (
@@ -190,7 +194,15 @@ class Broker:
         self.scrubber = BodyScrubber(self.bodies, config.scrub_bytes_per_second)
         self.flow_throttled = False
         self.flow_paused: set[Endpoint] = set()  # endpoints not read until the backlog is low again
-        self.log.on_throttle = self._on_throttle
+        self.log.on_throttle = self._on_log_throttle
+        self.log_throttled = False
+        # Queue groups (issue 34): the main process of a node with several groups hands commands to
+        # them through the router and joins their replies (node/group_host.py).  One group: None,
+        # and ``submit`` is the plain method below.
+        self.group_host: GroupHost | None = None
+        if config.raft_groups > 1 and config.group == 0:
+            self.group_host = GroupHost(self)
+            self.submit = self.group_host.submit  # type: ignore[method-assign]  # one attribute look-up per command, as before
         self.events: EventStore | None = None
         if config.audit_retention != "none" or config.audit_vhosts:
             self.events = EventStore(os.path.join(data_dir, "events"),
@@ -232,6 +244,15 @@ class Broker:
         self.log.start(asyncio.get_running_loop())
         if self.tracer is not None:
             self._start_tracing()
+        if self.group_host is not None:
+            await self.group_host.start()
+        if self.config.group:
+            # A queue group's worker: the main process sends what the groups need (node resets to
+            # every group, members and vhosts through the metadata group, forwarded).
+            self._tasks.append(asyncio.create_task(self._tick_loop()))
+            if self.config.clustered:
+                self._tasks.append(asyncio.create_task(self._cluster_watch_loop()))
+            return
         if self.config.clustered:
             # Connections of this node's previous incarnation are gone: release what they held.
             self.submit(NodeReset(None, None, self.config.node_id, self._boot))
@@ -246,6 +267,8 @@ class Broker:
         self.scrubber.start()
 
     async def stop(self) -> None:
+        if self.group_host is not None:
+            await self.group_host.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -355,6 +378,14 @@ class Broker:
 
     # ------------------------------------------------------------------ flow control
 
+    def _on_log_throttle(self, on: bool) -> None:
+        """This process's log crossed a backlog mark; with queue groups, the workers' count too."""
+        self.log_throttled = on
+        if self.group_host is not None:
+            on = on or any(worker.throttled for worker in self.group_host.workers.values())
+        if on != self.flow_throttled:
+            self._on_throttle(on)
+
     def _on_throttle(self, on: bool) -> None:
         """The Raft proposal backlog crossed its high (on) or low (off) water mark.
 
@@ -374,6 +405,9 @@ class Broker:
     # ------------------------------------------------------------------ outputs
 
     def _on_outputs(self, outputs: list) -> None:
+        if self.group_host is not None:
+            outputs = self.group_host.joined(outputs)
+            self.group_host.forward()
         endpoints = self.endpoints
         touched: dict[str, Endpoint] = {}
         for out in outputs:
@@ -472,7 +506,8 @@ class Broker:
                     self._last_leader = self.log.leader
                     self.leader_history.saw(time.time(), raft.term,
                                             self.node_of_raft(self.log.leader) or self.log.leader)
-            if not self.log.is_leader:
+            if not self.log.is_leader or config.group:
+                # (A queue group's worker leaves members and node resets to the main process.)
                 unreachable_since.clear()
                 continue
             connected = set(raft.connected_partners)

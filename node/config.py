@@ -9,7 +9,7 @@ with no configuration at all (listening on 127.0.0.1:5672, data under ./data/<no
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -241,9 +241,32 @@ class Config:
     # cluster only.  Off: no hook is installed at all.
     trace_stages: bool = False
     trace_stages_events: int = 20_000
+    # Issue 34 (node/groups.py, docs/design.md "Sharded Raft groups"): the number of Raft groups,
+    # the metadata group and raft_groups - 1 queue groups, each a Raft log of its own in a worker
+    # process of its own (the GIL makes a process one core).  1: one log, today's broker.  Every
+    # member needs the same value.  Group g's Raft port is the member's raft port + g x
+    # raft_group_port_step; its data lives in <data_dir>/groups/g<g>.
+    raft_groups: int = 1
+    raft_group_port_step: int = 100
+    # Set by the node for its worker processes, not in configuration files: the group this process
+    # applies (0: the node's main process, the metadata group and the client connections).
+    group: int = 0
 
     def resolved_data_dir(self) -> str:
         return self.data_dir or os.path.join("data", self.node_id)
+
+    def for_group(self, group: int) -> Config:
+        """This node's configuration for the worker process of queue group ``group``: its own data
+        directory under this one's, the members' Raft ports moved by ``group`` steps."""
+        if not 0 < group < self.raft_groups:
+            raise ValueError(f"group {group} is not a queue group of {self.raft_groups} groups")
+        step = group * self.raft_group_port_step
+        members = []
+        for m in self.cluster:
+            host, port = m.raft.rsplit(":", 1)
+            members.append(MemberConfig(m.node_id, f"{host}:{int(port) + step}", m.amqp))
+        return replace(self, group=group, cluster=members,
+                       data_dir=os.path.join(self.resolved_data_dir(), "groups", f"g{group}"))
 
     @property
     def clustered(self) -> bool:

@@ -36,6 +36,7 @@ from raftmq.store.core.commands import (
     DeclaredQueue,
     MetaApply,
     Nack,
+    Ok,
     Op,
     QueueGone,
     Refused,
@@ -149,13 +150,13 @@ class ReplyJoin:
         if join is None:
             value = out[3][1] if out[3][0] == OK else None
             if isinstance(value, GroupPending):  # a lone group's pending reply: no join was expected
-                return (out[0], OUT_REPLY, out[2], (OK, value.value), out[4])
+                return (out[0], OUT_REPLY, out[2], Ok(OK, value.value), out[4])
             return out
         result = out[3]
         join.expected -= 1
         if result[0] == OK and isinstance(result[1], GroupPending):
             join.expected += result[1].more
-            result = (OK, result[1].value)
+            result = Ok(OK, result[1].value)
         join.result = result if join.result is None else merge(join.op, join.result, result)
         if join.expected > 0:
             return None
@@ -178,14 +179,14 @@ def merge(op: int, a: Any, b: Any) -> Any:
         # A queue that refused (reject-publish) nacks the publish; else routed if any group routed.
         for outcome in (REJECTED, ROUTED):
             if outcome in (va, vb):
-                return (OK, outcome)
-        return (OK, UNROUTABLE)
+                return Ok(OK, outcome)
+        return Ok(OK, UNROUTABLE)
     if isinstance(va, DeclaredQueue) and isinstance(vb, DeclaredQueue):
-        return (OK, DeclaredQueue(va.queue, max(va.message_count, vb.message_count),
-                                  max(va.consumer_count, vb.consumer_count)))
+        return Ok(OK, DeclaredQueue(va.queue, max(va.message_count, vb.message_count),
+                                    max(va.consumer_count, vb.consumer_count)))
     if isinstance(va, int) and isinstance(vb, int):
-        return (OK, max(va, vb))
-    return (OK, va if va is not None else vb)
+        return Ok(OK, max(va, vb))
+    return Ok(OK, va if va is not None else vb)
 
 
 def forward_entries(meta: StateMachine, group: StateMachine, limit: int = 256) -> list[MetaApply]:

@@ -30,7 +30,7 @@ def load_config(path: str | None = None, overrides: dict | None = None) -> Confi
         with open(path, "rb") as fh:
             values.update(tomllib.load(fh))
     scalar = {f.name: f.type for f in fields(Config)
-              if f.name not in ("users", "vhosts", "cluster", "audit_vhosts")}
+              if f.name not in ("users", "vhosts", "cluster", "audit_vhosts", "group")}
     for name in scalar:
         env = os.environ.get(_ENV_PREFIX + name.upper())
         if env is not None:

@@ -1,0 +1,210 @@
+"""The main process's side of queue groups (issue 34): starting the workers, handing each command
+to its groups, joining their replies, and the forwarder between the groups' outboxes.
+
+The node's main process applies the metadata group (group 0) itself and holds every client
+connection; queue group ``g`` runs in worker process ``g`` (node/worker.py), over a socketpair
+link (node/group_link.py).  ``submit`` replaces ``Broker.submit`` when there is more than one
+group: the router (node/groups.py) names the groups, group 0's part goes to the main process's
+own log, the others' to their workers, and the reply join makes the answers one.
+
+**The forwarder** runs where the metadata group's leader is (the node whose main process leads
+group 0; a single node always): after each batch of group 0 and each worker report, it sends the
+workers the metadata outbox entries their groups have not applied, proposes the workers' deletions
+to group 0, and trims both outboxes once taken in.  Every entry carries its sequence number and is
+applied once (store/core/groups.py), so resending is always safe: once a second, anything sent and
+not yet applied (a proposal lost with a leader change) is sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import socket
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from raftmq.store.core.commands import OUT_REPLY, GoneTrim, GroupsSet, MetaApply, MetaTrim, QueueGone, Refused
+
+from .group_link import GroupLink
+from .groups import GroupRouter, ReplyJoin
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = logging.getLogger(__name__)
+
+RESEND_SECONDS = 1.0
+
+
+@dataclass
+class Worker:
+    """One queue group's worker as the main process sees it."""
+
+    group: int
+    process: subprocess.Popen
+    link: GroupLink
+    meta_applied: int = 0  # reported by the worker
+    meta_sent: int = 0  # the last outbox entry sent to it
+    gone: list = field(default_factory=list)  # its deletion outbox as last reported
+    gone_sent: int = 0
+    trim_sent: int = 0
+    throttled: bool = False
+    progress_at: float = 0.0
+
+
+class GroupHost:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        config = broker.config
+        self.count = config.raft_groups
+        self.router = GroupRouter(lambda: broker.machine, self.count)
+        self.join = ReplyJoin()
+        self.workers: dict[int, Worker] = {}
+        self.meta_trim_sent = 0
+        self._stopping = False
+        self._task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ workers
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        config = self.broker.config
+        for group in range(1, self.count):
+            ours, theirs = socket.socketpair()
+            process = subprocess.Popen([sys.executable, "-m", "raftmq.node.worker", str(theirs.fileno())],
+                                       pass_fds=(theirs.fileno(),), close_fds=True)
+            theirs.close()
+            blob = pickle.dumps((config.for_group(group), self.broker.boot, logging.getLogger().level))
+            ours.sendall(struct.pack(">I", len(blob)) + blob)
+            ours.setblocking(False)
+            _transport, link = await loop.connect_accepted_socket(
+                lambda g=group: GroupLink(lambda items, g=g: self._from_worker(g, items),
+                                          lambda g=g: self._worker_lost(g)), ours)
+            self.workers[group] = Worker(group, process, link, progress_at=time.monotonic())
+            log.info("queue group %d: worker pid %d", group, process.pid)
+        if self.broker.machine.group_count < self.count:
+            self.broker.log.submit(GroupsSet(None, None, self.count))
+        self._task = asyncio.create_task(self._resend_loop())
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+        for worker in self.workers.values():
+            if worker.link.transport is not None:
+                worker.link.transport.close()
+        deadline = time.monotonic() + 10
+        for worker in self.workers.values():
+            while worker.process.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if worker.process.poll() is None:
+                log.warning("queue group %d: worker pid %d did not stop; killing it", worker.group,
+                            worker.process.pid)
+                worker.process.kill()
+                worker.process.wait()
+
+    def _worker_lost(self, group: int) -> None:
+        if self._stopping:
+            return
+        worker = self.workers.get(group)
+        code = worker.process.poll() if worker is not None else None
+        # A node is all its processes: without a group's worker it cannot serve that group's
+        # queues, so it stops (the cluster's other members take its place; a supervisor restarts it).
+        log.critical("queue group %d: its worker is gone (exit code %s): stopping this node", group, code)
+        os.kill(os.getpid(), 15)
+
+    # ------------------------------------------------------------------ commands and outputs
+
+    def submit(self, command: Any, deferrable: bool = False, size: int = 0) -> None:
+        """Broker.submit with groups: each part to its group, the replies joined."""
+        routed = self.router.route(command)
+        if isinstance(routed, Refused):
+            self.broker._on_outputs([(command.conn, OUT_REPLY, command.token, routed,
+                                      getattr(command, "channel", None))])
+            return
+        self.join.expect(command.conn, command.token, command.op, len(routed), getattr(command, "channel", None))
+        log_submit = self.broker.log.submit
+        for group, part in routed:
+            if group == 0:
+                log_submit(part, deferrable, size)
+            else:
+                self.workers[group].link.send(("c", part, deferrable, size))
+
+    def joined(self, outputs: list) -> list:
+        """Outputs with the replies of several groups joined (``Broker._on_outputs``)."""
+        take = self.join.take
+        out = []
+        for output in outputs:
+            if output[1] == OUT_REPLY:
+                output = take(output)
+                if output is None:
+                    continue
+            out.append(output)
+        return out
+
+    def _from_worker(self, group: int, items: list) -> None:
+        worker = self.workers[group]
+        for item in items:
+            kind = item[0]
+            if kind == "o":
+                self.broker._on_outputs(item[1])
+            elif kind == "r":
+                if item[1] > worker.meta_applied:
+                    worker.progress_at = time.monotonic()
+                worker.meta_applied, worker.gone = item[1], item[2]
+                self.forward()
+            elif kind == "t":
+                worker.throttled = item[1]
+                self.broker._on_log_throttle(self.broker.log_throttled)
+
+    # ------------------------------------------------------------------ the forwarder
+
+    @property
+    def forwarding(self) -> bool:
+        return not self.broker.config.clustered or self.broker.log.is_leader
+
+    def forward(self) -> None:
+        if not self.forwarding or not self.workers:
+            return
+        meta = self.broker.machine
+        submit = self.broker.log.submit
+        for group, worker in self.workers.items():
+            start = max(worker.meta_applied, worker.meta_sent)
+            if meta.meta_seq > start:
+                for seq, command, placed in meta.meta_outbox:
+                    if seq > start:
+                        worker.link.send(("c", MetaApply(None, None, seq, command, placed), False, 0))
+                worker.meta_sent = meta.meta_seq
+            taken = meta.gone_applied.get(group, 0)
+            for seq, qid, conn, token in worker.gone:
+                if seq > max(taken, worker.gone_sent):
+                    submit(QueueGone(None, None, group, seq, qid, conn, token))
+                    worker.gone_sent = seq
+            if worker.gone and worker.gone[0][0] <= taken and taken > worker.trim_sent:
+                worker.link.send(("c", GoneTrim(None, None, taken), False, 0))
+                worker.trim_sent = taken
+        low = min(worker.meta_applied for worker in self.workers.values())
+        if meta.meta_outbox and meta.meta_outbox[0][0] <= low and low > self.meta_trim_sent:
+            submit(MetaTrim(None, None, low))
+            self.meta_trim_sent = low
+
+    async def _resend_loop(self) -> None:
+        """Once a second: what was sent and is not applied yet is sent again (a proposal can be
+        lost with a leader change; every entry applies once, so a resend is safe)."""
+        while True:
+            await asyncio.sleep(RESEND_SECONDS)
+            now = time.monotonic()
+            for worker in self.workers.values():
+                if worker.meta_sent > worker.meta_applied and now - worker.progress_at > RESEND_SECONDS:
+                    worker.meta_sent = worker.meta_applied
+                worker.gone_sent = 0
+                worker.trim_sent = 0
+                worker.link.send(("report",))
+            self.meta_trim_sent = 0
+            self.forward()
