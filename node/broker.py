@@ -170,6 +170,7 @@ class Broker:
         else:
             self.store = DurableStore(os.path.join(data_dir, "state"))
             self.machine = StateMachine(persistent=True)
+            self.machine.group = config.group  # (before restore: a queue's stub-ness depends on it)
             self.machine.restore(self.store.load())
             # One node: persistent bodies are in the store's message records; transient ones may
             # spill to <data>/bodies under pressure and do not survive a restart.

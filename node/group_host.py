@@ -29,7 +29,17 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from raftmq.store.core.commands import OUT_REPLY, GoneTrim, GroupsSet, MetaApply, MetaTrim, QueueGone, Refused
+from raftmq.store.core.commands import (
+    OUT_REPLY,
+    GoneTrim,
+    GroupsSet,
+    MessageDone,
+    MessageIn,
+    MetaApply,
+    MetaTrim,
+    QueueGone,
+    Refused,
+)
 
 from .group_link import GroupLink
 from .groups import GroupRouter, ReplyJoin
@@ -54,6 +64,8 @@ class Worker:
     gone: list = field(default_factory=list)  # its deletion outbox as last reported
     gone_sent: int = 0
     trim_sent: int = 0
+    msgs: list = field(default_factory=list)  # its message outbox as last reported (with bodies)
+    msg_applied: dict[int, int] = field(default_factory=dict)  # source group -> seq applied there
     throttled: bool = False
     progress_at: float = 0.0
 
@@ -67,6 +79,8 @@ class GroupHost:
         self.join = ReplyJoin()
         self.workers: dict[int, Worker] = {}
         self.meta_trim_sent = 0
+        self.msg_sent: dict[tuple[int, int], int] = {}  # (source, target) -> last MessageIn sent
+        self.done_sent: dict[tuple[int, int], int] = {}  # (source, target) -> last MessageDone sent
         self._stopping = False
         self._task: asyncio.Task | None = None
 
@@ -157,7 +171,7 @@ class GroupHost:
             elif kind == "r":
                 if item[1] > worker.meta_applied:
                     worker.progress_at = time.monotonic()
-                worker.meta_applied, worker.gone = item[1], item[2]
+                worker.meta_applied, worker.gone, worker.msgs, worker.msg_applied = item[1:5]
                 self.forward()
             elif kind == "t":
                 worker.throttled = item[1]
@@ -189,10 +203,45 @@ class GroupHost:
             if worker.gone and worker.gone[0][0] <= taken and taken > worker.trim_sent:
                 worker.link.send(("c", GoneTrim(None, None, taken), False, 0))
                 worker.trim_sent = taken
+        self._forward_messages()
         low = min(worker.meta_applied for worker in self.workers.values())
         if meta.meta_outbox and meta.meta_outbox[0][0] <= low and low > self.meta_trim_sent:
             submit(MetaTrim(None, None, low))
             self.meta_trim_sent = low
+
+    def _send_to(self, group: int, command: Any) -> None:
+        if group == 0:
+            self.broker.log.submit(command)
+        else:
+            self.workers[group].link.send(("c", command, False, 0))
+
+    def _forward_messages(self) -> None:
+        """Messages routed to other groups' queues (store/core/groups.py ``route_remote``): each
+        outbox entry to its target group as MessageIn, and MessageDone back once it applied them."""
+        from .worker import outbox_messages
+
+        meta = self.broker.machine
+        outboxes = {0: outbox_messages(meta, self.broker.bodies) if meta.msg_outbox else []}
+        applied = {0: meta.msg_applied}
+        for group, worker in self.workers.items():
+            outboxes[group] = worker.msgs
+            applied[group] = worker.msg_applied
+        for source, entries in outboxes.items():
+            heads: dict[int, int] = {}
+            for target, seq, qids, fields, body in entries:
+                heads.setdefault(target, seq)
+                key = (source, target)
+                if seq > max(applied[target].get(source, 0), self.msg_sent.get(key, 0)):
+                    (exchange, routing_key, properties, persistent, priority, expiration, fmt, published_at) = fields
+                    self._send_to(target, MessageIn(None, None, source, seq, qids, exchange, routing_key, properties,
+                                                    body, persistent, priority, expiration, fmt, published_at))
+                    self.msg_sent[key] = seq
+            for target, head in heads.items():
+                done = applied[target].get(source, 0)
+                key = (source, target)
+                if head <= done and done > self.done_sent.get(key, 0):
+                    self._send_to(source, MessageDone(None, None, target, done))
+                    self.done_sent[key] = done
 
     async def _resend_loop(self) -> None:
         """Once a second: what was sent and is not applied yet is sent again (a proposal can be
@@ -207,4 +256,6 @@ class GroupHost:
                 worker.trim_sent = 0
                 worker.link.send(("report",))
             self.meta_trim_sent = 0
+            self.msg_sent.clear()
+            self.done_sent.clear()
             self.forward()

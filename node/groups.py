@@ -41,6 +41,7 @@ from raftmq.store.core.commands import (
     QueueGone,
     Refused,
 )
+from raftmq.store.core.exchange_types import PLUGIN_TYPES
 from raftmq.store.core.groups import META_GROUP, META_OPS, GroupPending
 from raftmq.store.core.model import Message
 
@@ -105,7 +106,9 @@ class GroupRouter:
         m = self.view()
         vhost = m.vhosts.get(command.vhost)
         exchange = vhost.exchanges.get(command.exchange) if vhost is not None else None
-        if vhost is None or exchange is None:
+        if vhost is None or exchange is None or exchange.type in PLUGIN_TYPES:
+            # (a deduplicating or delayed exchange: the metadata group holds its cache and its
+            # held messages, and sends the copies on through its message outbox)
             return [META_GROUP]
         probe = Message(0, command.exchange, command.routing_key, command.properties, 0, False, 0, 0, 0,
                         command.properties_format)

@@ -33,7 +33,8 @@ from .status import status_loop
 
 log = logging.getLogger(__name__)
 
-REPORT_GONE = 256  # deletion-outbox entries a report carries at most (the forwarder asks again)
+REPORT_GONE = 256  # outbox entries a report carries at most (the forwarder asks again)
+REPORT_BYTES = 4 << 20  # message-outbox body bytes a report carries at most
 
 
 class WorkerBroker(Broker):
@@ -57,14 +58,17 @@ class WorkerBroker(Broker):
         self.report()
 
     def report(self, force: bool = False) -> None:
-        """The group's outbox positions, when they changed (or when asked again)."""
+        """The group's outbox positions, when they changed (or when asked again): the metadata
+        entries applied, the deletions and messages for other groups (these with their bodies,
+        read from this group's body store), the messages from other groups applied."""
         m = self.machine
-        gone = m.gone_outbox
-        key = (m.meta_applied, m.gone_seq, gone[0][0] if gone else 0)
+        gone, msgs = m.gone_outbox, m.msg_outbox
+        key = (m.meta_applied, m.gone_seq, gone[0][0] if gone else 0, len(msgs),
+               (msgs[0][0], msgs[0][1]) if msgs else None, tuple(m.msg_seq.items()), tuple(m.msg_applied.items()))
         if key != self._last_report or force:
             self._last_report = key
             entries = [gone[i] for i in range(min(len(gone), REPORT_GONE))]
-            self._send(("r", m.meta_applied, entries))
+            self._send(("r", m.meta_applied, entries, outbox_messages(m, self.bodies), dict(m.msg_applied)))
 
     def _on_throttle(self, on: bool) -> None:
         super()._on_throttle(on)
@@ -79,6 +83,24 @@ class WorkerBroker(Broker):
                 submit(item[1], item[2], item[3])
             elif kind == "report":
                 self.report(force=True)
+
+
+def outbox_messages(m: Any, bodies: Any, limit: int = REPORT_GONE, max_bytes: int = REPORT_BYTES) -> list:
+    """The message outbox's first entries as the forwarder sends them on: (target, seq, qids,
+    fields, body), bounded in count and body bytes (the rest goes with a later report)."""
+    out, size = [], 0
+    for target, seq, qids, message, expiration in m.msg_outbox:
+        body = bodies.for_send(message.id)
+        if body is None:  # (gone or damaged: the target gets what the source can prove)
+            log.error("group %d: no body for message %d sent to group %d", m.group, message.id, target)
+            continue
+        out.append((target, seq, qids, (message.exchange, message.routing_key, message.properties,
+                                        message.persistent, message.priority, expiration, message.format,
+                                        message.published_at), body))
+        size += len(body)
+        if len(out) >= limit or size >= max_bytes:
+            break
+    return out
 
 
 async def serve_worker(config: Config, boot: str, sock: socket.socket) -> None:

@@ -96,6 +96,8 @@ class Op(IntEnum):
     QUEUE_GONE = 103  # (source, seq, qid): a queue group deleted one of its queues
     GONE_TRIM = 104  # (up_to): the deletions the metadata group has taken in
     QUEUE_FORGET = 105  # (qid): the metadata group forgets a queue its group deleted (forwarded)
+    MESSAGE_IN = 106  # (source, seq, qids, message...): a message another group routed to queues here
+    MESSAGE_DONE = 107  # (target, up_to): the target group has the messages sent to it up to up_to
 
 
 OK = 0
@@ -939,6 +941,39 @@ class QueueForget(NamedTuple):
     op: Op = Op.QUEUE_FORGET
 
 
+class MessageIn(NamedTuple):
+    """A message group ``source`` routed to queues ``qids`` of this group (a dead-lettered copy,
+    a delayed message released, a deduplicating exchange's publish): entry ``seq`` of the source's
+    message outbox for this group, applied once.  The body travels with it."""
+
+    conn: str | None
+    token: int | None
+    source: int
+    seq: int
+    qids: list
+    exchange: str
+    routing_key: str
+    properties: bytes
+    body: bytes
+    persistent: bool
+    priority: int
+    expiration: int | None
+    properties_format: int
+    published_at: int
+    op: Op = Op.MESSAGE_IN
+
+
+class MessageDone(NamedTuple):
+    """Group ``target`` has applied this group's messages for it up to ``up_to``: their outbox
+    entries go, and with them their hold on the messages' bodies."""
+
+    conn: str | None
+    token: int | None
+    target: int
+    up_to: int
+    op: Op = Op.MESSAGE_DONE
+
+
 Command = (ChannelOpen | ChannelClose | ConnectionClose | Qos | Flow | ExchangeDeclare | ExchangeDelete
            | ExchangeBind | ExchangeUnbind | QueueDeclare | QueueBind | QueueUnbind | QueuePurge
            | QueueDelete | Consume | Cancel | Publish | Get | Ack | Nack | Recover | TxCommit | Tick
@@ -947,7 +982,8 @@ Command = (ChannelOpen | ChannelClose | ConnectionClose | Qos | Flow | ExchangeD
            | SessionKnownCompleted | SessionTxSelect | MessageSubscribe | MessageFlow | MessageFlowMode
            | MessageStop | MessageFlush | MessageSettle | MessageAcquire | MessageResume | QueueQuery
            | ExchangeQuery | ExchangeBound | SessionWindowCredit | MessageModify | VhostDelete
-           | LimitsSet | GroupsSet | MetaApply | MetaTrim | QueueGone | GoneTrim | QueueForget)
+           | LimitsSet | GroupsSet | MetaApply | MetaTrim | QueueGone | GoneTrim | QueueForget | MessageIn
+           | MessageDone)
 
 COMMAND_TYPES: dict[int, type[Command]] = {cls._field_defaults["op"]: cls for cls in Command.__args__}
 assert len(COMMAND_TYPES) == len(Op), "every Op has exactly one command type"

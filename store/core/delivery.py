@@ -172,13 +172,21 @@ class Delivery:
                 self.keep_body(message, body)
                 return outcome
         queues = m.topology.route(vhost, exchange, routing_key, message)
+        sent_on = False  # issue 34: copies sent to other groups' queues (a plugin exchange's)
         if m.group_count > 1 and queues:
-            # Issue 34: this group stores the copies of its own queues; the front end sent the
-            # publish to every group it routes to, and one of them answers for the rest.
-            own = [queue for queue in queues if queue.group == m.group]
-            if not own:
-                return NOT_HERE
-            queues = own
+            if exchange.type in PLUGIN_TYPES:
+                # Issue 34: a deduplicating (or x-delay-less delayed) exchange's publishes all go to
+                # the metadata group, whose cache sees every one: it sends the copies on.
+                routed = len(queues)
+                queues = m.groups.route_remote(message, queues, expiration)
+                sent_on = len(queues) < routed
+            else:
+                # This group stores the copies of its own queues; the front end sent the publish to
+                # every group it routes to, and one of them answers for the rest.
+                own = [queue for queue in queues if queue.group == m.group]
+                if not own:
+                    return NOT_HERE
+                queues = own
         self._publishing = message.id, body  # a reject-publish-dlx copy takes its body from here
         if not m.records_events:
             m.event_seq += 1  # numbered alike on every node, recorded where history is kept
@@ -186,7 +194,7 @@ class Delivery:
             m.event(EV.PUBLISHED, None, message, conn or "", vhost_name)
         stats = m.stats
         stats["published"] += 1
-        if not queues:
+        if not queues and not sent_on:
             stats["unroutable"] += 1
             m.event(EV.UNROUTABLE, None, message, "returned" if mandatory else "dropped", vhost_name)
             return UNROUTABLE

@@ -120,8 +120,11 @@ class Expiry:
         m.next_msg_id += 1
         # The copy is a new message: its history links back to the original through the detail.
         m.event(EV.PUBLISHED, None, dead, f"dead-letter:{message.id}:{queue.name}", queue.vhost)
-        for target in m.topology.route(vhost, dlx, routing_key, dead):
-            if target is queue and reason != "rejected":
-                continue  # RabbitMQ drops a dead-letter cycle back to the same queue (not on reject)
+        targets = [target for target in m.topology.route(vhost, dlx, routing_key, dead)
+                   # RabbitMQ drops a dead-letter cycle back to the same queue (not on reject)
+                   if target is not queue or reason == "rejected"]
+        if m.group_count > 1 and targets:
+            targets = m.groups.route_remote(dead, targets, None)  # other groups' queues: the outbox
+        for target in targets:
             m.delivery.enqueue(target, dead, None)
         m.delivery.keep_body(dead, m.delivery.body_source(message))

@@ -41,6 +41,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from . import events as EV
 from .commands import (
     OK,
     OUT_REPLY,
@@ -50,6 +51,8 @@ from .commands import (
     GroupsSet,
     LimitsSet,
     MemberSet,
+    MessageDone,
+    MessageIn,
     MetaApply,
     MetaTrim,
     Ok,
@@ -62,6 +65,7 @@ from .commands import (
     UserPut,
     VhostAdd,
 )
+from .entries import Message
 from .errors import CommandError
 
 
@@ -100,6 +104,7 @@ class Groups:
         self.m = machine
         self._placed: tuple[int, int] | None = None  # the queue declare being applied: its (qid, group)
         self.deleting_for: tuple[str, int | None] | None = None  # the client's queue.delete being applied
+        self.persisted: tuple | None = None  # a single node: the fingerprint of what its mirror holds
 
     def handlers(self, table: dict[int, Callable[[Any], object]]) -> dict[int, Callable[[Any], object]]:
         """The metadata handlers wrapped to append to the outbox, and the groups' own commands."""
@@ -112,6 +117,8 @@ class Groups:
             Op.META_TRIM: self.meta_trim,
             Op.QUEUE_GONE: self.queue_gone,
             Op.GONE_TRIM: self.gone_trim,
+            Op.MESSAGE_IN: self.message_in,
+            Op.MESSAGE_DONE: self.message_done,
         })
         return wrapped
 
@@ -128,6 +135,20 @@ class Groups:
             self._placed = None
             return value
         return apply
+
+    def fingerprint(self) -> tuple:
+        m = self.m
+        return (m.group_count, m.meta_seq, m.meta_applied, m.gone_seq, tuple(sorted(m.gone_applied.items())),
+                m.meta_outbox[0][0] if m.meta_outbox else 0, m.gone_outbox[0][0] if m.gone_outbox else 0,
+                m.next_qid, len(m.queues_by_id), tuple(sorted(m.msg_seq.items())),
+                tuple(sorted(m.msg_applied.items())))
+
+    def persist(self, recorder: Any) -> None:
+        """A single node: write the group state to the mirror if this batch changed it."""
+        key = self.fingerprint()
+        if key != self.persisted:
+            self.persisted = key
+            recorder.put_groups(persisted_state(self.m))
 
     # ----------------------------------------------------------------------------- placement
 
@@ -199,6 +220,62 @@ class Groups:
             return count
         return GroupPending(count, m.group_count if m.group != META_GROUP else m.group_count - 1)
 
+    # ------------------------------------------------------------------- messages between groups
+
+    def route_remote(self, message: Message, queues: list[Queue], expiration: int | None) -> list[Queue]:
+        """Of the queues a dead-lettered, released or deduplicated message routes to, the ones
+        of this group; the others' groups get it through the message outbox (one entry per group,
+        holding the message -- and so its body -- until that group has it)."""
+        m = self.m
+        own: list[Queue] = []
+        remote: dict[int, list[int]] = {}
+        for queue in queues:
+            if queue.group == m.group:
+                own.append(queue)
+            else:
+                remote.setdefault(queue.group, []).append(queue.qid)
+        for target, qids in remote.items():
+            seq = m.msg_seq.get(target, 0) + 1
+            m.msg_seq[target] = seq
+            m.msg_outbox.append((target, seq, qids, message, expiration))
+            message.live += 1
+            if m._persist is not None:  # a single node: the outbox is in its mirror, body and all
+                m._persist.put_group_message(target, seq, [
+                    qids, message.id, message.exchange, message.routing_key, message.properties, None,
+                    message.persistent, message.priority, message.published_at, message.format, expiration])
+        return own
+
+    def message_in(self, cmd: MessageIn) -> None:
+        m = self.m
+        if cmd.seq != m.msg_applied.get(cmd.source, 0) + 1:
+            return None  # a duplicate or a gap: the forwarder resends from the applied one
+        m.msg_applied[cmd.source] = cmd.seq
+        message = Message(m.next_msg_id, cmd.exchange, cmd.routing_key, cmd.properties, len(cmd.body),
+                          bool(cmd.persistent), cmd.priority or 0, cmd.published_at, 0, cmd.properties_format, 1)
+        m.next_msg_id += 1
+        m.event(EV.PUBLISHED, None, message, f"group:{cmd.source}:{cmd.seq}")
+        for qid in cmd.qids:
+            queue = m.queues_by_id.get(qid)
+            if queue is not None and queue.group == m.group:
+                m.delivery.enqueue(queue, message, cmd.expiration)
+        m.delivery.keep_body(message, cmd.body)
+        return None
+
+    def message_done(self, cmd: MessageDone) -> None:
+        m = self.m
+        kept: deque[tuple[int, int, list[int], Message, int | None]] = deque()
+        for entry in m.msg_outbox:
+            target, seq, _qids, message, _expiration = entry
+            if target == cmd.target and seq <= cmd.up_to:
+                message.live -= 1
+                if not message.live:
+                    m._body_deletes.append(message.id)
+                if m._persist is not None:
+                    m._persist.delete_group_message(target, seq)
+            else:
+                kept.append(entry)
+        m.msg_outbox = kept
+
     # ------------------------------------------------------------------------- the commands
 
     def groups_set(self, cmd: GroupsSet) -> None:
@@ -261,6 +338,59 @@ class Groups:
         queue = m.queues_by_id.get(cmd.qid)
         if queue is not None:
             m.topology.delete_queue(queue)
+
+
+def persisted_state(m: StateMachine) -> list:
+    """A single node's group state for its LMDB mirror (the mirror has no snapshots: the
+    outboxes, positions and placements are written whole when they change; issue 34)."""
+    return [m.group_count, m.meta_seq, m.meta_applied, m.gone_seq, sorted(m.gone_applied.items()),
+            [[seq, list(command), list(placed) if placed else None] for seq, command, placed in m.meta_outbox],
+            [list(entry) for entry in m.gone_outbox],
+            sorted((q.qid, q.group) for q in m.queues_by_id.values() if q.group),
+            sorted(m.msg_seq.items()), sorted(m.msg_applied.items())]
+
+
+def restore_state(m: StateMachine, state: list) -> None:
+    """``persisted_state`` back into a machine restored from the mirror."""
+    from .commands import COMMAND_TYPES, _typed_v2
+
+    (m.group_count, m.meta_seq, m.meta_applied, m.gone_seq, gone_applied, meta_outbox, gone_outbox,
+     placements, msg_seq, msg_applied) = state
+    m.gone_applied = {int(k): v for k, v in gone_applied}
+    m.msg_seq = {int(k): v for k, v in msg_seq}
+    m.msg_applied = {int(k): v for k, v in msg_applied}
+    m.meta_outbox = deque((seq, _typed_v2(command) if command[-1] in COMMAND_TYPES else command,
+                           tuple(placed) if placed else None) for seq, command, placed in meta_outbox)
+    m.gone_outbox = deque(tuple(entry) for entry in gone_outbox)
+    for qid, group in placements:
+        queue = m.queues_by_id.get(qid)
+        if queue is not None:
+            queue.group = group
+            if group != m.group:  # a stub: it does not expire on its own
+                m.idle_expiring.pop(qid, None)
+                m.queue_last_used.pop(qid, None)
+
+
+def restore_messages(m: StateMachine, records: list[tuple[int, int, list]]) -> list[tuple[int, bytes]]:
+    """A single node's message outbox back from its mirror; returns the bodies to store.  A
+    message also queued here is the same object (one ``live`` count per id, or its body would go
+    with the first holder)."""
+    if not records:
+        return []
+    known = {entry.message.id: entry.message for queue in m.queues_by_id.values()
+             for entry in queue.ready.entries()}
+    bodies = []
+    for target, seq, record in records:
+        (qids, msg_id, exchange, routing_key, props, body, persistent, priority, published_at, fmt,
+         expiration) = record
+        message = known.get(msg_id)
+        if message is None:
+            message = known[msg_id] = Message(msg_id, exchange, routing_key, props, len(body), persistent,
+                                              priority, published_at, 0, fmt, 0)
+            bodies.append((msg_id, body))
+        message.live += 1
+        m.msg_outbox.append((target, seq, list(qids), message, expiration))
+    return bodies
 
 
 def metadata_dump(m: StateMachine) -> list[tuple[Any, tuple[int, int] | None]]:

@@ -40,7 +40,7 @@ from .delivery import Delivery
 from .effects import Effects
 from .errors import HARD_ERRORS, CommandError
 from .expiry import Expiry
-from .groups import Groups
+from .groups import Groups, restore_messages, restore_state
 from .limits import LimitCommands
 from .message import AMQP091
 from .model import ChannelState, Entry, Exchange, Message, Queue, Session, VHost
@@ -177,6 +177,10 @@ class StateMachine:
         self.gone_outbox: deque[tuple[int, int, str | None, int | None]] = deque()  # a queue group: (seq, qid, conn, token)
         self.gone_seq = 0
         self.gone_applied: dict[int, int] = {}  # the metadata group: source group -> last seq taken in
+        # (target, seq, qids, message, expiration): messages routed to queues of other groups
+        self.msg_outbox: deque[tuple[int, int, list[int], Message, int | None]] = deque()
+        self.msg_seq: dict[int, int] = {}  # target group -> the last seq given
+        self.msg_applied: dict[int, int] = {}  # source group -> the last seq applied here
         self.forwarding = False  # applying a MetaApply's command (not state: set and reset inside it)
         self.forwarded_placement: tuple[int, int] | None = None
         self.internal_errors = 0  # commands that raised something other than CommandError (a bug)
@@ -257,6 +261,8 @@ class StateMachine:
         if index is not None:
             self.applied_index = index
         if self._persist is not None:
+            if self.group_count > 1:
+                self.groups.persist(self._persist)
             effects.persistence, effects.sync_needed = self._persist.ops, self._persist.sync_needed
             self._persist = None
         if self._events:
@@ -444,6 +450,10 @@ class StateMachine:
                     queue.dedup.add(key, msg_id, message.published_at, expires_at)
         # Held delayed messages' bodies are in their records: the node stores them at start.
         self.loaded_bodies = self.plugin_exchanges.load_delayed(state.delayed)
+        if state.groups is not None:
+            restore_state(self, state.groups)
+            self.loaded_bodies += restore_messages(self, state.group_messages)
+            self.groups.persisted = self.groups.fingerprint()
 
     def next_expiry_due(self) -> bool:
         return self.expiry.next_expiry_due()

@@ -22,6 +22,8 @@ QID_SEQ = struct.Struct(">QQ")
 
 OVERLAY_PREFIX = b"overlay/"  # meta keys of configuration-file users' permissions (store/core/users.py)
 LIMITS_PREFIX = b"limits/"  # meta keys of vhost and user limits: limits/<scope>/<name> (store/core/limits.py)
+GROUPS_KEY = b"groups"  # meta key of a single node's queue-group state (store/core/groups.py, issue 34)
+GROUP_MESSAGE_PREFIX = b"gmsg/"  # meta keys of its message outbox: gmsg/<target u64><seq u64>
 
 
 
@@ -46,6 +48,8 @@ class LoadedState:
     messages: dict[int, list] = field(default_factory=dict)
     entries: list[tuple[int, int, list]] = field(default_factory=list)
     delayed: list[tuple[int, int, list]] = field(default_factory=list)
+    groups: list | None = None  # store/core/groups.py ``persisted_state``; None: one group
+    group_messages: list[tuple[int, int, list]] = field(default_factory=list)  # (target, seq, record)
 
 
 def binding_key(vhost: str, source: str, dest_is_queue: bool, dest: str, rk: str, args: dict) -> bytes:
@@ -93,6 +97,20 @@ class PersistenceRecorder:
         else:
             self._delete("meta", key)
         self.sync_needed = True
+
+    def put_groups(self, state: list) -> None:
+        """A single node's queue-group state (store/core/groups.py), whole, when it changed."""
+        self._put("meta", GROUPS_KEY, pack(state))
+
+    def put_group_message(self, target: int, seq: int, record: list) -> None:
+        """A message outbox entry; ``record[5]``, the body of message ``record[1]``, is filled in
+        at commit (store/core/groups.py)."""
+        key = GROUP_MESSAGE_PREFIX + QID_SEQ.pack(target, seq)
+        self.ops.append((PUT_WITH_BODY, "meta", key, record, 5, record[1]))
+        self.sync_needed = True
+
+    def delete_group_message(self, target: int, seq: int) -> None:
+        self._delete("meta", GROUP_MESSAGE_PREFIX + QID_SEQ.pack(target, seq))
 
     def put_user(self, name: str, record: list) -> None:
         self._put("users", name.encode(), pack(record))

@@ -97,6 +97,8 @@ class PluginExchanges:
             self.count("unroutable")
             m.event(EV.UNROUTABLE, None, message, "dropped", held.vhost)
             return
+        if m.group_count > 1:
+            queues = m.groups.route_remote(message, queues, held.expiration)  # other groups': the outbox
         for queue in queues:
             m.delivery.enqueue(queue, message, held.expiration)
 

@@ -80,7 +80,16 @@ from raftmq.integrity import Damage
 from raftmq.versions import STORE_FORMAT, check
 
 from ..core.effects import DELETE, PUT, PUT_WITH_BODY
-from ..core.persistence import LIMITS_PREFIX, OVERLAY_PREFIX, QID_SEQ, U64, LoadedState, pack
+from ..core.persistence import (
+    GROUP_MESSAGE_PREFIX,
+    GROUPS_KEY,
+    LIMITS_PREFIX,
+    OVERLAY_PREFIX,
+    QID_SEQ,
+    U64,
+    LoadedState,
+    pack,
+)
 from .sealed import EXIT_STORE_DAMAGED, SEAL_HEAD, BadRecord, StoreDamaged, seal, unseal
 
 log = logging.getLogger(__name__)
@@ -275,6 +284,12 @@ class DurableStore:
                 state.counters = tuple(meta[b"counters"])
             if b"applied" in meta:
                 state.applied_index = meta[b"applied"]
+            if GROUPS_KEY in meta:
+                state.groups = meta[GROUPS_KEY]
+            for k, v in sorted(meta.items()):
+                if k.startswith(GROUP_MESSAGE_PREFIX):
+                    target, seq = QID_SEQ.unpack(k[len(GROUP_MESSAGE_PREFIX):])
+                    state.group_messages.append((target, seq, v))
             state.vhosts = [k.decode() for k, _ in records("vhosts")]
             state.permission_overlay = [(k[len(OVERLAY_PREFIX):].decode(), v) for k, v in sorted(meta.items())
                                         if k.startswith(OVERLAY_PREFIX)]

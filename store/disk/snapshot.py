@@ -59,6 +59,7 @@ MODEL_FIELDS = (
     "vhost_limits", "user_limits",  # issue 31 (store/core/limits.py); absent in older snapshots: no limits
     # issue 34 (store/core/groups.py): absent in older snapshots, one group
     "group_count", "meta_outbox", "meta_seq", "meta_applied", "gone_outbox", "gone_seq", "gone_applied",
+    "msg_outbox", "msg_seq", "msg_applied",
 )
 
 
@@ -218,6 +219,8 @@ def holders(machine: StateMachine, ready: bool = True) -> Iterator[Message]:
             yield entry.message
     for held in machine.delayed.ordered():
         yield held.message
+    for _target, _seq, _qids, message, _expiration in machine.msg_outbox:  # issue 34: until sent
+        yield message
 
 
 def count_holders(machine: StateMachine) -> None:
@@ -349,7 +352,9 @@ def digest(machine: StateMachine) -> str:
     if machine.group_count > 1:  # issue 34: the same digest as before for a cluster of one group
         put("groups", machine.group_count, machine.meta_seq, machine.meta_applied, machine.gone_seq,
             sorted(machine.gone_applied.items()), [(s, c, p) for s, c, p in machine.meta_outbox],
-            list(machine.gone_outbox), sorted((q.qid, q.group) for q in machine.queues_by_id.values()))
+            list(machine.gone_outbox), sorted((q.qid, q.group) for q in machine.queues_by_id.values()),
+            sorted(machine.msg_seq.items()), sorted(machine.msg_applied.items()),
+            [(t, s, q, msg.id, e) for t, s, q, msg, e in machine.msg_outbox])
     for vname in sorted(machine.vhosts):
         vhost = machine.vhosts[vname]
         put("vhost", vname)
