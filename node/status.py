@@ -53,6 +53,11 @@ def status_of(broker: Broker) -> dict:
         "logins_refused": broker.auth.refused,  # wrong password, unknown user... (node/auth.py)
         **bodies_status(broker),
     }
+    if broker.group_host is not None:  # issue 34: each worker's status is <data>/groups/g<N>/status.json
+        status["groups"] = {str(g): {"pid": w.process.pid, "meta_applied": w.meta_applied,
+                                     "outbox_messages": len(w.msgs)}
+                            for g, w in broker.group_host.workers.items()}
+        status["group_count"] = broker.machine.group_count
     if broker.events is not None:
         # Equal to event_seq once the audit writer has caught up with everything applied.
         status.update(audit_last_seq=broker.events.last_seq, audit_raft_index=broker.events.raft_index,
@@ -131,6 +136,12 @@ async def status_loop(broker: Broker, data_dir: str) -> None:
     loop = asyncio.get_running_loop()
 
     def write_digest() -> None:
+        if broker.group_host is not None:  # issue 34: each queue group's worker writes its own
+            for worker in broker.group_host.workers.values():
+                try:
+                    os.kill(worker.process.pid, signal.SIGUSR1)
+                except OSError:
+                    pass
         # ``digest`` covers the model and the bodies this node has for it (issue 18: bodies live
         # outside the model, and a replica without them is not identical).
         model, bodies = digest(broker.machine), bodies_digest(broker)
