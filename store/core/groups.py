@@ -152,7 +152,7 @@ class Groups:
 
     # ----------------------------------------------------------------------------- placement
 
-    def place(self, arguments: dict) -> tuple[int, int]:
+    def place(self, arguments: dict, conn: str | None = None, channel: int | None = None) -> tuple[int, int]:
         """The id and group of a new queue.  In a queue group applying a forwarded declare, the
         metadata group's decision; in the metadata group, the group with the fewest queues (ties to
         the lowest number), or the one the ``x-queue-group`` argument names."""
@@ -172,12 +172,21 @@ class Groups:
                     raise CommandError(406, f"invalid arg '{PLACEMENT_ARGUMENT}': {wanted!r} is not a group "
                                             f"number below {m.group_count}")
                 group = wanted
+            elif m._caller_owner is not None or self._on_session(conn, channel):
+                # Declared in an AMQP 0-10 session or for a 1.0 link: sessions live in the metadata
+                # group, and so do the queues they declare (docs/design.md, what each promise needs).
+                group = META_GROUP
             else:
                 counts = self.queue_counts()
                 # Queue groups first: the metadata group keeps the queues of an older data directory.
                 group = min(range(1, m.group_count), key=lambda g: (counts.get(g, 0), g))
         self._placed = (qid, group)
         return qid, group
+
+    def _on_session(self, conn: str | None, channel: int | None) -> bool:
+        """Whether the declare comes on a session's channel (a 1.0 link's core session)."""
+        ch = self.m.channels.get(conn or "", {}).get(channel) if channel is not None else None
+        return ch is not None and ch.session is not None
 
     def placed_existing(self, queue: Queue) -> None:
         """A declare of an existing queue forwards the queue's placement with it."""

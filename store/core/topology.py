@@ -342,7 +342,7 @@ class Topology:
         m.limit_commands.check_queue_limit(conn, vhost_name, len(vhost.queues), name)  # max-queues (store/core/limits.py)
         owner = (m._caller_owner or conn) if exclusive else None  # 0-10: the session owns it
         if m.group_count > 1 or m.forwarded_placement is not None:
-            qid, group = m.groups.place(args)  # issue 34: decided by the metadata group
+            qid, group = m.groups.place(args, conn, number)  # issue 34: decided by the metadata group
         else:
             qid, group = m.next_qid, 0
             m.next_qid += 1
