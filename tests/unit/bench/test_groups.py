@@ -20,6 +20,7 @@ from bench.groups import (
     Run,
     broker_config,
     cpu_delta,
+    cpu_deltas,
     cpu_seconds,
     format_summary,
     machine_ticks,
@@ -88,6 +89,7 @@ def test_cpu_delta() -> None:
     """Processes in both samples count their difference; one started meanwhile counts from zero;
     one that ended meanwhile is left out."""
     assert cpu_delta({1: 2.0, 2: 5.0, 3: 1.0}, {1: 2.5, 2: 6.0, 4: 0.25}) == pytest.approx(0.5 + 1.0 + 0.25)
+    assert cpu_deltas({1: 2.0, 3: 1.0}, {1: 2.5, 4: 0.25}) == {1: pytest.approx(0.5), 4: pytest.approx(0.25)}
 
 
 def test_machine_ticks() -> None:
@@ -97,9 +99,9 @@ def test_machine_ticks() -> None:
 
 
 def run(system: str, acked: tuple[int, ...], spans: tuple[tuple[float, float], ...], broker: float,
-        clients: tuple[float, ...]) -> Run:
+        clients: tuple[float, ...], busiest: float = 0.0) -> Run:
     pubs = tuple(Publisher(a, 0, s, e, c) for a, (s, e), c in zip(acked, spans, clients, strict=True))
-    return Run(system, pubs, broker, machine_busy=2.0)
+    return Run(system, pubs, broker, machine_busy=2.0, busiest=busiest)
 
 
 def test_run_arithmetic() -> None:
@@ -113,8 +115,22 @@ def test_run_arithmetic() -> None:
     assert r.broker_us == pytest.approx(20.0)
     assert r.client_us == pytest.approx(15.0)
     assert r.values()["total_us"] == pytest.approx(35.0)
+    assert r.values()["busiest_us"] == pytest.approx(0.0)  # no busiest given here
     assert r.cores == pytest.approx(0.35)
     assert r.others == pytest.approx(0.65)
+
+
+def test_cpu_bound_projection() -> None:
+    """20,000 messages; brokers 0.4 s (the busiest process 0.3 s), publishers 0.1 and 0.2 s: on 2
+    cores the 0.7 s shared is 0.35 s of wall time, more than any one process's 0.3 s, so 20,000 /
+    0.35 = 57,143 msg/s; on 4 cores the busiest broker process (0.3 s) bounds it: 66,667 msg/s; a
+    publisher that needs 0.5 s alone bounds it to 40,000."""
+    r = run("one", (10_000, 10_000), ((0.0, 2.0), (0.0, 2.0)), 0.4, (0.1, 0.2), busiest=0.3)
+    assert r.values()["busiest_us"] == pytest.approx(15.0)  # 0.3 s / 20,000
+    assert r.ceiling(2) == pytest.approx(20_000 / 0.35)
+    assert r.ceiling(4) == pytest.approx(20_000 / 0.3)
+    assert run("one", (10_000, 10_000), ((0.0, 2.0), (0.0, 2.0)), 0.4, (0.1, 0.5), busiest=0.3).ceiling(4) \
+        == pytest.approx(40_000)
 
 
 def test_summary_medians_and_ratios() -> None:
