@@ -110,6 +110,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--time-limit", type=float, default=30.0, help="seconds per publisher and run")
     parser.add_argument("--client-on", choices=("follower", "leader"), default="follower",
                         help="with --nodes 3: the node each publisher talks to")
+    parser.add_argument("--own-sessions", action="store_true",
+                        help="start every raftmq node in a session of its own (setsid), as bench/rabbit_cluster.py "
+                             "starts RabbitMQ's nodes: with the kernel's autogroup on, the CPU of a busy machine is "
+                             "shared per session (by default all raftmq nodes share this script's one)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--max-minutes", type=float, default=30.0, help="no round starts after this")
     args = parser.parse_args(argv)
@@ -412,15 +416,23 @@ class RaftmqSystem:
             if self.args.nodes == 1:
                 toml = directory / "node.toml"
                 toml.write_text(self.config)
-                node = RaftmqNode(directory / "data", config=toml, start_timeout=120)
+                node = RaftmqNode(directory / "data", config=toml, start_timeout=120,
+                                  command_prefix=self.prefix())
                 self.brokers.append(node)
                 node.start()
             else:
                 cluster = Cluster(3, directory, extra_config=self.config, start_timeout=120)
+                for member in cluster.nodes:
+                    member.command_prefix = self.prefix()
                 self.brokers.append(cluster)
                 cluster.start()
                 self._place_leader(cluster, k % 3)
         return self
+
+    def prefix(self) -> list[str]:
+        """``setsid`` execs the server in a new session (same PID: a Popen child is not a process
+        group leader, so setsid does not fork)."""
+        return ["setsid"] if self.args.own_sessions else []
 
     @staticmethod
     def _place_leader(cluster, index: int, timeout: float = 30.0) -> str:

@@ -40,8 +40,9 @@ def test_defaults_and_systems() -> None:
     assert (args.count, args.size, args.window, args.groups) == (20_000, 256, 1000, None)
     args = parse_args(["--nodes", "3", "--groups", "3", "--rabbitmq"])
     assert args.systems == ["one", "split", "groups", "rabbitmq"]
-    args = parse_args(["--nodes", "3", "--systems", "rabbitmq, one", "--client-on", "leader"])
-    assert (args.systems, args.client_on) == (["rabbitmq", "one"], "leader")
+    args = parse_args(["--nodes", "3", "--systems", "rabbitmq, one", "--client-on", "leader", "--own-sessions"])
+    assert (args.systems, args.client_on, args.own_sessions) == (["rabbitmq", "one"], "leader", True)
+    assert parse_args([]).own_sessions is False
 
 
 @pytest.mark.parametrize("argv", [
