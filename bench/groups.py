@@ -269,11 +269,12 @@ METRICS = {"rate": "confirmed msg/s", "broker_us": "broker CPU µs/msg", "busies
 
 @dataclass
 class Summary:
-    """Medians per system and metric; ratios of the medians to the baseline's and the range of the
-    per-round ratios (rounds where both systems were measured)."""
+    """Medians per system and metric; per system and metric against the baseline: the ratio of the
+    medians, the median of the per-round ratios (the paired figure: the two runs of a round are
+    seconds apart) and the range of the per-round ratios (rounds where both were measured)."""
 
     medians: dict[str, dict[str, float]] = field(default_factory=dict)
-    ratios: dict[str, dict[str, tuple[float, float, float]]] = field(default_factory=dict)
+    ratios: dict[str, dict[str, tuple[float, float, float, float]]] = field(default_factory=dict)
     rounds: int = 0
 
 
@@ -299,22 +300,22 @@ def summarise(rounds: list[dict[str, Run]], systems: list[str]) -> Summary:
         for metric in METRICS:
             per_round = [ratio(a[metric], b[metric]) for a, b in pairs]
             summary.ratios[system][metric] = (ratio(summary.medians[system][metric], summary.medians[base][metric]),
-                                              min(per_round), max(per_round))
+                                              statistics.median(per_round), min(per_round), max(per_round))
     return summary
 
 
 def format_summary(summary: Summary, systems: list[str]) -> str:
     shown = [s for s in systems if s in summary.medians]
-    lines = [f"summary: medians of {summary.rounds} round(s); ratios to {systems[0]} of the medians "
-             f"[range of the per-round ratios]",
+    lines = [f"summary: medians of {summary.rounds} round(s); ratios to {systems[0]}: of the medians, "
+             f"(median of the per-round ratios) [their range]",
              f"{'metric':22s}" + "".join(f"{s:>12s}" for s in shown)
-             + "".join(f"  {s + '/' + systems[0]:>16s} {'[per round]':>13s}" for s in shown[1:])]
+             + "".join(f"  {s + '/' + systems[0]:>16s} {'(per round) [range]':>20s}" for s in shown[1:])]
     for metric, label in METRICS.items():
         digits = 2 if metric in ("cores", "others") else 1
         row = f"{label:22s}" + "".join(f"{summary.medians[s][metric]:12,.{digits}f}" for s in shown)
         for s in shown[1:]:
-            ratio, low, high = summary.ratios[s][metric]
-            row += f"  {ratio:16.2f} [{low:.2f}-{high:.2f}]"
+            ratio, paired, low, high = summary.ratios[s][metric]
+            row += f"  {ratio:16.2f} ({paired:.2f}) [{low:.2f}-{high:.2f}]"
         lines.append(row)
     lines.append("(msg/s: higher is better; µs/msg: lower is better)")
     return "\n".join(lines)

@@ -147,13 +147,29 @@ def test_summary_medians_and_ratios() -> None:
     assert summary.rounds == 3
     assert summary.medians["one"]["rate"] == pytest.approx(10_000)
     assert summary.medians["split"]["rate"] == pytest.approx(15_000)
-    ratio, low, high = summary.ratios["split"]["rate"]
-    assert (ratio, low, high) == (pytest.approx(1.5), pytest.approx(14 / 12), pytest.approx(1.8))
-    ratio, low, high = summary.ratios["split"]["broker_us"]
-    assert (ratio, low, high) == (pytest.approx(20 / 22), pytest.approx(20 / 22), pytest.approx(1.0))
+    ratio, paired, low, high = summary.ratios["split"]["rate"]
+    assert (ratio, paired, low, high) == (pytest.approx(1.5), pytest.approx(1.5), pytest.approx(14 / 12),
+                                          pytest.approx(1.8))
+    ratio, paired, low, high = summary.ratios["split"]["broker_us"]
+    assert (ratio, paired, low, high) == (pytest.approx(20 / 22), pytest.approx(20 / 22), pytest.approx(20 / 22),
+                                          pytest.approx(1.0))
     assert "one" not in summary.ratios
     text = format_summary(summary, ["one", "split"])
-    assert "confirmed msg/s" in text and "1.50 [1.17-1.80]" in text
+    assert "confirmed msg/s" in text and "1.50 (1.50) [1.17-1.80]" in text
+
+
+def test_paired_ratio_differs_from_the_ratio_of_medians() -> None:
+    """Rounds that drift: one 10k, 30k, 20k; split 12k, 24k, 40k.  Medians 20k and 24k (1.2);
+    per-round ratios 1.2, 0.8, 2.0: their median 1.2, range 0.8-2.0.  And one 10k, 20k, 30k with
+    split 5k, 24k, 33k: medians 20k, 24k (1.2) but per round 0.5, 1.2, 1.1 -> median 1.1."""
+    def runs(a: int, b: int) -> dict[str, Run]:
+        return {"one": run("one", (a,), ((0.0, 1.0),), 0.01, (0.1,)),
+                "split": run("split", (b,), ((0.0, 1.0),), 0.01, (0.1,))}
+
+    summary = summarise([runs(10_000, 12_000), runs(30_000, 24_000), runs(20_000, 40_000)], ["one", "split"])
+    assert summary.ratios["split"]["rate"] == tuple(pytest.approx(v) for v in (1.2, 1.2, 0.8, 2.0))
+    summary = summarise([runs(10_000, 5_000), runs(20_000, 24_000), runs(30_000, 33_000)], ["one", "split"])
+    assert summary.ratios["split"]["rate"] == tuple(pytest.approx(v) for v in (1.2, 1.1, 0.5, 1.2))
 
 
 def test_summary_skips_rounds_without_a_system() -> None:
@@ -163,7 +179,7 @@ def test_summary_skips_rounds_without_a_system() -> None:
                "split": run("split", (200,), ((0.0, 1.0),), 0.001, (0.0,))},
               {"one": run("one", (100,), ((0.0, 1.0),), 0.001, (0.0,))}]
     summary = summarise(rounds, ["one", "split"])
-    assert summary.ratios["split"]["rate"] == (pytest.approx(2.0), pytest.approx(2.0), pytest.approx(2.0))
+    assert summary.ratios["split"]["rate"] == tuple(pytest.approx(2.0) for _ in range(4))
     assert math.isnan(summary.ratios["split"]["client_us"][0])  # 0 against 0 µs: no ratio, no crash
 
 
