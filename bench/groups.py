@@ -565,6 +565,21 @@ class RabbitSystem:
 # ---------------------------------------------------------------------------------------------- driver
 
 
+def say(proc: subprocess.Popen[str], word: str, last: bool = False) -> None:
+    """A line to a publisher (its stdin); ``last`` closes the pipe after it."""
+    assert proc.stdin is not None
+    proc.stdin.write(word + "\n")
+    proc.stdin.flush()
+    if last:
+        proc.stdin.close()
+
+
+def hear(proc: subprocess.Popen[str]) -> str:
+    """A line from a publisher (its stdout); "" once it has exited."""
+    assert proc.stdout is not None
+    return proc.stdout.readline()
+
+
 def measure(system, args: argparse.Namespace, count: int, check: bool) -> Run:
     """One run of ``system``: the publishers start together; the brokers' CPU is read just before
     and just after."""
@@ -585,25 +600,23 @@ def measure(system, args: argparse.Namespace, count: int, check: bool) -> Run:
                                            json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           text=True))
         for proc in procs:
-            if proc.stdout.readline().strip() != "ready":
+            if hear(proc).strip() != "ready":
                 raise RuntimeError(f"a publisher of {system.name} did not get ready (exit {proc.wait(30)})")
         pids = system.pids()
         machine_before = read_machine()
         before = cpu_seconds(pids)
         for proc in procs:
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
+            say(proc, "go")
         reports = []
         for proc in procs:
-            line = proc.stdout.readline()
+            line = hear(proc)
             if not line:
                 raise RuntimeError(f"a publisher of {system.name} ended without a report (exit {proc.wait(30)})")
             reports.append(Publisher(**json.loads(line)))
         after = cpu_seconds(system.pids())
         machine_after = read_machine()
         for proc in procs:
-            proc.stdin.write("delete\n")
-            proc.stdin.close()
+            say(proc, "delete", last=True)
         for proc in procs:
             proc.wait(60)
     finally:
