@@ -23,6 +23,7 @@ from . import login, raftview, resources, system, users
 from .common import CONTEXT, Context, authenticate
 from .crosssite import cross_site, security_headers
 from .listener import HttpListener
+from .members import MemberViews
 from .rates import Rates
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def build_app(broker: Broker, gatekeeper: Gatekeeper | None = None) -> tuple[web
     # bodies are capped at http_max_body (ops/http/bodies.py).
     app = web.Application(middlewares=[cross_site, authenticate], client_max_size=broker.config.http_max_body)
     app.on_response_prepare.append(security_headers)
-    app[CONTEXT] = Context(broker, Control(broker), gatekeeper or Gatekeeper(broker), rates)
+    app[CONTEXT] = Context(broker, Control(broker), gatekeeper or Gatekeeper(broker), rates, MemberViews(broker))
     app.router.add_get("/", _page)
     app.router.add_get("/index.html", _page)
     for name in STATIC_FILES:
@@ -128,6 +129,7 @@ def serve_http(broker: Broker) -> Callable[[], None]:
 
     started.add_done_callback(check)
     sampler = loop.create_task(rates.run())
+    app[CONTEXT].members.start(loop)  # answer the other members' requests (ops/http/members.py)
 
     def stop() -> None:
         sampler.cancel()

@@ -22,6 +22,10 @@ Checked (issue 35, part one):
    the page, still open on the surviving follower, shows another leader, the old one not running,
    a leader change counted and the change in its history (old leader -> new, higher term).
    Screenshots before and after.
+   Part three (before the kill): the follower's Connections and Channels pages list a client of
+   the leader with the leader's node name (every member's, ops/http/members.py); the Cluster page
+   shows every member's own commit and applied index as that member reports it, and the "Compare
+   state digests" button shows three digests that do not disagree (GET /api/raftmq/digests).
 4. In ``test_work_in_the_ui``: the Cluster tab of one node ("single", no changes); a management
    user has no Cluster tab and gets 403 from /api/raftmq/cluster (monitoring only, as /api/nodes).
 
@@ -411,9 +415,41 @@ def test_cluster_overview_shows_the_leader(tmp_path, browser):
         browser.wait("document.getElementById('queued').textContent.includes('4')", "4 queued messages")
         browser.screenshot("ui-cluster-follower.png")
 
+        # Part three: the Connections page of the follower lists a client of another member (the
+        # leader), with its node; the Channels page its channel.
+        elsewhere = pika.BlockingConnection(pika.URLParameters(leader.url))
+        elsewhere.channel()
+        browser.click("tab-connections")
+        shown = browser.wait(
+            "(() => { const rows = [...document.querySelectorAll('#connections-table tbody tr')];"
+            " const r = rows.find(r => r.cells[1].textContent === " + json.dumps(leader_name) + ");"
+            " return r && [...r.cells].map(c => c.textContent); })()", f"a connection on {leader_name}")
+        assert shown[2] == "guest" and shown[5] == "1"  # user, channels
+        browser.screenshot("ui-cluster-connections.png")
+        browser.click("tab-channels")
+        browser.wait("[...document.querySelectorAll('#channels-table tbody tr')].some(r => r.cells[1].textContent === "
+                     + json.dumps(leader_name) + ")", f"a channel on {leader_name}")
+
         # The Cluster page (raftmq's own): the Raft view from the follower.
         browser.click("tab-cluster")
         before = _cluster_page(browser, leader_name, f"the Cluster page with the leader {leader_name}")
+        # Each member's own commit and applied index, asked from it (ops/http/members.py): the
+        # columns after the leader's lag, filled for all three members.
+        reported = browser.wait(
+            "(() => { const rows = [...document.querySelectorAll('#raft-members tbody tr')];"
+            " const ok = rows.length === 3 && rows.every(r => /^[0-9]+$/.test(r.cells[7].textContent)"
+            " && /^[0-9]+$/.test(r.cells[8].textContent));"
+            " return ok && Object.fromEntries(rows.map(r => [r.cells[0].textContent, r.cells[9].textContent])); })()",
+            "every member's reported indexes")
+        assert reported[leader_name].startswith("leader / ")
+        # Replicas' digests side by side: asked with the button; at one applied index they agree.
+        browser.click("digests-compare")
+        verdict = browser.wait("document.getElementById('digests-verdict') &&"
+                               " [...document.querySelectorAll('#digests tbody tr')].filter("
+                               " r => /^[0-9a-f]{64}$/.test(r.cells[2].textContent)).length === 3 &&"
+                               " document.getElementById('digests-verdict').textContent", "the digests", 40)
+        assert "DIFFERENT" not in verdict, verdict
+        browser.screenshot("ui-cluster-digests.png")
         assert before["summary"]["Seen from"] == f"raftmq@{follower.node_id}"
         assert before["summary"]["Leader"] == leader_name
         assert leader_name in before["summary"]["Connected partners"]
@@ -429,6 +465,10 @@ def test_cluster_overview_shows_the_leader(tmp_path, browser):
         # kill -9 the leader (the process this test started, by its PID): the page on the surviving
         # follower shows another leader, the old one down, and the change.
         leader.kill9()
+        try:
+            elsewhere.close()
+        except Exception:  # noqa: BLE001 - its node was just killed
+            pass
         after = browser.wait(
             "(() => { const rows = [...document.querySelectorAll('#raft-members tbody tr')];"
             " const leaders = rows.filter(r => r.cells[2].classList.contains('leader')).map(r => r.cells[0].textContent);"

@@ -30,6 +30,8 @@ async function api(method, path, body) {
     init.body = JSON.stringify(body);
   }
   const response = await fetch(location.origin + path, init);
+  // Members that did not answer a cluster-wide list (ops/http/members.py): their rows are absent.
+  state.missing = response.headers.get("X-Raftmq-Members-Missing") || "";
   const text = await response.text();
   const data = text ? JSON.parse(text) : null;
   if (response.status === 401 && path !== "/api/login") {
@@ -155,7 +157,10 @@ class Pager {
       return;
     }
     const focused = document.activeElement && document.activeElement.id;
-    this.root.replaceChildren(this.controls(result), table(`${this.id}-table`, this.columns, result.items));
+    const missing = state.missing ? h("p", {id: `${this.id}-missing`, class: "error",
+      text: `Not answering (their rows are missing): ${state.missing}`}) : null;
+    this.root.replaceChildren(...[missing, this.controls(result), table(`${this.id}-table`, this.columns,
+                                                                        result.items)].filter(Boolean));
     if (focused && focused.startsWith(this.id)) document.getElementById(focused)?.focus();
   }
 }
@@ -424,10 +429,39 @@ views.queue = async (vhost, name) => {
 
 // raftmq's own page (RabbitMQ has none): the Raft view of the node the page is served by, from
 // GET /api/raftmq/cluster (ops/http/raftview.py; monitoring users).  Lag is the leader's knowledge:
-// on a follower that column is empty.
+// on a follower that column is empty.  "Reported" columns are each member's own numbers, asked from
+// it (ops/http/members.py), with the age of its answer; digests are made on request only (a walk of
+// each member's whole state): the button asks GET /api/raftmq/digests.
+function bytes(n) {
+  if (n === null || n === undefined) return "";
+  return n < 1024 ? `${n} B` : n < 1 << 20 ? `${(n / 1024).toFixed(1)} KiB` : `${(n / (1 << 20)).toFixed(1)} MiB`;
+}
+
 views.cluster = async () => {
   const summary = h("div", {id: "raft-summary-box"}), members = h("div", {id: "raft-members-box"});
-  const changes = h("div", {id: "leader-changes-box"});
+  const changes = h("div", {id: "leader-changes-box"}), snapshots = h("div", {id: "snapshots-box"});
+  const digests = h("div", {id: "digests-box"});
+  const compare = h("button", {id: "digests-compare", type: "button", text: "Compare state digests",
+    onclick: async () => {
+      compare.disabled = true;
+      digests.replaceChildren(h("p", {text: "Asking every member for a digest..."}));
+      try {
+        const d = await api("GET", "/api/raftmq/digests");
+        const verdict = d.digests_agree === true ? "Replicas at the same applied index have the same digest." :
+          d.digests_agree === false ? "DIFFERENT digests at the same applied index: the replicas diverged." :
+          "No two members were at the same applied index: compare again when traffic stops.";
+        digests.replaceChildren(h("div", {}, h("p", {id: "digests-verdict", class: d.digests_agree === false ? "error" : "",
+                                        text: verdict}),
+          d.members_missing.length ? h("p", {class: "error", text: `Not answering: ${d.members_missing.join(", ")}`}) : null,
+          table("digests", [["Member", x => x.name], ["Applied index", x => x.applied_index, {numeric: true}],
+            ["Digest (model + bodies)", x => x.digest, {cls: () => "digest"}], ["Model", x => (x.model_digest || "").slice(0, 16)],
+            ["Bodies", x => (x.bodies_digest || "").slice(0, 16)], ["Age (s)", x => x.age, {numeric: true}]], d.members)));
+      } catch (error) {
+        digests.replaceChildren(h("p", {class: "error", text: error.message}));
+      } finally {
+        compare.disabled = false;
+      }
+    }});
   async function load() {
     const c = await api("GET", "/api/raftmq/cluster");
     const p = c.prevote;
@@ -438,20 +472,35 @@ views.cluster = async () => {
       ["Majority lost", x => x.majority_lost, {numeric: true}],
       ["Snapshots damaged", x => x.snapshots_damaged, {numeric: true}],
       ["Pre-vote rounds / won", () => `${p.rounds} / ${p.won}`], ["Pre-votes granted / refused",
-        () => `${p.granted} / ${p.refused}`]], [c]));
+        () => `${p.granted} / ${p.refused}`],
+      ["Members not answering", x => (x.members_missing || []).join(", ") || "none",
+        {cls: x => (x.members_missing || []).length ? "down" : ""}]], [c]));
+    const own = n => n.reported || {};
     members.replaceChildren(table("raft-members", [
       ["Name", n => n.name], ["Running", n => n.running ? "yes" : "no", {cls: n => n.running ? "" : "down"}],
       ["Role", n => n.raft.role, {cls: n => n.raft.leader ? "leader" : ""}],
       ["Term", n => n.raft.term, {numeric: true}],
       ["Commit index", n => n.raft.commit_index, {numeric: true}],
       ["Applied index", n => n.raft.applied_index, {numeric: true}],
-      ["Lag (entries, leader's view)", n => n.raft.lag, {numeric: true}]], c.members));
+      ["Lag (entries, leader's view)", n => n.raft.lag, {numeric: true}],
+      ["Reported commit index", n => own(n).commit_index, {numeric: true}],
+      ["Reported applied index", n => own(n).applied_index, {numeric: true}],
+      ["Reported role / term", n => n.reported ? `${own(n).role} / ${own(n).term}` : "no answer"],
+      ["Answer age (s)", n => own(n).age, {numeric: true}]], c.members));
+    const snaps = c.members.flatMap(n => (own(n).snapshots || []).map(s => ({member: n.name, ...s})));
+    snapshots.replaceChildren(snaps.length === 0 ? h("p", {text: "No snapshot written or loaded since the members started."}) :
+      table("snapshots", [["Member", x => x.member], ["Time", x => new Date(x.time).toLocaleTimeString()],
+        ["Raft index", x => x.index, {numeric: true}], ["Size", x => bytes(x.bytes), {numeric: true}],
+        ["How", x => x.how]], snaps));
     changes.replaceChildren(c.recent_leader_changes.length === 0 ? h("p", {text: "No leader seen yet."}) :
       table("leader-changes", [["Time", x => new Date(x.time).toLocaleTimeString()], ["Term", x => x.term,
         {numeric: true}], ["Leader", x => x.leader], ["Previous leader", x => x.previous || "(first seen)"]],
         c.recent_leader_changes));
   }
   return {title: "Cluster", content: [section("Raft", summary), section("Members", members),
+    section("Last snapshots (per member, newest first)", snapshots),
+    section("Replicas' state digests", h("p", {text: "Each member hashes its whole state (queues, messages, " +
+      "bodies) when asked; replicas at the same applied index must agree."}), compare, digests),
     section("Last leader changes (newest first)", changes)], load};
 };
 
