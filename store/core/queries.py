@@ -394,6 +394,17 @@ def message_stats(m: StateMachine) -> dict[str, int]:
     return dict(m.stats)
 
 
+def queue_counts(m: StateMachine, qid: int) -> tuple[int, int]:
+    """(delivered or got, acked) of one queue since this node started applying (machine.queue_counts)."""
+    counts = m.queue_counts.get(qid)
+    return (counts[0], counts[1]) if counts is not None else (0, 0)
+
+
+def all_queue_counts(m: StateMachine) -> dict[int, tuple[int, int]]:
+    """Every queue's (delivered or got, acked) that has any, by qid (a copy: for periodic samples)."""
+    return {qid: (c[0], c[1]) for qid, c in m.queue_counts.items()}
+
+
 def next_delayed_due(m: StateMachine) -> int | None:
     """When the first message held by an x-delayed-message exchange is due (microseconds), or None."""
     return m.delayed.next_due()

@@ -14,6 +14,9 @@ Checked (issue 35, part one):
    adding a user with the management tag and setting its permissions on the Admin page; logging out
    and in as that user: no Admin tab, no Nodes section (the tags, as RabbitMQ), 403 from the API for
    an admin call, and a change without the CSRF token refused (403) while the page's own works.
+   Part three: the queue's page shows its message rates and totals (publish, deliver/get, ack:
+   RabbitMQ's per-queue message_stats) after the get, with a chart; purge and delete ask first
+   (Cancel leaves the message, Yes purges / deletes).
 2. ``test_wrong_password``: the form says "Login failed" and shows no data.
 3. ``test_cluster_overview_shows_the_leader`` (cluster mark): a follower's Overview names the leader;
    then (part two) its Cluster page (GET /api/raftmq/cluster, ops/http/raftview.py) shows the same
@@ -296,9 +299,34 @@ def test_work_in_the_ui(node, browser):
     assert exchange in details and "new-order" in details
     browser.js("document.getElementById('get-results').scrollIntoView()")
     browser.screenshot("ui-queue-get.png")
-    browser.flash_after("queue-purge", "Queue contents purged.")
+    # Part three: the queue's message rates (RabbitMQ's per-queue message_stats: publish,
+    # deliver_get, ack with *_details.rate; ops/http/rates.py) -- the get counts as a delivery.
+    totals = browser.wait(
+        "(() => { const r = document.querySelector('#queue-rates-table tbody tr');"
+        " const c = r && [...r.cells].map(c => c.textContent); return c && c[3] === '1' && c[4] === '1' && c; })()",
+        "the queue's totals: 1 published, 1 delivered or got")
+    assert totals[0].endswith("/s") and totals[1].endswith("/s")  # rates shown per second
+    assert browser.js("!!document.getElementById('queue-chart')")
+    stats = _queue(node, queue)[1]["message_stats"]
+    assert (stats["publish"], stats["deliver_get"], stats["ack"]) == (1, 1, 0)
+    assert {"publish_details", "deliver_get_details", "ack_details"} <= set(stats)
+    browser.js("document.getElementById('queue-rates').scrollIntoView()")
+    browser.screenshot("ui-queue-rates.png")
+    # Purge and delete ask first (part three): Cancel leaves the queue as it was.
+    browser.click("queue-purge")
+    assert "Purge every ready message" in browser.wait("document.getElementById('confirm-question') &&"
+                                                       " document.getElementById('confirm-question').textContent",
+                                                       "the purge question")
+    browser.screenshot("ui-queue-purge-confirm.png")
+    browser.click("confirm-no")
+    browser.wait("!document.getElementById('confirm')", "the question gone after Cancel")
+    assert _queue(node, queue)[1]["messages"] == 1
+    browser.click("queue-purge")
+    browser.flash_after("confirm-yes", "Queue contents purged.")
     assert _queue(node, queue)[1]["messages"] == 0
-    browser.flash_after("queue-delete", f"Queue {queue} deleted.")
+    browser.click("queue-delete")
+    assert _queue(node, queue)[0] == 200  # not before the answer
+    browser.flash_after("confirm-yes", f"Queue {queue} deleted.")
     browser.wait("location.hash === '#/queues'", "the Queues page after the delete")
     assert _queue(node, queue)[0] == 404
 

@@ -77,6 +77,20 @@ async function act(what, fn) {
   }
 }
 
+// Deleting and purging ask first, as RabbitMQ's UI does ("Are you sure? This object cannot be
+// recovered after deletion."): in the page (a bar with Yes/Cancel after the button) rather than
+// window.confirm, so that nothing blocks the page's script.  One question open at a time.
+function confirmThen(question, what, fn) {
+  return event => {
+    document.getElementById("confirm")?.remove();
+    const bar = h("div", {id: "confirm", class: "confirm", role: "alertdialog"}, h("span", {id: "confirm-question",
+      text: `${question} This cannot be undone.`}), " ",
+      h("button", {id: "confirm-yes", type: "button", text: "Yes", onclick: () => { bar.remove(); act(what, fn); }}), " ",
+      h("button", {id: "confirm-no", type: "button", text: "Cancel", onclick: () => bar.remove()}));
+    event.currentTarget.after(bar);
+  };
+}
+
 function table(id, columns, rows) {
   // columns: [header, row -> value or node, {numeric, cls}]
   return h("table", {id, class: "list"},
@@ -215,6 +229,27 @@ views.overview = async () => {
   return {title: "Overview", content: main, load};
 };
 
+// Several series on one chart (the queue page's publish / deliver / ack rates): each {label, color,
+// samples}; the last 120 samples, scaled to the largest value shown.
+function drawSeries(canvas, series, title) {
+  const ctx = canvas.getContext("2d");
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  const max = Math.max(1, ...series.flatMap(s => s.samples));
+  series.forEach((s, n) => {
+    ctx.strokeStyle = s.color;
+    ctx.beginPath();
+    s.samples.forEach((v, i) => {
+      const x = canvas.width * i / 119, y = canvas.height - 4 - (canvas.height - 8) * v / max;
+      i ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
+    });
+    ctx.stroke();
+    ctx.fillStyle = s.color;
+    ctx.fillText(s.label, 6 + 90 * n, canvas.height - 6);
+  });
+  ctx.fillStyle = "#555";
+  ctx.fillText(`${title} (max ${max})`, 6, 12);
+}
+
 function draw(canvas, samples) {
   const ctx = canvas.getContext("2d");
   ctx.clearRect(0, 0, canvas.width, canvas.height);
@@ -323,13 +358,14 @@ function publishForm(exchangePath, routingKey) {
 function bindingsTable(id, rows, unbind) {
   return table(id, [["From", b => b.source === "" ? "(Default exchange binding)" : b.source],
     ["To", b => b.destination], ["Routing key", b => b.routing_key], ["Arguments", b => JSON.stringify(b.arguments)],
-    ["", b => b.source === "" ? "" : h("button", {class: "unbind", text: "Unbind", onclick: () => unbind(b)})]], rows);
+    ["", b => b.source === "" ? "" : h("button", {class: "unbind", text: "Unbind", onclick: unbind(b)})]], rows);
 }
 
 function unbindAction(b) {
   const kind = b.destination_type === "queue" ? "q" : "e";
-  act("Binding removed.", () => api("DELETE",
-    `/api/bindings/${enc(b.vhost)}/e/${enc(b.source)}/${kind}/${enc(b.destination)}/${enc(b.properties_key)}`));
+  return confirmThen(`Remove the binding from ${b.source} to ${b.destination} (${b.routing_key})?`, "Binding removed.",
+    () => api("DELETE", `/api/bindings/${enc(b.vhost)}/e/${enc(b.source)}/${kind}/${enc(b.destination)}/` +
+              enc(b.properties_key)));
 }
 
 views.exchange = async (vhost, name) => {
@@ -346,7 +382,7 @@ views.exchange = async (vhost, name) => {
       enc(val("bind-destination")), {routing_key: val("bind-key"), arguments: {}}));
   });
   const remove = h("button", {id: "exchange-delete", type: "button", text: "Delete this exchange",
-    onclick: () => act(`Exchange ${name} deleted.`, async () => {
+    onclick: confirmThen(`Delete the exchange ${name}?`, `Exchange ${name} deleted.`, async () => {
       await api("DELETE", path);
       location.hash = "#/exchanges";
     })});
@@ -399,14 +435,29 @@ views.queue = async (vhost, name) => {
     });
   });
   const purge = h("button", {id: "queue-purge", type: "button", text: "Purge Messages",
-    onclick: () => act("Queue contents purged.", () => api("DELETE", `${path}/contents`))});
+    onclick: confirmThen(`Purge every ready message of the queue ${name}?`, "Queue contents purged.",
+                         () => api("DELETE", `${path}/contents`))});
   const remove = h("button", {id: "queue-delete", type: "button", text: "Delete Queue",
-    onclick: () => act(`Queue ${name} deleted.`, async () => {
+    onclick: confirmThen(`Delete the queue ${name} and its messages?`, `Queue ${name} deleted.`, async () => {
       await api("DELETE", path);
       location.hash = "#/queues";
     })});
+  const chart = h("canvas", {id: "queue-chart", width: 720, height: 140}), rates = h("div", {id: "queue-rates"});
+  const series = [{label: "publish", color: "#36c", stat: "publish", samples: []},
+                  {label: "deliver / get", color: "#0a6", stat: "deliver_get", samples: []},
+                  {label: "ack", color: "#f60", stat: "ack", samples: []}];
   async function load() {
     const q = await api("GET", path);
+    const m = q.message_stats || {};
+    rates.replaceChildren(table("queue-rates-table", [["Publish", x => rate(x.publish_details)],
+      ["Deliver / get", x => rate(x.deliver_get_details)], ["Acknowledge", x => rate(x.ack_details)],
+      ["Published (total)", x => x.publish, {numeric: true}], ["Delivered / got (total)", x => x.deliver_get,
+        {numeric: true}], ["Acknowledged (total)", x => x.ack, {numeric: true}]], [m]));
+    for (const s of series) {
+      s.samples.push((m[`${s.stat}_details`] || {}).rate || 0);
+      if (s.samples.length > 120) s.samples.shift();
+    }
+    drawSeries(chart, series, "messages/s");
     details.replaceChildren(table("queue-info", [["Virtual host", x => x.vhost], ["Features", features],
       ["State", x => x.state], ["Consumers", x => x.consumers, {numeric: true}],
       ["Ready", x => x.messages_ready, {numeric: true}], ["Unacked", x => x.messages_unacknowledged, {numeric: true}],
@@ -417,7 +468,8 @@ views.queue = async (vhost, name) => {
       q.consumer_details || []));
     bindings.replaceChildren(bindingsTable("queue-bindings-table", await api("GET", `${path}/bindings`), unbindAction));
   }
-  const content = [section("Overview", details), section("Consumers", consumers), section("Bindings", bindings),
+  const content = [section("Overview", details), section("Message rates", rates, chart),
+    section("Consumers", consumers), section("Bindings", bindings),
     section("Add binding to this queue", bind),
     section("Publish message", h("p", {text: "Message will be published to the default exchange with routing key " +
       `${name}, routing it to this queue.`}), publishForm(`/api/exchanges/${enc(vhost)}/amq.default`, name)),
@@ -548,7 +600,8 @@ views.admin = async () => {
     await users.load();
     permissions.replaceChildren(table("permissions-table", [["User", p => p.user], ["Virtual host", p => p.vhost],
       ["Configure regexp", p => p.configure], ["Write regexp", p => p.write], ["Read regexp", p => p.read],
-      ["", p => h("button", {class: "clear-permission", text: "Clear", onclick: () => act("Permission cleared.",
+      ["", p => h("button", {class: "clear-permission", text: "Clear", onclick: confirmThen(
+        `Clear ${p.user}'s permissions on ${p.vhost}?`, "Permission cleared.",
         () => api("DELETE", `/api/permissions/${enc(p.vhost)}/${enc(p.user)}`))})]],
       await api("GET", "/api/permissions")));
     vhostsBox.replaceChildren(table("vhosts-table", [["Name", v => v.name], ["Ready", v => v.messages_ready,
