@@ -17,6 +17,9 @@ Checked (issue 35, part one):
    Part three: the queue's page shows its message rates and totals (publish, deliver/get, ack:
    RabbitMQ's per-queue message_stats) after the get, with a chart; purge and delete ask first
    (Cancel leaves the message, Yes purges / deletes).
+   Also part three: the queue's audit events button says how to keep and read a history (this
+   node keeps none); the Sessions page lists a detached 0-10 session with the time it stays
+   resumable; the Delayed & dedup page shows a message held by an x-delayed-message exchange.
 2. ``test_wrong_password``: the form says "Login failed" and shows no data.
 3. ``test_cluster_overview_shows_the_leader`` (cluster mark): a follower's Overview names the leader;
    then (part two) its Cluster page (GET /api/raftmq/cluster, ops/http/raftview.py) shows the same
@@ -51,6 +54,7 @@ import aiohttp
 import pika
 import pytest
 
+from raftmq.client.amqp010 import Connection
 from raftmq.ops.local.cluster import Cluster
 from raftmq.ops.local.node import RaftmqNode, free_port
 from tests.support.http_api import call, path
@@ -244,6 +248,8 @@ def _until(check, what: str, timeout: float = WAIT_TIMEOUT):
 def test_work_in_the_ui(node, browser):
     queue, exchange, user = "ui-orders", "ui-x", "ui-alice"
     browser.open(node.http_base + "/")
+    # (the form shows once /api/whoami has answered 401: wait for it, the page script is async)
+    browser.wait("document.getElementById('login').getClientRects().length > 0", "the login form")
     assert browser.visible("login") and not browser.visible("app")
     browser.screenshot("ui-login.png")
     browser.login("guest", "guest")
@@ -312,6 +318,11 @@ def test_work_in_the_ui(node, browser):
     assert {"publish_details", "deliver_get_details", "ack_details"} <= set(stats)
     browser.js("document.getElementById('queue-rates').scrollIntoView()")
     browser.screenshot("ui-queue-rates.png")
+    # The queue's audit events: this node keeps no history, so the page says how to keep and read one.
+    browser.click("queue-audit-show")
+    hint = browser.wait("document.getElementById('queue-audit-hint') &&"
+                        " document.getElementById('queue-audit-hint').textContent", "the audit hint")
+    assert "audit_retention" in hint and "raftmq audit" in hint
     # Purge and delete ask first (part three): Cancel leaves the queue as it was.
     browser.click("queue-purge")
     assert "Purge every ready message" in browser.wait("document.getElementById('confirm-question') &&"
@@ -329,6 +340,35 @@ def test_work_in_the_ui(node, browser):
     browser.flash_after("confirm-yes", f"Queue {queue} deleted.")
     browser.wait("location.hash === '#/queues'", "the Queues page after the delete")
     assert _queue(node, queue)[0] == 404
+
+    # raftmq's own pages (part three): a detached 0-10 session on the Sessions page, a delayed
+    # message on the Delayed & dedup page.
+    async def detached_session() -> None:
+        conn = await Connection.connect([f"127.0.0.1:{node.port}"])
+        await conn.session(name=b"ui-browser-session", timeout=120)
+        await conn.close()
+
+    asyncio.run(asyncio.wait_for(detached_session(), 30))
+    browser.click("tab-sessions")
+    row = browser.wait("(() => { const r = [...document.querySelectorAll('#sessions-table tbody tr')].find("
+                       "r => r.cells[1].textContent === 'ui-browser-session');"
+                       " return r && r.cells[4].textContent === 'detached' && [...r.cells].map(c => c.textContent); })()",
+                       "the detached session")
+    assert row[0] == "0-10 session" and row[3] == "guest" and row[6] != ""  # resumable until
+    browser.screenshot("ui-sessions.png")
+    amqp = pika.BlockingConnection(pika.URLParameters(node.url))
+    try:
+        ch = amqp.channel()
+        ch.exchange_declare("ui-later", "x-delayed-message", arguments={"x-delayed-type": "fanout"})
+        ch.basic_publish("ui-later", "", b"later", pika.BasicProperties(headers={"x-delay": 600_000}))
+        amqp.process_data_events(time_limit=0.2)
+    finally:
+        amqp.close()
+    browser.click("tab-held")
+    browser.wait("[...document.querySelectorAll('#held-exchanges tbody tr')].some(r => r.cells[1].textContent ==="
+                 " 'ui-later' && r.cells[3].textContent === '1')", "the delayed message on ui-later")
+    assert int(browser.js("document.querySelector('#held-totals tbody tr').cells[0].textContent")) >= 1
+    browser.screenshot("ui-held.png")
 
     # Admin: add a management user and give it permissions on "/".
     browser.go("#/users", "document.getElementById('users-table')", "the Admin page")

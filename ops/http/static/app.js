@@ -446,6 +446,27 @@ views.queue = async (vhost, name) => {
   const series = [{label: "publish", color: "#36c", stat: "publish", samples: []},
                   {label: "deliver / get", color: "#0a6", stat: "deliver_get", samples: []},
                   {label: "ack", color: "#f60", stat: "ack", samples: []}];
+  // raftmq's own: the queue's audit events (GET /api/raftmq/queues/.../events, ops/http/ownpages.py);
+  // without a history on this node, how to keep and read one (the CLI).
+  const audit = h("div", {id: "queue-audit"});
+  const auditButton = h("button", {id: "queue-audit-show", type: "button", text: "Show the latest audit events",
+    onclick: async () => {
+      try {
+        const a = await api("GET", `/api/raftmq/queues/${enc(vhost)}/${enc(name)}/events?limit=100`);
+        audit.replaceChildren(h("p", {text: `${a.events.length} event(s) among the history's events back to ` +
+                                            `#${a.scanned_to ?? "-"} (history #${a.first_seq}-#${a.last_seq}).`}),
+          table("queue-audit-table", [["Seq", e => e.seq, {numeric: true}],
+            ["Time", e => new Date(e.time_us / 1000).toLocaleTimeString()], ["Event", e => e.kind],
+            ["Message id", e => e.message_id, {numeric: true}], ["Exchange", e => e.exchange],
+            ["Routing key", e => e.routing_key], ["Size", e => e.size, {numeric: true}], ["Detail", e => e.detail]],
+            a.events));
+      } catch (error) {
+        audit.replaceChildren(h("p", {id: "queue-audit-hint", text: error.status === 404 ?
+          "This node keeps no audit history. Start nodes with audit_retention = \"metadata\" (or the queue " +
+          "argument x-audit-retention), then read it here or with: raftmq snapshot --data-dir DIR --out SNAP; " +
+          "raftmq audit summary --snapshot SNAP" : error.message}));
+      }
+    }});
   async function load() {
     const q = await api("GET", path);
     const m = q.message_stats || {};
@@ -475,7 +496,9 @@ views.queue = async (vhost, name) => {
       `${name}, routing it to this queue.`}), publishForm(`/api/exchanges/${enc(vhost)}/amq.default`, name)),
     section("Get messages", h("p", {text: "Warning: getting messages from a queue is a destructive action."}),
             get, results),
-    section("Delete", remove), section("Purge", purge)];
+    section("Delete", remove), section("Purge", purge),
+    section("Audit events", h("p", {text: "The latest events of this queue in this node's audit history " +
+      "(declared, routed, delivered, acked, dead-lettered...)."}), auditButton, audit)];
   return {title: `Queue ${name}`, content, load};
 };
 
@@ -556,6 +579,43 @@ views.cluster = async () => {
     section("Last leader changes (newest first)", changes)], load};
 };
 
+// raftmq's own: sessions a client can resume on any node (AMQP 0-10 sessions, AMQP 1.0 durable links),
+// from GET /api/raftmq/sessions (ops/http/ownpages.py): a user sees its own, monitoring users all.
+views.sessions = async () => {
+  const when = ms => ms === null || ms === undefined ? "" : new Date(ms).toLocaleTimeString();
+  const pager = new Pager("sessions", "/api/raftmq/sessions", [
+    ["Kind", x => x.kind], ["Name", x => x.name], ["Virtual host", x => x.vhost], ["User", x => x.user],
+    ["State", x => x.state, {cls: x => x.state === "detached" ? "down" : ""}],
+    ["Detached at", x => when(x.detached_at)], ["Resumable until", x => x.state === "detached" ? when(x.expires_at) : ""],
+    ["Timeout (s)", x => x.timeout, {numeric: true}], ["Unsettled (replayed on resume)", x => x.unsettled,
+      {numeric: true}], ["Subscriptions", x => x.subscriptions, {numeric: true}]]);
+  return {title: "Resumable sessions and links", content: [h("p", {text: "AMQP 0-10 sessions and AMQP 1.0 " +
+    "durable links are replicated: a client resumes them on any node, within their timeout once detached."}),
+    pager.root], load: () => pager.load()};
+};
+
+// raftmq's own: delayed and deduplicated messages (GET /api/raftmq/held).
+views.held = async () => {
+  const box = h("div", {id: "held-box"});
+  async function load() {
+    const d = await api("GET", "/api/raftmq/held");
+    box.replaceChildren(
+      table("held-totals", [["Delayed now", x => x.messages_delayed, {numeric: true}],
+        ["Delayed (since start)", x => x.delayed, {numeric: true}], ["Released when due", x => x.delay_released,
+          {numeric: true}], ["Delays refused", x => x.delay_refused, {numeric: true}],
+        ["Deduplicated (dropped)", x => x.deduplicated, {numeric: true}]], [d]),
+      h("h4", {text: "Plugin exchanges"}),
+      table("held-exchanges", [["Virtual host", e => e.vhost], ["Exchange", e => objectLink("exchanges", e)],
+        ["Type", e => e.type], ["Delayed messages", e => e.messages_delayed, {numeric: true}],
+        ["Cache entries", e => e.cache_info && e.cache_info.entries, {numeric: true}],
+        ["Cache size", e => e.cache_info && e.cache_info.size, {numeric: true}]], d.exchanges),
+      h("h4", {text: "Queues with a deduplication cache"}),
+      table("held-queues", [["Virtual host", q => q.vhost], ["Queue", q => objectLink("queues", q)],
+        ["Cache entries", q => q.cache_entries, {numeric: true}]], d.queues));
+  }
+  return {title: "Delayed and deduplicated messages", content: [box], load};
+};
+
 views.admin = async () => {
   const users = new Pager("users", "/api/users", [["Name", u => u.name], ["Tags", u => u.tags.join(", ")],
     ["Has password", u => u.password_hash || u.source === "config" ? "●" : "○"]]);
@@ -621,6 +681,8 @@ function route() {
   if (parts[0] === "exchanges" && parts.length === 3) return ["exchanges", views.exchange, parts.slice(1)];
   if (parts[0] === "users" && may("administrator")) return ["admin", views.admin, []];
   if (parts[0] === "cluster" && may("monitoring")) return ["cluster", views.cluster, []];
+  if (parts[0] === "sessions") return ["sessions", views.sessions, []];
+  if (parts[0] === "held") return ["held", views.held, []];
   const tab = {connections: "connections", channels: "channels", exchanges: "exchanges", queues: "queues"}[parts[0]];
   return tab ? [tab, views[tab], []] : ["overview", views.overview, []];
 }
