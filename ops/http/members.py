@@ -180,6 +180,7 @@ class MemberViews:
         self._building = False
         self._cache: Gathered | None = None
         self._round: asyncio.Future[Gathered] | None = None
+        self._digest_round: asyncio.Future[Gathered] | None = None
 
     # -- serving (this node answers)
 
@@ -259,7 +260,14 @@ class MemberViews:
         return gathered
 
     async def digests(self) -> Gathered:
-        """Every member's view with a state digest made after this call began (this node's now)."""
+        """Every member's view with a state digest made after this call began (this node's now).
+        One round at a time: a request during a round gets that round's answer."""
+        if self._digest_round is not None and not self._digest_round.done():
+            return await asyncio.shield(self._digest_round)
+        self._digest_round = asyncio.ensure_future(self._digests())
+        return await asyncio.shield(self._digest_round)
+
+    async def _digests(self) -> Gathered:
         asked = asyncio.ensure_future(self._ask_others(digest=True))
         own = local_view(self.broker)
         self._digest = (self._state_digest(), time.monotonic())
@@ -275,8 +283,15 @@ class MemberViews:
         others = [(node_id, raft) for node_id, (raft, _amqp) in sorted(broker.members.items()) if node_id != me]
         if not others:  # a single node
             return Gathered(at=time.monotonic())
-        asked = [loop.run_in_executor(None, self._ask, raft, digest) for _node_id, raft in others]
         gathered = Gathered(at=time.monotonic())
+        # A member this node's Raft is not connected to would only time out (a partition: seconds
+        # on every page): named missing at once.
+        status = broker.log.raft_status()
+        connected = set(status.connected_partners) if status is not None else set()
+        unreachable = [node_id for node_id, raft in others if raft not in connected]
+        gathered.missing.extend(node_name(broker, node_id) for node_id in unreachable)
+        others = [(node_id, raft) for node_id, raft in others if node_id not in unreachable]
+        asked = [loop.run_in_executor(None, self._ask, raft, digest) for _node_id, raft in others]
         for (node_id, _raft), answer in zip(others, await asyncio.gather(*asked, return_exceptions=True), strict=True):
             name = node_name(broker, node_id)
             if isinstance(answer, dict):
