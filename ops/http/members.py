@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from raftmq.node.status import state_digest
 from raftmq.raft.peer_requests import ask
 from raftmq.store.core import queries as Q
 
@@ -228,9 +229,7 @@ class MemberViews:
         self._loop.call_later(REFRESH, self._build)
 
     def _state_digest(self) -> dict:
-        from raftmq.node.status import state_digest  # (the loop's: walks the model)
-
-        return state_digest(self.broker)
+        return state_digest(self.broker)  # on the loop: it walks the whole model
 
     # -- asking (this node gathers)
 
