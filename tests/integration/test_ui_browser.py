@@ -30,7 +30,8 @@ Checked (issue 35, part one):
    Screenshots before and after.
    Part three (before the kill): the follower's Connections and Channels pages list a client of
    the leader with the leader's node name (every member's, ops/http/members.py); the Cluster page
-   shows every member's own commit and applied index as that member reports it, and the "Compare
+   shows every member's own commit and applied index as that member reports it, the snapshots each
+   member wrote (Raft index, size, time), and the "Compare
    state digests" button shows three digests that do not disagree (GET /api/raftmq/digests).
 4. In ``test_work_in_the_ui``: the Cluster tab of one node ("single", no changes); a management
    user has no Cluster tab and gets 403 from /api/raftmq/cluster (monitoring only, as /api/nodes).
@@ -456,7 +457,8 @@ def _cluster_page(browser, leader_name: str, what: str, timeout: float = WAIT_TI
 def test_cluster_overview_shows_the_leader(tmp_path, browser):
     """A follower's Overview lists the three members and marks the leader Raft reports; its Cluster
     page shows the Raft view, and after kill -9 of the leader a new leader and the change (checks 3)."""
-    cluster = Cluster(3, tmp_path / "cluster")
+    # (snapshots every 30 entries at most once a second: the Cluster page's snapshots table fills)
+    cluster = Cluster(3, tmp_path / "cluster", extra_config="snapshot_entries = 30\nsnapshot_seconds = 1.0")
     bases = {}
     for member in cluster.nodes:
         port = free_port()
@@ -467,6 +469,7 @@ def test_cluster_overview_shows_the_leader(tmp_path, browser):
         leader = cluster.leader()
         follower = next(n for n in cluster.nodes if n is not leader)
         _publish(follower.url, "ui-browser-cluster", 4)
+        _publish(follower.url, "ui-browser-entries", 40)  # 40 confirmed publishes: log entries to snapshot
         browser.open(bases[follower.node_id] + "/")
         browser.login("guest", "guest")
         leader_name = f"raftmq@{leader.node_id}"
@@ -510,6 +513,12 @@ def test_cluster_overview_shows_the_leader(tmp_path, browser):
             " return ok && Object.fromEntries(rows.map(r => [r.cells[0].textContent, r.cells[9].textContent])); })()",
             "every member's reported indexes")
         assert reported[leader_name].startswith("leader / ")
+        # The last snapshots each member wrote (written by its own Raft: index, size, time).
+        snapshots = browser.wait(
+            "(() => { const rows = [...document.querySelectorAll('#snapshots tbody tr')].map(r => [...r.cells].map("
+            "c => c.textContent)); return new Set(rows.map(r => r[0])).size === 3 && rows; })()",
+            "a snapshot of every member on the Cluster page", 40)
+        assert all(int(row[2]) >= 1 and row[3].endswith("B") and row[4] in ("written", "loaded") for row in snapshots)
         # Replicas' digests side by side: asked with the button; at one applied index they agree.
         browser.click("digests-compare")
         verdict = browser.wait("document.getElementById('digests-verdict') &&"

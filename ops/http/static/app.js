@@ -562,7 +562,7 @@ views.cluster = async () => {
       ["Reported applied index", n => own(n).applied_index, {numeric: true}],
       ["Reported role / term", n => n.reported ? `${own(n).role} / ${own(n).term}` : "no answer"],
       ["Answer age (s)", n => own(n).age, {numeric: true}]], c.members));
-    const snaps = c.members.flatMap(n => (own(n).snapshots || []).map(s => ({member: n.name, ...s})));
+    const snaps = c.members.flatMap(n => (own(n).snapshots || []).slice(0, 3).map(s => ({member: n.name, ...s})));
     snapshots.replaceChildren(snaps.length === 0 ? h("p", {text: "No snapshot written or loaded since the members started."}) :
       table("snapshots", [["Member", x => x.member], ["Time", x => new Date(x.time).toLocaleTimeString()],
         ["Raft index", x => x.index, {numeric: true}], ["Size", x => bytes(x.bytes), {numeric: true}],
@@ -573,7 +573,7 @@ views.cluster = async () => {
         c.recent_leader_changes));
   }
   return {title: "Cluster", content: [section("Raft", summary), section("Members", members),
-    section("Last snapshots (per member, newest first)", snapshots),
+    section("Last snapshots (up to 3 per member, newest first)", snapshots),
     section("Replicas' state digests", h("p", {text: "Each member hashes its whole state (queues, messages, " +
       "bodies) when asked; replicas at the same applied index must agree."}), compare, digests),
     section("Last leader changes (newest first)", changes)], load};
