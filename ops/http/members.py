@@ -7,6 +7,9 @@ each other over the Raft port (raft/peer_requests.py, request name ``PEER_REQUES
 authenticated, encrypted transport as the body fetch, no new port, and no need to know the other
 members' HTTP ports, which the replicated member list does not hold).
 
+Every member answers (a service of its own, ops/services.py, whether or not it serves HTTP); the
+HTTP API's instance only asks.
+
 **Never block the Raft thread.**  pysyncobj calls a request's handler in its tick thread, whose
 election timeout is 0.25-0.5 s, and the broker's state belongs to the event loop.  So the handler
 never builds anything: it answers the last view the loop built (``_blob``, bytes, swapped whole)

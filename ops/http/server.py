@@ -130,7 +130,6 @@ def serve_http(broker: Broker) -> Callable[[], None]:
 
     started.add_done_callback(check)
     sampler = loop.create_task(rates.run())
-    app[CONTEXT].members.start(loop)  # answer the other members' requests (ops/http/members.py)
 
     def stop() -> None:
         sampler.cancel()
