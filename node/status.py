@@ -131,6 +131,16 @@ def bodies_digest(broker: Broker) -> str:
     return h.hexdigest()
 
 
+def state_digest(broker: Broker) -> dict:
+    """digest.json's body (also the management UI's digests, ops/http/members.py): ``digest``
+    covers the model and the bodies this node has for it (issue 18: bodies live outside the model,
+    and a replica without them is not identical), at ``applied_index``."""
+    model, bodies = digest(broker.machine), bodies_digest(broker)
+    combined = hashlib.sha256(f"{model}:{bodies}".encode()).hexdigest()
+    return {"applied_index": Q.counters(broker.machine).applied_index, "digest": combined,
+            "model_digest": model, "bodies_digest": bodies, "time": time.time()}
+
+
 async def status_loop(broker: Broker, data_dir: str) -> None:
     path = os.path.join(data_dir, "status.json")
     loop = asyncio.get_running_loop()
@@ -142,13 +152,7 @@ async def status_loop(broker: Broker, data_dir: str) -> None:
                     os.kill(worker.process.pid, signal.SIGUSR1)
                 except OSError:
                     pass
-        # ``digest`` covers the model and the bodies this node has for it (issue 18: bodies live
-        # outside the model, and a replica without them is not identical).
-        model, bodies = digest(broker.machine), bodies_digest(broker)
-        combined = hashlib.sha256(f"{model}:{bodies}".encode()).hexdigest()
-        _write_json(os.path.join(data_dir, "digest.json"),
-                    {"applied_index": Q.counters(broker.machine).applied_index, "digest": combined,
-                     "model_digest": model, "bodies_digest": bodies, "time": time.time()})
+        _write_json(os.path.join(data_dir, "digest.json"), state_digest(broker))
 
     try:
         loop.add_signal_handler(signal.SIGUSR1, write_digest)

@@ -1,5 +1,5 @@
 """What runs beside a broker node, chosen by configuration: the gRPC admin API, RabbitMQ's HTTP
-management API and Prometheus metrics.
+management API and Prometheus metrics; and, always, the answers to other members' management views.
 
 The composition root (``raftmq server``: ops/cli.py) hands these to ``node.server.run``; the broker
 itself knows nothing of them.  Each starts once the broker runs and returns its stop function.
@@ -26,7 +26,19 @@ def services_for(config: Config) -> list[Service]:
         services.append(_http)
     if config.metrics_port:
         services.append(_metrics)
+    # Every member answers the others' management views (its connections, Raft numbers, digest:
+    # ops/http/members.py), with or without an HTTP API of its own: otherwise its clients would be
+    # missing from the other members' pages (and pysyncobj would take the unknown request for a
+    # node's greeting).
+    services.append(_member_views)
     return services
+
+
+def _member_views(broker: Broker) -> Callable[[], None]:
+    from .http.members import MemberViews
+
+    MemberViews(broker).start(asyncio.get_running_loop())
+    return lambda: None
 
 
 def _http(broker: Broker) -> Callable[[], None]:

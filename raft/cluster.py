@@ -209,7 +209,8 @@ class ClusterLog:
                                                   "votes_withheld": r.repair.votes_withheld},
             snapshots_damaged=r.snapshot_damaged,
             scrub=(r.scrubber.passes, r.scrubber.bytes, r.damage_found, r.last_damage),
-            peer_gate=(r.gate.unauthenticated, r.gate.timed_out, r.gate.evicted, r.gate.stalled))
+            peer_gate=(r.gate.unauthenticated, r.gate.timed_out, r.gate.evicted, r.gate.stalled),
+            snapshots=tuple(r.recent_snapshots))
 
     def compact(self, timeout: float = 60.0) -> Compaction:
         """Blocking (the admin API's worker thread): force a snapshot at the applied index and wait

@@ -150,6 +150,8 @@ class RaftStatus:
     # The Raft port's gate (raft/gate.py): unauthenticated sockets open now, and sockets closed for
     # not authenticating in time, for more unauthenticated ones beyond the cap, for stalling mid-frame.
     peer_gate: tuple[int, int, int, int] = (0, 0, 0, 0)
+    # The last snapshots written or loaded, newest last: (time.time(), index, bytes or None, how).
+    snapshots: tuple[tuple[float, int, int | None, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,8 @@ import math
 import os
 import struct
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 
 import msgpack
@@ -166,6 +168,8 @@ class RepeatedAcks:
 
 
 # A message every member sends every other connected member, so that no link is ever idle.
+RECENT_SNAPSHOTS = 8  # snapshots remembered for the management UI (recent_snapshots)
+
 KEEPALIVE = "raftmq_keepalive"
 KEEPALIVE_PERIOD = 1.0
 _KEEPALIVE_MESSAGE = {"type": KEEPALIVE}
@@ -248,6 +252,10 @@ class Replica(SyncObj):
         self.majority_lost = 0  # times this node stopped leading in its own term (see __setState)
         self._led_term = -1
         self._installs = 0
+        # The last snapshots this node wrote or installed, newest last: (time.time(), Raft index,
+        # file bytes or None, "written" | "loaded").  For the management UI's Cluster page
+        # (issue 35); node-local observation like the counters around it.
+        self.recent_snapshots: deque[tuple[float, int, int | None, str]] = deque(maxlen=RECENT_SNAPSHOTS)
         self.snapshot_damaged = 0  # snapshots found damaged and set aside (issue 29)
         self.snapshot_bytes = snapshot_bytes
         # A floor under snapshot_bytes that grows with the model (ClusterLog: a quarter of the bytes
@@ -833,10 +841,18 @@ class Replica(SyncObj):
                     log.info("snapshot at index %d written in %.2f s (marker reached after %.2f s, "
                              "bodies checkpoint %.2f s, child %.2f s)", index, now - asked, waited,
                              checkpoint, now - reached - checkpoint if reached else 0.0)
+                    self._saw_snapshot(index, self.snapshot_path, "written")
                 self._snapshot_pid = None
         if state in (SERIALIZER_STATE.SUCCESS, SERIALIZER_STATE.FAILED):
             self._snapshot_state = SERIALIZER_STATE.NOT_SERIALIZING
         return state
+
+    def _saw_snapshot(self, index: int, path: str, how: str) -> None:
+        try:
+            size: int | None = os.path.getsize(path)
+        except OSError:
+            size = None
+        self.recent_snapshots.append((time.time(), index, size, how))
 
     def _align_journal_with_snapshot(self) -> None:
         """Compact the journal up to our snapshot if a crash came between the two.
@@ -885,5 +901,6 @@ class Replica(SyncObj):
         if os.path.exists(private):
             os.unlink(private)
         os.link(path, private)
+        self._saw_snapshot(last[1], path, "loaded")  # ours at start, or the leader's
         self._sink((INSTALL, last[1], private))
         return (tuple(last), tuple(before), {TCPNode(a) for a in members})

@@ -36,6 +36,7 @@ the cluster admin client (:func:`admin_utility`) uses it too.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import hmac
 import logging
@@ -244,10 +245,19 @@ def install() -> None:
         module.TcpConnection = SealedConnection
 
 
+@functools.lru_cache(maxsize=4)
+def _sealer(secret: str) -> Sealer:
+    """One Sealer per secret for the process's admin clients: deriving the cluster key costs
+    ``_KDF_ITERATIONS`` of PBKDF2 (~100 ms), and every request between members (body fetches, the
+    management UI's member views: ops/http/members.py) makes a new client.  A Sealer keeps no
+    per-connection state (that is on the connection), so clients may share it across threads."""
+    return Sealer(secret)
+
+
 def admin_utility(secret: str, timeout: float) -> _utility.TcpUtility:
     """pysyncobj's admin client (status, add, remove, transfer) speaking this framing."""
     install()
     utility = _utility.TcpUtility(password=None, timeout=timeout)
-    utility._TcpUtility__connection.encryptor = Sealer(secret)
+    utility._TcpUtility__connection.encryptor = _sealer(secret)
     return utility
 

@@ -33,6 +33,7 @@ from .session import COOKIE, CSRF_HEADER, Session, SessionStore, session_operato
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
 
+    from .members import MemberViews
     from .rates import Rates
 
 FORBIDDEN_STATUS = 403
@@ -50,6 +51,7 @@ class Context:
     control: Control
     gatekeeper: Gatekeeper
     rates: Rates
+    members: MemberViews  # every member's connections, channels and Raft numbers (members.py)
     sessions: SessionStore = field(default_factory=SessionStore)
 
 

@@ -6,6 +6,14 @@ member list the broker keeps from the replicated state, and the node's own leade
 (node/leaders.py): nothing reads the machine's model.  Each node knows its own commit and applied
 index, its own connected partners and counters; followers' lag is the leader's knowledge only, so
 a follower's answer leaves it null -- the page says whose view it shows.
+
+Each member's own numbers (its commit and applied index, term and role as it sees them, the last
+snapshots it wrote or loaded) are asked from it over the Raft port (ops/http/members.py) and given
+per member as ``reported`` with the answer's age in seconds; a member that did not answer is listed
+in ``members_missing``.  GET /api/raftmq/digests asks every member for its state digest (the model
+and bodies, as ``digest.json``: node/status.py) made now, each with the applied index it was made at:
+replicas at the same index must have the same digest (``digests_agree``: true, false, or null when
+no two were made at the same index).
 """
 
 from __future__ import annotations
@@ -54,10 +62,42 @@ def cluster_view(broker: Broker) -> dict:
     return view
 
 
+def _reported(view: dict) -> dict:
+    return {**view.get("raft", {}), "age": view.get("age")}
+
+
 async def get_cluster(request: web.Request) -> web.Response:
     require(request, MONITORING)
-    return reply(cluster_view(context(request).broker))
+    view = cluster_view(context(request).broker)
+    gathered = await context(request).members.gather()
+    for member in view["members"]:
+        own = gathered.views.get(member["name"])
+        member["reported"] = _reported(own) if own is not None else None
+    view["members_missing"] = gathered.missing
+    return reply(view)
+
+
+async def get_digests(request: web.Request) -> web.Response:
+    """Every member's state digest, made now (ops/http/members.py; a walk of the whole model on each
+    member's loop, so only on request, and at most once per DIGEST_EVERY seconds per member)."""
+    require(request, MONITORING)
+    gathered = await context(request).members.digests()
+    rows = []
+    for name, view in sorted(gathered.views.items()):
+        made = view.get("digest") or {}
+        rows.append({"name": name, "applied_index": made.get("applied_index"), "digest": made.get("digest"),
+                     "model_digest": made.get("model_digest"), "bodies_digest": made.get("bodies_digest"),
+                     "age": round((made.get("age") or 0.0) + (view.get("age") or 0.0), 3)})
+    by_index: dict[int, set[str]] = {}
+    for row in rows:
+        if row["digest"] is not None:
+            by_index.setdefault(row["applied_index"], set()).add(row["digest"])
+    compared = [digests for index, digests in by_index.items()
+                if sum(1 for r in rows if r["applied_index"] == index) > 1]
+    agree = None if not compared else all(len(d) == 1 for d in compared)
+    return reply({"members": rows, "members_missing": gathered.missing, "digests_agree": agree})
 
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/api/raftmq/cluster", get_cluster)
+    app.router.add_get("/api/raftmq/digests", get_digests)

@@ -1,8 +1,9 @@
 """Rates per second, as RabbitMQ's ``*_details: {"rate": ...}``: sampled, not counted on the hot path.
 
 Every ``SAMPLE_INTERVAL`` seconds (RabbitMQ's default collect_statistics_interval is 5 s) the node's
-message counters and each queue's depths are sampled (store/core/queries.py); a rate is the change
-between the last two samples divided by the time between them.
+message counters and each queue's depths and publish/deliver/ack counts are sampled
+(store/core/queries.py); a rate is the change between the last two samples divided by the time
+between them.  Every node applies every command, so any node's per-queue rates are the cluster's.
 """
 
 from __future__ import annotations
@@ -28,22 +29,25 @@ MESSAGE_STATS = {
 }
 
 
-# A queue's sample: its numbers behind these rates (publish: queries.QueueDepth.published).
-_QUEUE_FIELDS = ("messages", "messages_ready", "messages_unacknowledged", "publish")
+# A queue's sample: its numbers behind these rates (publish: queries.QueueDepth.published; deliver_get
+# and ack: queries.queue_counts, counted by the machine per queue since this node started applying).
+_QUEUE_FIELDS = ("messages", "messages_ready", "messages_unacknowledged", "publish", "deliver_get", "ack")
+_COUNTERS = ("publish", "deliver_get", "ack")  # totals that only grow: a negative step is a reset, not a rate
 
 
 class Rates:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self._stats: list[tuple[float, dict[str, int]]] = []
-        self._queues: list[tuple[float, dict[int, tuple[int, int, int, int]]]] = []
+        self._queues: list[tuple[float, dict[int, tuple[int, ...]]]] = []
 
     def sample(self) -> None:
         now = time.monotonic()
         machine = self.broker.machine
         self._stats = [*self._stats[-1:], (now, Q.message_stats(machine))]
+        counts = Q.all_queue_counts(machine)
         depths = {q.qid: (q.messages_ready + q.messages_unacknowledged, q.messages_ready, q.messages_unacknowledged,
-                          q.published) for q in Q.queue_depths(machine)}
+                          q.published, *counts.get(q.qid, (0, 0))) for q in Q.queue_depths(machine)}
         self._queues = [*self._queues[-1:], (now, depths)]
 
     async def run(self) -> None:
@@ -70,8 +74,10 @@ class Rates:
         if len(self._queues) < 2:
             return 0.0
         (t0, a), (t1, b) = self._queues
-        if queue.qid not in a or queue.qid not in b:
+        if queue.qid not in b:
             return 0.0
         i = _QUEUE_FIELDS.index(field)
-        rate = round((b[queue.qid][i] - a[queue.qid][i]) / max(t1 - t0, 1e-6), 1)
-        return max(rate, 0.0) if field == "publish" else rate
+        # A queue declared after the earlier sample started from nothing: everything it counts is new.
+        before = a[queue.qid][i] if queue.qid in a else 0
+        rate = round((b[queue.qid][i] - before) / max(t1 - t0, 1e-6), 1)
+        return max(rate, 0.0) if field in _COUNTERS else rate

@@ -19,10 +19,11 @@ from raftmq.node.descriptors import DescriptorReserve
 
 from ..control import Control
 from ..operator import Gatekeeper
-from . import login, raftview, resources, system, users
+from . import login, ownpages, raftview, resources, system, users
 from .common import CONTEXT, Context, authenticate
 from .crosssite import cross_site, security_headers
 from .listener import HttpListener
+from .members import MemberViews
 from .rates import Rates
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def build_app(broker: Broker, gatekeeper: Gatekeeper | None = None) -> tuple[web
     # bodies are capped at http_max_body (ops/http/bodies.py).
     app = web.Application(middlewares=[cross_site, authenticate], client_max_size=broker.config.http_max_body)
     app.on_response_prepare.append(security_headers)
-    app[CONTEXT] = Context(broker, Control(broker), gatekeeper or Gatekeeper(broker), rates)
+    app[CONTEXT] = Context(broker, Control(broker), gatekeeper or Gatekeeper(broker), rates, MemberViews(broker))
     app.router.add_get("/", _page)
     app.router.add_get("/index.html", _page)
     for name in STATIC_FILES:
@@ -46,6 +47,7 @@ def build_app(broker: Broker, gatekeeper: Gatekeeper | None = None) -> tuple[web
     resources.add_routes(app)
     system.add_routes(app)
     raftview.add_routes(app)
+    ownpages.add_routes(app)
     users.add_routes(app)
     _accept_trailing_slash(app.router)
     return app, rates

@@ -1,8 +1,9 @@
 """The node and its clients: /api/overview, /api/nodes (with Raft), /api/connections, /api/channels,
 /api/aliveness-test, /api/health/checks/*.
 
-Connections and channels are this node's own (a client is connected to one node); queues, consumers
-and the rest are the replicated state, the same on every node.  /api/nodes lists every cluster
+Connections and channels are every member's, gathered over the Raft port (ops/http/members.py: a
+client is connected to one node); queues, consumers and the rest are the replicated state, the same
+on every node.  /api/nodes lists every cluster
 member; a member's ``raft`` object tells its role as this node sees it, and, for the answering
 node, its commit and applied indexes; the leader also knows each follower's lag in entries.
 """
@@ -20,7 +21,6 @@ from raftmq.protocol.amqp091.properties import BasicProperties, encode_propertie
 from raftmq.store.core import queries as Q
 from raftmq.store.core.commands import ROUTED
 
-from ..control import AdminEndpoint
 from ..operator import MONITORING, POLICYMAKER
 from .common import (
     bad_request,
@@ -35,6 +35,7 @@ from .common import (
     require_vhost,
 )
 from .login import grants
+from .members import client_endpoints, connection_name, connection_view
 from .views import MANAGEMENT_VERSION, PRODUCT, node_name
 
 STARTED = time.time()
@@ -59,7 +60,7 @@ async def overview(request: web.Request) -> web.Response:
     vhosts = [v for v in Q.vhosts(broker.machine) if op.may_see_vhost(v.name)]
     ready = sum(v.messages_ready for v in vhosts)
     unacked = sum(v.messages_unacknowledged for v in vhosts)
-    connections = _connections(request)
+    connections, _missing = await _cluster_rows(request, "connections")
     config = broker.config
     listeners = [{"node": node_name(broker), "protocol": "amqp", "ip_address": config.host, "port": config.port}]
     if config.tls_port:
@@ -86,8 +87,8 @@ async def overview(request: web.Request) -> web.Response:
                          # raftmq: held by x-delayed-message exchanges (store/core/delayed.py)
                          "messages_delayed": Q.counters(broker.machine).delayed_messages},
         "object_totals": {
-            "connections": len(connections),
-            "channels": sum(Q.channel_count(broker.machine, conn_id) for conn_id, _ in connections),
+            "connections": len(connections),  # every member's (members.py), as RabbitMQ's
+            "channels": sum(row["channels"] for row in connections),
             "consumers": sum(v.consumers for v in vhosts),
             "exchanges": sum(v.exchanges for v in vhosts),
             "queues": sum(v.queues for v in vhosts),
@@ -172,70 +173,63 @@ async def get_node(request: web.Request) -> web.Response:
 
 
 # ------------------------------------------------------------------ connections and channels
+# Every member's (ops/http/members.py gathers them over the Raft port); the ``node`` field says
+# whose.  A member that did not answer is named in the X-Raftmq-Members-Missing header.
 
-def _connection_name(endpoint, config) -> str:
-    return f"{getattr(endpoint, 'peer', '?')} -> {config.host}:{config.port}"
+
+def _may_see(request: web.Request, row: dict) -> bool:
+    """Monitoring users see every connection, others their own (RabbitMQ's rule)."""
+    op = operator(request)
+    return op.has(MONITORING) or row.get("user") == op.name
+
+
+async def _cluster_rows(request: web.Request, kind: str) -> tuple[list[dict], list[str]]:
+    gathered = await context(request).members.gather()
+    return [row for row in gathered.rows(kind) if _may_see(request, row)], gathered.missing
+
+
+def _missing_header(response: web.Response, missing: list[str]) -> web.Response:
+    if missing:
+        response.headers["X-Raftmq-Members-Missing"] = ",".join(missing)
+    return response
 
 
 def _connections(request: web.Request) -> list[tuple[str, object]]:
     """This node's client connections the user may see: all for monitoring, else its own."""
     op = operator(request)
-    out = []
-    for conn_id, endpoint in context(request).broker.endpoints.items():
-        if isinstance(endpoint, AdminEndpoint) or getattr(endpoint, "principal", None) is None:
-            continue
-        if op.has(MONITORING) or endpoint.principal.name == op.name:
-            out.append((conn_id, endpoint))
-    return out
-
-
-def _connection_view(broker, conn_id: str, endpoint) -> dict:
-    config = broker.config
-    peer_host, _, peer_port = getattr(endpoint, "peer", "?:0").rpartition(":")
-    protocol = getattr(endpoint, "PROTOCOL", None) or (
-        "AMQP 0-10" if type(endpoint).__name__.startswith("Amqp010") else "AMQP 0-9-1")
-    return {
-        "name": _connection_name(endpoint, config),
-        "node": node_name(broker),
-        "user": endpoint.principal.name,
-        "vhost": getattr(endpoint, "vhost", "/"),
-        "protocol": protocol,
-        "type": "network",
-        "state": "running",
-        "host": config.host,
-        "port": config.port,
-        "peer_host": peer_host,
-        "peer_port": int(peer_port) if peer_port.isdigit() else 0,
-        "ssl": endpoint.transport.get_extra_info("ssl_object") is not None if hasattr(endpoint, "transport") else False,
-        "channels": Q.channel_count(broker.machine, conn_id),
-        "timeout": getattr(endpoint, "heartbeat", 0),
-        "frame_max": getattr(endpoint, "frame_max", 0),
-        "channel_max": getattr(endpoint, "channel_max", 0),
-        "client_properties": getattr(endpoint, "client_properties", {}) or {},
-        "raftmq_id": conn_id,
-    }
+    return [(conn_id, endpoint) for conn_id, endpoint in client_endpoints(context(request).broker)
+            if op.has(MONITORING) or endpoint.principal.name == op.name]
 
 
 async def list_connections(request: web.Request) -> web.Response:
-    broker = context(request).broker
-    return columns(request, [_connection_view(broker, c, e) for c, e in _connections(request)])
+    rows, missing = await _cluster_rows(request, "connections")
+    return _missing_header(columns(request, rows), missing)
 
 
 def _find_connection(request: web.Request):
     wanted = request.match_info["name"]
     for conn_id, endpoint in _connections(request):
-        if wanted in (_connection_name(endpoint, context(request).broker.config), conn_id):
+        if wanted in (connection_name(endpoint, context(request).broker.config), conn_id):
             return conn_id, endpoint
     raise not_found()
 
 
 async def get_connection(request: web.Request) -> web.Response:
-    conn_id, endpoint = _find_connection(request)
-    return reply(_connection_view(context(request).broker, conn_id, endpoint))
+    """This node's connection, else another member's (as it last told: members.py)."""
+    wanted = request.match_info["name"]
+    for conn_id, endpoint in _connections(request):
+        if wanted in (connection_name(endpoint, context(request).broker.config), conn_id):
+            return reply(connection_view(context(request).broker, conn_id, endpoint))
+    rows, _missing = await _cluster_rows(request, "connections")
+    for row in rows:
+        if wanted in (row["name"], row.get("raftmq_id")):
+            return reply(row)
+    raise not_found()
 
 
 async def delete_connection(request: web.Request) -> web.Response:
-    """Close a connection: an administrator any, a management user its own (as RabbitMQ)."""
+    """Close a connection: an administrator any, a management user its own (as RabbitMQ).  Only
+    this node's: another member's connection is closed through that member's API."""
     conn_id, endpoint = _find_connection(request)
     op = operator(request)
     if endpoint.principal.name != op.name and not op.has("administrator"):
@@ -245,27 +239,8 @@ async def delete_connection(request: web.Request) -> web.Response:
 
 
 async def list_channels(request: web.Request) -> web.Response:
-    broker = context(request).broker
-    rows = []
-    for conn_id, endpoint in _connections(request):
-        name = _connection_name(endpoint, broker.config)
-        peer_host, _, peer_port = getattr(endpoint, "peer", "?:0").rpartition(":")
-        for ch in Q.channels(broker.machine, conn_id):
-            rows.append({
-                "name": f"{name} ({ch.number})",
-                "number": ch.number,
-                "node": node_name(broker),
-                "user": endpoint.principal.name,
-                "vhost": getattr(endpoint, "vhost", "/"),
-                "state": "running" if ch.active else "flow",
-                "consumer_count": ch.consumers,
-                "messages_unacknowledged": ch.messages_unacknowledged,
-                "prefetch_count": ch.consumer_prefetch,
-                "global_prefetch_count": ch.prefetch_count,
-                "connection_details": {"name": name, "peer_host": peer_host,
-                                       "peer_port": int(peer_port) if peer_port.isdigit() else 0},
-            })
-    return columns(request, rows)
+    rows, missing = await _cluster_rows(request, "channels")
+    return _missing_header(columns(request, rows), missing)
 
 
 # ------------------------------------------------------------------ health

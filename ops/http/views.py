@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from raftmq.store.core.queries import queue_counts
+
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
     from raftmq.store.core.queries import BindingInfo, ExchangeInfo, QueueInfo, VhostInfo
@@ -55,14 +57,21 @@ def queue_view(broker: Broker, queue: QueueInfo, rates: Rates) -> dict:
         "messages_details": {"rate": rates.queue_rate(queue, "messages")},
         "messages_ready_details": {"rate": rates.queue_rate(queue, "messages_ready")},
         "messages_unacknowledged_details": {"rate": rates.queue_rate(queue, "messages_unacknowledged")},
-        # RabbitMQ's queue message_stats also count deliveries and acks; raftmq counts those per
-        # node only (overview), so a queue tells its publishes (KEDA's MessageRate reads this).
-        "message_stats": {"publish": queue.published,
-                          "publish_details": {"rate": rates.queue_rate(queue, "publish")}},
+        # RabbitMQ's per-queue message_stats (KEDA's MessageRate reads publish_details): publishes
+        # since the queue was declared; deliveries (deliver + get) and acks counted by the machine
+        # per queue since this node started applying (store/core/machine.py queue_counts).
+        "message_stats": _message_stats(broker, queue, rates),
     }
     if exclusive:
         view["owner_pid_details"] = {"name": queue.exclusive_owner}  # the owning connection
     return view
+
+
+def _message_stats(broker: Broker, queue: QueueInfo, rates: Rates) -> dict:
+    delivered, acked = queue_counts(broker.machine, queue.qid)
+    return {"publish": queue.published, "publish_details": {"rate": rates.queue_rate(queue, "publish")},
+            "deliver_get": delivered, "deliver_get_details": {"rate": rates.queue_rate(queue, "deliver_get")},
+            "ack": acked, "ack_details": {"rate": rates.queue_rate(queue, "ack")}}
 
 
 def exchange_view(exchange: ExchangeInfo, plugins: bool = False) -> dict:

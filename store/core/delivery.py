@@ -451,6 +451,10 @@ class Delivery:
         stats["delivered"] += 1
         if redelivered:
             stats["redelivered"] += 1
+        counts = m.queue_counts.get(queue.qid)
+        if counts is None:
+            counts = m.queue_counts[queue.qid] = [0, 0]
+        counts[0] += 1
         entry.delivery_count += 1
         ch = consumer.channel
         session = ch.session
@@ -509,6 +513,10 @@ class Delivery:
         if redelivered and queue.delivery_header:
             message = with_delivery_count(message, entry.delivery_count)
         entry.delivery_count += 1
+        counts = m.queue_counts.get(queue.qid)
+        if counts is None:
+            counts = m.queue_counts[queue.qid] = [0, 0]
+        counts[0] += 1
         if no_ack:
             self.drop(queue, entry)
         else:
@@ -544,6 +552,7 @@ class Delivery:
         ch = m.channel(conn, number)
         for queue, entry in self.take_unacked(ch, refs):
             m.stats["acked"] += 1
+            m.count_ack(queue.qid)
             m.event(EV.ACKED, queue, entry.message)
             self.drop(queue, entry)
 

@@ -140,6 +140,10 @@ class StateMachine:
         self.stats = {"published": 0, "unroutable": 0, "delivered": 0, "redelivered": 0, "acked": 0,
                       "rejected": 0, "dead_lettered": 0, "expired": 0, "deduplicated": 0, "delivery_limited": 0,
                       "delayed": 0, "delay_released": 0, "delay_refused": 0}
+        # Per queue (qid -> [delivered or got, acked]), for RabbitMQ's per-queue message_stats rates
+        # (ops/http/rates.py): counted as ``stats`` is, since this node started applying; left out of
+        # snapshots and the digest (statistics, not state).  Dropped with the queue.
+        self.queue_counts: dict[int, list[int]] = {}
         self.sessions: dict[str, Session] = {}  # AMQP 0-10 sessions by key (sessions.py)
         self.users: dict[str, UserRecord] = {}  # managed through the admin API (users.py)
         # Permissions set through the admin API for users that are not in ``users`` (those of the
@@ -279,6 +283,13 @@ class StateMachine:
             self._events.append([self.event_seq, self._now, kind, queue.vhost if queue else vhost,
                                  queue.name if queue else "", message.id, message.exchange, message.routing_key,
                                  message.size, detail, message])
+
+    def count_ack(self, qid: int) -> None:
+        """One acknowledgement of a message of queue ``qid`` (``queue_counts``)."""
+        counts = self.queue_counts.get(qid)
+        if counts is None:
+            counts = self.queue_counts[qid] = [0, 0]
+        counts[1] += 1
 
     def definition_event(self, kind: int, vhost: str, queue: str = "", exchange: str = "",
                           routing_key: str = "", detail: str = "", definition: tuple = ()) -> None:

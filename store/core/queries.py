@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, NamedTuple
 
-from .sessions import durable_links_of
+from .sessions import DURABLE_LINK_PREFIX, durable_links_of
 
 if TYPE_CHECKING:
     from .machine import StateMachine
@@ -153,6 +153,20 @@ class ChannelInfo(NamedTuple):
     messages_unacknowledged: int
     prefetch_count: int  # channel-wide (basic.qos global=true)
     consumer_prefetch: int  # for consumers created after basic.qos global=false
+
+
+class SessionInfo(NamedTuple):
+    """A resumable session (store/core/sessions.py): an AMQP 0-10 session, or an AMQP 1.0 durable
+    link (kept as a session whose name starts with DURABLE_LINK_PREFIX)."""
+
+    kind: str  # "0-10 session" or "1.0 durable link"
+    vhost: str
+    principal: str
+    name: str  # the session's name (a link's: the container's and the link's, after the prefix)
+    detached_at: int | None  # microseconds (leader time); None while attached
+    timeout: int  # seconds its state outlives a detach
+    unsettled: int  # transfers sent and not yet accepted, released or rejected: replayed on resume
+    subscriptions: int  # consumers on its channel
 
 
 class Counters(NamedTuple):
@@ -380,6 +394,27 @@ def durable_link_count(m: StateMachine, principal: str) -> int:
 
 # ------------------------------------------------------------------ cluster and counters
 
+def sessions(m: StateMachine) -> list[SessionInfo]:
+    """Every resumable session, attached or detached (0-10 sessions and 1.0 durable links)."""
+    out = []
+    for session in list(m.sessions.values()):
+        name = bytes(session.name)
+        link = name.startswith(DURABLE_LINK_PREFIX)
+        if link:
+            name = name[len(DURABLE_LINK_PREFIX):]
+        out.append(_new(SessionInfo, ("1.0 durable link" if link else "0-10 session", session.vhost,
+                                      session.principal, name.decode("utf-8", "replace").replace("\x00", " / "),
+                                      session.detached_at, session.timeout, len(session.transfers),
+                                      len(session.channel.consumers))))
+    return out
+
+
+def dedup_queues(m: StateMachine) -> list[tuple[str, str, int]]:
+    """(vhost, queue, entries) of every queue with an x-message-deduplication cache."""
+    return [(v.name, q.name, len(q.dedup.entries)) for v in list(m.vhosts.values())
+            for q in list(v.queues.values()) if q.dedup is not None]
+
+
 def members(m: StateMachine) -> dict[str, tuple[str, str]]:
     """The replicated member list: node id -> (raft address, amqp address); {} for a single node."""
     return dict(m.members)
@@ -392,6 +427,17 @@ def counters(m: StateMachine) -> Counters:
 def message_stats(m: StateMachine) -> dict[str, int]:
     """The message counters since this node started applying (published, delivered, acked...)."""
     return dict(m.stats)
+
+
+def queue_counts(m: StateMachine, qid: int) -> tuple[int, int]:
+    """(delivered or got, acked) of one queue since this node started applying (machine.queue_counts)."""
+    counts = m.queue_counts.get(qid)
+    return (counts[0], counts[1]) if counts is not None else (0, 0)
+
+
+def all_queue_counts(m: StateMachine) -> dict[int, tuple[int, int]]:
+    """Every queue's (delivered or got, acked) that has any, by qid (a copy: for periodic samples)."""
+    return {qid: (c[0], c[1]) for qid, c in m.queue_counts.items()}
 
 
 def next_delayed_due(m: StateMachine) -> int | None:

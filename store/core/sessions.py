@@ -416,6 +416,7 @@ class SessionCommands:
         for queue, entry in m.delivery.take_unacked(ch, refs):
             if how == SETTLE_ACCEPT:
                 m.stats["acked"] += 1
+                m.count_ack(queue.qid)
                 m.event(EV.ACKED, queue, entry.message)
                 m.delivery.drop(queue, entry)
             elif how == SETTLE_REJECT:

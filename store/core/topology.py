@@ -485,6 +485,7 @@ class Topology:
         m.expiring.pop(queue.qid, None)
         m.idle_expiring.pop(queue.qid, None)
         m.queue_last_used.pop(queue.qid, None)
+        m.queue_counts.pop(queue.qid, None)
         if queue.exclusive_owner is not None:
             m.exclusive_queues.get(queue.exclusive_owner, {}).pop(queue.qid, None)
         for consumer in [*queue.consumers, *queue.browsers]:

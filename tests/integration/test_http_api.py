@@ -546,3 +546,42 @@ def test_management_changes_are_authorized_by_the_amqp_rule_of_the_operation(api
     for name in (own, foreign):
         assert api("DELETE", path("queues", "/", name))[0] == 204
     assert api("DELETE", path("users", user[0]))[0] == 204
+
+
+def test_queue_message_stats_count_and_rate_deliveries_and_acks(api, node):
+    """A queue's message_stats as RabbitMQ's (issue 35): publish, deliver_get and ack totals with
+    ``*_details.rate`` per second (ops/http/rates.py samples every 5 s, so the rates are waited
+    for, not timed): 6 published, 1 got without ack, 5 delivered to a consumer (prefetch 4, one
+    more once 4 are acked), 4 acked."""
+    name = unique("rates")
+    conn = pika.BlockingConnection(pika.URLParameters(node.url))
+    try:
+        ch = conn.channel()
+        ch.queue_declare(name)
+        for i in range(6):
+            ch.basic_publish("", name, f"m{i}".encode())
+        assert ch.basic_get(name, auto_ack=True)[2] == b"m0"
+        ch.basic_qos(prefetch_count=4)
+        got: list = []
+        ch.basic_consume(name, lambda c, m, p, b: got.append(m.delivery_tag))
+        deadline = time.monotonic() + 10
+        while len(got) < 4 and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.1)
+        assert len(got) >= 4
+        for tag in got[:4]:
+            ch.basic_ack(tag)
+        conn.process_data_events(time_limit=0.2)
+
+        def counted_and_rated():
+            stats = api("GET", path("queues", "/", name))[1]["message_stats"]
+            done = stats["deliver_get_details"]["rate"] > 0 and stats["ack_details"]["rate"] > 0
+            return stats if done else None
+
+        deadline = time.monotonic() + 15
+        while (stats := counted_and_rated()) is None:
+            assert time.monotonic() < deadline, api("GET", path("queues", "/", name))[1]["message_stats"]
+            time.sleep(0.2)
+        assert (stats["publish"], stats["deliver_get"], stats["ack"]) == (6, 6, 4)
+        assert stats["publish_details"]["rate"] >= 0
+    finally:
+        conn.close()

@@ -14,6 +14,12 @@ Checked (issue 35, part one):
    adding a user with the management tag and setting its permissions on the Admin page; logging out
    and in as that user: no Admin tab, no Nodes section (the tags, as RabbitMQ), 403 from the API for
    an admin call, and a change without the CSRF token refused (403) while the page's own works.
+   Part three: the queue's page shows its message rates and totals (publish, deliver/get, ack:
+   RabbitMQ's per-queue message_stats) after the get, with a chart; purge and delete ask first
+   (Cancel leaves the message, Yes purges / deletes).
+   Also part three: the queue's audit events button says how to keep and read a history (this
+   node keeps none); the Sessions page lists a detached 0-10 session with the time it stays
+   resumable; the Delayed & dedup page shows a message held by an x-delayed-message exchange.
 2. ``test_wrong_password``: the form says "Login failed" and shows no data.
 3. ``test_cluster_overview_shows_the_leader`` (cluster mark): a follower's Overview names the leader;
    then (part two) its Cluster page (GET /api/raftmq/cluster, ops/http/raftview.py) shows the same
@@ -22,6 +28,11 @@ Checked (issue 35, part one):
    the page, still open on the surviving follower, shows another leader, the old one not running,
    a leader change counted and the change in its history (old leader -> new, higher term).
    Screenshots before and after.
+   Part three (before the kill): the follower's Connections and Channels pages list a client of
+   the leader with the leader's node name (every member's, ops/http/members.py); the Cluster page
+   shows every member's own commit and applied index as that member reports it, the snapshots each
+   member wrote (Raft index, size, time), and the "Compare
+   state digests" button shows three digests that do not disagree (GET /api/raftmq/digests).
 4. In ``test_work_in_the_ui``: the Cluster tab of one node ("single", no changes); a management
    user has no Cluster tab and gets 403 from /api/raftmq/cluster (monitoring only, as /api/nodes).
 
@@ -44,6 +55,7 @@ import aiohttp
 import pika
 import pytest
 
+from raftmq.client.amqp010 import Connection
 from raftmq.ops.local.cluster import Cluster
 from raftmq.ops.local.node import RaftmqNode, free_port
 from tests.support.http_api import call, path
@@ -237,6 +249,8 @@ def _until(check, what: str, timeout: float = WAIT_TIMEOUT):
 def test_work_in_the_ui(node, browser):
     queue, exchange, user = "ui-orders", "ui-x", "ui-alice"
     browser.open(node.http_base + "/")
+    # (the form shows once /api/whoami has answered 401: wait for it, the page script is async)
+    browser.wait("document.getElementById('login').getClientRects().length > 0", "the login form")
     assert browser.visible("login") and not browser.visible("app")
     browser.screenshot("ui-login.png")
     browser.login("guest", "guest")
@@ -292,11 +306,70 @@ def test_work_in_the_ui(node, browser):
     assert exchange in details and "new-order" in details
     browser.js("document.getElementById('get-results').scrollIntoView()")
     browser.screenshot("ui-queue-get.png")
-    browser.flash_after("queue-purge", "Queue contents purged.")
+    # Part three: the queue's message rates (RabbitMQ's per-queue message_stats: publish,
+    # deliver_get, ack with *_details.rate; ops/http/rates.py) -- the get counts as a delivery.
+    totals = browser.wait(
+        "(() => { const r = document.querySelector('#queue-rates-table tbody tr');"
+        " const c = r && [...r.cells].map(c => c.textContent); return c && c[3] === '1' && c[4] === '1' && c; })()",
+        "the queue's totals: 1 published, 1 delivered or got")
+    assert totals[0].endswith("/s") and totals[1].endswith("/s")  # rates shown per second
+    assert browser.js("!!document.getElementById('queue-chart')")
+    stats = _queue(node, queue)[1]["message_stats"]
+    assert (stats["publish"], stats["deliver_get"], stats["ack"]) == (1, 1, 0)
+    assert {"publish_details", "deliver_get_details", "ack_details"} <= set(stats)
+    browser.js("document.getElementById('queue-rates').scrollIntoView()")
+    browser.screenshot("ui-queue-rates.png")
+    # The queue's audit events: this node keeps no history, so the page says how to keep and read one.
+    browser.click("queue-audit-show")
+    hint = browser.wait("document.getElementById('queue-audit-hint') &&"
+                        " document.getElementById('queue-audit-hint').textContent", "the audit hint")
+    assert "audit_retention" in hint and "raftmq audit" in hint
+    # Purge and delete ask first (part three): Cancel leaves the queue as it was.
+    browser.click("queue-purge")
+    assert "Purge every ready message" in browser.wait("document.getElementById('confirm-question') &&"
+                                                       " document.getElementById('confirm-question').textContent",
+                                                       "the purge question")
+    browser.screenshot("ui-queue-purge-confirm.png")
+    browser.click("confirm-no")
+    browser.wait("!document.getElementById('confirm')", "the question gone after Cancel")
+    assert _queue(node, queue)[1]["messages"] == 1
+    browser.click("queue-purge")
+    browser.flash_after("confirm-yes", "Queue contents purged.")
     assert _queue(node, queue)[1]["messages"] == 0
-    browser.flash_after("queue-delete", f"Queue {queue} deleted.")
+    browser.click("queue-delete")
+    assert _queue(node, queue)[0] == 200  # not before the answer
+    browser.flash_after("confirm-yes", f"Queue {queue} deleted.")
     browser.wait("location.hash === '#/queues'", "the Queues page after the delete")
     assert _queue(node, queue)[0] == 404
+
+    # raftmq's own pages (part three): a detached 0-10 session on the Sessions page, a delayed
+    # message on the Delayed & dedup page.
+    async def detached_session() -> None:
+        conn = await Connection.connect([f"127.0.0.1:{node.port}"])
+        await conn.session(name=b"ui-browser-session", timeout=120)
+        await conn.close()
+
+    asyncio.run(asyncio.wait_for(detached_session(), 30))
+    browser.click("tab-sessions")
+    row = browser.wait("(() => { const r = [...document.querySelectorAll('#sessions-table tbody tr')].find("
+                       "r => r.cells[1].textContent === 'ui-browser-session');"
+                       " return r && r.cells[4].textContent === 'detached' && [...r.cells].map(c => c.textContent); })()",
+                       "the detached session")
+    assert row[0] == "0-10 session" and row[3] == "guest" and row[6] != ""  # resumable until
+    browser.screenshot("ui-sessions.png")
+    amqp = pika.BlockingConnection(pika.URLParameters(node.url))
+    try:
+        ch = amqp.channel()
+        ch.exchange_declare("ui-later", "x-delayed-message", arguments={"x-delayed-type": "fanout"})
+        ch.basic_publish("ui-later", "", b"later", pika.BasicProperties(headers={"x-delay": 600_000}))
+        amqp.process_data_events(time_limit=0.2)
+    finally:
+        amqp.close()
+    browser.click("tab-held")
+    browser.wait("[...document.querySelectorAll('#held-exchanges tbody tr')].some(r => r.cells[1].textContent ==="
+                 " 'ui-later' && r.cells[3].textContent === '1')", "the delayed message on ui-later")
+    assert int(browser.js("document.querySelector('#held-totals tbody tr').cells[0].textContent")) >= 1
+    browser.screenshot("ui-held.png")
 
     # Admin: add a management user and give it permissions on "/".
     browser.go("#/users", "document.getElementById('users-table')", "the Admin page")
@@ -384,7 +457,8 @@ def _cluster_page(browser, leader_name: str, what: str, timeout: float = WAIT_TI
 def test_cluster_overview_shows_the_leader(tmp_path, browser):
     """A follower's Overview lists the three members and marks the leader Raft reports; its Cluster
     page shows the Raft view, and after kill -9 of the leader a new leader and the change (checks 3)."""
-    cluster = Cluster(3, tmp_path / "cluster")
+    # (snapshots every 30 entries at most once a second: the Cluster page's snapshots table fills)
+    cluster = Cluster(3, tmp_path / "cluster", extra_config="snapshot_entries = 30\nsnapshot_seconds = 1.0")
     bases = {}
     for member in cluster.nodes:
         port = free_port()
@@ -395,6 +469,7 @@ def test_cluster_overview_shows_the_leader(tmp_path, browser):
         leader = cluster.leader()
         follower = next(n for n in cluster.nodes if n is not leader)
         _publish(follower.url, "ui-browser-cluster", 4)
+        _publish(follower.url, "ui-browser-entries", 40)  # 40 confirmed publishes: log entries to snapshot
         browser.open(bases[follower.node_id] + "/")
         browser.login("guest", "guest")
         leader_name = f"raftmq@{leader.node_id}"
@@ -411,9 +486,47 @@ def test_cluster_overview_shows_the_leader(tmp_path, browser):
         browser.wait("document.getElementById('queued').textContent.includes('4')", "4 queued messages")
         browser.screenshot("ui-cluster-follower.png")
 
+        # Part three: the Connections page of the follower lists a client of another member (the
+        # leader), with its node; the Channels page its channel.
+        elsewhere = pika.BlockingConnection(pika.URLParameters(leader.url))
+        elsewhere.channel()
+        browser.click("tab-connections")
+        shown = browser.wait(
+            "(() => { const rows = [...document.querySelectorAll('#connections-table tbody tr')];"
+            " const r = rows.find(r => r.cells[1].textContent === " + json.dumps(leader_name) + ");"
+            " return r && [...r.cells].map(c => c.textContent); })()", f"a connection on {leader_name}")
+        assert shown[2] == "guest" and shown[5] == "1"  # user, channels
+        browser.screenshot("ui-cluster-connections.png")
+        browser.click("tab-channels")
+        browser.wait("[...document.querySelectorAll('#channels-table tbody tr')].some(r => r.cells[1].textContent === "
+                     + json.dumps(leader_name) + ")", f"a channel on {leader_name}")
+
         # The Cluster page (raftmq's own): the Raft view from the follower.
         browser.click("tab-cluster")
         before = _cluster_page(browser, leader_name, f"the Cluster page with the leader {leader_name}")
+        # Each member's own commit and applied index, asked from it (ops/http/members.py): the
+        # columns after the leader's lag, filled for all three members.
+        reported = browser.wait(
+            "(() => { const rows = [...document.querySelectorAll('#raft-members tbody tr')];"
+            " const ok = rows.length === 3 && rows.every(r => /^[0-9]+$/.test(r.cells[7].textContent)"
+            " && /^[0-9]+$/.test(r.cells[8].textContent));"
+            " return ok && Object.fromEntries(rows.map(r => [r.cells[0].textContent, r.cells[9].textContent])); })()",
+            "every member's reported indexes")
+        assert reported[leader_name].startswith("leader / ")
+        # The last snapshots each member wrote (written by its own Raft: index, size, time).
+        snapshots = browser.wait(
+            "(() => { const rows = [...document.querySelectorAll('#snapshots tbody tr')].map(r => [...r.cells].map("
+            "c => c.textContent)); return new Set(rows.map(r => r[0])).size === 3 && rows; })()",
+            "a snapshot of every member on the Cluster page", 40)
+        assert all(int(row[2]) >= 1 and row[3].endswith("B") and row[4] in ("written", "loaded") for row in snapshots)
+        # Replicas' digests side by side: asked with the button; at one applied index they agree.
+        browser.click("digests-compare")
+        verdict = browser.wait("document.getElementById('digests-verdict') &&"
+                               " [...document.querySelectorAll('#digests tbody tr')].filter("
+                               " r => /^[0-9a-f]{64}$/.test(r.cells[2].textContent)).length === 3 &&"
+                               " document.getElementById('digests-verdict').textContent", "the digests", 40)
+        assert "DIFFERENT" not in verdict, verdict
+        browser.screenshot("ui-cluster-digests.png")
         assert before["summary"]["Seen from"] == f"raftmq@{follower.node_id}"
         assert before["summary"]["Leader"] == leader_name
         assert leader_name in before["summary"]["Connected partners"]
@@ -429,6 +542,10 @@ def test_cluster_overview_shows_the_leader(tmp_path, browser):
         # kill -9 the leader (the process this test started, by its PID): the page on the surviving
         # follower shows another leader, the old one down, and the change.
         leader.kill9()
+        try:
+            elsewhere.close()
+        except Exception:  # noqa: BLE001 - its node was just killed
+            pass
         after = browser.wait(
             "(() => { const rows = [...document.querySelectorAll('#raft-members tbody tr')];"
             " const leaders = rows.filter(r => r.cells[2].classList.contains('leader')).map(r => r.cells[0].textContent);"

@@ -17,6 +17,9 @@ read.  Checked:
 5. A session acts with the user's current tags and ends when the password changes.
 6. The Queues/Exchanges pages' server-side paging equals the whole list filtered and cut by hand.
 7. On a TLS listener the cookie is also Secure.
+8. The login pool full (node/logins.py: ``login_workers`` hashing, ``login_queue_limit`` pending):
+   concurrent form logins with passwords never verified before are answered 401 or, beyond the
+   bound, 503 ``busy`` at once, with no session cookie; a right login works afterwards.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import http.client
 import json
 import time
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -242,3 +246,35 @@ def test_secure_cookie_on_a_tls_listener(tmp_path):
         cookie, token = headers["Set-Cookie"].split(";", 1)[0], json.loads(raw)["csrf_token"]
         status, _, raw = https("GET", "/api/whoami", headers={"Cookie": cookie})
         assert status == 200 and json.loads(raw)["csrf_token"] == token and json.loads(raw)["name"] == "guest"
+
+
+def test_login_pool_full_answers_503(tmp_path):
+    """Check 8: one hashing thread and one pending login at most; 30 logins at once (PBKDF2 each:
+    a managed user's wrong passwords are never remembered)."""
+    from tests.integration.helpers import http_node
+
+    n = http_node(tmp_path)
+    config = n.config
+    config.write_text("login_workers = 1\nlogin_queue_limit = 1\n" + config.read_text())
+    n.http_port, n.http_base = int(n.http.rsplit(":", 1)[1]), n.http
+    with n:
+        deadline = time.monotonic() + 10
+        while call(n.http, "GET", "/api/overview")[0] != 200:
+            assert time.monotonic() < deadline, n.log_tail(20)
+            time.sleep(0.1)
+        add_user(n, "pooled", "right", "management")
+
+        def attempt(i: int):
+            status, headers, answer = request(n, "POST", "/api/login", {"username": "pooled", "password": f"wrong-{i}"},
+                                              form=True)
+            return status, headers.get("Set-Cookie"), answer
+
+        with ThreadPoolExecutor(30) as pool:
+            answers = list(pool.map(attempt, range(30)))
+        statuses = [status for status, _cookie, _answer in answers]
+        assert set(statuses) <= {401, 503}, statuses
+        busy = [answer for status, _cookie, answer in answers if status == 503]
+        assert busy, statuses  # at most 1 pending: the others were refused at once
+        assert all(answer["error"] == "busy" and "too many logins" in answer["reason"] for answer in busy)
+        assert all(cookie is None for _status, cookie, _answer in answers)
+        login(n, "pooled", "right")  # the pool drained: a right login works

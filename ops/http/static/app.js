@@ -30,6 +30,8 @@ async function api(method, path, body) {
     init.body = JSON.stringify(body);
   }
   const response = await fetch(location.origin + path, init);
+  // Members that did not answer a cluster-wide list (ops/http/members.py): their rows are absent.
+  state.missing = response.headers.get("X-Raftmq-Members-Missing") || "";
   const text = await response.text();
   const data = text ? JSON.parse(text) : null;
   if (response.status === 401 && path !== "/api/login") {
@@ -73,6 +75,20 @@ async function act(what, fn) {
   } catch (error) {
     flash(error.message, false);
   }
+}
+
+// Deleting and purging ask first, as RabbitMQ's UI does ("Are you sure? This object cannot be
+// recovered after deletion."): in the page (a bar with Yes/Cancel after the button) rather than
+// window.confirm, so that nothing blocks the page's script.  One question open at a time.
+function confirmThen(question, what, fn) {
+  return event => {
+    document.getElementById("confirm")?.remove();
+    const bar = h("div", {id: "confirm", class: "confirm", role: "alertdialog"}, h("span", {id: "confirm-question",
+      text: `${question} This cannot be undone.`}), " ",
+      h("button", {id: "confirm-yes", type: "button", text: "Yes", onclick: () => { bar.remove(); act(what, fn); }}), " ",
+      h("button", {id: "confirm-no", type: "button", text: "Cancel", onclick: () => bar.remove()}));
+    event.currentTarget.after(bar);
+  };
 }
 
 function table(id, columns, rows) {
@@ -155,7 +171,10 @@ class Pager {
       return;
     }
     const focused = document.activeElement && document.activeElement.id;
-    this.root.replaceChildren(this.controls(result), table(`${this.id}-table`, this.columns, result.items));
+    const missing = state.missing ? h("p", {id: `${this.id}-missing`, class: "error",
+      text: `Not answering (their rows are missing): ${state.missing}`}) : null;
+    this.root.replaceChildren(...[missing, this.controls(result), table(`${this.id}-table`, this.columns,
+                                                                        result.items)].filter(Boolean));
     if (focused && focused.startsWith(this.id)) document.getElementById(focused)?.focus();
   }
 }
@@ -209,6 +228,27 @@ views.overview = async () => {
   }
   return {title: "Overview", content: main, load};
 };
+
+// Several series on one chart (the queue page's publish / deliver / ack rates): each {label, color,
+// samples}; the last 120 samples, scaled to the largest value shown.
+function drawSeries(canvas, series, title) {
+  const ctx = canvas.getContext("2d");
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  const max = Math.max(1, ...series.flatMap(s => s.samples));
+  series.forEach((s, n) => {
+    ctx.strokeStyle = s.color;
+    ctx.beginPath();
+    s.samples.forEach((v, i) => {
+      const x = canvas.width * i / 119, y = canvas.height - 4 - (canvas.height - 8) * v / max;
+      i ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
+    });
+    ctx.stroke();
+    ctx.fillStyle = s.color;
+    ctx.fillText(s.label, 6 + 90 * n, canvas.height - 6);
+  });
+  ctx.fillStyle = "#555";
+  ctx.fillText(`${title} (max ${max})`, 6, 12);
+}
 
 function draw(canvas, samples) {
   const ctx = canvas.getContext("2d");
@@ -318,13 +358,14 @@ function publishForm(exchangePath, routingKey) {
 function bindingsTable(id, rows, unbind) {
   return table(id, [["From", b => b.source === "" ? "(Default exchange binding)" : b.source],
     ["To", b => b.destination], ["Routing key", b => b.routing_key], ["Arguments", b => JSON.stringify(b.arguments)],
-    ["", b => b.source === "" ? "" : h("button", {class: "unbind", text: "Unbind", onclick: () => unbind(b)})]], rows);
+    ["", b => b.source === "" ? "" : h("button", {class: "unbind", text: "Unbind", onclick: unbind(b)})]], rows);
 }
 
 function unbindAction(b) {
   const kind = b.destination_type === "queue" ? "q" : "e";
-  act("Binding removed.", () => api("DELETE",
-    `/api/bindings/${enc(b.vhost)}/e/${enc(b.source)}/${kind}/${enc(b.destination)}/${enc(b.properties_key)}`));
+  return confirmThen(`Remove the binding from ${b.source} to ${b.destination} (${b.routing_key})?`, "Binding removed.",
+    () => api("DELETE", `/api/bindings/${enc(b.vhost)}/e/${enc(b.source)}/${kind}/${enc(b.destination)}/` +
+              enc(b.properties_key)));
 }
 
 views.exchange = async (vhost, name) => {
@@ -341,7 +382,7 @@ views.exchange = async (vhost, name) => {
       enc(val("bind-destination")), {routing_key: val("bind-key"), arguments: {}}));
   });
   const remove = h("button", {id: "exchange-delete", type: "button", text: "Delete this exchange",
-    onclick: () => act(`Exchange ${name} deleted.`, async () => {
+    onclick: confirmThen(`Delete the exchange ${name}?`, `Exchange ${name} deleted.`, async () => {
       await api("DELETE", path);
       location.hash = "#/exchanges";
     })});
@@ -394,14 +435,50 @@ views.queue = async (vhost, name) => {
     });
   });
   const purge = h("button", {id: "queue-purge", type: "button", text: "Purge Messages",
-    onclick: () => act("Queue contents purged.", () => api("DELETE", `${path}/contents`))});
+    onclick: confirmThen(`Purge every ready message of the queue ${name}?`, "Queue contents purged.",
+                         () => api("DELETE", `${path}/contents`))});
   const remove = h("button", {id: "queue-delete", type: "button", text: "Delete Queue",
-    onclick: () => act(`Queue ${name} deleted.`, async () => {
+    onclick: confirmThen(`Delete the queue ${name} and its messages?`, `Queue ${name} deleted.`, async () => {
       await api("DELETE", path);
       location.hash = "#/queues";
     })});
+  const chart = h("canvas", {id: "queue-chart", width: 720, height: 140}), rates = h("div", {id: "queue-rates"});
+  const series = [{label: "publish", color: "#36c", stat: "publish", samples: []},
+                  {label: "deliver / get", color: "#0a6", stat: "deliver_get", samples: []},
+                  {label: "ack", color: "#f60", stat: "ack", samples: []}];
+  // raftmq's own: the queue's audit events (GET /api/raftmq/queues/.../events, ops/http/ownpages.py);
+  // without a history on this node, how to keep and read one (the CLI).
+  const audit = h("div", {id: "queue-audit"});
+  const auditButton = h("button", {id: "queue-audit-show", type: "button", text: "Show the latest audit events",
+    onclick: async () => {
+      try {
+        const a = await api("GET", `/api/raftmq/queues/${enc(vhost)}/${enc(name)}/events?limit=100`);
+        audit.replaceChildren(h("p", {text: `${a.events.length} event(s) among the history's events back to ` +
+                                            `#${a.scanned_to ?? "-"} (history #${a.first_seq}-#${a.last_seq}).`}),
+          table("queue-audit-table", [["Seq", e => e.seq, {numeric: true}],
+            ["Time", e => new Date(e.time_us / 1000).toLocaleTimeString()], ["Event", e => e.kind],
+            ["Message id", e => e.message_id, {numeric: true}], ["Exchange", e => e.exchange],
+            ["Routing key", e => e.routing_key], ["Size", e => e.size, {numeric: true}], ["Detail", e => e.detail]],
+            a.events));
+      } catch (error) {
+        audit.replaceChildren(h("p", {id: "queue-audit-hint", text: error.status === 404 ?
+          "This node keeps no audit history. Start nodes with audit_retention = \"metadata\" (or the queue " +
+          "argument x-audit-retention), then read it here or with: raftmq snapshot --data-dir DIR --out SNAP; " +
+          "raftmq audit summary --snapshot SNAP" : error.message}));
+      }
+    }});
   async function load() {
     const q = await api("GET", path);
+    const m = q.message_stats || {};
+    rates.replaceChildren(table("queue-rates-table", [["Publish", x => rate(x.publish_details)],
+      ["Deliver / get", x => rate(x.deliver_get_details)], ["Acknowledge", x => rate(x.ack_details)],
+      ["Published (total)", x => x.publish, {numeric: true}], ["Delivered / got (total)", x => x.deliver_get,
+        {numeric: true}], ["Acknowledged (total)", x => x.ack, {numeric: true}]], [m]));
+    for (const s of series) {
+      s.samples.push((m[`${s.stat}_details`] || {}).rate || 0);
+      if (s.samples.length > 120) s.samples.shift();
+    }
+    drawSeries(chart, series, "messages/s");
     details.replaceChildren(table("queue-info", [["Virtual host", x => x.vhost], ["Features", features],
       ["State", x => x.state], ["Consumers", x => x.consumers, {numeric: true}],
       ["Ready", x => x.messages_ready, {numeric: true}], ["Unacked", x => x.messages_unacknowledged, {numeric: true}],
@@ -412,22 +489,54 @@ views.queue = async (vhost, name) => {
       q.consumer_details || []));
     bindings.replaceChildren(bindingsTable("queue-bindings-table", await api("GET", `${path}/bindings`), unbindAction));
   }
-  const content = [section("Overview", details), section("Consumers", consumers), section("Bindings", bindings),
+  const content = [section("Overview", details), section("Message rates", rates, chart),
+    section("Consumers", consumers), section("Bindings", bindings),
     section("Add binding to this queue", bind),
     section("Publish message", h("p", {text: "Message will be published to the default exchange with routing key " +
       `${name}, routing it to this queue.`}), publishForm(`/api/exchanges/${enc(vhost)}/amq.default`, name)),
     section("Get messages", h("p", {text: "Warning: getting messages from a queue is a destructive action."}),
             get, results),
-    section("Delete", remove), section("Purge", purge)];
+    section("Delete", remove), section("Purge", purge),
+    section("Audit events", h("p", {text: "The latest events of this queue in this node's audit history " +
+      "(declared, routed, delivered, acked, dead-lettered...)."}), auditButton, audit)];
   return {title: `Queue ${name}`, content, load};
 };
 
 // raftmq's own page (RabbitMQ has none): the Raft view of the node the page is served by, from
 // GET /api/raftmq/cluster (ops/http/raftview.py; monitoring users).  Lag is the leader's knowledge:
-// on a follower that column is empty.
+// on a follower that column is empty.  "Reported" columns are each member's own numbers, asked from
+// it (ops/http/members.py), with the age of its answer; digests are made on request only (a walk of
+// each member's whole state): the button asks GET /api/raftmq/digests.
+function bytes(n) {
+  if (n === null || n === undefined) return "";
+  return n < 1024 ? `${n} B` : n < 1 << 20 ? `${(n / 1024).toFixed(1)} KiB` : `${(n / (1 << 20)).toFixed(1)} MiB`;
+}
+
 views.cluster = async () => {
   const summary = h("div", {id: "raft-summary-box"}), members = h("div", {id: "raft-members-box"});
-  const changes = h("div", {id: "leader-changes-box"});
+  const changes = h("div", {id: "leader-changes-box"}), snapshots = h("div", {id: "snapshots-box"});
+  const digests = h("div", {id: "digests-box"});
+  const compare = h("button", {id: "digests-compare", type: "button", text: "Compare state digests",
+    onclick: async () => {
+      compare.disabled = true;
+      digests.replaceChildren(h("p", {text: "Asking every member for a digest..."}));
+      try {
+        const d = await api("GET", "/api/raftmq/digests");
+        const verdict = d.digests_agree === true ? "Replicas at the same applied index have the same digest." :
+          d.digests_agree === false ? "DIFFERENT digests at the same applied index: the replicas diverged." :
+          "No two members were at the same applied index: compare again when traffic stops.";
+        digests.replaceChildren(h("div", {}, h("p", {id: "digests-verdict", class: d.digests_agree === false ? "error" : "",
+                                        text: verdict}),
+          d.members_missing.length ? h("p", {class: "error", text: `Not answering: ${d.members_missing.join(", ")}`}) : null,
+          table("digests", [["Member", x => x.name], ["Applied index", x => x.applied_index, {numeric: true}],
+            ["Digest (model + bodies)", x => x.digest, {cls: () => "digest"}], ["Model", x => (x.model_digest || "").slice(0, 16)],
+            ["Bodies", x => (x.bodies_digest || "").slice(0, 16)], ["Age (s)", x => x.age, {numeric: true}]], d.members)));
+      } catch (error) {
+        digests.replaceChildren(h("p", {class: "error", text: error.message}));
+      } finally {
+        compare.disabled = false;
+      }
+    }});
   async function load() {
     const c = await api("GET", "/api/raftmq/cluster");
     const p = c.prevote;
@@ -438,21 +547,73 @@ views.cluster = async () => {
       ["Majority lost", x => x.majority_lost, {numeric: true}],
       ["Snapshots damaged", x => x.snapshots_damaged, {numeric: true}],
       ["Pre-vote rounds / won", () => `${p.rounds} / ${p.won}`], ["Pre-votes granted / refused",
-        () => `${p.granted} / ${p.refused}`]], [c]));
+        () => `${p.granted} / ${p.refused}`],
+      ["Members not answering", x => (x.members_missing || []).join(", ") || "none",
+        {cls: x => (x.members_missing || []).length ? "down" : ""}]], [c]));
+    const own = n => n.reported || {};
     members.replaceChildren(table("raft-members", [
       ["Name", n => n.name], ["Running", n => n.running ? "yes" : "no", {cls: n => n.running ? "" : "down"}],
       ["Role", n => n.raft.role, {cls: n => n.raft.leader ? "leader" : ""}],
       ["Term", n => n.raft.term, {numeric: true}],
       ["Commit index", n => n.raft.commit_index, {numeric: true}],
       ["Applied index", n => n.raft.applied_index, {numeric: true}],
-      ["Lag (entries, leader's view)", n => n.raft.lag, {numeric: true}]], c.members));
+      ["Lag (entries, leader's view)", n => n.raft.lag, {numeric: true}],
+      ["Reported commit index", n => own(n).commit_index, {numeric: true}],
+      ["Reported applied index", n => own(n).applied_index, {numeric: true}],
+      ["Reported role / term", n => n.reported ? `${own(n).role} / ${own(n).term}` : "no answer"],
+      ["Answer age (s)", n => own(n).age, {numeric: true}]], c.members));
+    const snaps = c.members.flatMap(n => (own(n).snapshots || []).slice(0, 3).map(s => ({member: n.name, ...s})));
+    snapshots.replaceChildren(snaps.length === 0 ? h("p", {text: "No snapshot written or loaded since the members started."}) :
+      table("snapshots", [["Member", x => x.member], ["Time", x => new Date(x.time).toLocaleTimeString()],
+        ["Raft index", x => x.index, {numeric: true}], ["Size", x => bytes(x.bytes), {numeric: true}],
+        ["How", x => x.how]], snaps));
     changes.replaceChildren(c.recent_leader_changes.length === 0 ? h("p", {text: "No leader seen yet."}) :
       table("leader-changes", [["Time", x => new Date(x.time).toLocaleTimeString()], ["Term", x => x.term,
         {numeric: true}], ["Leader", x => x.leader], ["Previous leader", x => x.previous || "(first seen)"]],
         c.recent_leader_changes));
   }
   return {title: "Cluster", content: [section("Raft", summary), section("Members", members),
+    section("Last snapshots (up to 3 per member, newest first)", snapshots),
+    section("Replicas' state digests", h("p", {text: "Each member hashes its whole state (queues, messages, " +
+      "bodies) when asked; replicas at the same applied index must agree."}), compare, digests),
     section("Last leader changes (newest first)", changes)], load};
+};
+
+// raftmq's own: sessions a client can resume on any node (AMQP 0-10 sessions, AMQP 1.0 durable links),
+// from GET /api/raftmq/sessions (ops/http/ownpages.py): a user sees its own, monitoring users all.
+views.sessions = async () => {
+  const when = ms => ms === null || ms === undefined ? "" : new Date(ms).toLocaleTimeString();
+  const pager = new Pager("sessions", "/api/raftmq/sessions", [
+    ["Kind", x => x.kind], ["Name", x => x.name], ["Virtual host", x => x.vhost], ["User", x => x.user],
+    ["State", x => x.state, {cls: x => x.state === "detached" ? "down" : ""}],
+    ["Detached at", x => when(x.detached_at)], ["Resumable until", x => x.state === "detached" ? when(x.expires_at) : ""],
+    ["Timeout (s)", x => x.timeout, {numeric: true}], ["Unsettled (replayed on resume)", x => x.unsettled,
+      {numeric: true}], ["Subscriptions", x => x.subscriptions, {numeric: true}]]);
+  return {title: "Resumable sessions and links", content: [h("p", {text: "AMQP 0-10 sessions and AMQP 1.0 " +
+    "durable links are replicated: a client resumes them on any node, within their timeout once detached."}),
+    pager.root], load: () => pager.load()};
+};
+
+// raftmq's own: delayed and deduplicated messages (GET /api/raftmq/held).
+views.held = async () => {
+  const box = h("div", {id: "held-box"});
+  async function load() {
+    const d = await api("GET", "/api/raftmq/held");
+    box.replaceChildren(
+      table("held-totals", [["Delayed now", x => x.messages_delayed, {numeric: true}],
+        ["Delayed (since start)", x => x.delayed, {numeric: true}], ["Released when due", x => x.delay_released,
+          {numeric: true}], ["Delays refused", x => x.delay_refused, {numeric: true}],
+        ["Deduplicated (dropped)", x => x.deduplicated, {numeric: true}]], [d]),
+      h("h4", {text: "Plugin exchanges"}),
+      table("held-exchanges", [["Virtual host", e => e.vhost], ["Exchange", e => objectLink("exchanges", e)],
+        ["Type", e => e.type], ["Delayed messages", e => e.messages_delayed, {numeric: true}],
+        ["Cache entries", e => e.cache_info && e.cache_info.entries, {numeric: true}],
+        ["Cache size", e => e.cache_info && e.cache_info.size, {numeric: true}]], d.exchanges),
+      h("h4", {text: "Queues with a deduplication cache"}),
+      table("held-queues", [["Virtual host", q => q.vhost], ["Queue", q => objectLink("queues", q)],
+        ["Cache entries", q => q.cache_entries, {numeric: true}]], d.queues));
+  }
+  return {title: "Delayed and deduplicated messages", content: [box], load};
 };
 
 views.admin = async () => {
@@ -499,7 +660,8 @@ views.admin = async () => {
     await users.load();
     permissions.replaceChildren(table("permissions-table", [["User", p => p.user], ["Virtual host", p => p.vhost],
       ["Configure regexp", p => p.configure], ["Write regexp", p => p.write], ["Read regexp", p => p.read],
-      ["", p => h("button", {class: "clear-permission", text: "Clear", onclick: () => act("Permission cleared.",
+      ["", p => h("button", {class: "clear-permission", text: "Clear", onclick: confirmThen(
+        `Clear ${p.user}'s permissions on ${p.vhost}?`, "Permission cleared.",
         () => api("DELETE", `/api/permissions/${enc(p.vhost)}/${enc(p.user)}`))})]],
       await api("GET", "/api/permissions")));
     vhostsBox.replaceChildren(table("vhosts-table", [["Name", v => v.name], ["Ready", v => v.messages_ready,
@@ -519,6 +681,8 @@ function route() {
   if (parts[0] === "exchanges" && parts.length === 3) return ["exchanges", views.exchange, parts.slice(1)];
   if (parts[0] === "users" && may("administrator")) return ["admin", views.admin, []];
   if (parts[0] === "cluster" && may("monitoring")) return ["cluster", views.cluster, []];
+  if (parts[0] === "sessions") return ["sessions", views.sessions, []];
+  if (parts[0] === "held") return ["held", views.held, []];
   const tab = {connections: "connections", channels: "channels", exchanges: "exchanges", queues: "queues"}[parts[0]];
   return tab ? [tab, views[tab], []] : ["overview", views.overview, []];
 }

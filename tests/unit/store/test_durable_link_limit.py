@@ -57,3 +57,15 @@ def test_a_re_attach_is_not_a_new_link_and_a_destroyed_one_frees_its_place() -> 
     assert attach(m, "c2", 2, "alice", durable(3))[0] == ERR
     m.apply_batch(NOW, [SessionTimeout("c2", None, 1, 0), make(Op.SESSION_DETACH, "c2", None, 1)])
     assert attach(m, "c2", 3, "alice", durable(3))[0] != ERR
+
+
+def test_the_read_api_lists_durable_links_and_0_10_sessions_apart() -> None:
+    """queries.sessions (the management UI's Sessions page, issue 35): a durable link is named by its
+    container and link (the prefix left out), a 0-10 session by its name; both attached."""
+    from raftmq.store.core import queries as Q
+
+    m = machine(4)
+    attach(m, "c1", 1, "alice", durable(1))
+    attach(m, "c2", 1, "bob", b"plain-010")
+    listed = sorted((s.kind, s.principal, s.name, s.detached_at) for s in Q.sessions(m))
+    assert listed == [("0-10 session", "bob", "plain-010", None), ("1.0 durable link", "alice", "client / link-1", None)]

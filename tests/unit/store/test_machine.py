@@ -382,3 +382,29 @@ def test_auto_ack_consumer_with_node_credit_is_assigned_only_its_credit(driver):
     assert not [o for o in outputs if o[1] == OUT_REPLY]  # no error for a top-up racing a cancel
     _, outputs = driver.ok(Op.CONSUME, "/", "q", "c2", True, False, {})
     assert [o[4][4] for o in deliveries(outputs)] == [b"5", b"6", b"7", b"8", b"9"]
+
+
+def test_queue_counts_deliveries_gets_and_acks_per_queue(driver):
+    """Per-queue deliver/get and ack counts behind RabbitMQ's queue message_stats rates (issue 35;
+    machine.queue_counts, ops/http/rates.py): a consumer's deliveries and a basic.get count as
+    deliver_get of their queue only, an ack counts for the acked message's queue, and the counts
+    go with the queue when it is deleted."""
+    from raftmq.store.core import queries as Q
+
+    declare(driver, "a")
+    declare(driver, "b")
+    qa = driver.machine.vhosts["/"].queues["a"].qid
+    qb = driver.machine.vhosts["/"].queues["b"].qid
+    for i in range(3):
+        driver.publish("", "a", b"%d" % i)
+    driver.publish("", "b", b"x")
+    _, outputs = driver.ok(Op.CONSUME, "/", "a", "c1", False, False, {})
+    assert len(deliveries(outputs)) == 3
+    driver.ok(Op.GET, "/", "b", True)  # no_ack: delivered, nothing to ack
+    assert Q.queue_counts(driver.machine, qa) == (3, 0)
+    assert Q.queue_counts(driver.machine, qb) == (1, 0)
+    driver.apply(Ack(C, None, 1, [[qa, 1], [qa, 2]]))
+    assert Q.queue_counts(driver.machine, qa) == (3, 2)
+    assert Q.all_queue_counts(driver.machine) == {qa: (3, 2), qb: (1, 0)}
+    driver.ok(Op.QUEUE_DELETE, "/", "b", False, False)
+    assert Q.queue_counts(driver.machine, qb) == (0, 0) and qb not in driver.machine.queue_counts
