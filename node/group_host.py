@@ -42,7 +42,7 @@ from raftmq.store.core.commands import (
 )
 
 from .group_link import GroupLink
-from .groups import GroupRouter, ReplyJoin
+from .groups import GroupRouter, ReplyJoin, outbox_messages
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -218,8 +218,6 @@ class GroupHost:
     def _forward_messages(self) -> None:
         """Messages routed to other groups' queues (store/core/groups.py ``route_remote``): each
         outbox entry to its target group as MessageIn, and MessageDone back once it applied them."""
-        from .worker import outbox_messages
-
         meta = self.broker.machine
         outboxes = {0: outbox_messages(meta, self.broker.bodies) if meta.msg_outbox else []}
         applied = {0: meta.msg_applied}

@@ -21,6 +21,7 @@ dead-lettered or delayed message reaches only the queues of its own group.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,8 @@ from raftmq.store.core.model import Message
 if TYPE_CHECKING:
     from raftmq.store.core.machine import StateMachine
 
+log = logging.getLogger(__name__)
+
 # Commands that every group applies: the life of channels and connections (a channel's consumers
 # and deliveries may be in any group), and the node's own resets.
 _EVERY_GROUP = frozenset((Op.CHANNEL_OPEN, Op.CHANNEL_CLOSE, Op.CONNECTION_CLOSE, Op.QOS, Op.FLOW,
@@ -58,6 +61,9 @@ _BY_QUEUE_NAME = {Op.CONSUME: "queue", Op.GET: "queue", Op.QUEUE_PURGE: "name", 
 # Their group may answer "more replies will come" (GroupPending): the metadata group forwarding a
 # change, a queue's group deleting it.
 _MAY_PEND = META_OPS | {Op.QUEUE_DELETE}
+
+REPORT_GONE = 256  # outbox entries a worker's report carries at most (the forwarder asks again)
+REPORT_BYTES = 4 << 20  # message-outbox body bytes a report carries at most
 
 NOT_ACROSS = Refused(ERR, 540, "NOT_IMPLEMENTED - a transaction on queues of several groups (issue 34)")
 
@@ -209,3 +215,21 @@ def gone_entries(meta: StateMachine, group: StateMachine, limit: int = 256) -> l
     after = meta.gone_applied.get(group.group, 0)
     return [QueueGone(None, None, group.group, seq, qid, conn, token)
             for seq, qid, conn, token in list(group.gone_outbox)[:limit] if seq > after]
+
+
+def outbox_messages(m: Any, bodies: Any, limit: int = REPORT_GONE, max_bytes: int = REPORT_BYTES) -> list:
+    """The message outbox's first entries as the forwarder sends them on: (target, seq, qids,
+    fields, body), bounded in count and body bytes (the rest goes with a later report)."""
+    out, size = [], 0
+    for target, seq, qids, message, expiration in m.msg_outbox:
+        body = bodies.for_send(message.id)
+        if body is None:  # (gone or damaged: the target gets what the source can prove)
+            log.error("group %d: no body for message %d sent to group %d", m.group, message.id, target)
+            continue
+        out.append((target, seq, qids, (message.exchange, message.routing_key, message.properties,
+                                        message.persistent, message.priority, expiration, message.format,
+                                        message.published_at), body))
+        size += len(body)
+        if len(out) >= limit or size >= max_bytes:
+            break
+    return out

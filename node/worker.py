@@ -29,12 +29,11 @@ from typing import Any
 from .broker import Broker
 from .config import Config
 from .group_link import GroupLink
+from .groups import REPORT_GONE, outbox_messages
 from .status import status_loop
 
 log = logging.getLogger(__name__)
 
-REPORT_GONE = 256  # outbox entries a report carries at most (the forwarder asks again)
-REPORT_BYTES = 4 << 20  # message-outbox body bytes a report carries at most
 
 
 class WorkerBroker(Broker):
@@ -83,24 +82,6 @@ class WorkerBroker(Broker):
                 submit(item[1], item[2], item[3])
             elif kind == "report":
                 self.report(force=True)
-
-
-def outbox_messages(m: Any, bodies: Any, limit: int = REPORT_GONE, max_bytes: int = REPORT_BYTES) -> list:
-    """The message outbox's first entries as the forwarder sends them on: (target, seq, qids,
-    fields, body), bounded in count and body bytes (the rest goes with a later report)."""
-    out, size = [], 0
-    for target, seq, qids, message, expiration in m.msg_outbox:
-        body = bodies.for_send(message.id)
-        if body is None:  # (gone or damaged: the target gets what the source can prove)
-            log.error("group %d: no body for message %d sent to group %d", m.group, message.id, target)
-            continue
-        out.append((target, seq, qids, (message.exchange, message.routing_key, message.properties,
-                                        message.persistent, message.priority, expiration, message.format,
-                                        message.published_at), body))
-        size += len(body)
-        if len(out) >= limit or size >= max_bytes:
-            break
-    return out
 
 
 async def serve_worker(config: Config, boot: str, sock: socket.socket) -> None:

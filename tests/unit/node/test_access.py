@@ -85,7 +85,8 @@ def test_every_operation_has_a_rule_or_is_refused():
                       Op.USER_DELETE, Op.PERMISSION_SET, Op.PERMISSION_CLEAR, Op.SESSION_COMMAND,
                       Op.LIMITS_SET,
                       # queue groups' own (issue 34): proposed by the node's forwarder, never by a client
-                      Op.GROUPS_SET, Op.META_APPLY, Op.META_TRIM, Op.QUEUE_GONE, Op.GONE_TRIM, Op.QUEUE_FORGET}
+                      Op.GROUPS_SET, Op.META_APPLY, Op.META_TRIM, Op.QUEUE_GONE, Op.GONE_TRIM, Op.QUEUE_FORGET,
+                      Op.MESSAGE_IN, Op.MESSAGE_DONE}
     assert set(Op) - CLIENT_OPS == admin_and_node
 
 
