@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 _RANK = {"none": 0, "metadata": 1, "body": 2}
 #: Events whose record may keep the message's body (the writer's message records).
 _BODY_KINDS = frozenset((EV.PUBLISHED, EV.ROUTED))
+_WIDTH = len(EV.EVENT_FIELDS)  # an event record's fields (older callers may hand over fewer)
 COMPACT_CHUNK = 5_000  # events deleted per transaction while trimming
 COMPACT_INTERVAL = 1.0  # seconds between retention checks
 
@@ -284,9 +285,16 @@ class EventStore:
                     last_seq = seq
                     kind = event[2]
                     message = event[10]
-                    body = event.pop() if len(event) > 11 else None  # see append
+                    body = event.pop() if len(event) > _WIDTH else None  # see append
+                    if len(event) < _WIDTH:
+                        event.extend([None] * (_WIDTH - len(event)))
                     if kind in EV.DEFINITION_KINDS:
                         self._catalog(txn, event)
+                        level = 1
+                    elif kind in EV.NOTE_KINDS:
+                        # Who did what (issue 36): kept whatever the retention, as the catalog is.
+                        if kind in (EV.CONNECTION_OPENED, EV.CONNECTION_CLOSED) and event[11]:
+                            self._connection(txn, event)
                         level = 1
                     elif kind == EV.PUBLISHED:
                         level = policy.of_vhost(event[3])
@@ -340,7 +348,7 @@ class EventStore:
         put(key, seal(key, msgpack.packb(record, use_bin_type=True)), db=db)
 
     def _catalog(self, txn: lmdb.Transaction, event: list) -> None:
-        seq, now, kind, vhost, queue, _mid, exchange, routing_key, _size, detail, definition = event
+        seq, now, kind, vhost, queue, _mid, exchange, routing_key, _size, detail, definition = event[:11]
         t = self.tables
         packb = msgpack.packb
         if kind == EV.QUEUE_DECLARED:
@@ -379,6 +387,24 @@ class EventStore:
                 record = self.checker.decode("bindings", key, value)
                 record[-1] = now
             txn.put(key, seal(key, packb(record, use_bin_type=True)), db=t["bindings"])
+
+    def _connection(self, txn: lmdb.Transaction, event: list) -> None:
+        """The ``connections`` table (events.py CONNECTION_FIELDS): a connection's principal once,
+        written when it opened, its close time added when it closed.  Per-message events carry
+        only the connection id (``conn``); readers join them here (spark/datasource.py)."""
+        now, kind, vhost, conn, principal = event[1], event[2], event[3], event[11], event[12]
+        db = self.tables["connections"]
+        key = conn.encode()
+        if kind == EV.CONNECTION_OPENED:
+            user, protocol, address, name = (list(principal or ()) + [None] * 4)[:4]
+            record = [conn, user, vhost, protocol, address, name, now, None]
+        else:
+            value = txn.get(key, db=db)
+            if value is None:
+                return  # opened before this history began (or before issue 36)
+            record = self.checker.decode("connections", key, value)
+            record[-1] = now
+        txn.put(key, seal(key, msgpack.packb(record, use_bin_type=True)), db=db)
 
     # ------------------------------------------------------------------ retention limits
 
