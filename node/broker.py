@@ -49,6 +49,7 @@ from raftmq.store.disk.event_writer import EventStore, RetentionPolicy
 from raftmq.trace import Tracer
 
 from .admission import Admission
+from .audit import AuditNotes
 from .auth import Authenticator
 from .core import formats  # noqa: F401  (every protocol's property codec, before the machine applies anything)
 from .limits import Usage
@@ -204,6 +205,9 @@ class Broker:
         self.auth = Authenticator(config.users, lambda: self.machine.users, lambda: self.machine.permission_overlay,
                                   login_workers=config.login_workers, login_limit=config.login_queue_limit,
                                   refusal_log_interval=config.login_refusal_log_interval)
+        # Who did what (issue 36): connections, refusals and admin changes as AuditNote commands.
+        self.audit = AuditNotes(self.submit)
+        self.auth.on_refused = self.audit.login_refused
         self.endpoints: dict[str, Endpoint] = {}
         self.applier.is_local = self.endpoints.__contains__  # outputs for other nodes' connections get no body
         # Messages published and delivered through this node, per protocol (ops/metrics.py):
@@ -339,6 +343,7 @@ class Broker:
         endpoint = self.endpoints.pop(conn_id, None)
         if endpoint is not None:
             self.flow_paused.discard(endpoint)
+            self.audit.closed(conn_id)
             self.submit(ConnectionClose(conn_id, None))
 
     @property
@@ -421,6 +426,7 @@ class Broker:
         while True:
             await asyncio.sleep(pause)
             pause = TICK_INTERVAL
+            self.audit.flush()  # refusal notes held back by the bound: their counts (node/audit.py)
             if not self.machine.next_expiry_due() or (clustered and not self.log.is_leader):
                 continue
             deadline = self.machine.next_deadline()

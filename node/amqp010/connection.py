@@ -439,6 +439,7 @@ class Amqp010Connection(asyncio.Protocol):
         self.vhost = vhost
         self.access = access
         self.state = OPEN
+        self.broker.audit.opened(self.conn_id, "AMQP 0-10", access, self.peer)
         self.reader.max_pending_bytes = self.config.max_message_size + PENDING_MARGIN
         if self._handshake_handle is not None:
             self._handshake_handle.cancel()

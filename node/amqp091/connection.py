@@ -596,6 +596,9 @@ class Amqp091Connection(asyncio.Protocol):
             raise ConnectionException(530, f"NOT_ALLOWED - {refusal}", method.CLASS_ID, method.METHOD_ID)
         self.vhost = vhost
         self.state = OPEN
+        name = self.client_properties.get("connection_name")  # pika's client_properties, RabbitMQ's UI name
+        self.broker.audit.opened(self.conn_id, "AMQP 0-9-1", self.access, self.peer,
+                                 name.decode(errors="replace") if isinstance(name, bytes) else str(name or ""))
         if self._handshake_handle is not None:
             self._handshake_handle.cancel()
             self._handshake_handle = None

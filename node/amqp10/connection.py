@@ -449,7 +449,7 @@ class Amqp10Connection(asyncio.Protocol):
                 self.principal = self.broker.auth.principal_named(self.config.amqp10_anonymous_user, self.peer_host)
             else:
                 refused = AuthError(f"unsupported mechanism {mechanism}")
-                self.broker.auth.note_refused(None, self.peer_host, refused)  # counted and logged there
+                self.broker.auth.note_refused(None, self.peer_host, refused, str(mechanism))  # counted, logged, audited there
                 raise refused
         except AuthError as exc:
             self._sasl_outcome(exc)
@@ -540,6 +540,7 @@ class Amqp10Connection(asyncio.Protocol):
             return
         self.vhost = vhost
         self.state = OPEN
+        self.broker.audit.opened(self.conn_id, "AMQP 1.0", self.access, self.peer, self.container_id)
         self.reader.max_frame_size = MAX_FRAME_SIZE
         handshake = self._timers.pop("handshake", None)
         if handshake is not None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from .audit import AuditNotes
 from .commands import (
     ERR,
     OK,
@@ -32,7 +33,6 @@ from .commands import (
     Refused,
     VhostAdd,
 )
-from .audit import AuditNotes
 from .connections import Connections
 from .dedup import DedupCache, dedup_key
 from .delayed import DEFAULT_LIMIT as DEFAULT_DELAYED_LIMIT
