@@ -1,0 +1,72 @@
+"""Issue 36, who: a refused declare, a refused consume, a failed login and an admin permission
+change appear in a real node's history with the user and address (read back with the history
+reader, store/disk/history.py); per-message events name the connection whose principal the
+``connections`` table holds.  The scenario is tests/support/audit_who.py (pika and the HTTP API).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from raftmq.store.disk import history as EV
+from tests.support import audit_who
+
+
+@pytest.fixture(scope="module")
+def who(tmp_path_factory, broker_kind):
+    if broker_kind != "raftmq":
+        pytest.skip("raftmq's audit history")
+    return audit_who.run(tmp_path_factory.mktemp("who"))
+
+
+def _events(who) -> list[list]:
+    return list(EV.read_events(who.snapshot))
+
+
+def _kind(events: list[list], name: str) -> list[list]:
+    return [e for e in events if EV.KIND_NAMES[e[2]] == name]
+
+
+def test_refused_declare_and_consume_name_the_user_address_operation_and_permission(who):
+    """Two access_refused events (0-9-1 403): queue, operation and the permission lacking, with
+    alice's principal (user, protocol, the client's address and connection name) and connection."""
+    refused = _kind(_events(who), "access_refused")
+    assert [(e[4], e[9]) for e in refused] == [("payroll-copy", "queue_declare needs configure"),
+                                               ("payroll", "consume needs read")]
+    for e in refused:
+        assert e[12] == [audit_who.ALICE, "AMQP 0-9-1", who.alice_address, audit_who.CONNECTION_NAME]
+        assert e[11] and e[3] == "/"
+
+
+def test_a_failed_login_names_the_user_tried_mechanism_and_address(who):
+    """login_refused: the user name tried, PLAIN (pika's mechanism), the client's host."""
+    (login,) = _kind(_events(who), "login_refused")
+    user, _protocol, address, _name = login[12]
+    assert user == who.intruder_user and address == "127.0.0.1"
+    assert login[9].startswith("PLAIN: ")
+
+
+def test_an_admin_permission_change_names_the_operator_api_address_and_change(who):
+    """admin_change from PUT /api/permissions: guest over http from 127.0.0.1, what was set."""
+    changes = _kind(_events(who), "admin_change")
+    (change,) = [e for e in changes if "set_permissions" in e[9]]
+    assert change[12][:3] == ["guest", "http", "127.0.0.1"]
+    assert change[3] == "/" and "user='alice'" in change[9] and "write='^alice-'" in change[9]
+
+
+def test_per_message_events_join_the_connection_principal(who):
+    """published, delivered (basic.get) and acked name alice's connection; the connections table
+    holds her principal once, with open and close times; connection_opened/closed bracket them."""
+    events = _events(who)
+    conns = {c[0]: c for c in EV.read_table(who.snapshot, "connections")}
+    alices = [c for c in conns.values() if c[1] == audit_who.ALICE]
+    assert len(alices) == 1
+    conn, user, vhost, protocol, address, name, opened, closed = alices[0]
+    assert (vhost, protocol, address, name) == ("/", "AMQP 0-9-1", who.alice_address, audit_who.CONNECTION_NAME)
+    assert opened <= closed
+    mine = [e for e in events if e[11] == conn]
+    kinds = [EV.KIND_NAMES[e[2]] for e in mine]
+    assert kinds[0] == "connection_opened" and kinds[-1] == "connection_closed"
+    for kind in ("published", "delivered", "acked"):
+        assert kind in kinds, kind
+    assert all(e[4] in ("alice-inbox", "payroll-copy", "payroll", "") for e in mine)
