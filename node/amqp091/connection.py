@@ -488,10 +488,12 @@ class Amqp091Connection(asyncio.Protocol):
                                       method.CLASS_ID, method.METHOD_ID) from exc
         if principal is not self.principal:
             try:
-                self.access = Access.open(principal, self.vhost)
+                access = Access.open(principal, self.vhost)
             except AccessRefused as exc:
                 raise ConnectionException(530, f"NOT_ALLOWED - {exc.text}", method.CLASS_ID,
                                           method.METHOD_ID) from None
+            access.on_refused = self.access.on_refused if self.access is not None else None  # audit notes
+            self.access = access
             self.principal = principal
         self.send_method(0, m.ConnectionUpdateSecretOk())
 
