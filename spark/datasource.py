@@ -266,7 +266,7 @@ class RaftmqReader(DataSourceReader):
                 if db is None:
                     return
                 self.check = EV.checker(txn, tables, self.path)
-                self.principal_of = _principals(txn, tables.get("connections"), self.check)
+                self.principal_of = _Principals(txn, tables.get("connections"), self.check)
                 rows = _ROWS[self.table](self, txn.cursor(db=db), start, stop)
                 yield from _batches(rows, arrow_schema, self.batch_rows)
         finally:
@@ -275,6 +275,7 @@ class RaftmqReader(DataSourceReader):
     def _event_rows(self, cursor: lmdb.Cursor, start: int, stop: int):
         decode, key_of = self.check.decode, EV.U64.unpack
         principal_of = self.principal_of
+        known = principal_of.known.get
         kinds, equal = self.kinds, list(self.equal.items())
         t_low, t_high = self.time_low, self.time_high
         if kinds is not None and not kinds:
@@ -294,12 +295,15 @@ class RaftmqReader(DataSourceReader):
                 continue
             r[2] = EV.KIND_NAMES.get(r[2], str(r[2]))
             if len(r) < _WIDTH:  # written before issue 36: no conn, no principal
-                yield [*r, None, None, None, None, None]
+                r += _NO_WHO
+                yield r
                 continue
             principal = r[12]
             if principal is None:
-                principal = principal_of(r[11]) if r[11] is not None else _NO_PRINCIPAL
-            yield [*r[:12], *principal]
+                conn = r[11]
+                principal = _NO_PRINCIPAL if conn is None else (known(conn) or principal_of(conn))
+            r[12:] = principal  # in place: the record's principal becomes its four columns
+            yield r
 
     def _message_rows(self, cursor: lmdb.Cursor, start: int, stop: int):
         from raftmq.protocol.amqp091.properties import decode_properties
@@ -336,27 +340,31 @@ _ROWS = {"events": RaftmqReader._event_rows, "messages": RaftmqReader._message_r
          "bindings": RaftmqReader._catalog_rows, "connections": RaftmqReader._catalog_rows}
 _WIDTH = len(EV.EVENT_FIELDS)
 _NO_PRINCIPAL = (None, None, None, None)
+_NO_WHO = (None, *_NO_PRINCIPAL)  # conn and the principal, for records written before issue 36
 
 
-def _principals(txn: lmdb.Transaction, db, check: EV.Checker):
+class _Principals:
     """conn -> (user, protocol, address, connection name) from the ``connections`` table, each
-    connection read (and checked) once; all None for a connection the table does not have."""
-    known: dict[str, tuple] = {}
+    connection read (and checked) once; all None for a connection the table does not have.  The
+    reader's loop looks in ``known`` first (a dict lookup per row) and calls only on a miss."""
 
-    def principal_of(conn: str) -> tuple:
-        found = known.get(conn)
+    def __init__(self, txn: lmdb.Transaction, db, check: EV.Checker) -> None:
+        self.txn, self.db, self.check = txn, db, check
+        self.known: dict[str, tuple] = {}
+
+    def __call__(self, conn: str) -> tuple:
+        found = self.known.get(conn)
         if found is None:
-            value = txn.get(conn.encode(), db=db) if db is not None else None
+            key = conn.encode()
+            value = self.txn.get(key, db=self.db) if self.db is not None else None
             if value is None:
                 found = _NO_PRINCIPAL
             else:
-                _conn, user, _vhost, protocol, address, name, _opened, _closed = check.decode(
-                    "connections", conn.encode(), value)
+                _conn, user, _vhost, protocol, address, name, _opened, _closed = self.check.decode(
+                    "connections", key, value)
                 found = (user, protocol, address, name)
-            known[conn] = found
+            self.known[conn] = found
         return found
-
-    return principal_of
 
 
 def _text(value) -> str:
