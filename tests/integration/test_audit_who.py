@@ -54,6 +54,14 @@ def test_an_admin_permission_change_names_the_operator_api_address_and_change(wh
     assert change[3] == "/" and "user='alice'" in change[9] and "write='^alice-'" in change[9]
 
 
+def test_an_admin_change_through_the_cli_names_grpc(who):
+    """admin_change from ``raftmq admin set-user-limits`` (gRPC admin): guest over grpc, the peer."""
+    (change,) = [e for e in _kind(_events(who), "admin_change") if "set_limits" in e[9]]
+    user, protocol, address, _name = change[12]
+    assert (user, protocol) == ("guest", "grpc") and "127.0.0.1" in address
+    assert change[9] == "set_limits user='alice' max-channels=7"
+
+
 def test_per_message_events_join_the_connection_principal(who):
     """published, delivered (basic.get) and acked name alice's connection; the connections table
     holds her principal once, with open and close times; connection_opened/closed bracket them."""

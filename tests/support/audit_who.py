@@ -5,7 +5,8 @@ A user with narrow permissions (``alice``: configure and read only ``^alice-``) 
 under a connection name, publishes and consumes her own queue, is refused a queue declare and a
 consume (AMQP 0-9-1 403 access-refused: a channel exception, reference 1.2 "access-refused"), a
 client fails to log in (403 at connection.start-ok, RabbitMQ's authentication_failure_close), and
-the administrator changes alice's permissions through the HTTP API (PUT /api/permissions/{vhost}/{user}).
+the administrator changes alice's permissions through the HTTP API (PUT /api/permissions/{vhost}/{user})
+and her limits through the CLI (``raftmq admin set-user-limits``, the gRPC admin API).
 Returns the snapshot of the node's history and what the clients saw (their local addresses).
 """
 
@@ -39,9 +40,9 @@ def _address(conn: pika.BlockingConnection) -> str:
 
 
 def run(base: Path) -> WhoScenario:
-    http_port = free_port()
+    http_port, admin_port = free_port(), free_port()
     config = base / "node.toml"
-    config.write_text(f'http_port = {http_port}\n'
+    config.write_text(f'http_port = {http_port}\nadmin_port = {admin_port}\n'
                       '[users.guest]\npassword = "guest"\ntags = ["administrator"]\n'
                       f'[users.{ALICE}]\npassword = "{PASSWORD}"\n'
                       'permissions = {"/" = ["^alice-", ".*", "^alice-"]}\n')
@@ -83,6 +84,9 @@ def run(base: Path) -> WhoScenario:
         status, body = call(http, "PUT", path("permissions", "/", ALICE),
                             body={"configure": "^alice-", "write": "^alice-", "read": "^alice-"})
         assert status in (201, 204), (status, body)
+        done = raftmq("admin", "--address", f"127.0.0.1:{admin_port}", "--user", "guest", "--password", "guest",
+                      "set-user-limits", ALICE, '{"max-channels": 7}')
+        assert done.returncode == 0, done.stderr
 
         node.wait_history()
         out = base / "snapshot"
