@@ -78,3 +78,36 @@ def test_per_message_events_join_the_connection_principal(who):
     for kind in ("published", "delivered", "acked"):
         assert kind in kinds, kind
     assert all(e[4] in ("alice-inbox", "payroll-copy", "payroll", "") for e in mine)
+
+
+def test_amqp010_and_amqp10_connections_are_noted_with_their_protocol(tmp_path, broker_kind):
+    """The 0-10 front end (raftmq's client) and the 1.0 front end (python-qpid-proton) note their
+    connections too: connection_opened and connection_closed with user, protocol and address, and a
+    1.0 connection's container id as its name (AMQP 1.0 2.7.1 open container-id)."""
+    if broker_kind != "raftmq":
+        pytest.skip("raftmq's audit history")
+    import asyncio
+
+    proton_utils = pytest.importorskip("proton.utils")
+    from proton.reactor import Container
+
+    from raftmq.client.amqp010 import Connection
+    from raftmq.ops.local.node import RaftmqNode
+
+    with RaftmqNode(tmp_path / "n", env={"RAFTMQ_AUDIT_RETENTION": "metadata"}) as node:
+        async def amqp010() -> None:
+            conn = await Connection.connect([f"127.0.0.1:{node.port}"])
+            await conn.close()
+
+        asyncio.run(asyncio.wait_for(amqp010(), 30))
+        conn = proton_utils.BlockingConnection(f"amqp://guest:guest@127.0.0.1:{node.port}", timeout=10,
+                                               container=Container(container_id="audit-who-container"))
+        conn.close()
+        node.wait_history()
+    events = list(EV.read_events(str(node.data_dir / "events")))
+    for protocol in ("AMQP 0-10", "AMQP 1.0"):
+        mine = [e for e in events if e[12] is not None and e[12][1] == protocol]
+        assert [EV.KIND_NAMES[e[2]] for e in mine] == ["connection_opened", "connection_closed"], protocol
+        assert mine[0][12][0] == "guest" and mine[0][12][2].startswith("127.0.0.1:") and mine[0][11] == mine[1][11]
+    (amqp10,) = [e for e in events if e[2] == EV.CONNECTION_OPENED and e[12][1] == "AMQP 1.0"]
+    assert amqp10[12][3] == "audit-who-container"
