@@ -99,10 +99,14 @@ class AuditNotes:
     def refused_as(self, principal: list, vhost: str, conn: str | None, operation: str, permission: str,
                    kind: str, resource: str) -> None:
         """``refused`` for a principal without a client connection (an HTTP operator's request)."""
-        queue, exchange = (resource, "") if kind == "queue" else ("", resource)
+        queue, exchange = {"queue": (resource, ""), "exchange": ("", resource)}.get(kind, ("", ""))
         detail = f"{operation} needs {permission}"
         if self._admit(EV.ACCESS_REFUSED, principal[2], vhost, principal):
             self._note(AuditNote(conn, None, EV.ACCESS_REFUSED, vhost, queue, exchange, detail, principal))
+
+    def vhost_refused(self, conn: str | None, protocol: str, user: str, address: str, vhost: str) -> None:
+        """A logged-in user refused the vhost its connection asked to open (no permissions there)."""
+        self.refused_as([user, protocol, address, ""], vhost, conn, "connection_open", "access", "vhost", vhost)
 
     def login_refused(self, username: str | None, mechanism: str, address: str | None, reason: str,
                       protocol: str = "") -> None:

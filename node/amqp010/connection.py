@@ -416,6 +416,7 @@ class Amqp010Connection(asyncio.Protocol):
         try:
             access = Access.open(self.principal, vhost)
         except AccessRefused as exc:
+            self.broker.audit.vhost_refused(self.conn_id, "AMQP 0-10", self.principal.name, self.peer, vhost)
             self.close(CLOSE_FORCED, exc.text)
             return
         leader_amqp = self.broker.leader_client_address()

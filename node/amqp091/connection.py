@@ -592,6 +592,7 @@ class Amqp091Connection(asyncio.Protocol):
         try:
             self.access = Access.open(self.principal, vhost)
         except AccessRefused as exc:
+            self.broker.audit.vhost_refused(self.conn_id, "AMQP 0-9-1", self.principal.name, self.peer, vhost)
             raise ConnectionException(530, f"NOT_ALLOWED - {exc.text}", method.CLASS_ID, method.METHOD_ID) from None
         refusal = self.broker.usage.open(self.conn_id, self.principal.name, vhost)  # node/limits.py
         if refusal:

@@ -528,6 +528,7 @@ class Amqp10Connection(asyncio.Protocol):
         try:
             self.access = Access.open(self.principal, vhost)
         except AccessRefused as exc:
+            self.broker.audit.vhost_refused(self.conn_id, "AMQP 1.0", self.principal.name, self.peer, vhost)
             self.close("amqp:unauthorized-access", exc.text)
             return
         refusal = self.broker.usage.open(self.conn_id, self.principal.name, vhost)  # node/limits.py
@@ -567,6 +568,7 @@ class Amqp10Connection(asyncio.Protocol):
                 return False
             except AccessRefused as exc:
                 text = exc.text
+                self.broker.audit.vhost_refused(self.conn_id, "AMQP 1.0", self.principal.name, self.peer, vhost)
         else:
             text = f"virtual host '{vhost}' not found"
         log.info("1.0 connection %s: refused before open (as RabbitMQ 4): %s", self.peer, text)

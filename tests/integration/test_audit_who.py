@@ -30,12 +30,19 @@ def _kind(events: list[list], name: str) -> list[list]:
 def test_refused_declare_and_consume_name_the_user_address_operation_and_permission(who):
     """Two access_refused events (0-9-1 403): queue, operation and the permission lacking, with
     alice's principal (user, protocol, the client's address and connection name) and connection."""
-    refused = _kind(_events(who), "access_refused")
+    refused = [e for e in _kind(_events(who), "access_refused") if e[3] == "/"]
     assert [(e[4], e[9]) for e in refused] == [("payroll-copy", "queue_declare needs configure"),
                                                ("payroll", "consume needs read")]
     for e in refused:
         assert e[12] == [audit_who.ALICE, "AMQP 0-9-1", who.alice_address, audit_who.CONNECTION_NAME]
         assert e[11] and e[3] == "/"
+
+
+def test_a_refused_vhost_names_the_user_and_vhost(who):
+    """connection.open of a vhost alice has no permissions in (530): access_refused in that vhost."""
+    (refused,) = [e for e in _kind(_events(who), "access_refused") if e[3] == audit_who.OTHER_VHOST]
+    assert refused[9] == "connection_open needs access" and refused[12][:2] == [audit_who.ALICE, "AMQP 0-9-1"]
+    assert refused[12][2].startswith("127.0.0.1:")
 
 
 def test_a_failed_login_names_the_user_tried_mechanism_and_address(who):

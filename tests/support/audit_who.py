@@ -24,6 +24,7 @@ from tests.support.cli import raftmq
 from tests.support.http_api import call, path
 
 ALICE, PASSWORD = "alice", "alice-pw"
+OTHER_VHOST = "audit-other"  # alice has no permissions there
 CONNECTION_NAME = "alice-billing"
 
 
@@ -42,7 +43,7 @@ def _address(conn: pika.BlockingConnection) -> str:
 def run(base: Path) -> WhoScenario:
     http_port, admin_port = free_port(), free_port()
     config = base / "node.toml"
-    config.write_text(f'http_port = {http_port}\nadmin_port = {admin_port}\n'
+    config.write_text(f'http_port = {http_port}\nadmin_port = {admin_port}\nvhosts = ["/", "{OTHER_VHOST}"]\n'
                       '[users.guest]\npassword = "guest"\ntags = ["administrator"]\n'
                       f'[users.{ALICE}]\npassword = "{PASSWORD}"\n'
                       'permissions = {"/" = ["^alice-", ".*", "^alice-"]}\n')
@@ -73,6 +74,12 @@ def run(base: Path) -> WhoScenario:
         except pex.ChannelClosedByBroker as exc:
             assert exc.reply_code == 403, exc
         alice.close()
+        try:  # a vhost alice may not use: 530 at connection.open (access to the vhost refused)
+            pika.BlockingConnection(pika.URLParameters(
+                f"amqp://{ALICE}:{PASSWORD}@127.0.0.1:{node.port}/{OTHER_VHOST}"))
+            raise AssertionError("the vhost should have been refused")
+        except pex.ProbableAccessDeniedError as exc:
+            assert "530" in str(exc), exc
 
         intruder = "mallory"
         try:
