@@ -427,11 +427,39 @@ class EventStore:
         while True:
             cutoff_seq = self._trim_target()
             if cutoff_seq is None:
-                return removed
+                break
             n = self._delete_before(cutoff_seq)
             if not n:
-                return removed
+                break
             removed += n
+        if removed:
+            self.trim_connections()
+        return removed
+
+    def trim_connections(self) -> int:
+        """Remove the ``connections`` records of connections closed before the oldest event kept
+        (issue 36): no event left names them.  Without this a client that connects per request
+        would grow the table past the age and size limits.  A connection never noted closed (its
+        node died) keeps its record.  In chunks of COMPACT_CHUNK records; how many went."""
+        removed = 0
+        db = self.tables["connections"]
+        while True:
+            with self.env.begin(write=True) as txn:
+                cursor = txn.cursor(db=self.tables["events"])
+                cutoff = (self.checker.decode("events", cursor.key(), cursor.value())[1] if cursor.first()
+                          else None)
+                stale = []
+                for key, value in txn.cursor(db=db):
+                    closed = self.checker.decode("connections", key, value)[7]
+                    if closed is not None and (cutoff is None or closed < cutoff):
+                        stale.append(bytes(key))
+                        if len(stale) >= COMPACT_CHUNK:
+                            break
+                for key in stale:
+                    txn.delete(key, db=db)
+            removed += len(stale)
+            if len(stale) < COMPACT_CHUNK:
+                return removed
 
     def _trim_target(self) -> int | None:
         """The sequence number the next chunk may delete up to (exclusive), or None."""

@@ -30,8 +30,9 @@ The environment holds seven tables (keys big-endian so that LMDB order is numeri
                bound_us, unbound_us]``.
 ``connections`` connection id -> ``[conn, user, vhost, protocol, address, connection_name,
                opened_us, closed_us]``: each client connection's principal, once (from its
-               ``connection_opened`` event; the join key of ``conn``).  Not trimmed by the age
-               and size limits, as the catalog tables are not.
+               ``connection_opened`` event; the join key of ``conn``).  When the age and size
+               limits trim events, the records of connections closed before the oldest event kept
+               go too (``EventStore.trim_connections``).
 ``meta``       ``raft_index`` (the last applied batch whose events are all written), ``first_seq``
                and ``last_seq`` (the retained range), ``gaps`` (ranges this node never saw: it
                installed a state snapshot instead of applying them).

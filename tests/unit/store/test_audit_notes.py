@@ -119,3 +119,26 @@ def test_the_writer_keeps_each_principal_once_in_the_connections_table(tmp_path)
         assert next(e for e in events if e[2] == EV.PUBLISHED)[11] == "n1.x.7"
     finally:
         store.close()
+
+
+def test_trimming_old_events_removes_the_connections_closed_before_them(tmp_path):
+    """audit_max_age: once the oldest kept event is younger than a connection's close, its
+    connections record goes too (nothing names it any more); an open connection's record stays."""
+    store = EventStore(str(tmp_path / "events"), "metadata", max_age=1.0)
+    machine = StoredMachine()
+    machine.event_sink = store.append
+    try:
+        note = lambda conn, kind, now: machine.apply_batch(  # noqa: E731
+            now, [AuditNote(conn, None, kind, "/", "", "", "", PRINCIPAL)])
+        machine.apply_batch(1_000_000, [VhostAdd(None, None, "/")])
+        note("old", CEV.CONNECTION_OPENED, 1_000_100)
+        note("old", CEV.CONNECTION_CLOSED, 1_000_200)
+        note("open", CEV.CONNECTION_OPENED, 1_000_300)
+        note("late", CEV.CONNECTION_OPENED, 5_000_000)  # 4 s later: the first ones are past max_age
+        note("late", CEV.CONNECTION_CLOSED, 5_000_100)
+        assert store.flush()
+        assert [c[0] for c in store.records("connections")] == ["late", "old", "open"]
+        assert store.compact() > 0
+        assert [c[0] for c in store.records("connections")] == ["late", "open"]
+    finally:
+        store.close()
