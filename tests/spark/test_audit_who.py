@@ -23,17 +23,19 @@ def rows(df) -> list[dict]:
 
 
 def test_refusals_and_admin_changes_have_user_and_address_columns(spark, who):
-    """access_refused (declare, consume), login_refused and admin_change, filtered by kind (pushed
+    """access_refused (declare, consume, a vhost), login_refused and admin_change, filtered by kind (pushed
     down), each with the user and address of who did it."""
     events = load(spark, who.snapshot, "events")
     found = rows(events.where(F.col("kind").isin("access_refused", "login_refused", "admin_change"))
-                 .select("kind", "queue", "detail", "user", "protocol", "address", "connection_name")
+                 .select("kind", "vhost", "queue", "detail", "user", "protocol", "address", "connection_name")
                  .orderBy("seq"))
-    refused = [r for r in found if r["kind"] == "access_refused"]
+    refused = [r for r in found if r["kind"] == "access_refused" and r["vhost"] == "/"]
     assert [(r["queue"], r["detail"]) for r in refused] == [("payroll-copy", "queue_declare needs configure"),
                                                             ("payroll", "consume needs read")]
     assert {(r["user"], r["protocol"], r["address"], r["connection_name"]) for r in refused} == {
         (audit_who.ALICE, "AMQP 0-9-1", who.alice_address, audit_who.CONNECTION_NAME)}
+    (vhost,) = [r for r in found if r["kind"] == "access_refused" and r["vhost"] == audit_who.OTHER_VHOST]
+    assert (vhost["detail"], vhost["user"]) == ("connection_open needs access", audit_who.ALICE)
     (login,) = [r for r in found if r["kind"] == "login_refused"]
     assert (login["user"], login["address"]) == (who.intruder_user, "127.0.0.1")
     (change,) = [r for r in found if r["kind"] == "admin_change" and "set_permissions" in r["detail"]]
