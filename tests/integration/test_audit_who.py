@@ -30,7 +30,7 @@ def _kind(events: list[list], name: str) -> list[list]:
 def test_refused_declare_and_consume_name_the_user_address_operation_and_permission(who):
     """Two access_refused events (0-9-1 403): queue, operation and the permission lacking, with
     alice's principal (user, protocol, the client's address and connection name) and connection."""
-    refused = [e for e in _kind(_events(who), "access_refused") if e[3] == "/"]
+    refused = [e for e in _kind(_events(who), "access_refused") if e[3] == "/" and e[12][1] != "http"]
     assert [(e[4], e[9]) for e in refused] == [("payroll-copy", "queue_declare needs configure"),
                                                ("payroll", "consume needs read")]
     for e in refused:
@@ -43,6 +43,14 @@ def test_a_refused_vhost_names_the_user_and_vhost(who):
     (refused,) = [e for e in _kind(_events(who), "access_refused") if e[3] == audit_who.OTHER_VHOST]
     assert refused[9] == "connection_open needs access" and refused[12][:2] == [audit_who.ALICE, "AMQP 0-9-1"]
     assert refused[12][2].startswith("127.0.0.1:")
+
+
+def test_a_refused_http_declare_names_the_operator_and_http(who):
+    """PUT /api/queues by a management user without configure there: access_refused over http."""
+    (refused,) = [e for e in _kind(_events(who), "access_refused") if e[12][1] == "http"]
+    assert refused[12][:3] == [audit_who.CAROL, "http", "127.0.0.1"]
+    assert (refused[3], refused[4], refused[9]) == ("/", "payroll-archive", "queue_declare needs configure")
+    assert refused[11] is None  # no client connection: the operator's principal is in the record
 
 
 def test_a_failed_login_names_the_user_tried_mechanism_and_address(who):

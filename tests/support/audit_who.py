@@ -6,7 +6,8 @@ under a connection name, publishes and consumes her own queue, is refused a queu
 consume (AMQP 0-9-1 403 access-refused: a channel exception, reference 1.2 "access-refused"), a
 client fails to log in (403 at connection.start-ok, RabbitMQ's authentication_failure_close), and
 the administrator changes alice's permissions through the HTTP API (PUT /api/permissions/{vhost}/{user})
-and her limits through the CLI (``raftmq admin set-user-limits``, the gRPC admin API).
+and her limits through the CLI (``raftmq admin set-user-limits``, the gRPC admin API); a management
+user of the HTTP API is refused a queue declare (403).
 Returns the snapshot of the node's history and what the clients saw (their local addresses).
 """
 
@@ -25,6 +26,7 @@ from tests.support.http_api import call, path
 
 ALICE, PASSWORD = "alice", "alice-pw"
 OTHER_VHOST = "audit-other"  # alice has no permissions there
+CAROL = "carol"  # a management user of the HTTP API who may configure only ^carol-
 CONNECTION_NAME = "alice-billing"
 
 
@@ -46,7 +48,9 @@ def run(base: Path) -> WhoScenario:
     config.write_text(f'http_port = {http_port}\nadmin_port = {admin_port}\nvhosts = ["/", "{OTHER_VHOST}"]\n'
                       '[users.guest]\npassword = "guest"\ntags = ["administrator"]\n'
                       f'[users.{ALICE}]\npassword = "{PASSWORD}"\n'
-                      'permissions = {"/" = ["^alice-", ".*", "^alice-"]}\n')
+                      'permissions = {"/" = ["^alice-", ".*", "^alice-"]}\n'
+                      f'[users.{CAROL}]\npassword = "{PASSWORD}"\ntags = ["management"]\n'
+                      'permissions = {"/" = ["^carol-", ".*", ".*"]}\n')
     with RaftmqNode(base / "data", config=config, env={"RAFTMQ_AUDIT_RETENTION": "metadata"}) as node:
         http = f"http://127.0.0.1:{http_port}"
         admin = pika.BlockingConnection(pika.URLParameters(node.url))
@@ -88,6 +92,9 @@ def run(base: Path) -> WhoScenario:
         except pex.ProbableAuthenticationError:
             pass
 
+        status, body = call(http, "PUT", path("queues", "/", "payroll-archive"), auth=(CAROL, PASSWORD),
+                            body={"durable": True})
+        assert status == 403, (status, body)  # configure refused: node/core/access.py's rule over HTTP
         status, body = call(http, "PUT", path("permissions", "/", ALICE),
                             body={"configure": "^alice-", "write": "^alice-", "read": "^alice-"})
         assert status in (201, 204), (status, body)
