@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from raftmq.node.config import Config
@@ -208,6 +209,7 @@ class Broker:
         # Who did what (issue 36): connections, refusals and admin changes as AuditNote commands.
         self.audit = AuditNotes(self.submit)
         self.auth.on_refused = self.audit.login_refused
+        self.loop: asyncio.AbstractEventLoop | None = None  # set by start()
         self.endpoints: dict[str, Endpoint] = {}
         self.applier.is_local = self.endpoints.__contains__  # outputs for other nodes' connections get no body
         # Messages published and delivered through this node, per protocol (ops/metrics.py):
@@ -233,7 +235,8 @@ class Broker:
         self.trace_path = os.path.join(data_dir, "trace.msgpack")
 
     async def start(self) -> None:
-        self.log.start(asyncio.get_running_loop())
+        self.loop = asyncio.get_running_loop()
+        self.log.start(self.loop)
         if self.tracer is not None:
             self._start_tracing()
         if self.config.clustered:
@@ -345,6 +348,12 @@ class Broker:
             self.flow_paused.discard(endpoint)
             self.audit.closed(conn_id)
             self.submit(ConnectionClose(conn_id, None))
+
+    def audit_from_thread(self, note: Callable[..., None], *args: object) -> None:
+        """Run an audit note method on the broker's loop (the notes and the log belong to it) from
+        any thread: the management APIs check logins in the login pool and gRPC's threads."""
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(note, *args)
 
     @property
     def connection_count(self) -> int:

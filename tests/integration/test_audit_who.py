@@ -55,10 +55,16 @@ def test_a_refused_http_declare_names_the_operator_and_http(who):
 
 def test_a_failed_login_names_the_user_tried_mechanism_and_address(who):
     """login_refused: the user name tried, PLAIN (pika's mechanism), the client's host."""
-    (login,) = _kind(_events(who), "login_refused")
+    (login,) = [e for e in _kind(_events(who), "login_refused") if e[12][1] != "management"]
     user, _protocol, address, _name = login[12]
     assert user == who.intruder_user and address == "127.0.0.1"
     assert login[9].startswith("PLAIN: ")
+
+
+def test_a_failed_management_login_is_noted_too(who):
+    """A wrong password on the HTTP API (401): login_refused, protocol management, the address."""
+    (login,) = [e for e in _kind(_events(who), "login_refused") if e[12][1] == "management"]
+    assert login[12][0] == audit_who.CAROL and login[12][2] == "127.0.0.1" and login[9].startswith("PLAIN: ")
 
 
 def test_an_admin_permission_change_names_the_operator_api_address_and_change(who):

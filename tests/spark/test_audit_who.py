@@ -36,7 +36,7 @@ def test_refusals_and_admin_changes_have_user_and_address_columns(spark, who):
         (audit_who.ALICE, "AMQP 0-9-1", who.alice_address, audit_who.CONNECTION_NAME)}
     (vhost,) = [r for r in found if r["kind"] == "access_refused" and r["vhost"] == audit_who.OTHER_VHOST]
     assert (vhost["detail"], vhost["user"]) == ("connection_open needs access", audit_who.ALICE)
-    (login,) = [r for r in found if r["kind"] == "login_refused"]
+    (login,) = [r for r in found if r["kind"] == "login_refused" and r["protocol"] != "management"]
     assert (login["user"], login["address"]) == (who.intruder_user, "127.0.0.1")
     (change,) = [r for r in found if r["kind"] == "admin_change" and "set_permissions" in r["detail"]]
     assert (change["user"], change["protocol"], change["address"]) == ("guest", "http", "127.0.0.1")

@@ -92,6 +92,8 @@ def run(base: Path) -> WhoScenario:
         except pex.ProbableAuthenticationError:
             pass
 
+        status, _ = call(http, "GET", path("overview"), auth=(CAROL, "not-her-password"))
+        assert status == 401, status  # a management login refused
         status, body = call(http, "PUT", path("queues", "/", "payroll-archive"), auth=(CAROL, PASSWORD),
                             body={"durable": True})
         assert status == 403, (status, body)  # configure refused: node/core/access.py's rule over HTTP
