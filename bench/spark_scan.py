@@ -36,16 +36,26 @@ def generate(path: str, events: int, batch: int = 2_000) -> None:
     seq, now, index = 0, 1_790_000_000_000_000, 0
     pending: list[list] = []
     message_id = 0
+    # Issue 36's history: the connection opened once with its principal, and the publisher's and
+    # consumer's events carry its id (the reader joins them); before it, 11-field records.
+    who = "conn" in EV.EVENT_FIELDS
+    conn = "n1.boot.7"
+    if who:
+        seq += 1
+        pending.append([seq, now, EV.CONNECTION_OPENED, "/", "", None, "", "", 0, "", None, conn,
+                        ["shop-user", "AMQP 0-9-1", "127.0.0.1:40000", "shop"]])
     while seq < events:
         message_id += 1
         queue = f"orders-{message_id % 20}"
         message = Message(message_id, "shop", queue, PROPS, b"x" * 200, True, 0, now)
-        for kind, detail in ((EV.PUBLISHED, "n1.boot.7"), (EV.ROUTED, ""), (EV.DELIVERED, "ctag-1"),
+        for kind, detail in ((EV.PUBLISHED, conn), (EV.ROUTED, ""), (EV.DELIVERED, "ctag-1"),
                              (EV.ACKED, "")):
             seq += 1
             now += 37
             pending.append([seq, now, kind, "/", "" if kind == EV.PUBLISHED else queue, message_id, "shop",
                             queue, 200, detail, message])
+            if who:
+                pending[-1] += [None if kind == EV.ROUTED else conn, None]
         if len(pending) >= batch:
             index += 1
             store.append(index, pending)

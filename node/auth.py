@@ -210,6 +210,9 @@ class Authenticator:
         # through :meth:`login` or :meth:`principal_named`, so this is the one place that logs them.
         self.refused = 0
         self._refusal_log = RateLimitedLog(log, refusal_log_interval)
+        # Told of each refused login (user name tried or None, mechanism, address, reason): the
+        # node's audit notes (node/audit.py, issue 36), which bound their own rate per address.
+        self.on_refused: Callable[[str | None, str, str | None, str], None] | None = None
         self._managed = managed
         self._overlay = overlay
         self._principals = {name: Principal(name, _compile(user.permissions)) for name, user in users.items()}
@@ -228,13 +231,13 @@ class Authenticator:
         try:
             attempt = self.prepare(mechanism, response)
         except AuthError as exc:
-            self.note_refused(None, peer_host, exc)
+            self.note_refused(None, peer_host, exc, mechanism)
             raise
         matched = await self.pool.run(check_password, attempt)  # LoginBusy: counted by the pool
         try:
             return self.conclude(attempt, matched, peer_host)
         except AuthError as exc:
-            self.note_refused(attempt.username, peer_host, exc)
+            self.note_refused(attempt.username, peer_host, exc, attempt.mechanism)
             raise
 
     async def update_secret(self, principal: Principal, secret: bytes, peer_host: str | None) -> Principal:
@@ -253,9 +256,13 @@ class Authenticator:
         del secret, peer_host  # not used by the internal store: see above
         return principal
 
-    def note_refused(self, username: str | None, peer_host: str | None, exc: Exception) -> None:
-        """Count a refused client login and log it, rate-limited (see ``refused`` in __init__)."""
+    def note_refused(self, username: str | None, peer_host: str | None, exc: Exception,
+                     mechanism: str = "") -> None:
+        """Count a refused client login and log it, rate-limited (see ``refused`` in __init__), and
+        tell ``on_refused`` (the audit history)."""
         self.refused += 1
+        if self.on_refused is not None:
+            self.on_refused(username, mechanism, peer_host, str(exc))
         who = f"user '{username}'" if username is not None else "a client"
         self._refusal_log.warning("login refused for %s from %s: %s", who, peer_host or "an unknown address", exc)
 
@@ -304,7 +311,7 @@ class Authenticator:
         try:
             return self._named(username, peer_host)
         except AuthError as exc:
-            self.note_refused(username, peer_host, exc)
+            self.note_refused(username, peer_host, exc, "ANONYMOUS")
             raise
 
     def _named(self, username: str, peer_host: str | None) -> Principal:

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from raftmq.node.config import Config
@@ -49,6 +50,7 @@ from raftmq.store.disk.event_writer import EventStore, RetentionPolicy
 from raftmq.trace import Tracer
 
 from .admission import Admission
+from .audit import AuditNotes
 from .auth import Authenticator
 from .core import formats  # noqa: F401  (every protocol's property codec, before the machine applies anything)
 from .group_host import GroupHost
@@ -217,6 +219,10 @@ class Broker:
         self.auth = Authenticator(config.users, lambda: self.machine.users, lambda: self.machine.permission_overlay,
                                   login_workers=config.login_workers, login_limit=config.login_queue_limit,
                                   refusal_log_interval=config.login_refusal_log_interval)
+        # Who did what (issue 36): connections, refusals and admin changes as AuditNote commands.
+        self.audit = AuditNotes(self.submit)
+        self.auth.on_refused = self.audit.login_refused
+        self.loop: asyncio.AbstractEventLoop | None = None  # set by start()
         self.endpoints: dict[str, Endpoint] = {}
         self.applier.is_local = self.endpoints.__contains__  # outputs for other nodes' connections get no body
         # Messages published and delivered through this node, per protocol (ops/metrics.py):
@@ -242,7 +248,8 @@ class Broker:
         self.trace_path = os.path.join(data_dir, "trace.msgpack")
 
     async def start(self) -> None:
-        self.log.start(asyncio.get_running_loop())
+        self.loop = asyncio.get_running_loop()
+        self.log.start(self.loop)
         if self.tracer is not None:
             self._start_tracing()
         if self.group_host is not None:
@@ -363,7 +370,14 @@ class Broker:
         endpoint = self.endpoints.pop(conn_id, None)
         if endpoint is not None:
             self.flow_paused.discard(endpoint)
+            self.audit.closed(conn_id)
             self.submit(ConnectionClose(conn_id, None))
+
+    def audit_from_thread(self, note: Callable[..., None], *args: object) -> None:
+        """Run an audit note method on the broker's loop (the notes and the log belong to it) from
+        any thread: the management APIs check logins in the login pool and gRPC's threads."""
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(note, *args)
 
     @property
     def connection_count(self) -> int:
@@ -456,6 +470,7 @@ class Broker:
         while True:
             await asyncio.sleep(pause)
             pause = TICK_INTERVAL
+            self.audit.flush()  # refusal notes held back by the bound: their counts (node/audit.py)
             if not self.machine.next_expiry_due() or (clustered and not self.log.is_leader):
                 continue
             deadline = self.machine.next_deadline()

@@ -51,6 +51,8 @@ def status_of(broker: Broker) -> dict:
         "logins_pending": broker.auth.pool.pending, "logins_completed": broker.auth.pool.completed,
         "logins_refused_busy": broker.auth.pool.refused,
         "logins_refused": broker.auth.refused,  # wrong password, unknown user... (node/auth.py)
+        # Audit notes proposed by this node, and refusal notes held back by their bound (node/audit.py).
+        "audit_notes": broker.audit.noted, "audit_notes_suppressed": broker.audit.suppressed,
         **bodies_status(broker),
     }
     if broker.group_host is not None:  # issue 34: each worker's status is <data>/groups/g<N>/status.json

@@ -27,7 +27,7 @@ from raftmq.store.core import queries as Q
 from raftmq.store.core.limits import SCOPES, check_limits
 from raftmq.store.core.users import overlaid
 
-from .control import AdminEndpoint, AdminError, Control
+from .control import ACTOR, Actor, AdminEndpoint, AdminError, Control
 from .operator import ADMINISTRATOR, Gatekeeper, basic_header
 from .proto import admin_pb2 as pb
 from .proto import admin_pb2_grpc as pb_grpc
@@ -403,6 +403,9 @@ class CredentialsInterceptor(grpc.ServerInterceptor):
                               "and password (raftmq admin --user/--password)")
             if not operator.has(ADMINISTRATOR):
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, f"user '{operator.name}' is not an administrator")
+            # Who asks, for the audit notes of administrative changes (ops/control.py ACTOR): the
+            # coroutine this call runs on the loop copies this thread's context.
+            ACTOR.set(Actor(operator.name, "grpc", context.peer()))
             return inner(request, context)
 
         return grpc.unary_unary_rpc_method_handler(checked, request_deserializer=handler.request_deserializer,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,22 @@ if TYPE_CHECKING:
     from raftmq.store.core.model import Message
 
 ADMIN_CHANNEL = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Who asks for an administrative change: the operator's user, the API (``http``, ``grpc``)
+    and the address it came from.  Set by each API once it has checked the credentials."""
+
+    user: str
+    protocol: str
+    address: str
+
+
+# The actor of the request being served (a context variable: the HTTP handler's task, or the task a
+# gRPC call runs in, copied from the gRPC thread that set it).  Read by Control's administrative
+# changes for their audit note (node/audit.py, issue 36); None: the node itself (configuration).
+ACTOR: ContextVar[Actor | None] = ContextVar("raftmq_admin_actor", default=None)
 
 
 class AdminError(Exception):
@@ -244,30 +261,48 @@ class Control:
             raise
         return fetched
 
+    # Administrative changes: each one that took effect is noted for the audit history, with who
+    # asked (``ACTOR``) and what changed -- never a password or its hash (node/audit.py, issue 36).
+
     async def put_user(self, name: str, password_hash: str, tags: list[str], loopback_only: bool = False) -> None:
         """``password_hash``: made by the caller (node.auth.hash_password) before the command, so that
         apply never draws random salt and the log never sees the password."""
         await self.endpoint.command(UserPut, name, password_hash, list(tags), loopback_only)
+        self._noted(f"put_user user={name!r} tags={','.join(tags)!r} loopback_only={bool(loopback_only)}")
 
     async def delete_user(self, name: str) -> None:
         await self.endpoint.command(UserDelete, name)
+        self._noted(f"delete_user user={name!r}")
 
     async def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str) -> None:
         await self.endpoint.command(PermissionSet, user, vhost, configure, write, read)
+        self._noted(f"set_permissions user={user!r} configure={configure!r} write={write!r} read={read!r}", vhost)
 
     async def clear_permissions(self, user: str, vhost: str) -> None:
         await self.endpoint.command(PermissionClear, user, vhost)
+        self._noted(f"clear_permissions user={user!r}", vhost)
 
     async def add_vhost(self, name: str) -> None:
         await self.endpoint.add_vhost(name)
+        self._noted(f"add_vhost vhost={name!r}", name)
 
     async def set_limits(self, scope: str, name: str, limits: dict) -> None:
         """Set (int) or clear (None) limits of a vhost or user (store/core/limits.py)."""
         await self.endpoint.command(LimitsSet, scope, name, dict(limits))
+        changes = ",".join(f"{key}={value}" for key, value in sorted(limits.items()))
+        self._noted(f"set_limits {scope}={name!r} {changes}", name if scope == "vhost" else "")
 
     async def delete_vhost(self, name: str) -> None:
         """Everything in the vhost goes, and its connections are closed (store/core/topology.py)."""
         await self.endpoint.delete_vhost(name)
+        self._noted(f"delete_vhost vhost={name!r}", name)
+
+    def _noted(self, what: str, vhost: str = "") -> None:
+        actor = ACTOR.get()
+        if actor is None:
+            self.broker.audit.admin_change("", "node", "", what, vhost)
+        else:
+            self.broker.audit.admin_change(actor.user, actor.protocol, actor.address, what, vhost)
 
     def close_connection(self, conn_id: str, reason: str) -> None:
         """Close a client connection of this node (320 CONNECTION_FORCED, as rabbitmqctl does)."""

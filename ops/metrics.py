@@ -16,8 +16,8 @@ Metric names (all prefixed ``raftmq_``): ``messages_published_total``, ``message
 reason), ``listener_timed_out_total`` (the HTTP API's and this port's listeners, issue 31);
 ``amqp10_limit_refusals_total`` (label kind: link, durable link, management request, undecodable
 delivery, undecodable frame); ``logins_refused_busy_total`` (node/logins.py), ``logins_refused_total``
-(node/auth.py), ``raft_port_sockets_closed_total`` (label reason:
-raft/gate.py).
+(node/auth.py), ``audit_notes_total`` and ``audit_notes_suppressed_total`` (node/audit.py, issue 36),
+``raft_port_sockets_closed_total`` (label reason: raft/gate.py).
 Served by ops/metrics_server.py (bounded like the HTTP API's listener).
 """
 
@@ -131,6 +131,14 @@ class BrokerCollector:
                                      "user, loopback-only user, bad response (node/auth.py)", labels=["node"])
         failed.add_metric([node], broker.auth.refused)
         yield failed
+        notes = CounterMetricFamily("raftmq_audit_notes", "audit notes proposed by this node: connections, "
+                                    "refusals, admin changes (node/audit.py)", labels=["node"])
+        notes.add_metric([node], broker.audit.noted)
+        yield notes
+        held = CounterMetricFamily("raftmq_audit_notes_suppressed", "refusal notes held back by the per-address "
+                                   "bound and proposed as counts (node/audit.py)", labels=["node"])
+        held.add_metric([node], broker.audit.suppressed)
+        yield held
         raft = broker.log.raft_status()
         if raft is not None:
             closed = CounterMetricFamily("raftmq_raft_port_sockets_closed",

@@ -111,6 +111,7 @@ class Gatekeeper:
                 return None
             with contextlib.suppress(AuthError):
                 broker.auth.authenticate("PLAIN", f"\0{user}\0{password}".encode(), "127.0.0.1")
+            self._refused(user, peer_host, "no such user")
             return None
         # The permissions are part of the key: a change (for a user of the configuration file, its
         # overlay, store/core/users.py) must reach the next request, not wait for the cache to clear.
@@ -122,7 +123,8 @@ class Gatekeeper:
                 return None
             try:
                 principal = broker.auth.authenticate("PLAIN", f"\0{user}\0{password}".encode(), "127.0.0.1")
-            except AuthError:
+            except AuthError as exc:
+                self._refused(user, peer_host, str(exc))
                 return None
             if len(self._known) >= _CACHE_SIZE:
                 self._known.clear()
@@ -132,8 +134,15 @@ class Gatekeeper:
             from raftmq.node.auth import is_loopback
 
             if not is_loopback(peer_host):
+                self._refused(user, peer_host, f"user '{user}' can only connect via localhost")
                 return None
         return Operator(user, frozenset(user_tags(broker, user)), principal)
+
+    def _refused(self, user: str, peer_host: str | None, reason: str) -> None:
+        """A management login refused: noted in the audit history (node/audit.py, bounded per
+        address there), from whichever thread checked it."""
+        self.broker.audit_from_thread(self.broker.audit.login_refused, user, "PLAIN", peer_host, reason,
+                                      "management")
 
     def login_header(self, header: str | None, peer_host: str | None, cached_only: bool = False) -> Operator | None:
         credentials = parse_basic(header)

@@ -5,7 +5,16 @@
           .option("table", "events").load())
 
 Tables (``option("table", ...)``, default ``events``): ``events``, ``messages``, ``queues``,
-``exchanges``, ``bindings`` -- the layout is documented in ``raftmq.store.disk.history``.
+``exchanges``, ``bindings``, ``connections`` -- the layout is documented in
+``raftmq.store.disk.history``.
+
+**Who (issue 36).**  ``events`` has ``conn`` (the connection that acted) and the principal columns
+``user``, ``protocol``, ``address`` and ``connection_name``: the issue-36 kinds (connection opened
+and closed, login and access refused, admin change) carry their principal in the record; the
+per-message events carry only ``conn``, and the reader fills the principal from the
+``connections`` table (one lookup per connection per partition, remembered) -- the join happens
+here, once per row read, rather than each event storing its principal.  Histories written before
+issue 36 read with these columns null.
 
 * **Partitions** are key ranges of the u64-keyed tables (``events`` by sequence, ``messages`` by
   message id); ``option("partitions", n)`` overrides the default of one per 250,000 rows.
@@ -61,7 +70,8 @@ from raftmq.store.disk import history as EV
 
 SCHEMAS = {
     "events": "seq long, time timestamp, kind string, vhost string, queue string, message_id long, "
-              "exchange string, routing_key string, size long, detail string, raft_index long",
+              "exchange string, routing_key string, size long, detail string, raft_index long, conn string, "
+              "user string, protocol string, address string, connection_name string",
     "messages": "message_id long, time timestamp, vhost string, exchange string, routing_key string, "
                 "size long, publisher string, seq long, content_type string, delivery_mode int, priority int, "
                 "correlation_id string, reply_to string, expiration string, amqp_message_id string, "
@@ -72,6 +82,8 @@ SCHEMAS = {
                  "internal boolean, arguments string, declared timestamp, deleted timestamp",
     "bindings": "vhost string, source string, destination string, destination_type string, routing_key string, "
                 "arguments string, bound timestamp, unbound timestamp",
+    "connections": "conn string, user string, vhost string, protocol string, address string, "
+                   "connection_name string, opened timestamp, closed timestamp",
 }
 KEY_COLUMN = {"events": "seq", "messages": "message_id"}  # the u64-keyed tables
 ROWS_PER_PARTITION = 250_000
@@ -254,6 +266,7 @@ class RaftmqReader(DataSourceReader):
                 if db is None:
                     return
                 self.check = EV.checker(txn, tables, self.path)
+                self.principal_of = _Principals(txn, tables.get("connections"), self.check)
                 rows = _ROWS[self.table](self, txn.cursor(db=db), start, stop)
                 yield from _batches(rows, arrow_schema, self.batch_rows)
         finally:
@@ -261,6 +274,8 @@ class RaftmqReader(DataSourceReader):
 
     def _event_rows(self, cursor: lmdb.Cursor, start: int, stop: int):
         decode, key_of = self.check.decode, EV.U64.unpack
+        principal_of = self.principal_of
+        known = principal_of.known.get
         kinds, equal = self.kinds, list(self.equal.items())
         t_low, t_high = self.time_low, self.time_high
         if kinds is not None and not kinds:
@@ -279,6 +294,15 @@ class RaftmqReader(DataSourceReader):
             if (t_low is not None and t < t_low) or (t_high is not None and t >= t_high):
                 continue
             r[2] = EV.KIND_NAMES.get(r[2], str(r[2]))
+            if len(r) < _WIDTH:  # written before issue 36: no conn, no principal
+                r += _NO_WHO
+                yield r
+                continue
+            principal = r[12]
+            if principal is None:
+                conn = r[11]
+                principal = _NO_PRINCIPAL if conn is None else (known(conn) or principal_of(conn))
+            r[12:] = principal  # in place: the record's principal becomes its four columns
             yield r
 
     def _message_rows(self, cursor: lmdb.Cursor, start: int, stop: int):
@@ -313,7 +337,34 @@ class RaftmqReader(DataSourceReader):
 
 _ROWS = {"events": RaftmqReader._event_rows, "messages": RaftmqReader._message_rows,
          "queues": RaftmqReader._catalog_rows, "exchanges": RaftmqReader._catalog_rows,
-         "bindings": RaftmqReader._catalog_rows}
+         "bindings": RaftmqReader._catalog_rows, "connections": RaftmqReader._catalog_rows}
+_WIDTH = len(EV.EVENT_FIELDS)
+_NO_PRINCIPAL = (None, None, None, None)
+_NO_WHO = (None, *_NO_PRINCIPAL)  # conn and the principal, for records written before issue 36
+
+
+class _Principals:
+    """conn -> (user, protocol, address, connection name) from the ``connections`` table, each
+    connection read (and checked) once; all None for a connection the table does not have.  The
+    reader's loop looks in ``known`` first (a dict lookup per row) and calls only on a miss."""
+
+    def __init__(self, txn: lmdb.Transaction, db, check: EV.Checker) -> None:
+        self.txn, self.db, self.check = txn, db, check
+        self.known: dict[str, tuple] = {}
+
+    def __call__(self, conn: str) -> tuple:
+        found = self.known.get(conn)
+        if found is None:
+            key = conn.encode()
+            value = self.txn.get(key, db=self.db) if self.db is not None else None
+            if value is None:
+                found = _NO_PRINCIPAL
+            else:
+                _conn, user, _vhost, protocol, address, name, _opened, _closed = self.check.decode(
+                    "connections", key, value)
+                found = (user, protocol, address, name)
+            self.known[conn] = found
+        return found
 
 
 def _text(value) -> str:

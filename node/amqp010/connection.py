@@ -416,6 +416,7 @@ class Amqp010Connection(asyncio.Protocol):
         try:
             access = Access.open(self.principal, vhost)
         except AccessRefused as exc:
+            self.broker.audit.vhost_refused(self.conn_id, "AMQP 0-10", self.principal.name, self.peer, vhost)
             self.close(CLOSE_FORCED, exc.text)
             return
         leader_amqp = self.broker.leader_client_address()
@@ -439,6 +440,7 @@ class Amqp010Connection(asyncio.Protocol):
         self.vhost = vhost
         self.access = access
         self.state = OPEN
+        self.broker.audit.opened(self.conn_id, "AMQP 0-10", access, self.peer)
         self.reader.max_pending_bytes = self.config.max_message_size + PENDING_MARGIN
         if self._handshake_handle is not None:
             self._handshake_handle.cancel()

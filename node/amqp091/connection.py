@@ -488,10 +488,12 @@ class Amqp091Connection(asyncio.Protocol):
                                       method.CLASS_ID, method.METHOD_ID) from exc
         if principal is not self.principal:
             try:
-                self.access = Access.open(principal, self.vhost)
+                access = Access.open(principal, self.vhost)
             except AccessRefused as exc:
                 raise ConnectionException(530, f"NOT_ALLOWED - {exc.text}", method.CLASS_ID,
                                           method.METHOD_ID) from None
+            access.on_refused = self.access.on_refused if self.access is not None else None  # audit notes
+            self.access = access
             self.principal = principal
         self.send_method(0, m.ConnectionUpdateSecretOk())
 
@@ -590,12 +592,16 @@ class Amqp091Connection(asyncio.Protocol):
         try:
             self.access = Access.open(self.principal, vhost)
         except AccessRefused as exc:
+            self.broker.audit.vhost_refused(self.conn_id, "AMQP 0-9-1", self.principal.name, self.peer, vhost)
             raise ConnectionException(530, f"NOT_ALLOWED - {exc.text}", method.CLASS_ID, method.METHOD_ID) from None
         refusal = self.broker.usage.open(self.conn_id, self.principal.name, vhost)  # node/limits.py
         if refusal:
             raise ConnectionException(530, f"NOT_ALLOWED - {refusal}", method.CLASS_ID, method.METHOD_ID)
         self.vhost = vhost
         self.state = OPEN
+        name = self.client_properties.get("connection_name")  # pika's client_properties, RabbitMQ's UI name
+        self.broker.audit.opened(self.conn_id, "AMQP 0-9-1", self.access, self.peer,
+                                 name.decode(errors="replace") if isinstance(name, bytes) else str(name or ""))
         if self._handshake_handle is not None:
             self._handshake_handle.cancel()
             self._handshake_handle = None

@@ -449,7 +449,7 @@ class Amqp10Connection(asyncio.Protocol):
                 self.principal = self.broker.auth.principal_named(self.config.amqp10_anonymous_user, self.peer_host)
             else:
                 refused = AuthError(f"unsupported mechanism {mechanism}")
-                self.broker.auth.note_refused(None, self.peer_host, refused)  # counted and logged there
+                self.broker.auth.note_refused(None, self.peer_host, refused, str(mechanism))  # counted, logged, audited there
                 raise refused
         except AuthError as exc:
             self._sasl_outcome(exc)
@@ -528,6 +528,7 @@ class Amqp10Connection(asyncio.Protocol):
         try:
             self.access = Access.open(self.principal, vhost)
         except AccessRefused as exc:
+            self.broker.audit.vhost_refused(self.conn_id, "AMQP 1.0", self.principal.name, self.peer, vhost)
             self.close("amqp:unauthorized-access", exc.text)
             return
         refusal = self.broker.usage.open(self.conn_id, self.principal.name, vhost)  # node/limits.py
@@ -540,6 +541,7 @@ class Amqp10Connection(asyncio.Protocol):
             return
         self.vhost = vhost
         self.state = OPEN
+        self.broker.audit.opened(self.conn_id, "AMQP 1.0", self.access, self.peer, self.container_id)
         self.reader.max_frame_size = MAX_FRAME_SIZE
         handshake = self._timers.pop("handshake", None)
         if handshake is not None:
@@ -566,6 +568,7 @@ class Amqp10Connection(asyncio.Protocol):
                 return False
             except AccessRefused as exc:
                 text = exc.text
+                self.broker.audit.vhost_refused(self.conn_id, "AMQP 1.0", self.principal.name, self.peer, vhost)
         else:
             text = f"virtual host '{vhost}' not found"
         log.info("1.0 connection %s: refused before open (as RabbitMQ 4): %s", self.peer, text)

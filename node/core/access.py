@@ -224,11 +224,14 @@ class Access:
     protocol's 403.  Principals remember their answers, so the check per publish is two lookups.
     """
 
-    __slots__ = ("principal", "vhost")
+    __slots__ = ("principal", "vhost", "on_refused")
 
     def __init__(self, principal: Principal, vhost: str) -> None:
         self.principal = principal
         self.vhost = vhost
+        # Told of every refusal, (operation, permission, kind, resource), before AccessRefused is
+        # raised: the node's audit notes (node/audit.py, issue 36).  None: nobody listens.
+        self.on_refused: Callable[[str, str, str, str], None] | None = None
 
     @classmethod
     def open(cls, principal: Principal, vhost: str) -> Access:
@@ -238,9 +241,9 @@ class Access:
 
     def authorize(self, command: Command) -> None:
         for requirement in requirements(command):
-            self.require(requirement.permission, requirement.kind, requirement.name)
+            self.require(requirement.permission, requirement.kind, requirement.name, command.op)
 
-    def require(self, permission: int, kind: str, name: str) -> None:
+    def require(self, permission: int, kind: str, name: str, op: int = Op.PUBLISH) -> None:
         """One permission on one resource (also the publish path's direct check: ``_publish``'s rule).
 
         The default exchange is ``amq.default`` to permissions, as in RabbitMQ: a write pattern of
@@ -248,5 +251,7 @@ class Access:
         if kind == "exchange" and not name:
             name = DEFAULT_EXCHANGE
         if not self.principal.allows(self.vhost, permission, name):
+            if self.on_refused is not None:
+                self.on_refused(_op_name(op).lower(), PERMISSION_NAMES[permission], kind, name)
             raise AccessRefused(f"access to {kind} '{name}' in vhost '{self.vhost}' refused for user "
                                 f"'{self.principal.name}'")

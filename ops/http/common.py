@@ -25,7 +25,7 @@ from raftmq.node.auth import LoginBusy
 from raftmq.node.core.access import Access, AccessRefused
 from raftmq.store.core import queries as Q
 
-from ..control import AdminError, Control
+from ..control import ACTOR, Actor, AdminError, Control
 from ..operator import MANAGEMENT, Gatekeeper, Operator
 from .bodies import SMALL_BODY_VALUES, BodyError, read_json
 from .session import COOKIE, CSRF_HEADER, Session, SessionStore, session_operator
@@ -219,8 +219,14 @@ def require_vhost(request: web.Request, vhost: str, *, change: bool = False) -> 
 
 def access_in(request: web.Request, vhost: str) -> Access:
     """The operator's permissions in ``vhost``, for the control to authorize each command by the rule
-    every protocol uses (node/core/access.py); a refusal answers 403 (see ``authenticate``)."""
-    return Access(operator(request).principal, vhost)
+    every protocol uses (node/core/access.py); a refusal answers 403 (see ``authenticate``) and is
+    noted in the audit history with the operator and address (node/audit.py)."""
+    access = Access(operator(request).principal, vhost)
+    principal = [access.principal.name, "http", request.remote or "", ""]
+    audit = context(request).broker.audit
+    access.on_refused = lambda operation, permission, kind, resource: audit.refused_as(
+        principal, vhost, None, operation, permission, kind, resource)
+    return access
 
 
 async def body(request: web.Request, max_values: int = SMALL_BODY_VALUES) -> dict:
@@ -300,6 +306,7 @@ async def authenticate(request: web.Request, handler):
             if not op.has(MANAGEMENT):
                 raise forbidden("Not management user")
             request["operator"] = op
+            ACTOR.set(Actor(op.name, "http", request.remote or ""))  # this request's task only
         return await handler(request)
     except AdminError as exc:
         return from_admin_error(exc).response()

@@ -89,6 +89,7 @@ class Op(IntEnum):
     LIMITS_SET = 66  # (scope, name, {limit: value or None}): vhost and user limits, store/core/limits.py
     SESSION_WINDOW_CREDIT = 87  # (destination, messages, bytes): 0-10 window credit for completed transfers
     MESSAGE_MODIFY = 95  # AMQP 1.0 modified outcome with message-annotations: see store/core/modify.py
+    AUDIT_NOTE = 96  # issue 36: who did what at a front end, for every node's history (store/core/audit.py)
     # Queue groups (issue 34): see store/core/groups.py
     GROUPS_SET = 100  # (groups): how many groups the cluster has (metadata group, forwarded)
     META_APPLY = 101  # (seq, command, placed): a metadata command forwarded to a queue group
@@ -671,6 +672,26 @@ class LimitsSet(NamedTuple):
     op: Op = Op.LIMITS_SET
 
 
+# ------------------------------------------------------------------- audit (store/core/audit.py)
+
+class AuditNote(NamedTuple):
+    """Something a node's front end saw that the history must show on every node (issue 36): a
+    connection opened or closed, a login or an operation refused, an administrative change.
+    ``kind``: one of store/core/events.py's NOTE_KINDS; ``principal``: ``[user, protocol, address,
+    connection name]``; ``queue``/``exchange``: the resource concerned, if any.  Changes no state
+    but the event numbering; never refused, never answered (token None)."""
+
+    conn: str | None
+    token: int | None
+    kind: int
+    vhost: str
+    queue: str
+    exchange: str
+    detail: str
+    principal: list
+    op: Op = Op.AUDIT_NOTE
+
+
 # -------------------------------------------------------- AMQP 0-10 sessions (store/core/sessions.py)
 
 class SessionAttach(NamedTuple):
@@ -983,7 +1004,7 @@ Command = (ChannelOpen | ChannelClose | ConnectionClose | Qos | Flow | ExchangeD
            | MessageStop | MessageFlush | MessageSettle | MessageAcquire | MessageResume | QueueQuery
            | ExchangeQuery | ExchangeBound | SessionWindowCredit | MessageModify | VhostDelete
            | LimitsSet | GroupsSet | MetaApply | MetaTrim | QueueGone | GoneTrim | QueueForget | MessageIn
-           | MessageDone)
+           | MessageDone | AuditNote)
 
 COMMAND_TYPES: dict[int, type[Command]] = {cls._field_defaults["op"]: cls for cls in Command.__args__}
 assert len(COMMAND_TYPES) == len(Op), "every Op has exactly one command type"

@@ -191,7 +191,7 @@ class Delivery:
         if not m.records_events:
             m.event_seq += 1  # numbered alike on every node, recorded where history is kept
         else:
-            m.event(EV.PUBLISHED, None, message, conn or "", vhost_name)
+            m.event(EV.PUBLISHED, None, message, conn or "", vhost_name, conn)
         stats = m.stats
         stats["published"] += 1
         if not queues and not sent_on:
@@ -446,7 +446,7 @@ class Delivery:
         redelivered = entry.delivery_count > 0
         if redelivered and queue.delivery_header:
             message = with_delivery_count(message, entry.delivery_count)
-        m.event(EV.DELIVERED, queue, entry.message, consumer.tag)
+        m.event(EV.DELIVERED, queue, entry.message, consumer.tag, "", consumer.channel.conn)
         stats = m.stats
         stats["delivered"] += 1
         if redelivered:
@@ -521,7 +521,7 @@ class Delivery:
             self.drop(queue, entry)
         else:
             self.hold(ch, ch, queue, entry)
-        m.event(EV.DELIVERED, queue, entry.message, "")
+        m.event(EV.DELIVERED, queue, entry.message, "", "", conn)
         return GotMessage(queue.qid, entry.seq, redelivered, message, len(queue.ready))
 
     def take_unacked(self, ch: ChannelState, refs: list) -> list[tuple[Queue, Entry]]:
@@ -553,7 +553,7 @@ class Delivery:
         for queue, entry in self.take_unacked(ch, refs):
             m.stats["acked"] += 1
             m.count_ack(queue.qid)
-            m.event(EV.ACKED, queue, entry.message)
+            m.event(EV.ACKED, queue, entry.message, "", "", conn)
             self.drop(queue, entry)
 
     def nack(self, cmd: Nack) -> None:
@@ -569,7 +569,7 @@ class Delivery:
             if requeue:
                 self.return_to_ready(queue, entry)
             else:
-                m.expiry.dead_letter(queue, entry.message, "rejected")
+                m.expiry.dead_letter(queue, entry.message, "rejected", conn)
                 self.drop(queue, entry)
 
     def recover(self, cmd: Recover) -> None:

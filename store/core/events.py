@@ -16,6 +16,14 @@ QUEUE_DECLARED, QUEUE_DELETED, EXCHANGE_DECLARED, EXCHANGE_DELETED, BOUND, UNBOU
 # microseconds after its due time), and a duplicate not enqueued / not routed (detail: "queue" for a
 # deduplicating queue, "exchange" for an x-message-deduplication exchange)
 DELAYED, DELAY_RELEASED, DEDUPLICATED = 19, 20, 21
+# Issue 36: who.  Noted by a node's front end and proposed through the log as an ``AuditNote``
+# command (store/core/audit.py), so that every node records them in the same place of its history:
+# a client connection opened and closed (the principal once per connection: user, protocol,
+# address, connection name; per-message events carry the connection id in ``conn``), a login
+# refused (detail: mechanism and reason), an operation refused for lack of a permission (queue or
+# exchange: the resource; detail: the operation and the permission), and an administrative change
+# (detail: what changed).
+CONNECTION_OPENED, CONNECTION_CLOSED, LOGIN_REFUSED, ACCESS_REFUSED, ADMIN_CHANGE = range(22, 27)
 
 KIND_NAMES = {PUBLISHED: "published", DELIVERED: "delivered", ACKED: "acked", REQUEUED: "requeued",
               REJECTED: "rejected", EXPIRED: "expired", DEAD_LETTERED: "dead_lettered", DROPPED: "dropped",
@@ -23,14 +31,23 @@ KIND_NAMES = {PUBLISHED: "published", DELIVERED: "delivered", ACKED: "acked", RE
               QUEUE_DECLARED: "queue_declared", QUEUE_DELETED: "queue_deleted",
               EXCHANGE_DECLARED: "exchange_declared", EXCHANGE_DELETED: "exchange_deleted",
               BOUND: "bound", UNBOUND: "unbound", DELAYED: "delayed", DELAY_RELEASED: "delay_released",
-              DEDUPLICATED: "deduplicated"}
+              DEDUPLICATED: "deduplicated", CONNECTION_OPENED: "connection_opened",
+              CONNECTION_CLOSED: "connection_closed", LOGIN_REFUSED: "login_refused",
+              ACCESS_REFUSED: "access_refused", ADMIN_CHANGE: "admin_change"}
 DEFINITION_KINDS = frozenset(range(QUEUE_DECLARED, UNBOUND + 1))
+NOTE_KINDS = frozenset(range(CONNECTION_OPENED, ADMIN_CHANGE + 1))  # the kinds an AuditNote may carry
 
 RETENTIONS = ("none", "metadata", "body")
 RETENTION_ARGUMENT = "x-audit-retention"  # a queue argument overriding the node's retention
 
+# ``conn``: the connection that acted (publish, deliver, get, ack, reject; the connection events),
+# None where none did.  ``principal``: ``[user, protocol, address, connection name]`` on the
+# AuditNote kinds, None on the others (their principal is their connection's: the ``connections``
+# table).  Records written before issue 36 end at ``raft_index``.
 EVENT_FIELDS = ("seq", "time_us", "kind", "vhost", "queue", "message_id", "exchange", "routing_key", "size",
-                "detail", "raft_index")
+                "detail", "raft_index", "conn", "principal")
+PRINCIPAL_FIELDS = ("user", "protocol", "address", "connection_name")
+CONNECTION_FIELDS = ("conn", "user", "vhost", "protocol", "address", "connection_name", "opened_us", "closed_us")
 MESSAGE_FIELDS = ("message_id", "time_us", "vhost", "exchange", "routing_key", "size", "publisher",
                   "properties", "body", "seq")
 QUEUE_FIELDS = ("vhost", "name", "durable", "exclusive", "auto_delete", "arguments", "retention",
@@ -39,5 +56,5 @@ EXCHANGE_FIELDS = ("vhost", "name", "type", "durable", "auto_delete", "internal"
                    "declared_us", "deleted_us")
 BINDING_FIELDS = ("vhost", "source", "destination", "destination_type", "routing_key", "arguments",
                   "bound_us", "unbound_us")
-TABLES = ("events", "messages", "queues", "exchanges", "bindings", "meta")
+TABLES = ("events", "messages", "queues", "exchanges", "bindings", "meta", "connections")
 CATALOG_TABLES = ("queues", "exchanges", "bindings")

@@ -90,7 +90,8 @@ class Expiry:
             self.dead_letter(queue, entry.message, "expired")
             m.delivery.drop(queue, entry)
 
-    def dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
+    def dead_letter(self, queue: Queue, message: Message, reason: str, conn: str | None = None) -> None:
+        """``conn``: the connection that rejected it, if one did (the event's ``conn``, issue 36)."""
         m = self.m
         if reason == "expired":
             m.stats["expired"] += 1
@@ -99,7 +100,7 @@ class Expiry:
         elif reason == "delivery_limit":
             m.stats["delivery_limited"] = m.stats.get("delivery_limited", 0) + 1
         kind = {"expired": EV.EXPIRED, "rejected": EV.REJECTED}.get(reason, EV.DROPPED)
-        m.event(kind, queue, message, reason)
+        m.event(kind, queue, message, reason, "", conn)
         dlx_name = queue.dead_letter_exchange
         if dlx_name is None:
             return

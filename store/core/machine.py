@@ -21,6 +21,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from .audit import AuditNotes
 from .commands import (
     ERR,
     OK,
@@ -109,6 +110,7 @@ class StateMachine:
         self.plugin_exchanges = PluginExchanges(self)
         self.limit_commands = LimitCommands(self)
         self.groups = Groups(self)
+        self.audit_notes = AuditNotes(self)
         self.vhosts: dict[str, VHost] = {}
         self.channels: dict[str, dict[int, ChannelState]] = {}
         self.exclusive_queues: dict[str, dict[int, Queue]] = {}
@@ -221,6 +223,7 @@ class StateMachine:
             Op.VHOST_ADD: self.topology.vhost_add,
             Op.VHOST_DELETE: self.topology.vhost_delete,
             Op.MESSAGE_MODIFY: partial(message_modify, self),
+            Op.AUDIT_NOTE: self.audit_notes.note,
             **self.session_commands.session_handlers(),
             **self.user_commands.user_handlers(),
             **self.limit_commands.handlers(),
@@ -274,15 +277,18 @@ class StateMachine:
         return effects
 
     def event(self, kind: int, queue: Queue | None, message: Message, detail: str = "",
-               vhost: str = "") -> None:
+               vhost: str = "", conn: str | None = None) -> None:
         """Record a message's audit event (numbered even when this node keeps no history, so that
         every node numbers every event alike).  The record carries the message itself: the event
-        writer takes properties and body from it only when its retention asks for them."""
+        writer takes properties and body from it only when its retention asks for them.  ``conn``:
+        the connection that acted (publish, deliver, get, ack, reject), whose principal the history
+        keeps once (the ``connections`` table, issue 36); the record's layout is events.py's
+        EVENT_FIELDS, with the message in place of ``raft_index`` until the writer has it."""
         self.event_seq += 1
         if self.records_events:
             self._events.append([self.event_seq, self._now, kind, queue.vhost if queue else vhost,
                                  queue.name if queue else "", message.id, message.exchange, message.routing_key,
-                                 message.size, detail, message])
+                                 message.size, detail, message, conn, None])
 
     def count_ack(self, qid: int) -> None:
         """One acknowledgement of a message of queue ``qid`` (``queue_counts``)."""
@@ -297,7 +303,7 @@ class StateMachine:
         self.event_seq += 1
         if self.records_events:
             self._events.append([self.event_seq, self._now, kind, vhost, queue, None, exchange, routing_key,
-                                 0, detail, definition])
+                                 0, detail, definition, None, None])
 
     def _apply_one(self, command: Command) -> None:
         op = command.op

@@ -76,7 +76,7 @@ def message_modify(m: StateMachine, cmd: MessageModify) -> None:
             view = message if props is message.properties else Message(
                 message.id, message.exchange, message.routing_key, props, message.size, message.persistent,
                 message.priority, message.published_at, format=message.format)
-            m.expiry.dead_letter(queue, view, "rejected")
+            m.expiry.dead_letter(queue, view, "rejected", cmd.conn)
             m.delivery.drop(queue, entry)
             continue
         if cmd.how == SETTLE_RELEASE and entry.delivery_count > 0:

@@ -40,7 +40,7 @@ class PluginExchanges:
             if delay is None:
                 return None  # no (valid) x-delay: routed at once, as the plugin does
             self.count("published")
-            m.event(EV.PUBLISHED, None, message, conn or "", vhost.name)
+            m.event(EV.PUBLISHED, None, message, conn or "", vhost.name, conn)
             if len(m.delayed) >= m.delayed_limit:
                 self.count("delay_refused")
                 m.event(EV.DROPPED, None, message, f"delayed-limit {m.delayed_limit}", vhost.name)
@@ -63,7 +63,7 @@ class PluginExchanges:
             if not is_duplicate(cache, message.properties, message.format, message.id, m._now):
                 return None
             self.count("published")
-            m.event(EV.PUBLISHED, None, message, conn or "", vhost.name)
+            m.event(EV.PUBLISHED, None, message, conn or "", vhost.name, conn)
             self.count("deduplicated")
             m.event(EV.DEDUPLICATED, None, message, "exchange", vhost.name)
             return UNROUTABLE

@@ -417,10 +417,10 @@ class SessionCommands:
             if how == SETTLE_ACCEPT:
                 m.stats["acked"] += 1
                 m.count_ack(queue.qid)
-                m.event(EV.ACKED, queue, entry.message)
+                m.event(EV.ACKED, queue, entry.message, "", "", conn)
                 m.delivery.drop(queue, entry)
             elif how == SETTLE_REJECT:
-                m.expiry.dead_letter(queue, entry.message, "rejected")
+                m.expiry.dead_letter(queue, entry.message, "rejected", conn)
                 m.delivery.drop(queue, entry)
             else:
                 if how == SETTLE_RELEASE and entry.delivery_count > 0:

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 _RANK = {"none": 0, "metadata": 1, "body": 2}
 #: Events whose record may keep the message's body (the writer's message records).
 _BODY_KINDS = frozenset((EV.PUBLISHED, EV.ROUTED))
+_WIDTH = len(EV.EVENT_FIELDS)  # an event record's fields (older callers may hand over fewer)
 COMPACT_CHUNK = 5_000  # events deleted per transaction while trimming
 COMPACT_INTERVAL = 1.0  # seconds between retention checks
 
@@ -284,9 +285,16 @@ class EventStore:
                     last_seq = seq
                     kind = event[2]
                     message = event[10]
-                    body = event.pop() if len(event) > 11 else None  # see append
+                    body = event.pop() if len(event) > _WIDTH else None  # see append
+                    if len(event) < _WIDTH:
+                        event.extend([None] * (_WIDTH - len(event)))
                     if kind in EV.DEFINITION_KINDS:
                         self._catalog(txn, event)
+                        level = 1
+                    elif kind in EV.NOTE_KINDS:
+                        # Who did what (issue 36): kept whatever the retention, as the catalog is.
+                        if kind in (EV.CONNECTION_OPENED, EV.CONNECTION_CLOSED) and event[11]:
+                            self._connection(txn, event)
                         level = 1
                     elif kind == EV.PUBLISHED:
                         level = policy.of_vhost(event[3])
@@ -340,7 +348,7 @@ class EventStore:
         put(key, seal(key, msgpack.packb(record, use_bin_type=True)), db=db)
 
     def _catalog(self, txn: lmdb.Transaction, event: list) -> None:
-        seq, now, kind, vhost, queue, _mid, exchange, routing_key, _size, detail, definition = event
+        seq, now, kind, vhost, queue, _mid, exchange, routing_key, _size, detail, definition = event[:11]
         t = self.tables
         packb = msgpack.packb
         if kind == EV.QUEUE_DECLARED:
@@ -380,6 +388,24 @@ class EventStore:
                 record[-1] = now
             txn.put(key, seal(key, packb(record, use_bin_type=True)), db=t["bindings"])
 
+    def _connection(self, txn: lmdb.Transaction, event: list) -> None:
+        """The ``connections`` table (events.py CONNECTION_FIELDS): a connection's principal once,
+        written when it opened, its close time added when it closed.  Per-message events carry
+        only the connection id (``conn``); readers join them here (spark/datasource.py)."""
+        now, kind, vhost, conn, principal = event[1], event[2], event[3], event[11], event[12]
+        db = self.tables["connections"]
+        key = conn.encode()
+        if kind == EV.CONNECTION_OPENED:
+            user, protocol, address, name = (list(principal or ()) + [None] * 4)[:4]
+            record = [conn, user, vhost, protocol, address, name, now, None]
+        else:
+            value = txn.get(key, db=db)
+            if value is None:
+                return  # opened before this history began (or before issue 36)
+            record = self.checker.decode("connections", key, value)
+            record[-1] = now
+        txn.put(key, seal(key, msgpack.packb(record, use_bin_type=True)), db=db)
+
     # ------------------------------------------------------------------ retention limits
 
     def live_bytes(self) -> int:
@@ -401,11 +427,39 @@ class EventStore:
         while True:
             cutoff_seq = self._trim_target()
             if cutoff_seq is None:
-                return removed
+                break
             n = self._delete_before(cutoff_seq)
             if not n:
-                return removed
+                break
             removed += n
+        if removed:
+            self.trim_connections()
+        return removed
+
+    def trim_connections(self) -> int:
+        """Remove the ``connections`` records of connections closed before the oldest event kept
+        (issue 36): no event left names them.  Without this a client that connects per request
+        would grow the table past the age and size limits.  A connection never noted closed (its
+        node died) keeps its record.  In chunks of COMPACT_CHUNK records; how many went."""
+        removed = 0
+        db = self.tables["connections"]
+        while True:
+            with self.env.begin(write=True) as txn:
+                cursor = txn.cursor(db=self.tables["events"])
+                cutoff = (self.checker.decode("events", cursor.key(), cursor.value())[1] if cursor.first()
+                          else None)
+                stale = []
+                for key, value in txn.cursor(db=db):
+                    closed = self.checker.decode("connections", key, value)[7]
+                    if closed is not None and (cutoff is None or closed < cutoff):
+                        stale.append(bytes(key))
+                        if len(stale) >= COMPACT_CHUNK:
+                            break
+                for key in stale:
+                    txn.delete(key, db=db)
+            removed += len(stale)
+            if len(stale) < COMPACT_CHUNK:
+                return removed
 
     def _trim_target(self) -> int | None:
         """The sequence number the next chunk may delete up to (exclusive), or None."""

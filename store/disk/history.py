@@ -5,14 +5,19 @@ the same event has the same sequence number on every node) and hands each applie
 to an ``EventStore`` (``event_writer.py``), which appends them to its own LMDB environment,
 ``<data>/events``.  Events are derived data: they never feed back into the state.
 
-The environment holds six tables (keys big-endian so that LMDB order is numeric order):
+The environment holds seven tables (keys big-endian so that LMDB order is numeric order):
 
 ``events``     u64 seq -> ``[seq, time_us, kind, vhost, queue, message_id, exchange, routing_key,
-               size, detail, raft_index]``.  ``detail`` is kind-specific text: the publisher's
-               connection, the consumer tag, a dead-letter reason and target, an exclusive
-               queue's owner, a binding's destination.  ``time_us`` never decreases with ``seq``
-               (the machine keeps the largest leader-stamped time), so a time range is a
-               sequence range.
+               size, detail, raft_index, conn, principal]``.  ``detail`` is kind-specific text: the
+               publisher's connection, the consumer tag, a dead-letter reason and target, an
+               exclusive queue's owner, a binding's destination; on the issue-36 kinds a refused
+               login's mechanism and reason, a refused operation and the permission it lacked, an
+               administrative change.  ``conn`` is the connection that acted (publish, deliver,
+               get, ack, reject, connection opened/closed, refused operation) or None;
+               ``principal`` is ``[user, protocol, address, connection name]`` on the issue-36
+               kinds, else None.  Records written before issue 36 end at ``raft_index``.
+               ``time_us`` never decreases with ``seq`` (the machine keeps the largest
+               leader-stamped time), so a time range is a sequence range.
 ``messages``   u64 message id -> ``[message_id, time_us, vhost, exchange, routing_key, size,
                publisher, properties, body, seq]``; ``properties`` are the AMQP 0-9-1 encoded
                basic properties, ``body`` is None unless retention keeps bodies.
@@ -23,6 +28,11 @@ The environment holds six tables (keys big-endian so that LMDB order is numeric 
 ``bindings``   ``vhost NUL source NUL q|e NUL destination NUL key NUL arguments`` ->
                ``[vhost, source, destination, destination_type, routing_key, arguments,
                bound_us, unbound_us]``.
+``connections`` connection id -> ``[conn, user, vhost, protocol, address, connection_name,
+               opened_us, closed_us]``: each client connection's principal, once (from its
+               ``connection_opened`` event; the join key of ``conn``).  When the age and size
+               limits trim events, the records of connections closed before the oldest event kept
+               go too (``EventStore.trim_connections``).
 ``meta``       ``raft_index`` (the last applied batch whose events are all written), ``first_seq``
                and ``last_seq`` (the retained range), ``gaps`` (ranges this node never saw: it
                installed a state snapshot instead of applying them).
@@ -62,10 +72,15 @@ from raftmq.integrity import Damage
 from raftmq.versions import HISTORY_FORMAT, check
 
 from ..core.events import (  # noqa: F401 - the kinds and fields are this format's vocabulary too
+    ACCESS_REFUSED,
     ACKED,
+    ADMIN_CHANGE,
     BINDING_FIELDS,
     BOUND,
     CATALOG_TABLES,
+    CONNECTION_CLOSED,
+    CONNECTION_FIELDS,
+    CONNECTION_OPENED,
     DEAD_LETTERED,
     DEDUPLICATED,
     DEFINITION_KINDS,
@@ -80,7 +95,10 @@ from ..core.events import (  # noqa: F401 - the kinds and fields are this format
     EXCHANGE_FIELDS,
     EXPIRED,
     KIND_NAMES,
+    LOGIN_REFUSED,
     MESSAGE_FIELDS,
+    NOTE_KINDS,
+    PRINCIPAL_FIELDS,
     PUBLISHED,
     PURGED,
     QUEUE_DECLARED,

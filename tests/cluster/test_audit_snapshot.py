@@ -1,5 +1,6 @@
 """Audit history in a cluster: a snapshot taken on a follower while publishing continues holds
-every event of every batch up to its Raft index and none after; all nodes number events alike."""
+every event of every batch up to its Raft index and none after; all nodes number events alike, the
+connection notes of issue 36 included."""
 
 from __future__ import annotations
 
@@ -64,6 +65,12 @@ def test_snapshot_during_publishing_is_consistent_at_its_raft_index(tmp_path):
         finals = [list(EV.read_events(str(n.data_dir / "events"))) for n in cluster.nodes]
         # Every node numbered and recorded the same history.
         assert finals[0] == finals[1] == finals[2]
+        # Issue 36: the publisher's connection, noted by the node it used (an AuditNote through the
+        # log), is in every node's history alike, principal included, and in each connections table.
+        opened = [r for r in finals[0] if r[2] == EV.CONNECTION_OPENED and r[12][0] == "guest"]
+        assert opened and opened[0][12][1] == "AMQP 0-9-1"
+        tables = [list(EV.read_table(str(n.data_dir / "events"), "connections")) for n in cluster.nodes]
+        assert tables[0] == tables[1] == tables[2] and any(c[0] == opened[0][11] for c in tables[0])
         # The snapshot is exactly the prefix of the history up to its Raft index.
         assert snap == [r for r in finals[0] if r[10] <= info["raft_index"]]
         assert len(finals[0]) > len(snap)  # and publishing did go on after it

@@ -11,8 +11,8 @@
   user's (internal_user:update_limits add); administrators only, like every admin call.
 * Refused logins are logged at most once per ``login_refusal_log_interval`` (1 s) per node, the next
   line counting the ones not logged (node/auth.py), and counted (status ``logins_refused``, metric
-  ``raftmq_logins_refused_total``); the audit history records no logins (store/disk/history.py), so there is
-  no per-login record to keep.  1.0 deliveries rejected past the element budget and frames that do not
+  ``raftmq_logins_refused_total``); the audit history records them, bounded per address
+  (node/audit.py, issue 36: tests/integration/test_audit_who.py).  1.0 deliveries rejected past the element budget and frames that do not
   decode are counted in ``raftmq_amqp10_limit_refusals_total`` (kinds "undecodable delivery",
   "undecodable frame").
 """
