@@ -477,8 +477,14 @@ class RaftmqSystem:
         """Nothing: each publisher declares its own queue (raftmq places it; today in its one group)."""
 
     def pids(self) -> list[int]:
+        """Every broker process: each node's main process and, with queue groups (issue 34), its
+        workers (status.json's ``groups``: alive during the run, so not in the main's cutime)."""
         nodes = self.brokers if self.args.nodes == 1 else [n for c in self.brokers for n in c.nodes]
-        return [n.pid for n in nodes if n.pid]
+        pids = [n.pid for n in nodes if n.pid]
+        for n in nodes:
+            groups = (n.status() or {}).get("groups") or {}
+            pids += [g["pid"] for g in groups.values() if isinstance(g, dict) and g.get("pid")]
+        return pids
 
     def where(self) -> str:
         """The leaders now (3 nodes), against where they were put; status.json's groups if any."""
