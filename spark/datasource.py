@@ -138,7 +138,7 @@ class RaftmqDataSource(DataSource):
     def streamReader(self, schema: StructType):  # noqa: N802 - the pyspark API's name
         from .stream import RaftmqStreamReader
 
-        return RaftmqStreamReader(self, schema)
+        return RaftmqStreamReader(self, schema, RaftmqReader, _batches)
 
 
 def parse_paths(opts: dict) -> list[str]:

@@ -36,7 +36,7 @@ from pyspark.sql.types import StructType
 
 from raftmq.store.disk import history as EV
 
-from .datasource import ROWS_PER_PARTITION, RaftmqReader, _batches
+ROWS_PER_PARTITION = 250_000
 
 
 def _read_limit_rows(limit) -> int | None:
@@ -48,7 +48,9 @@ def _read_limit_rows(limit) -> int | None:
 class RaftmqStreamReader(DataSourceStreamReader):
     """A micro-batch stream of one history's events by sequence offsets (see the module docstring)."""
 
-    def __init__(self, source, schema: StructType) -> None:
+    def __init__(self, source, schema: StructType, reader, batches) -> None:
+        """``source``: the RaftmqDataSource (its options); ``reader``/``batches``: the batch reader's
+        class and Arrow batching (datasource.py passes them: no import cycle)."""
         if len(source.paths) != 1:
             raise ValueError("the raftmq stream follows one node's history: option(\"path\", <data dir>/events)")
         if source.table != "events":
@@ -58,6 +60,7 @@ class RaftmqStreamReader(DataSourceStreamReader):
         self.schema = schema
         self.batch_rows = source.batch_rows
         self.partition_count = source.partition_count
+        self.reader, self.batches = reader, batches
         self.starting = str(opts.get("startingoffsets", "earliest")).strip().lower()
         span = opts.get("maxeventspertrigger")
         self.max_span = int(span) if span else None
@@ -98,7 +101,7 @@ class RaftmqStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition):
         start, stop = partition.value
-        reader = RaftmqReader([self.path], "events", self.schema, None, self.batch_rows, pushdown=False)
+        reader = self.reader([self.path], "events", self.schema, None, self.batch_rows, pushdown=False)
         arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
         env = EV.open_history(self.path)
         try:
@@ -108,7 +111,7 @@ class RaftmqStreamReader(DataSourceStreamReader):
                 if db is None:
                     return
                 reader.check = EV.checker(txn, tables, self.path)
-                yield from _batches(reader._event_rows(txn.cursor(db=db), start, stop), arrow_schema,
+                yield from self.batches(reader._event_rows(txn.cursor(db=db), start, stop), arrow_schema,
                                     self.batch_rows)
         finally:
             env.close()
