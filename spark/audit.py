@@ -19,6 +19,8 @@ import datetime as dt
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from raftmq.store.core.events import NO_ACK
+
 from .session import load
 
 QUEUE_KEY = ["vhost", "queue", "message_id"]
@@ -197,6 +199,9 @@ def _who(kind, detail):
                             F.lit(" from queue "), F.regexp_extract(detail, COPY_DETAIL, 3)))
             .when(kind == "published", F.concat(F.lit("connection "), detail))
             .when((kind == "delivered") & (detail == ""), F.lit("basic.get"))
+            .when((kind == "delivered") & (detail == NO_ACK), F.lit("basic.get (no-ack)"))
+            .when((kind == "delivered") & detail.startswith(NO_ACK),
+                  F.concat(F.lit("consumer "), F.substring(detail, len(NO_ACK) + 1, 1 << 20), F.lit(" (no-ack)")))
             .when(kind == "delivered", F.concat(F.lit("consumer "), detail))
             .when(kind == "dead_lettered", F.concat(F.lit("broker: "), detail))
             .when(kind.isin("expired", "delay_released", "purged", "deleted"), F.concat(F.lit("broker "), kind))
@@ -225,7 +230,8 @@ def contents(spark, path, queue: str, at, vhost: str = "/") -> DataFrame:
     ``since`` (its last event in the queue), ``routed`` (when it entered) and ``deliveries`` so far.
 
     A message leaves the queue with acked, rejected, expired, dead_lettered, dropped, purged,
-    deleted, or a ``modified:<id>:<queue>`` copy taking its place (the copy is then requeued)."""
+    deleted, a delivery that needs no acknowledgement (detail ``no-ack:<tag>``), or a
+    ``modified:<id>:<queue>`` copy taking its place (the copy is then requeued)."""
     t = _micros(at)
     when = F.timestamp_micros(F.lit(t))
     # One load per scan: see "Self-joins" in datasource.py.
@@ -246,7 +252,8 @@ def contents(spark, path, queue: str, at, vhost: str = "/") -> DataFrame:
                    F.first("exchange").alias("exchange"), F.first("routing_key").alias("routing_key"),
                    F.first("size").alias("size"))
               .withColumn("state", F.when(F.col("last.kind").isin("routed", "requeued"), F.lit("ready"))
-                          .when(F.col("last.kind") == "delivered", F.lit("unacked")))
+                          .when((F.col("last.kind") == "delivered") & ~F.col("last.detail").startswith(NO_ACK),
+                                F.lit("unacked")))
               .filter(F.col("state").isNotNull())
               .select("message_id", "state",
                       F.when(F.col("state") == "unacked", F.col("last.detail")).alias("consumer"),

@@ -28,6 +28,10 @@ DEFINITION_KINDS = frozenset(range(QUEUE_DECLARED, UNBOUND + 1))
 
 RETENTIONS = ("none", "metadata", "body")
 RETENTION_ARGUMENT = "x-audit-retention"  # a queue argument overriding the node's retention
+#: A ``delivered`` event's detail is the consumer tag ("" for basic.get); a delivery that needs no
+#: acknowledgement (no-ack consumer or get, 1.0 pre-settled) is prefixed with this: it also ends the
+#: message's life in the queue (no ``acked`` follows), which ``audit contents`` must know (issue 36).
+NO_ACK = "no-ack:"
 
 EVENT_FIELDS = ("seq", "time_us", "kind", "vhost", "queue", "message_id", "exchange", "routing_key", "size",
                 "detail", "raft_index")
