@@ -16,6 +16,7 @@ from raftmq.spark import audit
 from raftmq.spark.session import load
 from raftmq.spark.union import holes
 from raftmq.store.disk import history as EV
+from tests.support.cli import raftmq
 
 pytestmark = pytest.mark.cluster
 
@@ -86,3 +87,20 @@ def test_several_nodes_read_as_one_table_without_duplicates_or_holes(spark, hist
     assert "during" not in {r["name"] for r in load(spark, lagging, "queues").collect()}
     counts = {r["kind"]: r["events"] for r in audit.summary(spark, [lagging, complete]).collect()}
     assert counts["routed"] == counts["published"] == 190
+
+
+def test_audit_command_warns_of_a_hole_and_reads_several_nodes_as_one(histories, capsys):
+    """``raftmq audit`` names the lagging node's gap on stderr when it is given alone (the check it
+    runs before starting Spark); given both nodes (two --snapshot options) it warns of nothing and
+    counts every publish once."""
+    from raftmq.spark.report import _warn_holes
+
+    lagging, complete = histories
+    low, high = EV.history_info(lagging).gaps[0]
+    _warn_holes([lagging])
+    assert f"the history lacks events {low}..{high}" in capsys.readouterr().err
+    done = raftmq("audit", "summary", "--snapshot", lagging, "--snapshot", complete, "--quiet", timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "lacks events" not in done.stderr, done.stderr
+    published = next(line.split() for line in done.stdout.splitlines() if line.startswith("published"))
+    assert published[1] == "190", done.stdout
