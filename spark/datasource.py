@@ -192,9 +192,10 @@ class RaftmqReader(DataSourceReader):
                 codes = {_KIND_CODES.get(v, -1) for v in values}
                 self.kinds = codes if self.kinds is None else self.kinds & codes
                 continue
-            if self.table == "events" and column == "message_id" and isinstance(f, EqualTo | In):
-                values = f.value if isinstance(f, In) else (f.value,)
-                ids = {v for v in values if isinstance(v, int) and not isinstance(v, bool)}
+            if self.table == "events" and column == "message_id" and isinstance(f, EqualTo | In) \
+                    and all(isinstance(v, int) and not isinstance(v, bool)
+                            for v in (f.value if isinstance(f, In) else (f.value,))):
+                ids = set(f.value) if isinstance(f, In) else {f.value}
                 self.message_ids = ids if self.message_ids is None else self.message_ids & ids
                 continue
             if self.table == "events" and column in ("queue", "vhost") and isinstance(f, EqualTo) \
