@@ -214,7 +214,7 @@ def trace(spark, path, message_id: int) -> DataFrame:
     what the history records of a principal comes along) and the copy's ``generation`` (0 for the
     first original, +1 per hop)."""
     ids = family(int(message_id), copies(spark, path))
-    generation = F.create_map(*[F.lit(v) for pair in ids.items() for v in pair])
+    generation = F.create_map(*[F.lit(v).cast("long") for pair in ids.items() for v in pair])
     ev = events(spark, path).filter(F.col("message_id").isin(*ids))
     return (ev.withColumn("generation", generation[F.col("message_id")])
             .withColumn("who", _who(F.col("kind"), F.col("detail")))
