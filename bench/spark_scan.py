@@ -47,7 +47,7 @@ def generate(path: str, events: int, batch: int = 2_000) -> None:
     while seq < events:
         message_id += 1
         queue = f"orders-{message_id % 20}"
-        message = Message(message_id, "shop", queue, PROPS, b"x" * 200, True, 0, now)
+        message = Message(message_id, "shop", queue, PROPS, 200, True, 0, now)  # size, not the body (issue 18)
         for kind, detail in ((EV.PUBLISHED, conn), (EV.ROUTED, ""), (EV.DELIVERED, "ctag-1"),
                              (EV.ACKED, "")):
             seq += 1

@@ -188,10 +188,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     audit = sub.add_parser("audit", help="audit a message history snapshot with Spark (pip install raftmq[spark])")
     audit.add_argument("job", choices=["summary", "unconsumed", "redelivered", "dead-letters", "latency",
-                                       "throughput", "delays", "deduplicated"])
+                                       "throughput", "delays", "deduplicated", "trace", "contents"])
     source = audit.add_mutually_exclusive_group(required=True)
-    source.add_argument("--snapshot", help="a snapshot directory (raftmq snapshot)")
-    source.add_argument("--data-dir", help="a node's data directory: snapshot its history first")
+    source.add_argument("--snapshot", action="append",
+                        help="a snapshot directory (raftmq snapshot); repeat for several nodes' read as one")
+    source.add_argument("--data-dir", action="append",
+                        help="a node's data directory: snapshot its history first; repeat for several nodes")
+    audit.add_argument("--message-id", help="trace: a raftmq message id, or an AMQP message-id property")
+    audit.add_argument("--queue", help="contents: the queue")
+    audit.add_argument("--at", help="contents: the moment, UTC ISO-8601 ('2026-11-28 10:42:00')")
+    audit.add_argument("--vhost", default="/", help="contents: the queue's vhost (default /)")
     audit.add_argument("--out", help="also write the whole result: NAME.csv, or Parquet (any other name)")
     audit.add_argument("--plot", help="also draw the result to this PNG file")
     audit.add_argument("--limit", type=int, default=50, help="rows printed (default 50)")

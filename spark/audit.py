@@ -6,12 +6,20 @@ sharing its ``(vhost, queue, message_id)``: ``routed`` -> ``delivered`` (maybe s
 with ``requeued`` between) -> ``acked`` | ``rejected`` | ``expired`` | ``purged`` | ``deleted``
 | ``dropped``, and ``dead_lettered`` links it to a new message whose ``published`` event's
 detail is ``dead-letter:<original id>:<queue>``.
+
+``trace`` (one message's life across queues and copies) and ``contents`` (a queue's messages at a
+moment) take their own arguments; ``path`` may be a list of several nodes' snapshots, read as one
+table (spark/union.py).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+
+from raftmq.store.core.events import NO_ACK
 
 from .session import load
 
@@ -120,6 +128,171 @@ def deduplicated(spark, path: str) -> DataFrame:
             .groupBy("vhost", F.col("detail").alias("level"), "exchange", "queue")
             .agg(F.count("*").alias("duplicates"), F.min("time").alias("first"), F.max("time").alias("last"))
             .orderBy(F.desc("duplicates"), "vhost", "exchange", "queue"))
+
+
+# ---------------------------------------------------------------- one message's life, a queue at a time
+
+#: Events of a message in one queue, in the order they happen to it there.
+QUEUE_KINDS = ("routed", "delivered", "requeued", "acked", "rejected", "expired", "dead_lettered", "dropped",
+               "purged", "deleted")
+#: The published event of a copy names its original: ``dead-letter:<id>:<queue>`` (store/core/expiry.py)
+#: or ``modified:<id>:<queue>`` (an AMQP 1.0 ``modified`` outcome, store/core/modify.py).
+COPY_DETAIL = r"^(dead-letter|modified):(\d+):(.*)$"
+
+
+def _micros(at) -> int:
+    """A moment as integer microseconds since the epoch: a datetime (naive = UTC), an ISO-8601 text
+    (``2026-11-28 10:42:00``, naive = UTC) or microseconds already."""
+    if isinstance(at, int) and not isinstance(at, bool):
+        return at
+    if isinstance(at, str):
+        at = dt.datetime.fromisoformat(at.strip())
+    if isinstance(at, dt.datetime):
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=dt.UTC)
+        return (at - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+    raise TypeError(f"not a moment: {at!r}")
+
+
+def copies(spark, path) -> dict[int, tuple[int, str, str]]:
+    """Every copy in the history: copy id -> (original id, how: ``dead-letter``/``modified``, queue)."""
+    parts = F.regexp_extract(F.col("detail"), COPY_DETAIL, 1)
+    rows = (events(spark, path).filter((F.col("kind") == "published") & F.col("detail").rlike(COPY_DETAIL))
+            .select("message_id", parts.alias("how"),
+                    F.regexp_extract(F.col("detail"), COPY_DETAIL, 2).cast("long").alias("original"),
+                    F.regexp_extract(F.col("detail"), COPY_DETAIL, 3).alias("from_queue"))
+            .collect())
+    return {r["message_id"]: (r["original"], r["how"], r["from_queue"]) for r in rows}
+
+
+def family(message_id: int, links: dict[int, tuple[int, str, str]]) -> dict[int, int]:
+    """The message's originals and copies (dead-letter and modified hops, any depth, both ways):
+    id -> generation (0 for the first original, +1 per hop)."""
+    children: dict[int, list[int]] = {}
+    for copy, (original, _how, _queue) in links.items():
+        children.setdefault(original, []).append(copy)
+    root, seen = message_id, {message_id}
+    while root in links and links[root][0] not in seen:  # back to the first original
+        root = links[root][0]
+        seen.add(root)
+    generations, todo = {root: 0}, [root]
+    while todo:
+        current = todo.pop()
+        for child in children.get(current, ()):
+            if child not in generations:
+                generations[child] = generations[current] + 1
+                todo.append(child)
+    return generations
+
+
+def message_ids(spark, path, amqp_message_id: str) -> list[int]:
+    """The raftmq message ids of the messages published with this AMQP message-id property."""
+    return sorted(r["message_id"] for r in load(spark, path, "messages")
+                  .filter(F.col("amqp_message_id") == amqp_message_id).select("message_id").collect())
+
+
+def _who(kind, detail):
+    """Who did an event, as far as the history says (its ``detail`` is kind-specific)."""
+    copy = F.regexp_extract(detail, COPY_DETAIL, 1)
+    return (F.when((kind == "published") & (copy != ""),
+                   F.concat(copy, F.lit(" of message "), F.regexp_extract(detail, COPY_DETAIL, 2),
+                            F.lit(" from queue "), F.regexp_extract(detail, COPY_DETAIL, 3)))
+            .when(kind == "published", F.concat(F.lit("connection "), detail))
+            .when((kind == "delivered") & (detail == ""), F.lit("basic.get"))
+            .when((kind == "delivered") & (detail == NO_ACK), F.lit("basic.get (no-ack)"))
+            .when((kind == "delivered") & detail.startswith(NO_ACK),
+                  F.concat(F.lit("consumer "), F.substring(detail, len(NO_ACK) + 1, 1 << 20), F.lit(" (no-ack)")))
+            .when(kind == "delivered", F.concat(F.lit("consumer "), detail))
+            .when(kind == "dead_lettered", F.concat(F.lit("broker: "), detail))
+            .when(kind.isin("expired", "delay_released", "purged", "deleted"), F.concat(F.lit("broker "), kind))
+            .otherwise(detail))
+
+
+def trace(spark, path, message_id: int) -> DataFrame:
+    """Every event of one message and of its dead-letter and modified copies (and of the originals it
+    is a copy of), in sequence order, with who did each (``who``; every event column is kept, so
+    what the history records of a principal comes along) and the copy's ``generation`` (0 for the
+    first original, +1 per hop)."""
+    ids = family(int(message_id), copies(spark, path))
+    generation = F.create_map(*[F.lit(v).cast("long") for pair in ids.items() for v in pair])
+    ev = events(spark, path).filter(F.col("message_id").isin(*ids))
+    return (ev.withColumn("generation", generation[F.col("message_id")])
+            .withColumn("who", _who(F.col("kind"), F.col("detail")))
+            .orderBy("seq"))
+
+
+def contents(spark, path, queue: str, at, vhost: str = "/") -> DataFrame:
+    """The messages in ``queue`` at the moment ``at`` (a datetime, ISO text or microseconds; UTC),
+    from the events up to and including it: ``ready``, ``unacked`` (with the ``consumer`` tag it
+    was delivered to, empty for basic.get), or ``delayed`` (held by a delayed exchange then and
+    routed to this queue on release -- or, not released by the end of the history, held by an
+    exchange bound to the queue at that moment).  One row per message with its AMQP message-id,
+    ``since`` (its last event in the queue), ``routed`` (when it entered) and ``deliveries`` so far.
+
+    A message leaves the queue with acked, rejected, expired, dead_lettered, dropped, purged,
+    deleted, a delivery that needs no acknowledgement (detail ``no-ack:<tag>``), or a
+    ``modified:<id>:<queue>`` copy taking its place (the copy is then requeued)."""
+    t = _micros(at)
+    when = F.timestamp_micros(F.lit(t))
+    # One load per scan: see "Self-joins" in datasource.py.
+    own = (events(spark, path).filter((F.col("vhost") == vhost) & (F.col("queue") == queue)
+                                      & F.col("kind").isin(*QUEUE_KINDS) & (F.col("time") <= when))
+           .select("seq", "time", "kind", "message_id", "exchange", "routing_key", "size", "detail"))
+    replaced = (events(spark, path).filter((F.col("kind") == "published") & (F.col("vhost") == vhost)
+                                           & (F.col("time") <= when)
+                                           & F.col("detail").rlike(r"^modified:\d+:"))
+                .filter(F.regexp_extract("detail", COPY_DETAIL, 3) == queue)
+                .select("seq", "time", F.lit("replaced").alias("kind"),
+                        F.regexp_extract("detail", COPY_DETAIL, 2).cast("long").alias("message_id"),
+                        "exchange", "routing_key", "size", "detail"))
+    last = F.max_by(F.struct("kind", "detail", "time"), "seq")
+    queued = (own.unionByName(replaced).groupBy("message_id")
+              .agg(last.alias("last"), F.min(F.when(F.col("kind") == "routed", F.col("time"))).alias("routed"),
+                   F.count(F.when(F.col("kind") == "delivered", 1)).alias("deliveries"),
+                   F.first("exchange").alias("exchange"), F.first("routing_key").alias("routing_key"),
+                   F.first("size").alias("size"))
+              .withColumn("state", F.when(F.col("last.kind").isin("routed", "requeued"), F.lit("ready"))
+                          .when((F.col("last.kind") == "delivered") & ~F.col("last.detail").startswith(NO_ACK),
+                                F.lit("unacked")))
+              .filter(F.col("state").isNotNull())
+              .select("message_id", "state",
+                      F.when(F.col("state") == "unacked", F.col("last.detail")).alias("consumer"),
+                      F.col("last.time").alias("since"), "routed", "deliveries", "exchange", "routing_key", "size"))
+    rows = queued.unionByName(_delayed_for(spark, path, queue, vhost, when))
+    names = load(spark, path, "messages").select("message_id", "amqp_message_id")
+    return (rows.join(names, "message_id", "left")
+            .select(F.lit(vhost).alias("vhost"), F.lit(queue).alias("queue"), "message_id", "amqp_message_id",
+                    "state", "consumer", "since", "routed", "deliveries", "exchange", "routing_key", "size")
+            .orderBy("routed", "since", "message_id"))
+
+
+def _delayed_for(spark, path, queue: str, vhost: str, when) -> DataFrame:
+    """``contents``' delayed rows: messages a delayed exchange held at ``when`` that were routed to
+    ``queue`` on release, or (not released by the end of the history) whose exchange was bound to
+    it at ``when``."""
+    held = (events(spark, path).filter((F.col("kind") == "delayed") & (F.col("vhost") == vhost)
+                                       & (F.col("time") <= when))
+            .select("message_id", "exchange", "routing_key", "size", F.col("time").alias("since")))
+    ended = (events(spark, path).filter(F.col("kind").isin("delay_released", "dropped") & (F.col("vhost") == vhost)
+                                        & (F.col("queue") == ""))
+             .select("message_id", F.col("time").alias("ended")))
+    routed_here = (events(spark, path).filter((F.col("kind") == "routed") & (F.col("vhost") == vhost)
+                                              & (F.col("queue") == queue))
+                   .select("message_id").distinct().withColumn("routed_here", F.lit(True)))
+    bound = (load(spark, path, "bindings")
+             .filter((F.col("vhost") == vhost) & (F.col("destination") == queue)
+                     & (F.col("destination_type") == "queue") & (F.col("bound") <= when)
+                     & (F.col("unbound").isNull() | (F.col("unbound") > when)))
+             .select(F.col("source").alias("exchange")).distinct().withColumn("bound_here", F.lit(True)))
+    ends = ended.groupBy("message_id").agg(F.min("ended").alias("ended"))
+    return (held.join(ends, "message_id", "left")
+            .filter(F.col("ended").isNull() | (F.col("ended") > when))
+            .join(routed_here, "message_id", "left")
+            .join(bound, "exchange", "left")
+            .filter(F.col("routed_here") | (F.col("ended").isNull() & F.col("bound_here")))
+            .select("message_id", F.lit("delayed").alias("state"), F.lit(None).cast("string").alias("consumer"),
+                    "since", F.lit(None).cast("timestamp").alias("routed"), F.lit(0).cast("long").alias("deliveries"),
+                    "exchange", "routing_key", "size"))
 
 
 JOBS = {"summary": summary, "unconsumed": unconsumed, "redelivered": redelivered,

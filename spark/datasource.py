@@ -25,7 +25,8 @@ issue 36 read with these columns null.
   ``seq`` / ``message_id`` narrow the key range; comparisons on ``time`` become a key range too,
   because time never decreases along the sequence (the state machine keeps the largest
   leader-stamped time) -- found by binary search, then applied exactly row by row.  ``kind``,
-  ``queue`` and ``vhost`` equalities (and ``kind IN (...)``) are applied while reading.
+  ``queue`` and ``vhost`` equalities (and ``kind IN (...)``), and ``message_id = n`` /
+  ``message_id IN (...)`` on ``events`` (``audit trace``), are applied while reading.
 
 **Self-joins**: Spark 4.3 keeps one pushed-down reader (and one partition list) per loaded
 relation, so two scans of the *same* ``load()`` with different filters (a self-join, a union)
@@ -40,6 +41,14 @@ before) and a damaged one raises ``HistoryDamaged`` naming the snapshot, table a
 Spark job fails with that message instead of returning a damaged row or a silently shorter
 answer.  ``raftmq verify --data-dir`` lists every damaged record of a stopped node's history.
 
+**Several nodes as one** (issue 36, ``spark/union.py``): ``option("paths", "a,b,c")`` (or a JSON
+list) reads several nodes' snapshots as one table: each event once (events have the same sequence
+number and record on every node; two histories disagreeing on one fail the read), a node's
+``gaps`` filled from the others.  ``raftmq.spark.union.holes`` says which ranges none holds.
+
+**Streaming** (``spark/stream.py``): ``spark.readStream.format("raftmq").option("path",
+<data dir>/events)`` follows a node's live history by sequence offsets.
+
 Each ``read()`` opens the snapshot itself (an ``lmdb.Environment`` cannot be pickled, and one
 process may not open the same environment twice) and closes it before returning.  Workers import
 this module, so raftmq must be installed where Spark's Python workers run (``PYSPARK_PYTHON``).
@@ -48,6 +57,7 @@ this module, so raftmq must be installed where Spark's Python workers run (``PYS
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 
 import lmdb
@@ -67,6 +77,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from raftmq.store.disk import history as EV
+
+from . import union
 
 SCHEMAS = {
     "events": "seq long, time timestamp, kind string, vhost string, queue string, message_id long, "
@@ -115,14 +127,15 @@ class RaftmqDataSource(DataSource):
     def __init__(self, options: dict) -> None:
         super().__init__(options)
         opts = {k.lower(): v for k, v in dict(options).items()}
-        self.path = opts.get("path")
-        if not self.path:
-            raise ValueError('the raftmq data source needs option("path", <snapshot directory>)')
+        self.options = opts
+        self.paths = parse_paths(opts)
+        self.path = self.paths[0]
         self.table = opts.get("table", "events").lower()
         if self.table not in SCHEMAS:
             raise ValueError(f"unknown raftmq table {self.table!r}; one of {sorted(SCHEMAS)}")
-        if not os.path.exists(os.path.join(self.path, "data.mdb")):
-            raise FileNotFoundError(f"{self.path} is not a raftmq history snapshot (no data.mdb)")
+        for path in self.paths:
+            if not os.path.exists(os.path.join(path, "data.mdb")):
+                raise FileNotFoundError(f"{path} is not a raftmq history snapshot (no data.mdb)")
         self.partition_count = int(opts["partitions"]) if "partitions" in opts else None
         self.batch_rows = int(opts.get("batchrows", 8192))
         self.pushdown = opts.get("pushdown", "true").lower() not in ("false", "0", "no")
@@ -131,15 +144,35 @@ class RaftmqDataSource(DataSource):
         return SCHEMAS[self.table]
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return RaftmqReader(self.path, self.table, schema, self.partition_count, self.batch_rows,
+        return RaftmqReader(self.paths, self.table, schema, self.partition_count, self.batch_rows,
                             self.pushdown)
+
+    def streamReader(self, schema: StructType):  # noqa: N802 - the pyspark API's name
+        from .stream import RaftmqStreamReader
+
+        return RaftmqStreamReader(self, schema, RaftmqReader, _batches)
+
+
+def parse_paths(opts: dict) -> list[str]:
+    """The histories to read: ``path`` (one), or ``paths`` (several: a JSON list or comma-separated)."""
+    raw = opts.get("paths")
+    if raw:
+        paths = json.loads(raw) if raw.lstrip().startswith("[") else raw.split(",")
+        paths = [str(p).strip() for p in paths if str(p).strip()]
+    else:
+        paths = [opts["path"]] if opts.get("path") else []
+    if not paths:
+        raise ValueError('the raftmq data source needs option("path", <snapshot directory>) '
+                         'or option("paths", "<dir>,<dir>,...")')
+    return paths
 
 
 class RaftmqReader(DataSourceReader):
-    def __init__(self, path: str, table: str, schema: StructType, partition_count: int | None,
+    def __init__(self, paths: str | list[str], table: str, schema: StructType, partition_count: int | None,
                  batch_rows: int, pushdown: bool = True) -> None:
         self.pushdown = pushdown
-        self.path = path
+        self.paths = [paths] if isinstance(paths, str) else list(paths)
+        self.path = self.paths[0]
         self.table = table
         self.schema = schema
         self.partition_count = partition_count
@@ -154,6 +187,7 @@ class RaftmqReader(DataSourceReader):
         self.time_low, self.time_high = None, None
         self.kinds: set[int] | None = None
         self.equal: dict[int, str] = {}  # record position -> required value (queue, vhost)
+        self.message_ids: set[int] | None = None  # events: message_id = / IN
 
     def pushFilters(self, filters):  # noqa: N802 - the pyspark API's name
         self._reset()
@@ -169,6 +203,12 @@ class RaftmqReader(DataSourceReader):
                 values = f.value if isinstance(f, In) else (f.value,)
                 codes = {_KIND_CODES.get(v, -1) for v in values}
                 self.kinds = codes if self.kinds is None else self.kinds & codes
+                continue
+            if self.table == "events" and column == "message_id" and isinstance(f, EqualTo | In) \
+                    and all(isinstance(v, int) and not isinstance(v, bool)
+                            for v in (f.value if isinstance(f, In) else (f.value,))):
+                ids = set(f.value) if isinstance(f, In) else {f.value}
+                self.message_ids = ids if self.message_ids is None else self.message_ids & ids
                 continue
             if self.table == "events" and column in ("queue", "vhost") and isinstance(f, EqualTo) \
                     and isinstance(f.value, str):
@@ -212,30 +252,26 @@ class RaftmqReader(DataSourceReader):
     def partitions(self):
         if self.table not in KEY_COLUMN:
             return [self._partition(0, 0)]
-        env = EV.open_history(self.path)
-        try:
-            with env.begin() as txn:
-                tables = EV.open_tables(env, create=False, txn=txn)
-                db = tables.get(self.table)
-                if db is None:
+        if len(self.paths) > 1:
+            with _Histories(self.paths, self.table) as opened:
+                if opened.cursor is None:
                     return [self._partition(0, 0)]
-                check = EV.checker(txn, tables, self.path)
-                cursor = txn.cursor(db=db)
-                if not cursor.first():
-                    return [self._partition(0, 0)]
-                first = EV.U64.unpack(cursor.key())[0]
-                cursor.last()
-                last = EV.U64.unpack(cursor.key())[0]
-                low, high = max(self.key_low, first), last + 1
-                if self.key_high is not None:
-                    high = min(high, self.key_high)
-                if self.time_low is not None:
-                    low = max(low, _first_key_at(cursor, low, high, self.time_low, check, self.table))
-                if self.time_high is not None:
-                    high = min(high, _first_key_at(cursor, low, high, self.time_high, check, self.table))
-                rows = txn.stat(db)["entries"]
-        finally:
-            env.close()
+                found = self._key_range(opened.cursor, opened.check, opened.entries)
+        else:
+            env = EV.open_history(self.path)
+            try:
+                with env.begin() as txn:
+                    tables = EV.open_tables(env, create=False, txn=txn)
+                    db = tables.get(self.table)
+                    if db is None:
+                        return [self._partition(0, 0)]
+                    found = self._key_range(txn.cursor(db=db), EV.checker(txn, tables, self.path),
+                                            txn.stat(db)["entries"])
+            finally:
+                env.close()
+        if found is None:
+            return [self._partition(0, 0)]
+        low, high, rows = found
         if low >= high:
             return [self._partition(0, 0)]
         count = self.partition_count or max(1, min(64, rows // ROWS_PER_PARTITION + 1))
@@ -243,20 +279,41 @@ class RaftmqReader(DataSourceReader):
         step = -(-(high - low) // count)
         return [self._partition(start, min(start + step, high)) for start in range(low, high, step)]
 
+    def _key_range(self, cursor, check, rows: int) -> tuple[int, int, int] | None:
+        """The key range [low, high) the pushed-down bounds leave, and the rows held; None if empty."""
+        if not cursor.first():
+            return None
+        first = EV.U64.unpack(cursor.key())[0]
+        cursor.last()
+        last = EV.U64.unpack(cursor.key())[0]
+        low, high = max(self.key_low, first), last + 1
+        if self.key_high is not None:
+            high = min(high, self.key_high)
+        if self.time_low is not None:
+            low = max(low, _first_key_at(cursor, low, high, self.time_low, check, self.table))
+        if self.time_high is not None:
+            high = min(high, _first_key_at(cursor, low, high, self.time_high, check, self.table))
+        return low, high, rows
+
     def _partition(self, start: int, stop: int) -> InputPartition:
         """A key range with the scan's pushed-down filters (plain values: partitions are pickled)."""
         kinds = tuple(sorted(self.kinds)) if self.kinds is not None else None
+        ids = tuple(sorted(self.message_ids)) if self.message_ids is not None else None
         return InputPartition((start, stop, kinds, tuple(sorted(self.equal.items())), self.time_low,
-                               self.time_high))
+                               self.time_high, ids))
 
     # ------------------------------------------------------------------ reading (workers)
 
     def read(self, partition):
-        start, stop, kinds, equal, self.time_low, self.time_high = partition.value
+        start, stop, kinds, equal, self.time_low, self.time_high, ids = partition.value
         self.kinds = set(kinds) if kinds is not None else None
+        self.message_ids = set(ids) if ids is not None else None
         self.equal = dict(equal)
         arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
         if self.table in KEY_COLUMN and start >= stop:
+            return
+        if len(self.paths) > 1:
+            yield from self._read_union(start, stop, arrow_schema)
             return
         env = EV.open_history(self.path)
         try:
@@ -272,13 +329,26 @@ class RaftmqReader(DataSourceReader):
         finally:
             env.close()
 
+    def _read_union(self, start: int, stop: int, arrow_schema: pa.Schema):
+        """``read`` over several histories (spark/union.py): one merged cursor, each key once."""
+        with _Histories(self.paths, self.table) as opened:
+            if self.table not in KEY_COLUMN:
+                rows = iter(opened.catalog())
+            elif opened.cursor is None:
+                return
+            else:
+                self.check = opened.check
+                rows = _ROWS[self.table](self, opened.cursor, start, stop)
+            yield from _batches(rows, arrow_schema, self.batch_rows)
+
     def _event_rows(self, cursor: lmdb.Cursor, start: int, stop: int):
         decode, key_of = self.check.decode, EV.U64.unpack
         principal_of = self.principal_of
         known = principal_of.known.get
         kinds, equal = self.kinds, list(self.equal.items())
+        ids = self.message_ids
         t_low, t_high = self.time_low, self.time_high
-        if kinds is not None and not kinds:
+        if (kinds is not None and not kinds) or (ids is not None and not ids):
             return
         if not cursor.set_range(EV.U64.pack(start)):
             return
@@ -289,6 +359,8 @@ class RaftmqReader(DataSourceReader):
             if kinds is not None and r[2] not in kinds:
                 continue
             if equal and any(r[pos] != want for pos, want in equal):
+                continue
+            if ids is not None and r[5] not in ids:
                 continue
             t = r[1]
             if (t_low is not None and t < t_low) or (t_high is not None and t >= t_high):
@@ -365,6 +437,53 @@ class _Principals:
                 found = (user, protocol, address, name)
             self.known[conn] = found
         return found
+
+
+class _Histories:
+    """Several histories open at once, each in one read transaction, for one table: a union cursor
+    over a u64-keyed table (``cursor``, ``check``, ``entries``: the most any one holds), or the
+    catalog union (``catalog()``)."""
+
+    def __init__(self, paths: list[str], table: str) -> None:
+        self.paths, self.table = paths, table
+        self.envs: list[lmdb.Environment] = []
+        self.txns: list[lmdb.Transaction] = []
+        self.cursor: union.UnionCursor | None = None
+        self.check: union.UnionChecker | None = None
+        self.parts: list[tuple[lmdb.Cursor, EV.Checker]] = []
+        self.entries = 0
+
+    def __enter__(self) -> _Histories:
+        try:
+            held = []
+            for path in self.paths:
+                env = EV.open_history(path)
+                self.envs.append(env)
+                txn = env.begin()
+                self.txns.append(txn)
+                tables = EV.open_tables(env, create=False, txn=txn)
+                db = tables.get(self.table)
+                if db is not None:
+                    held.append((path, txn.cursor(db=db), EV.checker(txn, tables, path)))
+                    self.entries = max(self.entries, txn.stat(db)["entries"])
+            self.parts = [(cursor, check) for _path, cursor, check in held]
+            if held and self.table in KEY_COLUMN:
+                self.check = union.UnionChecker([check for _p, _c, check in held])
+                self.cursor = union.UnionCursor(self.table, [c for _p, c, _k in held], self.check,
+                                                [p for p, _c, _k in held], compare=self.table == "events")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def catalog(self) -> list[list]:
+        return union.catalog_union(self.parts, self.table)
+
+    def __exit__(self, *exc: object) -> None:
+        for txn in self.txns:
+            txn.abort()
+        for env in self.envs:
+            env.close()
 
 
 def _text(value) -> str:

@@ -105,23 +105,30 @@ def plot(job: str, rows: list, columns: list[str], out: str) -> None:
 
 
 def run(args) -> int:
-    """The ``raftmq audit`` command (arguments from ops/cli.py)."""
+    """The ``raftmq audit`` command (arguments from ops/cli.py).  Several ``--snapshot`` or
+    ``--data-dir`` options are read as one history (spark/union.py)."""
     from raftmq.store.disk.history import snapshot
 
     from .session import audit_session
 
-    path = args.snapshot
+    paths = list(_listed(args.snapshot))
     scratch = None
-    if path is None:
+    if not paths:
         # Audit a node's live history: take a consistent snapshot of it first.
         scratch = tempfile.TemporaryDirectory(prefix="raftmq-audit-")
-        path = os.path.join(scratch.name, "snapshot")
-        info = snapshot(os.path.join(args.data_dir, "events"), path)
-        print(f"snapshot of {args.data_dir}: events {info.first_seq}..{info.last_seq}, "
-              f"raft index {info.raft_index}", file=sys.stderr)
+        for n, data_dir in enumerate(_listed(args.data_dir)):
+            path = os.path.join(scratch.name, f"snapshot{n}")
+            info = snapshot(os.path.join(data_dir, "events"), path)
+            print(f"snapshot of {data_dir}: events {info.first_seq}..{info.last_seq}, "
+                  f"raft index {info.raft_index}", file=sys.stderr)
+            paths.append(path)
     try:
+        _warn_holes(paths)
+        source = paths[0] if len(paths) == 1 else paths
         spark = audit_session(master=args.master)
-        df = audit.JOBS[args.job](spark, path)
+        df = _job(args, spark, source)
+        if df is None:
+            return 2
         with Progress(spark) if not args.quiet else contextlib.nullcontext():
             rows = df.collect()
             if args.out:
@@ -136,6 +143,57 @@ def run(args) -> int:
         if scratch is not None:
             scratch.cleanup()
     return 0
+
+
+def _listed(value) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _job(args, spark, source):
+    """The job's DataFrame; None (after a message on stderr) if its arguments are missing."""
+    if args.job == "trace":
+        wanted = getattr(args, "message_id", None)
+        if wanted is None:
+            print("raftmq audit trace needs --message-id (a raftmq message id, or an AMQP message-id)",
+                  file=sys.stderr)
+            return None
+        if wanted.isdigit():
+            return audit.trace(spark, source, int(wanted))
+        found = audit.message_ids(spark, source, wanted)
+        if not found:
+            print(f"no message with message-id {wanted!r} in the history", file=sys.stderr)
+            return None
+        if len(found) > 1:
+            print(f"{len(found)} messages carry message-id {wanted!r} (ids {found[:10]}); tracing all",
+                  file=sys.stderr)
+        frames = [audit.trace(spark, source, m) for m in found]
+        df = frames[0]
+        for more in frames[1:]:
+            df = df.unionByName(more)
+        return df.dropDuplicates(["seq"]).orderBy("seq")
+    if args.job == "contents":
+        if not getattr(args, "queue", None) or not getattr(args, "at", None):
+            print("raftmq audit contents needs --queue and --at (UTC, e.g. '2026-11-28 10:42:00')",
+                  file=sys.stderr)
+            return None
+        return audit.contents(spark, source, args.queue, args.at, vhost=getattr(args, "vhost", None) or "/")
+    return audit.JOBS[args.job](spark, source)
+
+
+def _warn_holes(paths: list[str]) -> None:
+    """Say on stderr which sequence ranges none of the histories holds (a node that installed a
+    state snapshot lacks the batches it covers: add another node's snapshot)."""
+    from .union import holes
+
+    found = holes(paths)
+    if found.holes:
+        shown = ", ".join(f"{a}..{b}" for a, b in found.holes[:10])
+        more = f" and {len(found.holes) - 10} more" if len(found.holes) > 10 else ""
+        advice = "add another node's --snapshot/--data-dir to fill them" if len(paths) == 1 else \
+            "no node given holds them"
+        print(f"warning: the history lacks events {shown}{more} ({advice})", file=sys.stderr)
 
 
 def _print_table(columns: list[str], rows: list, limit: int) -> None:

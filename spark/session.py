@@ -8,6 +8,7 @@ Python workers must import raftmq: ``PYSPARK_PYTHON`` defaults to this interpret
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -43,9 +44,15 @@ def register(spark) -> None:
     spark.dataSource.register(RaftmqDataSource)
 
 
-def load(spark, path: str, table: str = "events", **options):
-    """``spark.read.format("raftmq")`` on a snapshot directory."""
-    reader = spark.read.format("raftmq").option("path", str(path)).option("table", table)
+def load(spark, path, table: str = "events", **options):
+    """``spark.read.format("raftmq")`` on a snapshot directory, or on several nodes' snapshots read
+    as one table (a list of directories: ``option("paths")``, spark/union.py)."""
+    reader = spark.read.format("raftmq").option("table", table)
+    if isinstance(path, list | tuple):
+        paths = [str(p) for p in path]
+        reader = reader.option("path", paths[0]) if len(paths) == 1 else reader.option("paths", json.dumps(paths))
+    else:
+        reader = reader.option("path", str(path))
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.load()

@@ -446,7 +446,8 @@ class Delivery:
         redelivered = entry.delivery_count > 0
         if redelivered and queue.delivery_header:
             message = with_delivery_count(message, entry.delivery_count)
-        m.event(EV.DELIVERED, queue, entry.message, consumer.tag, "", consumer.channel.conn)
+        m.event(EV.DELIVERED, queue, entry.message, EV.NO_ACK + consumer.tag if consumer.no_ack else consumer.tag, "",
+                consumer.channel.conn)
         stats = m.stats
         stats["delivered"] += 1
         if redelivered:
@@ -521,7 +522,7 @@ class Delivery:
             self.drop(queue, entry)
         else:
             self.hold(ch, ch, queue, entry)
-        m.event(EV.DELIVERED, queue, entry.message, "", "", conn)
+        m.event(EV.DELIVERED, queue, entry.message, EV.NO_ACK if no_ack else "", "", conn)
         return GotMessage(queue.qid, entry.seq, redelivered, message, len(queue.ready))
 
     def take_unacked(self, ch: ChannelState, refs: list) -> list[tuple[Queue, Entry]]:

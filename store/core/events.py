@@ -39,6 +39,10 @@ NOTE_KINDS = frozenset(range(CONNECTION_OPENED, ADMIN_CHANGE + 1))  # the kinds 
 
 RETENTIONS = ("none", "metadata", "body")
 RETENTION_ARGUMENT = "x-audit-retention"  # a queue argument overriding the node's retention
+#: A ``delivered`` event's detail is the consumer tag ("" for basic.get); a delivery that needs no
+#: acknowledgement (no-ack consumer or get, 1.0 pre-settled) is prefixed with this: it also ends the
+#: message's life in the queue (no ``acked`` follows), which ``audit contents`` must know (issue 36).
+NO_ACK = "no-ack:"
 
 # ``conn``: the connection that acted (publish, deliver, get, ack, reject; the connection events),
 # None where none did.  ``principal``: ``[user, protocol, address, connection name]`` on the
