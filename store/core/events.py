@@ -7,6 +7,10 @@ Spark data source reads them back by these field names.
 
 from __future__ import annotations
 
+import hashlib
+
+import msgpack
+
 # Message events
 PUBLISHED, DELIVERED, ACKED, REQUEUED, REJECTED, EXPIRED, DEAD_LETTERED, DROPPED, PURGED, DELETED = range(1, 11)
 ROUTED, UNROUTABLE = 11, 12
@@ -39,5 +43,32 @@ EXCHANGE_FIELDS = ("vhost", "name", "type", "durable", "auto_delete", "internal"
                    "declared_us", "deleted_us")
 BINDING_FIELDS = ("vhost", "source", "destination", "destination_type", "routing_key", "arguments",
                   "bound_us", "unbound_us")
-TABLES = ("events", "messages", "queues", "exchanges", "bindings", "meta")
+TABLES = ("events", "messages", "queues", "exchanges", "bindings", "meta", "chain")  # chain: issue 36
 CATALOG_TABLES = ("queues", "exchanges", "bindings")
+
+# Issue 36: the tamper-evidence chain (docs/design.md "Tamper evidence: the event chain").  Every
+# event the machine numbers -- kept by this node's retention or not -- has a *leaf*, the SHA-256 of
+# its chained fields packed with msgpack, and every applied batch with events moves the replicated
+# ``StateMachine.chain_head`` on: head = SHA-256(previous head || the batch's leaves in seq order).
+# The chained fields are an event record (EVENT_FIELDS) without its ``raft_index`` (slot 10: the
+# machine's message or definition there, which is not chained); fields added after it are chained too.
+CHAIN_ZERO = bytes(32)  # the head before the first event
+CHAIN_TABLE = "chain"  # the history's table of per-batch chain records (store/disk/history.py)
+_sha256 = hashlib.sha256
+_packb = msgpack.packb  # deterministic for the ints, str, bytes and None of events (the machine packs
+# with its own Packer, the same encoding: a Packer is not shared between threads)
+
+
+def chain_leaf(fields: list | tuple) -> bytes:
+    """The leaf of one event from its chained fields (``chained_fields`` of a stored record)."""
+    return _sha256(_packb(fields)).digest()
+
+
+def chained_fields(record: list) -> list:
+    """The fields of a stored event record that its leaf covers: all but ``raft_index``."""
+    return record[:10] + record[11:]
+
+
+def chain_next(previous: bytes, leaves: list[bytes]) -> bytes:
+    """The head after a batch whose events have ``leaves`` (in seq order)."""
+    return _sha256(previous + b"".join(leaves)).digest()

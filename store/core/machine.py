@@ -15,11 +15,14 @@ deduplication all happen here, so every node agrees where each message went and 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import Any
+
+import msgpack
 
 from .commands import (
     ERR,
@@ -39,6 +42,7 @@ from .delayed import DelayedMessages
 from .delivery import Delivery
 from .effects import Effects
 from .errors import HARD_ERRORS, CommandError
+from .events import CHAIN_ZERO, chain_next
 from .expiry import Expiry
 from .limits import LimitCommands
 from .message import AMQP091
@@ -54,6 +58,7 @@ from .users import UserCommands, UserRecord
 
 log = logging.getLogger(__name__)
 _new_tuple = tuple.__new__
+_sha256 = hashlib.sha256
 
 def _channel_of(command: Command) -> int | None:
     """The channel (or 0-10 session) a command came on; None for connection- and node-level ones."""
@@ -135,6 +140,11 @@ class StateMachine:
         # (they are numbered either way, so that every node numbers every event alike).
         self.records_events = False
         self._events: list[list] = []
+        # The tamper-evidence chain (events.py, issue 36): replicated, so every node agrees on it;
+        # each event's leaf is computed whether or not this node records the event.
+        self.chain_head = CHAIN_ZERO
+        self._leaves: list[bytes] = []
+        self._pack = msgpack.Packer(use_bin_type=True).pack  # this machine's own (one thread applies)
         self.stats = {"published": 0, "unroutable": 0, "delivered": 0, "redelivered": 0, "acked": 0,
                       "rejected": 0, "dead_lettered": 0, "expired": 0, "deduplicated": 0, "delivery_limited": 0,
                       "delayed": 0, "delay_released": 0, "delay_refused": 0}
@@ -244,28 +254,38 @@ class StateMachine:
         if self._persist is not None:
             effects.persistence, effects.sync_needed = self._persist.ops, self._persist.sync_needed
             self._persist = None
-        if self._events:
-            effects.events, self._events = self._events, []
+        if self._leaves:
+            leaves, self._leaves = self._leaves, []
+            previous = self.chain_head
+            self.chain_head = chain_next(previous, leaves)
+            if self._events:
+                effects.events, self._events = self._events, []
+                effects.chain = (previous, self.chain_head, leaves)
         return effects
 
     def event(self, kind: int, queue: Queue | None, message: Message, detail: str = "",
-               vhost: str = "") -> None:
-        """Record a message's audit event (numbered even when this node keeps no history, so that
-        every node numbers every event alike).  The record carries the message itself: the event
-        writer takes properties and body from it only when its retention asks for them."""
-        self.event_seq += 1
+              vhost: str = "") -> None:
+        """Record a message's audit event (numbered and chained even when this node keeps no
+        history, so that every node numbers and chains every event alike).  The record carries the
+        message itself: the event writer takes properties and body from it only when its retention
+        asks for them."""
+        seq = self.event_seq = self.event_seq + 1
+        fields = [seq, self._now, kind, queue.vhost if queue else vhost, queue.name if queue else "", message.id,
+                  message.exchange, message.routing_key, message.size, detail]
+        self._leaves.append(_sha256(self._pack(fields)).digest())  # events.chain_leaf, inlined
         if self.records_events:
-            self._events.append([self.event_seq, self._now, kind, queue.vhost if queue else vhost,
-                                 queue.name if queue else "", message.id, message.exchange, message.routing_key,
-                                 message.size, detail, message])
+            fields.append(message)
+            self._events.append(fields)
 
     def definition_event(self, kind: int, vhost: str, queue: str = "", exchange: str = "",
-                          routing_key: str = "", detail: str = "", definition: tuple = ()) -> None:
+                         routing_key: str = "", detail: str = "", definition: tuple = ()) -> None:
         """Record a queue, exchange or binding change (the catalog tables of the audit history)."""
-        self.event_seq += 1
+        seq = self.event_seq = self.event_seq + 1
+        fields: list = [seq, self._now, kind, vhost, queue, None, exchange, routing_key, 0, detail]
+        self._leaves.append(_sha256(self._pack(fields)).digest())
         if self.records_events:
-            self._events.append([self.event_seq, self._now, kind, vhost, queue, None, exchange, routing_key,
-                                 0, detail, definition])
+            fields.append(definition)
+            self._events.append(fields)
 
     def _apply_one(self, command: Command) -> None:
         op = command.op

@@ -66,6 +66,8 @@ from ..core.events import (  # noqa: F401 - the kinds and fields are this format
     BINDING_FIELDS,
     BOUND,
     CATALOG_TABLES,
+    CHAIN_TABLE,
+    CHAIN_ZERO,
     DEAD_LETTERED,
     DEDUPLICATED,
     DEFINITION_KINDS,

@@ -57,6 +57,7 @@ MODEL_FIELDS = (
     "rescan",  # issue 37 (filtered consumers, store/core/delivery.py)
     "permission_overlay",  # issue 37 (configuration-file users' permissions, store/core/users.py)
     "vhost_limits", "user_limits",  # issue 31 (store/core/limits.py); absent in older snapshots: no limits
+    "chain_head",  # issue 36 (store/core/events.py); absent in older snapshots: the chain starts there
 )
 
 

@@ -1,0 +1,323 @@
+"""``raftmq audit verify``: check an audit history against its hash chain, and against another node's.
+
+The chain (issue 36, docs/design.md "Tamper evidence: the event chain"): every event the state
+machine numbers has a *leaf*, SHA-256 of its chained fields (``store/core/events.py``
+``chained_fields``), and every applied batch moves the replicated head on, head = SHA-256(previous
+head || the batch's leaves).  The history's ``chain`` table holds one record per batch (written by
+``store/disk/event_writer.py``): ``[first_seq, last_seq, raft_index, previous, head, leaves,
+dropped]`` where ``leaves`` are the 32-byte leaves of every event of the batch, kept or not, and
+``dropped`` the seqs this node's retention did not keep.
+
+Checked here, alone (``verify_history``):
+
+- every record decodes and its CRC holds (a damaged record is named, as by ``raftmq verify``);
+- each chain record's head follows from its previous head and its leaves, and its previous head is
+  the head of the batch before it (a break is accepted only where ``meta`` records a gap: the node
+  installed a state snapshot there);
+- every event of a batch that the node kept is there, and its fields give its leaf (an edited event
+  is named: seq, table, the record); an event recorded as kept but missing is named (deleted); an
+  event outside every chained batch after the first is named (inserted);
+- events older than the first chain record (written before issue 36) are counted, not judged.
+
+Against another history (``--against DIR``, another node's data directory or snapshot): the batches
+both hold must have equal heads and leaves; the first event that differs is named with the fields
+that differ where both nodes kept it.  This is what catches a history rewritten *consistently* on
+one node (leaves and heads recomputed): its heads then differ from every other node's.
+
+Exit status: 0 intact (one summary line), 1 something is wrong (the first bad event first), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+import lmdb
+
+from raftmq.store.core.events import CHAIN_TABLE, EVENT_FIELDS, chain_leaf, chain_next, chained_fields
+from raftmq.store.disk import history as EV
+
+EXIT_INTACT, EXIT_BAD, EXIT_USAGE = 0, 1, 2
+_LEAF = 32
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing wrong, as printed: the event's seq (None for a record that is no event), the table."""
+
+    seq: int | None
+    table: str
+    what: str
+
+    def __str__(self) -> str:
+        where = f"seq {self.seq} ({self.table})" if self.seq is not None else self.table
+        return f"{where}: {self.what}"
+
+
+@dataclass
+class Batch:
+    """One chain record, decoded."""
+
+    first: int
+    last: int
+    raft_index: int | None
+    previous: bytes
+    head: bytes
+    leaves: bytes
+    dropped: frozenset[int]
+
+    def leaf(self, seq: int) -> bytes:
+        k = (seq - self.first) * _LEAF
+        return self.leaves[k:k + _LEAF]
+
+
+@dataclass
+class Report:
+    """What a verification found (``findings`` empty: intact)."""
+
+    path: str
+    batches: int = 0
+    events_checked: int = 0
+    not_kept: int = 0  # events the node's retention did not keep: their leaves are chained all the same
+    unchained: int = 0  # events older than the chain (written before issue 36)
+    trimmed_batches: int = 0  # batches partly trimmed by age/size limits: their kept events checked
+    gaps_accepted: int = 0  # chain breaks where the node installed a state snapshot (meta gaps)
+    first_seq: int = 0
+    last_seq: int = 0
+    head: bytes = b""
+    compared: int = 0  # batches compared with the other history
+    findings: list[Finding] = field(default_factory=list)
+
+
+class _History:
+    """One history read in a single read transaction (a consistent view, even of a running node)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.env = EV.open_history(path)
+        self.txn = self.env.begin()
+        self.tables = EV.open_tables(self.env, create=False, txn=self.txn)
+        self.check = EV.checker(self.txn, self.tables, path)
+        self.info = EV.info(self.txn, self.tables, self.check)
+
+    def close(self) -> None:
+        self.txn.abort()
+        self.env.close()
+
+    def batches(self, findings: list[Finding]) -> list[Batch]:
+        db = self.tables.get(CHAIN_TABLE)
+        out: list[Batch] = []
+        if db is None:
+            return out
+        for key, value in self.txn.cursor(db=db):
+            try:
+                first, last, index, previous, head, leaves, dropped = self.check.decode(CHAIN_TABLE, key, value)
+            except EV.HistoryDamaged as exc:
+                findings.extend(Finding(None, CHAIN_TABLE, f"{d.where}: {d.what}") for d in exc.damages)
+                continue
+            except (TypeError, ValueError):
+                findings.append(Finding(None, CHAIN_TABLE, f"{EV.describe_key(CHAIN_TABLE, bytes(key))}: "
+                                                           "not a chain record"))
+                continue
+            out.append(Batch(first, last, index, bytes(previous), bytes(head), bytes(leaves), frozenset(dropped)))
+        return out
+
+    def event(self, seq: int) -> list | None:
+        db = self.tables.get("events")
+        key = EV.U64.pack(seq)
+        value = self.txn.get(key, db=db) if db is not None else None
+        return self.check.decode("events", key, value) if value is not None else None
+
+    def event_seqs(self) -> list[int]:
+        db = self.tables.get("events")
+        if db is None:
+            return []
+        return [EV.U64.unpack(key)[0] for key in self.txn.cursor(db=db).iternext(keys=True, values=False)]
+
+
+def _show(record: list) -> str:
+    names = [*EVENT_FIELDS[:10], "raft_index", *(f"field{i}" for i in range(11, len(record)))]
+    shown = dict(zip(names, record, strict=False))
+    shown["kind"] = f"{EV.KIND_NAMES.get(shown.get('kind'), shown.get('kind'))}"
+    return ", ".join(f"{k}={v!r}" for k, v in shown.items() if k not in ("seq", "raft_index"))
+
+
+def _in_gap(gaps: list, low: int, high: int) -> bool:
+    return any(g_low <= low and high <= g_high for g_low, g_high in gaps)
+
+
+def _check_batches(h: _History, batches: list[Batch], report: Report) -> None:
+    findings = report.findings
+    first_kept = h.info.first_seq
+    previous: Batch | None = None
+    for b in batches:
+        if b.last < b.first or len(b.leaves) != _LEAF * (b.last - b.first + 1):
+            findings.append(Finding(b.first, CHAIN_TABLE, f"chain record of seqs {b.first}..{b.last} holds "
+                                                          f"{len(b.leaves) // _LEAF} leaves"))
+            previous = b
+            continue
+        leaves = [b.leaves[i:i + _LEAF] for i in range(0, len(b.leaves), _LEAF)]
+        if chain_next(b.previous, leaves) != b.head:
+            findings.append(Finding(b.first, CHAIN_TABLE, f"the head of the batch of seqs {b.first}..{b.last} does "
+                                                          "not follow from its leaves (chain record edited)"))
+        if previous is not None:
+            if b.first == previous.last + 1:
+                if b.previous != previous.head:
+                    findings.append(Finding(b.first, CHAIN_TABLE,
+                                            f"the batch of seqs {b.first}..{b.last} does not continue the head of "
+                                            f"the batch before it ({previous.first}..{previous.last})"))
+            elif b.first > previous.last + 1:
+                if _in_gap(h.info.gaps, previous.last + 1, b.first - 1):
+                    report.gaps_accepted += 1
+                else:
+                    findings.append(Finding(previous.last + 1, "events",
+                                            f"events {previous.last + 1}..{b.first - 1} and their chain record are "
+                                            "missing (deleted; no snapshot install recorded there)"))
+            else:
+                findings.append(Finding(b.first, CHAIN_TABLE, f"batch of seqs {b.first}..{b.last} overlaps the "
+                                                              f"one before ({previous.first}..{previous.last})"))
+        previous = b
+        report.batches += 1
+        trimmed = False
+        for seq in range(b.first, b.last + 1):
+            record = h.event(seq)
+            if seq in b.dropped:
+                report.not_kept += 1
+                if record is not None:
+                    findings.append(Finding(seq, "events", f"present but chained as not kept ({_show(record)}): "
+                                                           "an inserted event"))
+                continue
+            if record is None:
+                if seq < first_kept:
+                    trimmed = True  # trimmed by the age/size limits, oldest first
+                else:
+                    findings.append(Finding(seq, "events", "missing: the chain says this node kept it (deleted)"))
+                continue
+            report.events_checked += 1
+            if chain_leaf(chained_fields(record)) != b.leaf(seq) or record[0] != seq:
+                findings.append(Finding(seq, "events", f"the record differs from its chained digest (edited): "
+                                                       f"{_show(record)}"))
+            elif record[10] != b.raft_index:
+                findings.append(Finding(seq, "events", f"raft_index {record[10]!r} but the chain says {b.raft_index!r}"))
+        report.trimmed_batches += trimmed
+
+
+def _check_unchained(h: _History, batches: list[Batch], report: Report) -> None:
+    """Events outside every chain record: older than the chain (counted), or inserted (named)."""
+    starts = [b.first for b in batches]
+    chain_start = starts[0] if starts else None
+    for seq in h.event_seqs():
+        if chain_start is None or seq < chain_start:
+            report.unchained += 1
+            continue
+        i = bisect_right(starts, seq) - 1
+        if seq > batches[i].last:
+            record = h.event(seq)
+            report.findings.append(Finding(seq, "events", f"not covered by any chain record: an inserted event "
+                                                          f"({_show(record) if record else '?'})"))
+
+
+def _compare(h: _History, mine: list[Batch], other_path: str, report: Report) -> None:
+    """The batches both histories hold: equal heads and leaves, else the first event that differs."""
+    other = _History(other_path)
+    try:
+        theirs = {b.first: b for b in other.batches(report.findings)}
+        for b in mine:
+            o = theirs.get(b.first)
+            if o is None:
+                continue
+            report.compared += 1
+            if (o.last, o.previous, o.head, o.leaves) == (b.last, b.previous, b.head, b.leaves):
+                continue
+            where = f"than in {other_path}"
+            for seq in range(b.first, min(b.last, o.last) + 1):
+                if b.leaf(seq) == o.leaf(seq):
+                    continue
+                mine_rec, their_rec = h.event(seq), other.event(seq)
+                if mine_rec is not None and their_rec is not None:
+                    names = [*EVENT_FIELDS, *(f"field{i}" for i in range(len(EVENT_FIELDS), len(mine_rec)))]
+                    differ = [f"{n}: {a!r} here, {c!r} there" for n, a, c in
+                              zip(names, mine_rec, their_rec, strict=False) if a != c and n != "raft_index"]
+                    what = "; ".join(differ) or "the chained digest differs"
+                else:
+                    what = "its chained digest differs (the other node did not keep the event)"
+                report.findings.append(Finding(seq, "events", f"differs {where}: {what}"))
+                break
+            else:
+                report.findings.append(Finding(b.first, CHAIN_TABLE, f"the batch of seqs {b.first}..{b.last} has "
+                                                                     f"another head {where}"))
+    finally:
+        other.close()
+
+
+def verify_history(path: str, against: str | None = None) -> Report:
+    """Check the history at ``path`` (a live ``<data>/events`` or a snapshot) against its chain, and
+    against the history at ``against`` if given."""
+    report = Report(path)
+    h = _History(path)
+    try:
+        report.first_seq, report.last_seq = h.info.first_seq, h.info.last_seq
+        try:
+            batches = h.batches(report.findings)
+            if batches:
+                report.head = batches[-1].head
+            _check_batches(h, batches, report)
+            _check_unchained(h, batches, report)
+            if not batches and report.unchained:
+                report.findings.append(Finding(None, CHAIN_TABLE, f"no chain records for {report.unchained} events "
+                                                                  "(written before issue 36, or the chain was removed)"))
+            if against is not None:
+                _compare(h, batches, against, report)
+                if not report.compared:
+                    report.findings.append(Finding(None, CHAIN_TABLE, f"no batch in common with {against}: "
+                                                                      "nothing could be compared"))
+        except EV.HistoryDamaged as exc:
+            report.findings.extend(Finding(None, d.where.split("/")[0], f"{d.where}: {d.what}") for d in exc.damages)
+    finally:
+        h.close()
+    report.findings.sort(key=lambda f: (f.seq is None, f.seq or 0))
+    return report
+
+
+def history_path(snapshot: str | None, data_dir: str | None) -> str:
+    if snapshot:
+        return snapshot
+    assert data_dir is not None
+    return os.path.join(data_dir, "events")
+
+
+def _resolve(path: str) -> str:
+    """A data directory's history, or the path itself (a snapshot or an events directory)."""
+    events = os.path.join(path, "events")
+    return events if os.path.exists(os.path.join(events, "data.mdb")) else path
+
+
+def main(args: argparse.Namespace) -> int:
+    path = history_path(args.snapshot, args.data_dir)
+    against = _resolve(args.against) if getattr(args, "against", None) else None
+    for p in (path, against):
+        if p is not None and not os.path.exists(os.path.join(p, "data.mdb")):
+            print(f"raftmq audit verify: {p} holds no audit history", file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        report = verify_history(path, against)
+    except (lmdb.Error, EV.StoreDamaged) as exc:
+        print(f"raftmq audit verify: {path}: cannot read the history: {exc}", file=sys.stderr)
+        return EXIT_BAD
+    if report.findings:
+        first = report.findings[0]
+        print(f"NOT INTACT: {path}: first bad event: {first}")
+        for finding in report.findings[1:20]:
+            print(f"  also: {finding}")
+        if len(report.findings) > 20:
+            print(f"  ... and {len(report.findings) - 20} more")
+        return EXIT_BAD
+    compared = f"; {report.compared} batches identical in {against}" if against is not None else ""
+    print(f"intact: {path}: {report.batches} batches, seqs {report.first_seq}..{report.last_seq}, "
+          f"{report.events_checked} events checked, {report.not_kept} not kept (chained), "
+          f"{report.unchained} older than the chain, {report.gaps_accepted} snapshot gaps, "
+          f"head {report.head.hex()[:16] or '-'}{compared}")
+    return EXIT_INTACT
