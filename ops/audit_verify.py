@@ -149,7 +149,14 @@ def _in_gap(gaps: list, low: int, high: int) -> bool:
     return any(g_low <= low and high <= g_high for g_low, g_high in gaps)
 
 
-def _check_batches(h: _History, batches: list[Batch], report: Report) -> None:
+def _differences(mine: list, theirs: list) -> str:
+    """The fields of two records of one event that differ (raft_index aside: a node-local detail)."""
+    names = [*EVENT_FIELDS, *(f"field{i}" for i in range(len(EVENT_FIELDS), max(len(mine), len(theirs))))]
+    return "; ".join(f"{n}: {a!r} here, {c!r} there" for n, a, c in zip(names, mine, theirs, strict=False)
+                     if a != c and n != "raft_index")
+
+
+def _check_batches(h: _History, batches: list[Batch], report: Report, other: _History | None = None) -> None:
     findings = report.findings
     first_kept = h.info.first_seq
     previous: Batch | None = None
@@ -198,8 +205,11 @@ def _check_batches(h: _History, batches: list[Batch], report: Report) -> None:
                 continue
             report.events_checked += 1
             if chain_leaf(chained_fields(record)) != b.leaf(seq) or record[0] != seq:
+                theirs = other.event(seq) if other is not None else None
+                compared = (f"; in {other.path}: {_differences(record, theirs) or 'the same fields'}"
+                            if other is not None and theirs is not None else "")
                 findings.append(Finding(seq, "events", f"the record differs from its chained digest (edited): "
-                                                       f"{_show(record)}"))
+                                                       f"{_show(record)}{compared}"))
             elif record[10] != b.raft_index:
                 findings.append(Finding(seq, "events", f"raft_index {record[10]!r} but the chain says {b.raft_index!r}"))
         report.trimmed_batches += trimmed
@@ -220,37 +230,31 @@ def _check_unchained(h: _History, batches: list[Batch], report: Report) -> None:
                                                           f"({_show(record) if record else '?'})"))
 
 
-def _compare(h: _History, mine: list[Batch], other_path: str, report: Report) -> None:
+def _compare(h: _History, mine: list[Batch], other: _History, report: Report) -> None:
     """The batches both histories hold: equal heads and leaves, else the first event that differs."""
-    other = _History(other_path)
-    try:
-        theirs = {b.first: b for b in other.batches(report.findings)}
-        for b in mine:
-            o = theirs.get(b.first)
-            if o is None:
+    other_path = other.path
+    theirs = {b.first: b for b in other.batches(report.findings)}
+    for b in mine:
+        o = theirs.get(b.first)
+        if o is None:
+            continue
+        report.compared += 1
+        if (o.last, o.previous, o.head, o.leaves) == (b.last, b.previous, b.head, b.leaves):
+            continue
+        where = f"than in {other_path}"
+        for seq in range(b.first, min(b.last, o.last) + 1):
+            if b.leaf(seq) == o.leaf(seq):
                 continue
-            report.compared += 1
-            if (o.last, o.previous, o.head, o.leaves) == (b.last, b.previous, b.head, b.leaves):
-                continue
-            where = f"than in {other_path}"
-            for seq in range(b.first, min(b.last, o.last) + 1):
-                if b.leaf(seq) == o.leaf(seq):
-                    continue
-                mine_rec, their_rec = h.event(seq), other.event(seq)
-                if mine_rec is not None and their_rec is not None:
-                    names = [*EVENT_FIELDS, *(f"field{i}" for i in range(len(EVENT_FIELDS), len(mine_rec)))]
-                    differ = [f"{n}: {a!r} here, {c!r} there" for n, a, c in
-                              zip(names, mine_rec, their_rec, strict=False) if a != c and n != "raft_index"]
-                    what = "; ".join(differ) or "the chained digest differs"
-                else:
-                    what = "its chained digest differs (the other node did not keep the event)"
-                report.findings.append(Finding(seq, "events", f"differs {where}: {what}"))
-                break
+            mine_rec, their_rec = h.event(seq), other.event(seq)
+            if mine_rec is not None and their_rec is not None:
+                what = _differences(mine_rec, their_rec) or "the chained digest differs"
             else:
-                report.findings.append(Finding(b.first, CHAIN_TABLE, f"the batch of seqs {b.first}..{b.last} has "
-                                                                     f"another head {where}"))
-    finally:
-        other.close()
+                what = "its chained digest differs (the other node did not keep the event)"
+            report.findings.append(Finding(seq, "events", f"differs {where}: {what}"))
+            break
+        else:
+            report.findings.append(Finding(b.first, CHAIN_TABLE, f"the batch of seqs {b.first}..{b.last} has "
+                                                                 f"another head {where}"))
 
 
 def verify_history(path: str, against: str | None = None) -> Report:
@@ -258,19 +262,20 @@ def verify_history(path: str, against: str | None = None) -> Report:
     against the history at ``against`` if given."""
     report = Report(path)
     h = _History(path)
+    other = _History(against) if against is not None else None
     try:
         report.first_seq, report.last_seq = h.info.first_seq, h.info.last_seq
         try:
             batches = h.batches(report.findings)
             if batches:
                 report.head = batches[-1].head
-            _check_batches(h, batches, report)
+            _check_batches(h, batches, report, other)
             _check_unchained(h, batches, report)
             if not batches and report.unchained:
                 report.findings.append(Finding(None, CHAIN_TABLE, f"no chain records for {report.unchained} events "
                                                                   "(written before issue 36, or the chain was removed)"))
-            if against is not None:
-                _compare(h, batches, against, report)
+            if other is not None:
+                _compare(h, batches, other, report)
                 if not report.compared:
                     report.findings.append(Finding(None, CHAIN_TABLE, f"no batch in common with {against}: "
                                                                       "nothing could be compared"))
@@ -278,6 +283,8 @@ def verify_history(path: str, against: str | None = None) -> Report:
             report.findings.extend(Finding(None, d.where.split("/")[0], f"{d.where}: {d.what}") for d in exc.damages)
     finally:
         h.close()
+        if other is not None:
+            other.close()
     report.findings.sort(key=lambda f: (f.seq is None, f.seq or 0))
     return report
 
