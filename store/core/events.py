@@ -47,11 +47,14 @@ TABLES = ("events", "messages", "queues", "exchanges", "bindings", "meta", "chai
 CATALOG_TABLES = ("queues", "exchanges", "bindings")
 
 # Issue 36: the tamper-evidence chain (docs/design.md "Tamper evidence: the event chain").  Every
-# event the machine numbers -- kept by this node's retention or not -- has a *leaf*, the SHA-256 of
-# its chained fields packed with msgpack, and every applied batch with events moves the replicated
-# ``StateMachine.chain_head`` on: head = SHA-256(previous head || the batch's leaves in seq order).
-# The chained fields are an event record (EVENT_FIELDS) without its ``raft_index`` (slot 10: the
-# machine's message or definition there, which is not chained); fields added after it are chained too.
+# applied batch with events moves the replicated ``StateMachine.chain_head`` on:
+#     head = SHA-256(previous head || msgpack(chained fields of each event of the batch, in seq order))
+# over every event the machine numbers, kept by this node's retention or not.  The chained fields
+# are an event record (EVENT_FIELDS) without its ``raft_index`` (slot 10: the machine's message or
+# definition there, which is not chained); fields added after slot 10 are chained too.  One hash
+# per batch over the packed events costs the apply path about half what a hash per event did
+# (docs/benchmarks.md); the history writer keeps a per-event *leaf* (SHA-256 of one event's packed
+# fields) beside, off the apply path, so that a verifier can name the event that was changed.
 CHAIN_ZERO = bytes(32)  # the head before the first event
 CHAIN_TABLE = "chain"  # the history's table of per-batch chain records (store/disk/history.py)
 _sha256 = hashlib.sha256
@@ -59,16 +62,21 @@ _packb = msgpack.packb  # deterministic for the ints, str, bytes and None of eve
 # with its own Packer, the same encoding: a Packer is not shared between threads)
 
 
-def chain_leaf(fields: list | tuple) -> bytes:
-    """The leaf of one event from its chained fields (``chained_fields`` of a stored record)."""
-    return _sha256(_packb(fields)).digest()
-
-
 def chained_fields(record: list) -> list:
-    """The fields of a stored event record that its leaf covers: all but ``raft_index``."""
+    """The fields of a stored event record that the chain covers: all but ``raft_index``."""
     return record[:10] + record[11:]
 
 
-def chain_next(previous: bytes, leaves: list[bytes]) -> bytes:
-    """The head after a batch whose events have ``leaves`` (in seq order)."""
-    return _sha256(previous + b"".join(leaves)).digest()
+def chain_packed(fields: list | tuple) -> bytes:
+    """One event's part of its batch's chained stream."""
+    return _packb(fields)
+
+
+def chain_leaf(fields: list | tuple) -> bytes:
+    """One event's leaf (the history's per-event check, not part of the head)."""
+    return _sha256(_packb(fields)).digest()
+
+
+def chain_next(previous: bytes, stream: bytes) -> bytes:
+    """The head after a batch whose events packed one after the other are ``stream``."""
+    return _sha256(previous + stream).digest()

@@ -15,7 +15,6 @@ deduplication all happen here, so every node agrees where each message went and 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -58,7 +57,6 @@ from .users import UserCommands, UserRecord
 
 log = logging.getLogger(__name__)
 _new_tuple = tuple.__new__
-_sha256 = hashlib.sha256
 
 def _channel_of(command: Command) -> int | None:
     """The channel (or 0-10 session) a command came on; None for connection- and node-level ones."""
@@ -143,8 +141,10 @@ class StateMachine:
         # The tamper-evidence chain (events.py, issue 36): replicated, so every node agrees on it;
         # each event's leaf is computed whether or not this node records the event.
         self.chain_head = CHAIN_ZERO
-        self._leaves: list[bytes] = []
-        self._pack = msgpack.Packer(use_bin_type=True).pack  # this machine's own (one thread applies)
+        # The batch's events packed one after the other (not state: emptied at the end of each
+        # apply); a Packer per machine, one thread applies.
+        self._chain_stream = msgpack.Packer(use_bin_type=True, autoreset=False)
+        self._chain_pack = self._chain_stream.pack
         self.stats = {"published": 0, "unroutable": 0, "delivered": 0, "redelivered": 0, "acked": 0,
                       "rejected": 0, "dead_lettered": 0, "expired": 0, "deduplicated": 0, "delivery_limited": 0,
                       "delayed": 0, "delay_released": 0, "delay_refused": 0}
@@ -247,6 +247,7 @@ class StateMachine:
         # The LMDB mirror is kept in step only for a machine loaded from one (single node): apply
         # records persistence operations (effects) for it instead of writing.
         self._persist = PersistenceRecorder() if self.persistent else None
+        first_seq = self.event_seq
         for command in commands:
             self._apply_one(command)
         if index is not None:
@@ -254,13 +255,14 @@ class StateMachine:
         if self._persist is not None:
             effects.persistence, effects.sync_needed = self._persist.ops, self._persist.sync_needed
             self._persist = None
-        if self._leaves:
-            leaves, self._leaves = self._leaves, []
+        if self.event_seq != first_seq:  # the batch had events: the chain moves on
+            stream = self._chain_stream.bytes()
+            self._chain_stream.reset()
             previous = self.chain_head
-            self.chain_head = chain_next(previous, leaves)
+            self.chain_head = chain_next(previous, stream)
             if self._events:
                 effects.events, self._events = self._events, []
-                effects.chain = (previous, self.chain_head, leaves)
+                effects.chain = (previous, self.chain_head)
         return effects
 
     def event(self, kind: int, queue: Queue | None, message: Message, detail: str = "",
@@ -272,7 +274,7 @@ class StateMachine:
         seq = self.event_seq = self.event_seq + 1
         fields = [seq, self._now, kind, queue.vhost if queue else vhost, queue.name if queue else "", message.id,
                   message.exchange, message.routing_key, message.size, detail]
-        self._leaves.append(_sha256(self._pack(fields)).digest())  # events.chain_leaf, inlined
+        self._chain_pack(fields)  # the batch's chained stream (events.chain_next)
         if self.records_events:
             fields.append(message)
             self._events.append(fields)
@@ -282,7 +284,7 @@ class StateMachine:
         """Record a queue, exchange or binding change (the catalog tables of the audit history)."""
         seq = self.event_seq = self.event_seq + 1
         fields: list = [seq, self._now, kind, vhost, queue, None, exchange, routing_key, 0, detail]
-        self._leaves.append(_sha256(self._pack(fields)).digest())
+        self._chain_pack(fields)
         if self.records_events:
             fields.append(definition)
             self._events.append(fields)

@@ -190,7 +190,7 @@ class EventStore:
     # ------------------------------------------------------------------ called by apply
 
     def append(self, index: int | None, events: list[list],
-               chain: tuple[bytes, bytes, list[bytes]] | None = None) -> None:
+               chain: tuple[bytes, bytes] | None = None) -> None:
         """Hand over one applied batch's events (``index``: its Raft index, None on a single node).
 
         The model holds no bodies (issue 18): a publish's or routing's event gets its message's body
@@ -278,6 +278,7 @@ class EventStore:
         events_db, messages_db, chain_db = t["events"], t["messages"], t[EV.CHAIN_TABLE]
         policy = self.policy
         packb = msgpack.packb
+        leaf_of = EV.chain_leaf
         last_seq = self.last_seq
         written = 0
         raft_index = self.raft_index
@@ -287,6 +288,7 @@ class EventStore:
             for index, events, chain in batches:
                 fresh = bool(events) and events[0][0] > last_seq  # not a replay (a batch is whole)
                 dropped: list[int] = []  # seqs this node's retention does not keep
+                leaves: list[bytes] = []  # the kept events' leaves (events.chain_leaf), in seq order
                 for event in events:
                     seq = event[0]
                     if seq <= last_seq:
@@ -316,6 +318,8 @@ class EventStore:
                     if not level:
                         dropped.append(seq)
                         continue
+                    if chain is not None:
+                        leaves.append(leaf_of(event[:10] + event[11:]))  # events.chained_fields
                     event[10] = index
                     key = U64.pack(seq)
                     put(key, seal(key, packb(event, use_bin_type=True)), db=events_db, append=True)
@@ -323,7 +327,7 @@ class EventStore:
                         self.first_seq = seq
                     written += 1
                 if chain is not None and fresh:
-                    self._chain_record(put, chain_db, events, index, chain, dropped)
+                    self._chain_record(put, chain_db, events, index, chain, leaves, dropped)
                 if index is not None:
                     raft_index = index
             meta = t["meta"]
@@ -337,10 +341,10 @@ class EventStore:
         self.written += written
 
     def _chain_record(self, put: Callable[..., object], db: lmdb._Database, events: list[list], index: int | None,
-                      chain: tuple[bytes, bytes, list[bytes]], dropped: list[int]) -> None:
+                      chain: tuple[bytes, bytes], leaves: list[bytes], dropped: list[int]) -> None:
         """The batch's chain record (history.py "Chain"): its seq range, Raft index, the heads before
-        and after it, every event's leaf (those of events not kept too) and the seqs not kept."""
-        previous, head, leaves = chain
+        and after it, the kept events' leaves and the seqs not kept."""
+        previous, head = chain
         first = events[0][0]
         key = U64.pack(first)
         record = [first, events[-1][0], index, previous, head, b"".join(leaves), dropped]

@@ -96,6 +96,10 @@ from ..core.events import (  # noqa: F401 - the kinds and fields are this format
     TABLES,
     UNBOUND,
     UNROUTABLE,
+    chain_leaf,
+    chain_next,
+    chain_packed,
+    chained_fields,
 )
 from .sealed import BadRecord, StoreDamaged, is_sealed, seal, unseal
 

@@ -94,6 +94,7 @@ def test_intact_histories_pass_alone_and_against_each_other(histories, capsys):
     full, partial = histories
     report = AV.verify_history(str(partial), str(full))
     assert report.findings == [] and report.not_kept > 0 and report.compared == report.batches > 10
+    assert 0 < report.partial_batches < report.batches  # the batches with dropped events, proved against n1
     assert AV.main(_cli(full, partial)) == AV.EXIT_INTACT
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith(f"intact: {full}: ") and "batches identical" in out[0]
@@ -138,7 +139,8 @@ def test_a_consistent_rewrite_passes_alone_but_not_against_another_node(historie
     the field that differs."""
     full, partial = histories
     seq = _kept_seq(partial, E.ROUTED)  # an event both nodes kept (routed to "kept")
-    record = _edit(full, "events", seq, lambda r: r.__setitem__(8, 999_999))
+    _edit(full, "events", seq, lambda r: r.__setitem__(8, 999_999))
+    events = {r[0]: r for r in EV.read_events(str(full))}  # every event kept on this node
     head = None
     for batch in list(EV.read_table(str(full), E.CHAIN_TABLE)):
         first, last = batch[0], batch[1]
@@ -149,10 +151,9 @@ def test_a_consistent_rewrite_passes_alone_but_not_against_another_node(historie
             nonlocal head
             if head is not None:
                 r[3] = head
-            if first <= seq <= last:
-                k = (seq - first) * 32
-                r[5] = r[5][:k] + E.chain_leaf(E.chained_fields(record)) + r[5][k + 32:]
-            r[4] = head = E.chain_next(r[3], [r[5][i:i + 32] for i in range(0, len(r[5]), 32)])
+            fields = [E.chained_fields(events[s]) for s in range(first, last + 1)]
+            r[5] = b"".join(E.chain_leaf(f) for f in fields)
+            r[4] = head = E.chain_next(r[3], b"".join(E.chain_packed(f) for f in fields))
         _edit(full, E.CHAIN_TABLE, first, rechain)
     assert AV.verify_history(str(full)).findings == []
     assert AV.main(_cli(full, partial)) == AV.EXIT_BAD
@@ -169,3 +170,20 @@ def test_a_data_directory_is_read_through_its_events_folder(tmp_path, capsys):
     assert capsys.readouterr().out.startswith(f"intact: {tmp_path / 'a' / 'events'}")
     shutil.rmtree(tmp_path / "b" / "events")
     assert AV.main(args) == AV.EXIT_USAGE
+
+
+def test_an_event_changed_with_its_leaf_is_caught_by_its_batch_head(histories):
+    """The event and its leaf in the chain record rewritten together, the head left: the batch's
+    events no longer give its head, and the finding names the batch's first seq in the chain table."""
+    full, _ = histories
+    seq = _kept_seq(full, E.ROUTED)
+    record = _edit(full, "events", seq, lambda r: r.__setitem__(9, "forged-detail"))
+    batch = next(b for b in EV.read_table(str(full), E.CHAIN_TABLE) if b[0] <= seq <= b[1])
+
+    def new_leaf(r):
+        k = (seq - r[0]) * 32
+        r[5] = r[5][:k] + E.chain_leaf(E.chained_fields(record)) + r[5][k + 32:]
+    _edit(full, E.CHAIN_TABLE, batch[0], new_leaf)
+    findings = AV.verify_history(str(full)).findings
+    assert [(f.seq, f.table) for f in findings] == [(batch[0], E.CHAIN_TABLE)]
+    assert f"the events of seqs {batch[0]}..{batch[1]} do not give the batch's head" in findings[0].what

@@ -61,12 +61,12 @@ def test_same_batches_same_heads_whether_or_not_events_are_recorded():
     assert len(set(heads_a)) == len(heads_a) and E.CHAIN_ZERO not in heads_a  # each batch has events
     with_history.apply_batch(2_000_000, [ChannelOpen("c1", None, 2)], len(batches) + 1)
     assert with_history.chain_head == heads_a[-1]  # a batch without events leaves the head
-    # The head is the chain of the recorded events' leaves, batch by batch.
+    # The head chains the recorded events' packed fields, batch by batch (each batch has its own time).
     head, by_batch = E.CHAIN_ZERO, {}
     for event in recorded:
-        by_batch.setdefault(event[1], []).append(E.chain_leaf(event[:10]))
-    for leaves in by_batch.values():
-        head = E.chain_next(head, leaves)
+        by_batch.setdefault(event[1], []).append(E.chain_packed(event[:10]))
+    for stream in by_batch.values():
+        head = E.chain_next(head, b"".join(stream))
     assert head == heads_a[-1]
 
 
@@ -86,9 +86,10 @@ def test_a_machine_installing_a_snapshot_continues_the_chain(tmp_path):
     assert _run(installed, batches[k:], start=k) == heads[k:]
 
 
-def test_the_writer_chains_every_event_and_keeps_leaves_of_those_it_drops(tmp_path):
-    """Retention keeps queue "a" only: the chain records still hold a leaf per event (dropped seqs
-    listed), each kept event's fields give its leaf, and the heads equal the machine's."""
+def test_the_writer_chains_every_event_and_lists_those_it_drops(tmp_path):
+    """Retention keeps queue "a" only: every batch still has its chain record (dropped seqs listed),
+    each kept event's fields give its leaf, the heads equal the machine's, and a batch whose events
+    were all kept gives its head from them."""
     store = EventStore(str(tmp_path / "events"), RetentionPolicy("none", {}))
     machine = StoredMachine()
     machine.event_sink = store.append
@@ -101,12 +102,19 @@ def test_the_writer_chains_every_event_and_keeps_leaves_of_those_it_drops(tmp_pa
     events = {r[0]: r for r in store.records()}
     store.close()
     assert chain[-1][4] == heads[-1] and chain[0][3] == E.CHAIN_ZERO
+    assert [c[4] for c in chain] == [h for i, h in enumerate(heads) if i == 0 or h != heads[i - 1]]
     dropped = [seq for record in chain for seq in record[6]]
     assert dropped and len(events) + len(dropped) == machine.event_seq
-    for first, last, index, previous, head, leaves, _dropped in chain:
-        assert E.chain_next(previous, [leaves[i:i + 32] for i in range(0, len(leaves), 32)]) == head
-        for seq in range(first, last + 1):
-            if seq in events:
-                assert E.chain_leaf(E.chained_fields(events[seq])) == leaves[(seq - first) * 32:][:32]
-                assert events[seq][10] == index
+    whole = 0
+    for first, last, index, previous, head, leaves, not_kept in chain:
+        kept = [seq for seq in range(first, last + 1) if seq not in not_kept]
+        assert kept == [seq for seq in range(first, last + 1) if seq in events]
+        for i, seq in enumerate(kept):
+            assert E.chain_leaf(E.chained_fields(events[seq])) == leaves[i * 32:(i + 1) * 32]
+            assert events[seq][10] == index
+        if not not_kept:
+            whole += 1
+            stream = b"".join(E.chain_packed(E.chained_fields(events[seq])) for seq in kept)
+            assert E.chain_next(previous, stream) == head
+    assert whole > 0
     assert EV.history_info(str(tmp_path / "events")).last_seq == machine.event_seq
