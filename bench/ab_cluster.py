@@ -392,6 +392,8 @@ def main() -> None:
     parser.add_argument("--disk-write-behind-mib", type=int, default=1,
                         help="body_write_behind_bytes of the raftmq clusters for consume (MiB)")
     parser.add_argument("--max-minutes", type=float, default=30.0, help="no round starts after this")
+    parser.add_argument("--extra-config", default="",
+                        help='TOML lines added to every raftmq node\'s configuration, e.g. \'audit_retention = "metadata"\'')
     args = parser.parse_args()
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     if unknown := set(scenarios) - set(SCENARIOS):
@@ -404,10 +406,11 @@ def main() -> None:
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}: scenarios {','.join(scenarios)}, {args.rounds} rounds; "
           f"old {args.old} ({commits['old']}), new {args.new} ({commits['new']})"
           f"{', rabbitmq 3 nodes' if args.rabbitmq else ''}", flush=True)
-    configs = {"default": "disk_free_limit = 1\n"}
+    extra = args.extra_config.replace("\\n", "\n") + "\n" if args.extra_config else ""
+    configs = {"default": "disk_free_limit = 1\n" + extra}
     if "consume" in scenarios:
         configs["disk"] = (f"disk_free_limit = 1\nbody_cache_bytes = {args.disk_cache_mib << 20}\n"
-                           f"body_write_behind_bytes = {args.disk_write_behind_mib << 20}\n")
+                           f"body_write_behind_bytes = {args.disk_write_behind_mib << 20}\n{extra}")
         print(f"consume runs on raftmq clusters with body_cache_bytes = {args.disk_cache_mib} MiB and "
               f"body_write_behind_bytes = {args.disk_write_behind_mib} MiB: the backlog's bodies are read from disk",
               flush=True)
