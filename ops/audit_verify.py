@@ -1,12 +1,12 @@
 """``raftmq audit verify``: check an audit history against its hash chain, and against another node's.
 
-The chain (issue 36, docs/design.md "Tamper evidence: the event chain"): every event the state
-machine numbers has a *leaf*, SHA-256 of its chained fields (``store/core/events.py``
-``chained_fields``), and every applied batch moves the replicated head on, head = SHA-256(previous
-head || the batch's leaves).  The history's ``chain`` table holds one record per batch (written by
-``store/disk/event_writer.py``): ``[first_seq, last_seq, raft_index, previous, head, leaves,
-dropped]`` where ``leaves`` are the 32-byte leaves of every event of the batch, kept or not, and
-``dropped`` the seqs this node's retention did not keep.
+The chain (issue 36, docs/design.md "Tamper evidence: the event chain"): every applied batch with
+events moves the replicated head on, head = SHA-256(previous head || the msgpack of each event's
+chained fields, ``store/core/events.py``).  The history's ``chain`` table holds one record per batch
+(written by ``store/disk/event_writer.py``): ``[first_seq, last_seq, raft_index, previous, head, seals,
+dropped]`` where ``seals`` are the 4-byte CRC32C seals of the kept events' records as written (a hint
+naming the event an edit changed; the head is the proof) and ``dropped`` the seqs this node's
+retention did not keep.
 
 Checked here, alone (``verify_history``):
 
@@ -14,14 +14,16 @@ Checked here, alone (``verify_history``):
 - each chain record's head follows from its previous head and its leaves, and its previous head is
   the head of the batch before it (a break is accepted only where ``meta`` records a gap: the node
   installed a state snapshot there);
-- every event of a batch that the node kept is there, and its fields give its leaf (an edited event
-  is named: seq, table, the record); an event recorded as kept but missing is named (deleted); an
-  event outside every chained batch after the first is named (inserted);
+- every event of a batch that the node kept is there with the seal it was written with (an event
+  edited and sealed again is named: seq, table, the record); an event recorded as kept but missing
+  is named (deleted); an event outside every chained batch after the first is named (inserted);
+- a batch whose events were all kept gives its head from them (an edit that also rewrote the seal
+  hint is caught here, naming the batch);
 - events older than the first chain record (written before issue 36) are counted, not judged.
 
 Against another history (``--against DIR``, another node's data directory or snapshot): the batches
-both hold must have equal heads and leaves; the first event that differs is named with the fields
-that differ where both nodes kept it.  This is what catches a history rewritten *consistently* on
+both hold must have equal heads; the first event that differs is named with the fields that differ
+where both nodes kept it.  This is what catches a history rewritten *consistently* on
 one node (leaves and heads recomputed): its heads then differ from every other node's.
 
 Exit status: 0 intact (one summary line), 1 something is wrong (the first bad event first), 2 usage.
@@ -40,7 +42,6 @@ import lmdb
 from raftmq.store.core.events import (
     CHAIN_TABLE,
     EVENT_FIELDS,
-    chain_leaf,
     chain_next,
     chain_packed,
     chained_fields,
@@ -48,7 +49,7 @@ from raftmq.store.core.events import (
 from raftmq.store.disk import history as EV
 
 EXIT_INTACT, EXIT_BAD, EXIT_USAGE = 0, 1, 2
-_LEAF = 32
+_SEAL = 4  # bytes of a seal hint (sealed.py's CRC32C)
 
 
 @dataclass(frozen=True)
@@ -73,13 +74,13 @@ class Batch:
     raft_index: int | None
     previous: bytes
     head: bytes
-    leaves: bytes
+    seals: bytes
     dropped: frozenset[int]
 
-    def leaf_map(self) -> dict[int, bytes]:
-        """The kept events' leaves by seq (the dropped ones have none)."""
+    def seal_map(self) -> dict[int, bytes]:
+        """The kept events' seal hints by seq (the dropped ones have none)."""
         kept = [seq for seq in range(self.first, self.last + 1) if seq not in self.dropped]
-        return {seq: self.leaves[i * _LEAF:(i + 1) * _LEAF] for i, seq in enumerate(kept)}
+        return {seq: self.seals[i * _SEAL:(i + 1) * _SEAL] for i, seq in enumerate(kept)}
 
     def kept(self) -> int:
         return self.last - self.first + 1 - len(self.dropped)
@@ -126,7 +127,7 @@ class _History:
             return out
         for key, value in self.txn.cursor(db=db):
             try:
-                first, last, index, previous, head, leaves, dropped = self.check.decode(CHAIN_TABLE, key, value)
+                first, last, index, previous, head, seals, dropped = self.check.decode(CHAIN_TABLE, key, value)
             except EV.HistoryDamaged as exc:
                 findings.extend(Finding(None, CHAIN_TABLE, f"{d.where}: {d.what}") for d in exc.damages)
                 continue
@@ -134,14 +135,20 @@ class _History:
                 findings.append(Finding(None, CHAIN_TABLE, f"{EV.describe_key(CHAIN_TABLE, bytes(key))}: "
                                                            "not a chain record"))
                 continue
-            out.append(Batch(first, last, index, bytes(previous), bytes(head), bytes(leaves), frozenset(dropped)))
+            out.append(Batch(first, last, index, bytes(previous), bytes(head), bytes(seals), frozenset(dropped)))
         return out
 
     def event(self, seq: int) -> list | None:
+        return self.sealed_event(seq)[0]
+
+    def sealed_event(self, seq: int) -> tuple[list | None, bytes]:
+        """The event record (checked) and its seal's CRC bytes; (None, b"") if there is none."""
         db = self.tables.get("events")
         key = EV.U64.pack(seq)
         value = self.txn.get(key, db=db) if db is not None else None
-        return self.check.decode("events", key, value) if value is not None else None
+        if value is None:
+            return None, b""
+        return self.check.decode("events", key, value), bytes(value[1:1 + _SEAL])
 
     def event_seqs(self) -> list[int]:
         db = self.tables.get("events")
@@ -173,9 +180,9 @@ def _check_batches(h: _History, batches: list[Batch], report: Report, other: _Hi
     first_kept = h.info.first_seq
     previous: Batch | None = None
     for b in batches:
-        if b.last < b.first or len(b.leaves) != _LEAF * b.kept():
+        if b.last < b.first or len(b.seals) != _SEAL * b.kept():
             findings.append(Finding(b.first, CHAIN_TABLE, f"chain record of seqs {b.first}..{b.last} holds "
-                                                          f"{len(b.leaves) // _LEAF} leaves for {b.kept()} kept events"))
+                                                          f"{len(b.seals) // _SEAL} seals for {b.kept()} kept events"))
             previous = b
             continue
         if previous is not None:
@@ -196,11 +203,11 @@ def _check_batches(h: _History, batches: list[Batch], report: Report, other: _Hi
                                                               f"one before ({previous.first}..{previous.last})"))
         previous = b
         report.batches += 1
-        leaves = b.leaf_map()
+        seals = b.seal_map()
         stream: list[bytes] | None = [] if not b.dropped else None  # None: the head cannot be recomputed here
         bad_before = len(findings)
         for seq in range(b.first, b.last + 1):
-            record = h.event(seq)
+            record, sealed = h.sealed_event(seq)
             if seq in b.dropped:
                 report.not_kept += 1
                 if record is not None:
@@ -216,12 +223,12 @@ def _check_batches(h: _History, batches: list[Batch], report: Report, other: _Hi
                 continue
             report.events_checked += 1
             fields = chained_fields(record)
-            if chain_leaf(fields) != leaves[seq] or record[0] != seq:
+            if sealed != seals[seq] or record[0] != seq:
                 theirs = other.event(seq) if other is not None else None
                 compared = (f"; in {other.path}: {_differences(record, theirs) or 'the same fields'}"
                             if other is not None and theirs is not None else "")
-                findings.append(Finding(seq, "events", f"the record differs from its chained digest (edited): "
-                                                       f"{_show(record)}{compared}"))
+                findings.append(Finding(seq, "events", f"the record is not the one written (edited and sealed "
+                                                       f"again): {_show(record)}{compared}"))
             elif record[10] != b.raft_index:
                 findings.append(Finding(seq, "events", f"raft_index {record[10]!r} but the chain says {b.raft_index!r}"))
             if stream is not None:
@@ -230,8 +237,8 @@ def _check_batches(h: _History, batches: list[Batch], report: Report, other: _Hi
             report.partial_batches += 1
         if stream is not None and len(findings) == bad_before and chain_next(b.previous, b"".join(stream)) != b.head:
             findings.append(Finding(b.first, CHAIN_TABLE, f"the events of seqs {b.first}..{b.last} do not give the "
-                                                          "batch's head: an event was changed with its leaf, or the "
-                                                          "chain record was edited"))
+                                                          "batch's head: an event was changed along with its seal "
+                                                          "hint, or the chain record was edited"))
 
 
 def _check_unchained(h: _History, batches: list[Batch], report: Report) -> None:
@@ -260,14 +267,12 @@ def _compare(h: _History, mine: list[Batch], other: _History, report: Report) ->
         report.compared += 1
         if (o.last, o.previous, o.head) == (b.last, b.previous, b.head):
             continue
-        my_leaves, their_leaves = b.leaf_map(), o.leaf_map()
         for seq in range(b.first, min(b.last, o.last) + 1):
             mine_rec, their_rec = h.event(seq), other.event(seq)
             fields = _differences(mine_rec, their_rec) if mine_rec is not None and their_rec is not None else ""
-            both = seq in my_leaves and seq in their_leaves
-            if not fields and not (both and my_leaves[seq] != their_leaves[seq]):
+            if not fields:
                 continue
-            what = fields or "its leaf differs"
+            what = fields
             report.findings.append(Finding(seq, "events", f"differs {where}: {what}"))
             break
         else:

@@ -53,8 +53,8 @@ CATALOG_TABLES = ("queues", "exchanges", "bindings")
 # are an event record (EVENT_FIELDS) without its ``raft_index`` (slot 10: the machine's message or
 # definition there, which is not chained); fields added after slot 10 are chained too.  One hash
 # per batch over the packed events costs the apply path about half what a hash per event did
-# (docs/benchmarks.md); the history writer keeps a per-event *leaf* (SHA-256 of one event's packed
-# fields) beside, off the apply path, so that a verifier can name the event that was changed.
+# (docs/benchmarks.md); the history writer keeps each kept event's seal CRC beside (a hint, not a
+# proof: store/disk/history.py "chain"), so that a verifier can name the event that was changed.
 CHAIN_ZERO = bytes(32)  # the head before the first event
 CHAIN_TABLE = "chain"  # the history's table of per-batch chain records (store/disk/history.py)
 _sha256 = hashlib.sha256
@@ -70,11 +70,6 @@ def chained_fields(record: list) -> list:
 def chain_packed(fields: list | tuple) -> bytes:
     """One event's part of its batch's chained stream."""
     return _packb(fields)
-
-
-def chain_leaf(fields: list | tuple) -> bytes:
-    """One event's leaf (the history's per-event check, not part of the head)."""
-    return _sha256(_packb(fields)).digest()
 
 
 def chain_next(previous: bytes, stream: bytes) -> bytes:

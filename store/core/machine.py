@@ -139,7 +139,7 @@ class StateMachine:
         self.records_events = False
         self._events: list[list] = []
         # The tamper-evidence chain (events.py, issue 36): replicated, so every node agrees on it;
-        # each event's leaf is computed whether or not this node records the event.
+        # each event is packed into the batch's chained stream whether or not this node records it.
         self.chain_head = CHAIN_ZERO
         # The batch's events packed one after the other (not state: emptied at the end of each
         # apply); a Packer per machine, one thread applies.

@@ -278,7 +278,6 @@ class EventStore:
         events_db, messages_db, chain_db = t["events"], t["messages"], t[EV.CHAIN_TABLE]
         policy = self.policy
         packb = msgpack.packb
-        leaf_of = EV.chain_leaf
         last_seq = self.last_seq
         written = 0
         raft_index = self.raft_index
@@ -288,7 +287,7 @@ class EventStore:
             for index, events, chain in batches:
                 fresh = bool(events) and events[0][0] > last_seq  # not a replay (a batch is whole)
                 dropped: list[int] = []  # seqs this node's retention does not keep
-                leaves: list[bytes] = []  # the kept events' leaves (events.chain_leaf), in seq order
+                seals: list[bytes] = []  # the kept events' seal CRCs, in seq order (the chain record's hints)
                 for event in events:
                     seq = event[0]
                     if seq <= last_seq:
@@ -318,16 +317,17 @@ class EventStore:
                     if not level:
                         dropped.append(seq)
                         continue
-                    if chain is not None:
-                        leaves.append(leaf_of(event[:10] + event[11:]))  # events.chained_fields
                     event[10] = index
                     key = U64.pack(seq)
-                    put(key, seal(key, packb(event, use_bin_type=True)), db=events_db, append=True)
+                    value = seal(key, packb(event, use_bin_type=True))
+                    put(key, value, db=events_db, append=True)
+                    if chain is not None:
+                        seals.append(value[1:5])  # its CRC32C (sealed.py): no second hash per event
                     if not self.first_seq:
                         self.first_seq = seq
                     written += 1
                 if chain is not None and fresh:
-                    self._chain_record(put, chain_db, events, index, chain, leaves, dropped)
+                    self._chain_record(put, chain_db, events, index, chain, seals, dropped)
                 if index is not None:
                     raft_index = index
             meta = t["meta"]
@@ -341,13 +341,13 @@ class EventStore:
         self.written += written
 
     def _chain_record(self, put: Callable[..., object], db: lmdb._Database, events: list[list], index: int | None,
-                      chain: tuple[bytes, bytes], leaves: list[bytes], dropped: list[int]) -> None:
-        """The batch's chain record (history.py "Chain"): its seq range, Raft index, the heads before
-        and after it, the kept events' leaves and the seqs not kept."""
+                      chain: tuple[bytes, bytes], seals: list[bytes], dropped: list[int]) -> None:
+        """The batch's chain record (history.py "chain"): its seq range, Raft index, the heads before
+        and after it, the kept events' seal CRCs and the seqs not kept."""
         previous, head = chain
         first = events[0][0]
         key = U64.pack(first)
-        record = [first, events[-1][0], index, previous, head, b"".join(leaves), dropped]
+        record = [first, events[-1][0], index, previous, head, b"".join(seals), dropped]
         put(key, seal(key, msgpack.packb(record, use_bin_type=True)), db=db, append=True)
         self.chain_head = head
 

@@ -5,7 +5,7 @@ the same event has the same sequence number on every node) and hands each applie
 to an ``EventStore`` (``event_writer.py``), which appends them to its own LMDB environment,
 ``<data>/events``.  Events are derived data: they never feed back into the state.
 
-The environment holds six tables (keys big-endian so that LMDB order is numeric order):
+The environment holds seven tables (keys big-endian so that LMDB order is numeric order):
 
 ``events``     u64 seq -> ``[seq, time_us, kind, vhost, queue, message_id, exchange, routing_key,
                size, detail, raft_index]``.  ``detail`` is kind-specific text: the publisher's
@@ -26,6 +26,13 @@ The environment holds six tables (keys big-endian so that LMDB order is numeric 
 ``meta``       ``raft_index`` (the last applied batch whose events are all written), ``first_seq``
                and ``last_seq`` (the retained range), ``gaps`` (ranges this node never saw: it
                installed a state snapshot instead of applying them).
+``chain``      u64 first seq of a batch -> ``[first_seq, last_seq, raft_index, previous head, head,
+               seals, dropped]``: the tamper-evidence chain (issue 36, ``store/core/events.py``;
+               checked by ``raftmq audit verify``, ``ops/audit_verify.py``).  ``seals`` are the
+               4-byte CRC32C of each kept event's record as written (its seal), in seq order: a
+               hint that names the event an edit changed (the head is the proof); ``dropped`` the
+               seqs retention did not keep.  A table added without a format change: older readers
+               ignore it.
 
 A snapshot (:func:`snapshot`) is ``env.copy(compact=True)`` inside one read transaction: it holds
 every event of every batch up to its ``raft_index`` and none after, even while the node writes.
@@ -96,7 +103,6 @@ from ..core.events import (  # noqa: F401 - the kinds and fields are this format
     TABLES,
     UNBOUND,
     UNROUTABLE,
-    chain_leaf,
     chain_next,
     chain_packed,
     chained_fields,

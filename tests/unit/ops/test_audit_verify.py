@@ -80,6 +80,17 @@ def _delete(path: Path, table: str, seq: int) -> None:
         env.close()
 
 
+def _seal_of(path: Path, seq: int) -> bytes:
+    """The CRC32C bytes of an event record's seal as stored now."""
+    env = _env(path)
+    try:
+        db = env.open_db(b"events")
+        with env.begin(db=db) as txn:
+            return bytes(txn.get(EV.U64.pack(seq))[1:5])
+    finally:
+        env.close()
+
+
 def _cli(path: Path, against: Path | None = None) -> argparse.Namespace:
     return argparse.Namespace(snapshot=str(path), data_dir=None, against=str(against) if against else None)
 
@@ -108,7 +119,7 @@ def test_an_edited_event_is_named(histories, capsys):
     assert EV.verify_history(str(full)) == []  # the CRC check cannot see it: the seal is valid
     assert AV.main(_cli(full)) == AV.EXIT_BAD
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith(f"NOT INTACT: {full}: first bad event: seq {seq} (events): the record differs")
+    assert first.startswith(f"NOT INTACT: {full}: first bad event: seq {seq} (events): the record is not the one written")
     assert "forged-key" in first
 
 
@@ -134,13 +145,14 @@ def test_a_deleted_batch_with_its_chain_record_is_found(histories):
 
 
 def test_a_consistent_rewrite_passes_alone_but_not_against_another_node(histories, capsys):
-    """The event edited, its leaf and its batch's head recomputed, and every later batch's previous
+    """The event edited, its seal hint and its batch's head recomputed, and every later batch's previous
     and head too: the history alone is consistent; against the other node the event is named with
     the field that differs."""
     full, partial = histories
     seq = _kept_seq(partial, E.ROUTED)  # an event both nodes kept (routed to "kept")
     _edit(full, "events", seq, lambda r: r.__setitem__(8, 999_999))
     events = {r[0]: r for r in EV.read_events(str(full))}  # every event kept on this node
+    seals = {seq: _seal_of(full, seq) for seq in events}
     head = None
     for batch in list(EV.read_table(str(full), E.CHAIN_TABLE)):
         first, last = batch[0], batch[1]
@@ -151,9 +163,9 @@ def test_a_consistent_rewrite_passes_alone_but_not_against_another_node(historie
             nonlocal head
             if head is not None:
                 r[3] = head
-            fields = [E.chained_fields(events[s]) for s in range(first, last + 1)]
-            r[5] = b"".join(E.chain_leaf(f) for f in fields)
-            r[4] = head = E.chain_next(r[3], b"".join(E.chain_packed(f) for f in fields))
+            r[5] = b"".join(seals[s] for s in range(first, last + 1))
+            stream = b"".join(E.chain_packed(E.chained_fields(events[s])) for s in range(first, last + 1))
+            r[4] = head = E.chain_next(r[3], stream)
         _edit(full, E.CHAIN_TABLE, first, rechain)
     assert AV.verify_history(str(full)).findings == []
     assert AV.main(_cli(full, partial)) == AV.EXIT_BAD
@@ -172,18 +184,20 @@ def test_a_data_directory_is_read_through_its_events_folder(tmp_path, capsys):
     assert AV.main(args) == AV.EXIT_USAGE
 
 
-def test_an_event_changed_with_its_leaf_is_caught_by_its_batch_head(histories):
-    """The event and its leaf in the chain record rewritten together, the head left: the batch's
-    events no longer give its head, and the finding names the batch's first seq in the chain table."""
+def test_an_event_changed_with_its_seal_hint_is_caught_by_its_batch_head(histories):
+    """The event and its seal hint in the chain record rewritten together, the head left: the
+    batch's events no longer give its head, and the finding names the batch's first seq in the
+    chain table."""
     full, _ = histories
     seq = _kept_seq(full, E.ROUTED)
-    record = _edit(full, "events", seq, lambda r: r.__setitem__(9, "forged-detail"))
+    _edit(full, "events", seq, lambda r: r.__setitem__(9, "forged-detail"))
+    seal_now = _seal_of(full, seq)
     batch = next(b for b in EV.read_table(str(full), E.CHAIN_TABLE) if b[0] <= seq <= b[1])
 
-    def new_leaf(r):
-        k = (seq - r[0]) * 32
-        r[5] = r[5][:k] + E.chain_leaf(E.chained_fields(record)) + r[5][k + 32:]
-    _edit(full, E.CHAIN_TABLE, batch[0], new_leaf)
+    def new_hint(r):
+        k = (seq - r[0]) * 4  # every event of this history is kept
+        r[5] = r[5][:k] + seal_now + r[5][k + 4:]
+    _edit(full, E.CHAIN_TABLE, batch[0], new_hint)
     findings = AV.verify_history(str(full)).findings
     assert [(f.seq, f.table) for f in findings] == [(batch[0], E.CHAIN_TABLE)]
     assert f"the events of seqs {batch[0]}..{batch[1]} do not give the batch's head" in findings[0].what

@@ -1,9 +1,9 @@
-"""The event chain (issue 36, store/core/events.py ``chain_leaf``/``chain_next``, StateMachine.chain_head).
+"""The event chain (issue 36, store/core/events.py ``chain_packed``/``chain_next``, StateMachine.chain_head).
 
 Determinism: machines fed the same batches reach the same head after every batch, whether or not
 they record events (a node's retention decides what it keeps, never what is chained), and a machine
 that installs a state snapshot midway continues the chain to the same heads.  The writer's chain
-records (store/disk/event_writer.py) recompute from the events it kept and the leaves it stored.
+records (store/disk/event_writer.py) hold the kept events' seal CRCs and recompute from the events kept.
 """
 
 from __future__ import annotations
@@ -86,10 +86,20 @@ def test_a_machine_installing_a_snapshot_continues_the_chain(tmp_path):
     assert _run(installed, batches[k:], start=k) == heads[k:]
 
 
+def _raw_events(path) -> dict[int, bytes]:
+    env = EV.open_history(str(path))
+    try:
+        with env.begin() as txn:
+            db = EV.open_tables(env, create=False, txn=txn)["events"]
+            return {EV.U64.unpack(k)[0]: bytes(v) for k, v in txn.cursor(db=db)}
+    finally:
+        env.close()
+
+
 def test_the_writer_chains_every_event_and_lists_those_it_drops(tmp_path):
     """Retention keeps queue "a" only: every batch still has its chain record (dropped seqs listed),
-    each kept event's fields give its leaf, the heads equal the machine's, and a batch whose events
-    were all kept gives its head from them."""
+    with the seal CRC of each kept event's record as the hint, the heads equal the machine's, and a
+    batch whose events were all kept gives its head from them."""
     store = EventStore(str(tmp_path / "events"), RetentionPolicy("none", {}))
     machine = StoredMachine()
     machine.event_sink = store.append
@@ -106,12 +116,12 @@ def test_the_writer_chains_every_event_and_lists_those_it_drops(tmp_path):
     dropped = [seq for record in chain for seq in record[6]]
     assert dropped and len(events) + len(dropped) == machine.event_seq
     whole = 0
-    for first, last, index, previous, head, leaves, not_kept in chain:
+    raw = _raw_events(tmp_path / "events")
+    for first, last, index, previous, head, seals, not_kept in chain:
         kept = [seq for seq in range(first, last + 1) if seq not in not_kept]
         assert kept == [seq for seq in range(first, last + 1) if seq in events]
-        for i, seq in enumerate(kept):
-            assert E.chain_leaf(E.chained_fields(events[seq])) == leaves[i * 32:(i + 1) * 32]
-            assert events[seq][10] == index
+        assert seals == b"".join(raw[seq][1:5] for seq in kept)  # each kept record's seal CRC, as written
+        assert all(events[seq][10] == index for seq in kept)
         if not not_kept:
             whole += 1
             stream = b"".join(E.chain_packed(E.chained_fields(events[seq])) for seq in kept)
