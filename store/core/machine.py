@@ -248,6 +248,10 @@ class StateMachine:
         # records persistence operations (effects) for it instead of writing.
         self._persist = PersistenceRecorder() if self.persistent else None
         first_seq = self.event_seq
+        # Only this batch's events are chained: ``restore`` (a single node's start) adds the vhosts'
+        # default exchanges through the same code, outside any batch (tests/integration/
+        # test_audit_chain_node.py found them prepended to the first batch's stream).
+        self._chain_stream.reset()
         for command in commands:
             self._apply_one(command)
         if index is not None:
