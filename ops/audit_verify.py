@@ -32,10 +32,15 @@ Exit status: 0 intact (one summary line), 1 something is wrong (the first bad ev
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import os
 import sys
+import urllib.parse
+import urllib.request
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from typing import cast
 
 import lmdb
 
@@ -49,6 +54,7 @@ from raftmq.store.core.events import (
 from raftmq.store.disk import history as EV
 
 EXIT_INTACT, EXIT_BAD, EXIT_USAGE = 0, 1, 2
+PAGE_LIMIT = 10_000  # chain records per page of GET /api/raftmq/audit/chain
 _SEAL = 4  # bytes of a seal hint (sealed.py's CRC32C)
 
 
@@ -281,7 +287,103 @@ def _compare(h: _History, mine: list[Batch], other: _History, report: Report) ->
                                                                  "did not keep, or in the chain record)"))
 
 
-def verify_history(path: str, against: str | None = None) -> Report:
+def _plain(value: object) -> object:
+    """A record's value as JSON carries it losslessly (bytes as {"hex": ...})."""
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"hex": bytes(value).hex()}
+    return value
+
+
+def chain_page(env: lmdb.Environment, low: int, high: int, limit: int, with_events: bool) -> dict:
+    """A node's chain records with low <= first seq < high (at most ``limit``), for a peer's verifier
+    (ops/http/auditchain.py); ``with_events``: the events of those batches too."""
+    with env.begin() as txn:
+        tables = EV.open_tables(env, create=False, txn=txn)
+        check = EV.checker(txn, tables, env.path())
+        chain_db, events_db = tables.get(CHAIN_TABLE), tables.get("events")
+        batches: list = []
+        events: dict[str, object] = {}
+        if chain_db is None:
+            return {"batches": batches, "events": events, "more": False}
+        cursor = txn.cursor(db=chain_db)
+        more = False
+        if cursor.set_range(EV.U64.pack(low)):
+            for key, value in cursor:
+                first = EV.U64.unpack(key)[0]
+                if first >= high:
+                    break
+                if len(batches) == limit:
+                    more = True
+                    break
+                first, last, index, previous, head, _seals, _dropped = check.decode(CHAIN_TABLE, key, value)
+                batches.append([first, last, index, bytes(previous).hex(), bytes(head).hex()])
+                if with_events and events_db is not None:
+                    for seq in range(first, last + 1):
+                        raw = txn.get(EV.U64.pack(seq), db=events_db)
+                        if raw is not None:
+                            events[str(seq)] = _plain(check.decode("events", EV.U64.pack(seq), raw))
+        return {"batches": batches, "events": events, "more": more}
+
+
+class Peer:
+    """A running member's chain, read through its HTTP API (``--peer HOST:PORT``)."""
+
+    def __init__(self, address: str, user: str, password: str, timeout: float = 30.0) -> None:
+        self.address = address
+        self.base = f"http://{address}/api/raftmq/audit/chain"
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.headers = {"Authorization": f"Basic {token}"}
+        self.timeout = timeout
+
+    def page(self, low: int, high: int, events: bool = False, limit: int = PAGE_LIMIT) -> dict:
+        query = urllib.parse.urlencode({"from": low, "to": high, "limit": limit, "events": int(events)})
+        request = urllib.request.Request(f"{self.base}?{query}", headers=self.headers)
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - http only, by design
+            return json.loads(response.read())
+
+    def batches(self, low: int, high: int) -> dict[int, list]:
+        out: dict[int, list] = {}
+        while True:
+            page = self.page(low, high)
+            for batch in page["batches"]:
+                out[batch[0]] = batch
+            if not page["more"] or not page["batches"]:
+                return out
+            low = page["batches"][-1][0] + 1
+
+
+def _compare_peer(h: _History, mine: list[Batch], peer: Peer, report: Report) -> None:
+    """The batches this history and the running peer both hold: equal heads, else the first event
+    that differs, named with its fields (the peer's records of that batch are fetched)."""
+    if not mine:
+        return
+    theirs = peer.batches(mine[0].first, mine[-1].first + 1)
+    where = f"than on the peer {peer.address}"
+    for b in mine:
+        o = theirs.get(b.first)
+        if o is None:
+            continue
+        report.compared += 1
+        if (o[1], o[3], o[4]) == (b.last, b.previous.hex(), b.head.hex()):
+            continue
+        their_events = peer.page(b.first, b.first + 1, events=True, limit=1)["events"]
+        for seq in range(b.first, min(b.last, o[1]) + 1):
+            mine_rec, their_rec = h.event(seq), their_events.get(str(seq))
+            if mine_rec is None or their_rec is None:
+                continue
+            fields = _differences(cast(list, _plain(mine_rec)), their_rec)
+            if fields:
+                report.findings.append(Finding(seq, "events", f"differs {where}: {fields}"))
+                break
+        else:
+            report.findings.append(Finding(b.first, CHAIN_TABLE, f"the batch of seqs {b.first}..{b.last} has "
+                                                                 f"another head {where} (in an event one of the two "
+                                                                 "did not keep, or in the chain record)"))
+
+
+def verify_history(path: str, against: str | None = None, peer: Peer | None = None) -> Report:
     """Check the history at ``path`` (a live ``<data>/events`` or a snapshot) against its chain, and
     against the history at ``against`` if given."""
     report = Report(path)
@@ -300,9 +402,12 @@ def verify_history(path: str, against: str | None = None) -> Report:
                                                                   "(written before issue 36, or the chain was removed)"))
             if other is not None:
                 _compare(h, batches, other, report)
-                if not report.compared:
-                    report.findings.append(Finding(None, CHAIN_TABLE, f"no batch in common with {against}: "
-                                                                      "nothing could be compared"))
+            if peer is not None:
+                _compare_peer(h, batches, peer, report)
+            if (other is not None or peer is not None) and not report.compared:
+                target = against if against is not None else peer.address if peer is not None else ""
+                report.findings.append(Finding(None, CHAIN_TABLE, f"no batch in common with {target}: "
+                                                                  "nothing could be compared"))
         except EV.HistoryDamaged as exc:
             report.findings.extend(Finding(None, d.where.split("/")[0], f"{d.where}: {d.what}") for d in exc.damages)
     finally:
@@ -333,11 +438,16 @@ def main(args: argparse.Namespace) -> int:
         if p is not None and not os.path.exists(os.path.join(p, "data.mdb")):
             print(f"raftmq audit verify: {p} holds no audit history", file=sys.stderr)
             return EXIT_USAGE
+    peer = (Peer(args.peer, getattr(args, "peer_user", None) or "guest", getattr(args, "peer_password", None) or "guest")
+            if getattr(args, "peer", None) else None)
     try:
-        report = verify_history(path, against)
+        report = verify_history(path, against, peer)
     except (lmdb.Error, EV.StoreDamaged) as exc:
         print(f"raftmq audit verify: {path}: cannot read the history: {exc}", file=sys.stderr)
         return EXIT_BAD
+    except (OSError, ValueError) as exc:  # urllib's errors are OSErrors; a body that is not JSON
+        print(f"raftmq audit verify: the peer {args.peer} did not answer with its chain: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if report.findings:
         first = report.findings[0]
         print(f"NOT INTACT: {path}: first bad event: {first}")
@@ -347,6 +457,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"  ... and {len(report.findings) - 20} more")
         return EXIT_BAD
     compared = f"; {report.compared} batches identical in {against}" if against is not None else ""
+    if peer is not None:
+        compared += f"; {report.compared} batches identical on the peer {peer.address}"
     print(f"intact: {path}: {report.batches} batches, seqs {report.first_seq}..{report.last_seq}, "
           f"{report.events_checked} events checked, {report.not_kept} not kept (chained), "
           f"{report.unchained} older than the chain, {report.gaps_accepted} snapshot gaps, "

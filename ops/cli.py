@@ -204,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     audit.add_argument("--quiet", action="store_true", help="no progress line on stderr")
     audit.add_argument("--against", help="verify: also compare with another node's data directory or snapshot")
+    audit.add_argument("--peer", help="verify: also compare with a running member's chain, HOST:PORT of its HTTP API")
+    audit.add_argument("--peer-user", default="guest", help="verify --peer: a monitoring user (default guest)")
+    audit.add_argument("--peer-password", default="guest", help="verify --peer: its password (default guest)")
     audit.set_defaults(func=_audit)
 
     chaos = sub.add_parser("chaos", help="fault-injection runs with a Jepsen-style checker")
