@@ -276,12 +276,19 @@ class StateMachine:
         message itself: the event writer takes properties and body from it only when its retention
         asks for them."""
         seq = self.event_seq = self.event_seq + 1
-        fields = [seq, self._now, kind, queue.vhost if queue else vhost, queue.name if queue else "", message.id,
-                  message.exchange, message.routing_key, message.size, detail]
-        self._chain_pack(fields)  # the batch's chained stream (events.chain_next)
+        if queue is not None:
+            vhost, name = queue.vhost, queue.name
+        else:
+            name = ""
         if self.records_events:
+            fields = [seq, self._now, kind, vhost, name, message.id, message.exchange, message.routing_key,
+                      message.size, detail]
+            self._chain_pack(fields)  # the batch's chained stream (events.chain_next)
             fields.append(message)
             self._events.append(fields)
+        else:  # a tuple packs alike and is cheaper to build
+            self._chain_pack((seq, self._now, kind, vhost, name, message.id, message.exchange, message.routing_key,
+                              message.size, detail))
 
     def definition_event(self, kind: int, vhost: str, queue: str = "", exchange: str = "",
                          routing_key: str = "", detail: str = "", definition: tuple = ()) -> None:
