@@ -34,6 +34,7 @@ PROPS = bytes.fromhex("9000") + b"\x10application/json\x02"  # content-type + de
 def generate(path: str, events: int, batch: int = 2_000) -> None:
     store = EventStore(path, "metadata")
     seq, now, index = 0, 1_790_000_000_000_000, 0
+    head = bytes(32)
     pending: list[list] = []
     message_id = 0
     # Issue 36's history: the connection opened once with its principal, and the publisher's and
@@ -58,11 +59,24 @@ def generate(path: str, events: int, batch: int = 2_000) -> None:
                 pending[-1] += [None if kind == EV.ROUTED else conn, None]
         if len(pending) >= batch:
             index += 1
-            store.append(index, pending)
+            head = _append(store, index, pending, head)
             pending = []
     if pending:
-        store.append(index + 1, pending)
+        _append(store, index + 1, pending, head)
     store.close()
+
+
+def _append(store: EventStore, index: int, events: list[list], head: bytes) -> bytes:
+    """Hand a batch over as the applier does: with its chain step where the writer takes one
+    (issue 36: the writer then also writes the batch's chain record and the kept events' leaves)."""
+    if not getattr(store.append, "takes_chain", False):
+        store.append(index, events)
+        return head
+    from raftmq.store.core.events import chain_next, chain_packed
+
+    new_head = chain_next(head, b"".join(chain_packed(e[:10]) for e in events))
+    store.append(index, events, (head, new_head))
+    return new_head
 
 
 def main() -> int:

@@ -216,6 +216,7 @@ class Broker:
             if not config.clustered:
                 # One node: the history continues its numbering (a cluster's comes from the log).
                 self.machine.event_seq = max(self.machine.event_seq, self.events.last_seq)
+                self.machine.chain_head = self.events.chain_head  # and its chain (issue 36)
         self.auth = Authenticator(config.users, lambda: self.machine.users, lambda: self.machine.permission_overlay,
                                   login_workers=config.login_workers, login_limit=config.login_queue_limit,
                                   refusal_log_interval=config.login_refusal_log_interval)

@@ -121,6 +121,10 @@ def _chaos_run(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
+    if args.job == "verify":  # the hash chain (issue 36): no Spark needed
+        from .audit_verify import main as verify_chain
+
+        return verify_chain(args)
     try:
         from raftmq.spark.report import run
     except ImportError as exc:
@@ -188,7 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     audit = sub.add_parser("audit", help="audit a message history snapshot with Spark (pip install raftmq[spark])")
     audit.add_argument("job", choices=["summary", "unconsumed", "redelivered", "dead-letters", "latency",
-                                       "throughput", "delays", "deduplicated", "trace", "contents"])
+                                       "throughput", "delays", "deduplicated", "trace", "contents", "verify"],
+                       help="a Spark job, or verify: check the history against its hash chain (exit 0 intact, "
+                            "1 not, naming the first bad event)")
     source = audit.add_mutually_exclusive_group(required=True)
     source.add_argument("--snapshot", action="append",
                         help="a snapshot directory (raftmq snapshot); repeat for several nodes' read as one")
@@ -203,6 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--limit", type=int, default=50, help="rows printed (default 50)")
     audit.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     audit.add_argument("--quiet", action="store_true", help="no progress line on stderr")
+    audit.add_argument("--against", help="verify: also compare with another node's data directory or snapshot")
+    audit.add_argument("--peer", help="verify: also compare with a running member's chain, HOST:PORT of its HTTP API")
+    audit.add_argument("--peer-user", default="guest", help="verify --peer: a monitoring user (default guest)")
+    audit.add_argument("--peer-password", default="guest", help="verify --peer: its password (default guest)")
     audit.set_defaults(func=_audit)
 
     chaos = sub.add_parser("chaos", help="fault-injection runs with a Jepsen-style checker")

@@ -48,7 +48,9 @@ if TYPE_CHECKING:  # the interfaces this module implements (raft/ imports nothin
 
 log = logging.getLogger(__name__)
 
-History = Callable[[int | None, list], None]
+# history(index, events), or history(index, events, chain) when it has ``takes_chain`` set (the
+# node's EventStore.append: the chain's step of the batch, store/core/effects.py ``chain``).
+History = Callable[..., None]
 FETCH_FOR = 120.0  # seconds: bodies missing after an install are asked for again until then
 FETCH_TIMEOUT = 10.0  # seconds for one member's answer
 
@@ -73,6 +75,7 @@ class Applier:
         self.bodies: Bodies | DictBodies = bodies if bodies is not None else DictBodies()
         self.durable = durable  # a single node's LMDB mirror; None in a cluster
         self.history = history
+        self._history_chain = bool(getattr(history, "takes_chain", False))
         # Whether a connection id is this node's: only those outputs get their bodies (fill_bodies).
         # None: every output (tests without a broker).
         self.is_local: Callable[[str], bool] | None = None
@@ -86,6 +89,7 @@ class Applier:
     def set_history(self, history: History | None) -> None:
         """Where audit events go (the node's EventStore); None: the machine records none."""
         self.history = history
+        self._history_chain = bool(getattr(history, "takes_chain", False))
         self.machine.records_events = history is not None
 
     # ------------------------------------------------------------------ applying
@@ -112,7 +116,10 @@ class Applier:
                     bodies.stored_elsewhere([op[5] for op in effects.persistence
                                              if op[0] == PUT_WITH_BODY and op[1] == "messages"])
             if effects.events and self.history is not None:
-                self.history(effects.index, effects.events)
+                if self._history_chain:
+                    self.history(effects.index, effects.events, effects.chain)
+                else:
+                    self.history(effects.index, effects.events)
         except Exception as exc:
             raise StorageFailed(f"carrying out a batch failed: {exc!r}") from exc
         return Applied(outputs, effects.body_deletes, effects.sync_needed, commands)

@@ -19,7 +19,7 @@ from raftmq.node.descriptors import DescriptorReserve
 
 from ..control import Control
 from ..operator import Gatekeeper
-from . import login, ownpages, raftview, resources, system, users
+from . import auditchain, login, ownpages, raftview, resources, system, users
 from .common import CONTEXT, Context, authenticate
 from .crosssite import cross_site, security_headers
 from .listener import HttpListener
@@ -48,6 +48,7 @@ def build_app(broker: Broker, gatekeeper: Gatekeeper | None = None) -> tuple[web
     system.add_routes(app)
     raftview.add_routes(app)
     ownpages.add_routes(app)
+    auditchain.add_routes(app)  # issue 36
     users.add_routes(app)
     _accept_trailing_slash(app.router)
     return app, rates

@@ -33,7 +33,10 @@ class AuditNotes:
             raise CommandError(540, f"NOT_IMPLEMENTED - audit note kind {cmd.kind!r}")
         m = self.m
         m.event_seq += 1
+        principal = list(cmd.principal) if cmd.principal else None
+        fields = [m.event_seq, m._now, cmd.kind, cmd.vhost, cmd.queue, None, cmd.exchange, "", 0, cmd.detail,
+                  cmd.conn, principal]
+        m._chain_pack(fields)  # chained like every event (store/core/events.py)
         if m.records_events:
-            principal = list(cmd.principal) if cmd.principal else None
-            m._events.append([m.event_seq, m._now, cmd.kind, cmd.vhost, cmd.queue, None, cmd.exchange, "", 0,
-                              cmd.detail, None, cmd.conn, principal])
+            fields.insert(10, None)
+            m._events.append(fields)

@@ -188,10 +188,8 @@ class Delivery:
                     return NOT_HERE
                 queues = own
         self._publishing = message.id, body  # a reject-publish-dlx copy takes its body from here
-        if not m.records_events:
-            m.event_seq += 1  # numbered alike on every node, recorded where history is kept
-        else:
-            m.event(EV.PUBLISHED, None, message, conn or "", vhost_name, conn)
+        # Numbered and chained alike on every node, recorded where history is kept (issue 36).
+        m.event(EV.PUBLISHED, None, message, conn or "", vhost_name, conn)
         stats = m.stats
         stats["published"] += 1
         if not queues and not sent_on:
@@ -274,10 +272,7 @@ class Delivery:
         queue.ready.append(entry)
         if dedup_as is not None and queue.dedup is not None:
             queue.dedup.add(dedup_as, message.id, m._now, expires_at)
-        if not m.records_events:
-            m.event_seq += 1
-        else:
-            m.event(EV.ROUTED, queue, message)
+        m.event(EV.ROUTED, queue, message)
         size = message.size
         message.live += 1
         queue.ready_bytes += size
@@ -628,11 +623,8 @@ class Delivery:
 
         Deleting a queue of 20,000 messages runs this on every node."""
         m = self.m
-        if not m.records_events:
-            m.event_seq += len(entries)
-        else:
-            for entry in entries:
-                m.event(EV.DELETED, queue, entry.message)
+        for entry in entries:
+            m.event(EV.DELETED, queue, entry.message)  # chained on every node (issue 36)
         release = self.release_message
         for entry in entries:
             release(entry)

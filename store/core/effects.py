@@ -33,6 +33,9 @@ class Effects:
     sync_needed: bool = False  # a persistence operation promised durability (a confirm waits on it)
     events: list[list] = field(default_factory=list)  # audit events (store/disk/history.py), if recorded
     index: int | None = None  # the Raft index of the batch (None for a single node)
+    # The event chain's step (store/core/events.py), with ``events``: (previous head, head) for
+    # the history's chain table.
+    chain: tuple[bytes, bytes] | None = None
     # Message bodies (store/disk/bodies.py), in apply order.  Puts: (message id, body bytes, or the id
     # of the message whose body a dead-letter copy shares), for messages a queue or hold kept.
     # Deletes: ids whose last holder went.  The node stores the puts before it sends the

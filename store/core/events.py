@@ -7,6 +7,10 @@ Spark data source reads them back by these field names.
 
 from __future__ import annotations
 
+import hashlib
+
+import msgpack
+
 # Message events
 PUBLISHED, DELIVERED, ACKED, REQUEUED, REJECTED, EXPIRED, DEAD_LETTERED, DROPPED, PURGED, DELETED = range(1, 11)
 ROUTED, UNROUTABLE = 11, 12
@@ -60,5 +64,35 @@ EXCHANGE_FIELDS = ("vhost", "name", "type", "durable", "auto_delete", "internal"
                    "declared_us", "deleted_us")
 BINDING_FIELDS = ("vhost", "source", "destination", "destination_type", "routing_key", "arguments",
                   "bound_us", "unbound_us")
-TABLES = ("events", "messages", "queues", "exchanges", "bindings", "meta", "connections")
+TABLES = ("events", "messages", "queues", "exchanges", "bindings", "meta", "connections", "chain")  # issue 36
 CATALOG_TABLES = ("queues", "exchanges", "bindings")
+
+# Issue 36: the tamper-evidence chain (docs/design.md "Tamper evidence: the event chain").  Every
+# applied batch with events moves the replicated ``StateMachine.chain_head`` on:
+#     head = SHA-256(previous head || msgpack(chained fields of each event of the batch, in seq order))
+# over every event the machine numbers, kept by this node's retention or not.  The chained fields
+# are an event record (EVENT_FIELDS) without its ``raft_index`` (slot 10: the machine's message or
+# definition there, which is not chained); fields added after slot 10 are chained too.  One hash
+# per batch over the packed events costs the apply path about half what a hash per event did
+# (docs/benchmarks.md); the history writer keeps each kept event's seal CRC beside (a hint, not a
+# proof: store/disk/history.py "chain"), so that a verifier can name the event that was changed.
+CHAIN_ZERO = bytes(32)  # the head before the first event
+CHAIN_TABLE = "chain"  # the history's table of per-batch chain records (store/disk/history.py)
+_sha256 = hashlib.sha256
+_packb = msgpack.packb  # deterministic for the ints, str, bytes and None of events (the machine packs
+# with its own Packer, the same encoding: a Packer is not shared between threads)
+
+
+def chained_fields(record: list) -> list:
+    """The fields of a stored event record that the chain covers: all but ``raft_index``."""
+    return record[:10] + record[11:]
+
+
+def chain_packed(fields: list | tuple) -> bytes:
+    """One event's part of its batch's chained stream."""
+    return _packb(fields)
+
+
+def chain_next(previous: bytes, stream: bytes) -> bytes:
+    """The head after a batch whose events packed one after the other are ``stream``."""
+    return _sha256(previous + stream).digest()

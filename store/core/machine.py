@@ -21,6 +21,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import msgpack
+
 from .audit import AuditNotes
 from .commands import (
     ERR,
@@ -40,6 +42,7 @@ from .delayed import DelayedMessages
 from .delivery import Delivery
 from .effects import Effects
 from .errors import HARD_ERRORS, CommandError
+from .events import CHAIN_ZERO, chain_next
 from .expiry import Expiry
 from .groups import Groups, restore_messages, restore_state
 from .limits import LimitCommands
@@ -139,6 +142,13 @@ class StateMachine:
         # (they are numbered either way, so that every node numbers every event alike).
         self.records_events = False
         self._events: list[list] = []
+        # The tamper-evidence chain (events.py, issue 36): replicated, so every node agrees on it;
+        # each event is packed into the batch's chained stream whether or not this node records it.
+        self.chain_head = CHAIN_ZERO
+        # The batch's events packed one after the other (not state: emptied at the end of each
+        # apply); a Packer per machine, one thread applies.
+        self._chain_stream = msgpack.Packer(use_bin_type=True, autoreset=False)
+        self._chain_pack = self._chain_stream.pack
         self.stats = {"published": 0, "unroutable": 0, "delivered": 0, "redelivered": 0, "acked": 0,
                       "rejected": 0, "dead_lettered": 0, "expired": 0, "deduplicated": 0, "delivery_limited": 0,
                       "delayed": 0, "delay_released": 0, "delay_refused": 0}
@@ -263,6 +273,11 @@ class StateMachine:
         # The LMDB mirror is kept in step only for a machine loaded from one (single node): apply
         # records persistence operations (effects) for it instead of writing.
         self._persist = PersistenceRecorder() if self.persistent else None
+        first_seq = self.event_seq
+        # Only this batch's events are chained: ``restore`` (a single node's start) adds the vhosts'
+        # default exchanges through the same code, outside any batch (tests/integration/
+        # test_audit_chain_node.py found them prepended to the first batch's stream).
+        self._chain_stream.reset()
         for command in commands:
             self._apply_one(command)
         if index is not None:
@@ -272,23 +287,39 @@ class StateMachine:
                 self.groups.persist(self._persist)
             effects.persistence, effects.sync_needed = self._persist.ops, self._persist.sync_needed
             self._persist = None
-        if self._events:
-            effects.events, self._events = self._events, []
+        if self.event_seq != first_seq:  # the batch had events: the chain moves on
+            stream = self._chain_stream.bytes()
+            self._chain_stream.reset()
+            previous = self.chain_head
+            self.chain_head = chain_next(previous, stream)
+            if self._events:
+                effects.events, self._events = self._events, []
+                effects.chain = (previous, self.chain_head)
         return effects
 
     def event(self, kind: int, queue: Queue | None, message: Message, detail: str = "",
                vhost: str = "", conn: str | None = None) -> None:
-        """Record a message's audit event (numbered even when this node keeps no history, so that
-        every node numbers every event alike).  The record carries the message itself: the event
-        writer takes properties and body from it only when its retention asks for them.  ``conn``:
-        the connection that acted (publish, deliver, get, ack, reject), whose principal the history
-        keeps once (the ``connections`` table, issue 36); the record's layout is events.py's
-        EVENT_FIELDS, with the message in place of ``raft_index`` until the writer has it."""
-        self.event_seq += 1
+        """Record a message's audit event (numbered and chained even when this node keeps no
+        history, so that every node numbers and chains every event alike).  The record carries the
+        message itself: the event writer takes properties and body from it only when its retention
+        asks for them.  ``conn``: the connection that acted (publish, deliver, get, ack, reject),
+        whose principal the history keeps once (the ``connections`` table, issue 36).  The record's
+        layout is events.py's EVENT_FIELDS, with the message in place of ``raft_index`` (slot 10,
+        not chained) until the writer has it."""
+        seq = self.event_seq = self.event_seq + 1
+        if queue is not None:
+            vhost, name = queue.vhost, queue.name
+        else:
+            name = ""
         if self.records_events:
-            self._events.append([self.event_seq, self._now, kind, queue.vhost if queue else vhost,
-                                 queue.name if queue else "", message.id, message.exchange, message.routing_key,
-                                 message.size, detail, message, conn, None])
+            fields = [seq, self._now, kind, vhost, name, message.id, message.exchange, message.routing_key,
+                      message.size, detail, conn, None]
+            self._chain_pack(fields)  # the batch's chained stream (events.chain_next)
+            fields.insert(10, message)
+            self._events.append(fields)
+        else:  # a tuple packs alike and is cheaper to build
+            self._chain_pack((seq, self._now, kind, vhost, name, message.id, message.exchange, message.routing_key,
+                              message.size, detail, conn, None))
 
     def count_ack(self, qid: int) -> None:
         """One acknowledgement of a message of queue ``qid`` (``queue_counts``)."""
@@ -298,12 +329,14 @@ class StateMachine:
         counts[1] += 1
 
     def definition_event(self, kind: int, vhost: str, queue: str = "", exchange: str = "",
-                          routing_key: str = "", detail: str = "", definition: tuple = ()) -> None:
+                         routing_key: str = "", detail: str = "", definition: tuple = ()) -> None:
         """Record a queue, exchange or binding change (the catalog tables of the audit history)."""
-        self.event_seq += 1
+        seq = self.event_seq = self.event_seq + 1
+        fields: list = [seq, self._now, kind, vhost, queue, None, exchange, routing_key, 0, detail, None, None]
+        self._chain_pack(fields)
         if self.records_events:
-            self._events.append([self.event_seq, self._now, kind, vhost, queue, None, exchange, routing_key,
-                                 0, detail, definition, None, None])
+            fields.insert(10, definition)
+            self._events.append(fields)
 
     def _apply_one(self, command: Command) -> None:
         op = command.op

@@ -119,7 +119,9 @@ class EventStore:
         self.first_seq = state.first_seq
         self.raft_index = state.raft_index
         self._gaps: list = list(state.gaps)
-        self._pending: list[tuple[int | None, list]] = []
+        #: The chain head after the last batch written (issue 36): a single node continues from it.
+        self.chain_head = self._last_head()
+        self._pending: list[tuple[int | None, list, tuple | None]] = []
         self._pending_events = 0
         self._cond = threading.Condition()
         #: The node's body lookup (store/disk/bodies.py ``Bodies.get``); None keeps no bodies.
@@ -158,6 +160,13 @@ class EventStore:
                 found = EV.checker(txn, self.tables, path)
         return found
 
+    def _last_head(self) -> bytes:
+        with self.env.begin() as txn:
+            cursor = txn.cursor(db=self.tables[EV.CHAIN_TABLE])
+            if not cursor.last():
+                return EV.CHAIN_ZERO
+            return bytes(self.checker.decode(EV.CHAIN_TABLE, cursor.key(), cursor.value())[4])
+
     def _check_at_open(self, txn: lmdb.Transaction) -> None:
         """Check every record the writer reads at open (meta, queues); HistoryDamaged names all the
         damaged ones."""
@@ -181,7 +190,8 @@ class EventStore:
 
     # ------------------------------------------------------------------ called by apply
 
-    def append(self, index: int | None, events: list[list]) -> None:
+    def append(self, index: int | None, events: list[list],
+               chain: tuple[bytes, bytes] | None = None) -> None:
         """Hand over one applied batch's events (``index``: its Raft index, None on a single node).
 
         The model holds no bodies (issue 18): a publish's or routing's event gets its message's body
@@ -195,7 +205,7 @@ class EventStore:
         with self._cond:
             while self._pending_events > self.max_pending and not self._closing and self._error is None:
                 self._cond.wait(0.1)  # back-pressure: the writer is far behind
-            self._pending.append((index, events))
+            self._pending.append((index, events, chain))
             self._pending_events += len(events)
             if len(self._pending) == 1:
                 self._cond.notify_all()
@@ -264,9 +274,9 @@ class EventStore:
                 self._busy = False
                 self._cond.notify_all()
 
-    def _write(self, batches: Iterable[tuple[int | None, list]]) -> None:
+    def _write(self, batches: Iterable[tuple[int | None, list, tuple | None]]) -> None:
         t = self.tables
-        events_db, messages_db = t["events"], t["messages"]
+        events_db, messages_db, chain_db = t["events"], t["messages"], t[EV.CHAIN_TABLE]
         policy = self.policy
         packb = msgpack.packb
         last_seq = self.last_seq
@@ -275,7 +285,10 @@ class EventStore:
         publishers: dict[int, str] = {}  # message id -> publisher, for ROUTED events later in the batch
         with self.env.begin(write=True) as txn:
             put = txn.put
-            for index, events in batches:
+            for index, events, chain in batches:
+                fresh = bool(events) and events[0][0] > last_seq  # not a replay (a batch is whole)
+                dropped: list[int] = []  # seqs this node's retention does not keep
+                seals: list[bytes] = []  # the kept events' seal CRCs, in seq order (the chain record's hints)
                 for event in events:
                     seq = event[0]
                     if seq <= last_seq:
@@ -310,13 +323,19 @@ class EventStore:
                             self._put_message(put, messages_db, event, message, body, level,
                                               publishers.get(message.id, ""))
                     if not level:
+                        dropped.append(seq)
                         continue
                     event[10] = index
                     key = U64.pack(seq)
-                    put(key, seal(key, packb(event, use_bin_type=True)), db=events_db, append=True)
+                    value = seal(key, packb(event, use_bin_type=True))
+                    put(key, value, db=events_db, append=True)
+                    if chain is not None:
+                        seals.append(value[1:5])  # its CRC32C (sealed.py): no second hash per event
                     if not self.first_seq:
                         self.first_seq = seq
                     written += 1
+                if chain is not None and fresh:
+                    self._chain_record(put, chain_db, events, index, chain, seals, dropped)
                 if index is not None:
                     raft_index = index
             meta = t["meta"]
@@ -328,6 +347,17 @@ class EventStore:
         self.last_seq = last_seq
         self.raft_index = raft_index
         self.written += written
+
+    def _chain_record(self, put: Callable[..., object], db: lmdb._Database, events: list[list], index: int | None,
+                      chain: tuple[bytes, bytes], seals: list[bytes], dropped: list[int]) -> None:
+        """The batch's chain record (history.py "chain"): its seq range, Raft index, the heads before
+        and after it, the kept events' seal CRCs and the seqs not kept."""
+        previous, head = chain
+        first = events[0][0]
+        key = U64.pack(first)
+        record = [first, events[-1][0], index, previous, head, b"".join(seals), dropped]
+        put(key, seal(key, msgpack.packb(record, use_bin_type=True)), db=db, append=True)
+        self.chain_head = head
 
     @staticmethod
     def _put_message(put: Callable[..., object], db: lmdb._Database, event: list, message: Message,
@@ -510,6 +540,15 @@ class EventStore:
                     messages.delete()
             first = U64.unpack(cursor.key())[0] if cursor.first() else self.last_seq + 1
             meta_put(txn.put, t["meta"], b"first_seq", first)
+            # Chain records of batches wholly trimmed go too (one partly trimmed stays: a verifier
+            # starts after it, from the first batch whose events are all there).
+            chains = txn.cursor(db=t[EV.CHAIN_TABLE])
+            while chains.first() and self.checker.decode(EV.CHAIN_TABLE, chains.key(), chains.value())[1] < first:
+                chains.delete()
         self.first_seq = first
         self.trimmed += removed
         return removed
+
+
+# The applier hands this writer each batch's chain step too (store/applier.py ``History``).
+setattr(EventStore.append, "takes_chain", True)  # noqa: B010 - a function attribute the checker need not know

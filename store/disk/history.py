@@ -36,6 +36,13 @@ The environment holds seven tables (keys big-endian so that LMDB order is numeri
 ``meta``       ``raft_index`` (the last applied batch whose events are all written), ``first_seq``
                and ``last_seq`` (the retained range), ``gaps`` (ranges this node never saw: it
                installed a state snapshot instead of applying them).
+``chain``      u64 first seq of a batch -> ``[first_seq, last_seq, raft_index, previous head, head,
+               seals, dropped]``: the tamper-evidence chain (issue 36, ``store/core/events.py``;
+               checked by ``raftmq audit verify``, ``ops/audit_verify.py``).  ``seals`` are the
+               4-byte CRC32C of each kept event's record as written (its seal), in seq order: a
+               hint that names the event an edit changed (the head is the proof); ``dropped`` the
+               seqs retention did not keep.  A table added without a format change: older readers
+               ignore it.
 
 A snapshot (:func:`snapshot`) is ``env.copy(compact=True)`` inside one read transaction: it holds
 every event of every batch up to its ``raft_index`` and none after, even while the node writes.
@@ -78,6 +85,8 @@ from ..core.events import (  # noqa: F401 - the kinds and fields are this format
     BINDING_FIELDS,
     BOUND,
     CATALOG_TABLES,
+    CHAIN_TABLE,
+    CHAIN_ZERO,
     CONNECTION_CLOSED,
     CONNECTION_FIELDS,
     CONNECTION_OPENED,
@@ -112,6 +121,9 @@ from ..core.events import (  # noqa: F401 - the kinds and fields are this format
     TABLES,
     UNBOUND,
     UNROUTABLE,
+    chain_next,
+    chain_packed,
+    chained_fields,
 )
 from .sealed import BadRecord, StoreDamaged, is_sealed, seal, unseal
 

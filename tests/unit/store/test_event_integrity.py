@@ -39,7 +39,7 @@ def _raw(path: Path, table: str) -> list[tuple[bytes, bytes]]:
     env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=len(EV.TABLES) + 1)
     try:
         with env.begin() as txn:
-            db = EV.open_tables(env, create=False, txn=txn).get(table)  # None: an older history
+            db = EV.open_tables(env, create=False, txn=txn).get(table)  # no chain table before issue 36
             return [(bytes(k), bytes(v)) for k, v in txn.cursor(db=db)] if db is not None else []
     finally:
         env.close()
