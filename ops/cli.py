@@ -124,6 +124,17 @@ def _audit(args: argparse.Namespace) -> int:
     if args.job == "verify":  # the hash chain (issue 36): no Spark needed
         from .audit_verify import main as verify_chain
 
+        # --snapshot/--data-dir repeat for the Spark jobs (several nodes as one table); verify
+        # checks one history (and --against another).
+        for name in ("snapshot", "data_dir"):
+            given = getattr(args, name)
+            if isinstance(given, list):
+                if len(given) > 1:
+                    print(f"raftmq audit verify checks one history: give one --{name.replace('_', '-')} and "
+                          "--against for another", file=sys.stderr)
+                    return 2
+                setattr(args, name, given[0] if given else None)
+
         return verify_chain(args)
     try:
         from raftmq.spark.report import run
