@@ -212,7 +212,10 @@ class Cluster:
             time.sleep(0.1)
         raise ClusterError(f"{node.node_id} did not catch up to {target}: {self.status(node)}")
 
-    def digests(self, nodes: list[RaftmqNode] | None = None, timeout: float = 10.0) -> dict[str, tuple[int, str]]:
+    def digests(self, nodes: list[RaftmqNode] | None = None, timeout: float = 10.0,
+                path: str = "digest.json") -> dict[str, tuple[int, str]]:
+        """Each node's state digest (SIGUSR1, then ``path`` under its data directory: a queue
+        group's is ``groups/g<N>/digest.json``, issue 34)."""
         nodes = nodes or [n for n in self.nodes if n.is_alive()]
         start = time.time()
         for n in nodes:
@@ -222,7 +225,7 @@ class Cluster:
         while time.monotonic() < deadline and len(out) < len(nodes):
             for n in nodes:
                 try:
-                    d = json.loads((n.data_dir / "digest.json").read_text())
+                    d = json.loads((n.data_dir / path).read_text())
                 except (OSError, ValueError):
                     continue
                 if d["time"] >= start:

@@ -11,14 +11,13 @@ every group and every confirmed message is still there.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 
 import pika
 import pytest
 
-from raftmq.ops.local.cluster import Cluster
+from raftmq.ops.local.cluster import Cluster, ClusterError
+from tests.integration.helpers import consume_acked
 
 pytestmark = pytest.mark.cluster
 
@@ -36,49 +35,18 @@ def group_status(node, group: int) -> dict:
         return {}
 
 
-def group_digests(cluster, group: int, timeout: float = 10.0) -> dict[str, tuple[int, str]]:
-    """Each live node's digest of ``group`` (its main process forwards SIGUSR1 to the workers)."""
-    nodes = [n for n in cluster.nodes if n.is_alive()]
-    start = time.time()
-    for n in nodes:
-        os.kill(n.pid, signal.SIGUSR1)
-    out: dict[str, tuple[int, str]] = {}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and len(out) < len(nodes):
-        for n in nodes:
-            path = n.data_dir / "groups" / f"g{group}" / "digest.json"
-            try:
-                d = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if d["time"] >= start:
-                out[n.node_id] = (d["applied_index"], d["digest"])
-        time.sleep(0.05)
-    return out
-
-
 def wait_group_digests_equal(cluster, group: int, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     digests: dict = {}
     while time.monotonic() < deadline:
-        digests = group_digests(cluster, group)
+        try:
+            digests = cluster.digests(path=f"groups/g{group}/digest.json")
+        except ClusterError:
+            digests = {}
         if len(digests) == sum(n.is_alive() for n in cluster.nodes) and len(set(digests.values())) == 1:
             return
         time.sleep(0.5)
     raise AssertionError(f"group {group}'s replicas differ: {digests}")
-
-
-def drain(ch, queue: str, count: int, timeout: float = 5.0) -> list[bytes]:
-    got = []
-    for method, _props, body in ch.consume(queue, inactivity_timeout=timeout):
-        if method is None:
-            break
-        got.append(body)
-        ch.basic_ack(method.delivery_tag)
-        if len(got) == count:
-            break
-    ch.cancel()
-    return got
 
 
 def test_publish_through_a_follower_to_two_groups_consume_elsewhere_replicas_identical(cluster):
@@ -98,8 +66,8 @@ def test_publish_through_a_follower_to_two_groups_consume_elsewhere_replicas_ide
     conn.close()
     conn = cluster.connection(other)
     ch = conn.channel()
-    assert drain(ch, "c-a", 100) == bodies
-    assert drain(ch, "c-b", 100) == bodies
+    assert consume_acked(ch, "c-a", 100) == bodies
+    assert consume_acked(ch, "c-b", 100) == bodies
     conn.close()
     for group in (1, 2):
         assert all(group_status(n, group).get("role") in ("leader", "follower") for n in cluster.nodes)
@@ -130,6 +98,6 @@ def test_kill_9_of_the_metadata_leader_keeps_every_confirmed_message_of_every_gr
     ch = conn.channel()
     ch.confirm_delivery()
     ch.basic_publish("", "k-a", b"after", pika.BasicProperties(delivery_mode=2))
-    assert drain(ch, "k-a", 51) == [b"k-a-%d" % i for i in range(50)] + [b"after"]
-    assert drain(ch, "k-b", 50) == [b"k-b-%d" % i for i in range(50)]
+    assert consume_acked(ch, "k-a", 51) == [b"k-a-%d" % i for i in range(50)] + [b"after"]
+    assert consume_acked(ch, "k-b", 50) == [b"k-b-%d" % i for i in range(50)]
     conn.close()

@@ -20,7 +20,7 @@ import pika
 import pytest
 
 from raftmq.ops.local.node import RaftmqNode
-from tests.integration.helpers import wait_until
+from tests.integration.helpers import consume_acked, wait_until
 
 GROUPS = {"RAFTMQ_RAFT_GROUPS": "3"}
 
@@ -42,19 +42,6 @@ def group_status(node: RaftmqNode, group: int) -> dict:
     return json.loads((Path(node.data_dir) / "groups" / f"g{group}" / "status.json").read_text())
 
 
-def drain(ch, queue: str, count: int, timeout: float = 5.0) -> list[bytes]:
-    got = []
-    for method, _props, body in ch.consume(queue, inactivity_timeout=timeout):
-        if method is None:
-            break
-        got.append(body)
-        ch.basic_ack(method.delivery_tag)
-        if len(got) == count:
-            break
-    ch.cancel()
-    return got
-
-
 def test_a_fanout_over_two_groups_is_confirmed_stored_by_each_and_consumed_from_each(node):
     """Two queues declared one after the other go to the two queue groups (balanced placement);
     50 confirmed publishes to a fanout bound to both reach each queue once; each queue's consumer
@@ -70,8 +57,8 @@ def test_a_fanout_over_two_groups_is_confirmed_stored_by_each_and_consumed_from_
         ch.basic_publish("gfan", "", b"m%d" % i, pika.BasicProperties(delivery_mode=2), mandatory=True)
     assert ch.queue_declare("ga", passive=True).method.message_count == 50
     assert ch.queue_declare("gb", passive=True).method.message_count == 50
-    assert drain(ch, "ga", 50) == [b"m%d" % i for i in range(50)]
-    assert drain(ch, "gb", 50) == [b"m%d" % i for i in range(50)]
+    assert consume_acked(ch, "ga", 50) == [b"m%d" % i for i in range(50)]
+    assert consume_acked(ch, "gb", 50) == [b"m%d" % i for i in range(50)]
     assert ch.queue_declare("ga", passive=True).method.message_count == 0
     wait_until(lambda: all(group_status(node, g)["batches_applied"] > 0 for g in (1, 2)),
                what="both queue groups applying")
@@ -136,8 +123,8 @@ def test_queues_their_groups_and_messages_survive_a_restart(node):
     ch.confirm_delivery()
     ch.basic_publish("rfan", "", b"after", pika.BasicProperties(delivery_mode=2))
     expected = [b"before%d" % i for i in range(5)] + [b"after"]
-    assert drain(ch, "ra", 6) == expected
-    assert drain(ch, "rb", 6) == expected
+    assert consume_acked(ch, "ra", 6) == expected
+    assert consume_acked(ch, "rb", 6) == expected
     conn.close()
 
 
