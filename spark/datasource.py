@@ -177,7 +177,14 @@ class RaftmqReader(DataSourceReader):
         self.schema = schema
         self.partition_count = partition_count
         self.batch_rows = batch_rows
+        # Events' principals (issue 36): set by each read from its history's connections table;
+        # until then, none known.
+        self.principal_of: _Principals | _UnionPrincipals = _UnionPrincipals()
         self._reset()
+
+    def use_principals(self, txn: lmdb.Transaction, tables: dict) -> None:
+        """Events read in ``txn`` get their principals from its history's connections table."""
+        self.principal_of = _Principals(txn, tables.get("connections"), self.check)
 
     # ------------------------------------------------------------------ planning (driver)
 
@@ -323,7 +330,7 @@ class RaftmqReader(DataSourceReader):
                 if db is None:
                     return
                 self.check = EV.checker(txn, tables, self.path)
-                self.principal_of = _Principals(txn, tables.get("connections"), self.check)
+                self.use_principals(txn, tables)
                 rows = _ROWS[self.table](self, txn.cursor(db=db), start, stop)
                 yield from _batches(rows, arrow_schema, self.batch_rows)
         finally:
@@ -338,6 +345,7 @@ class RaftmqReader(DataSourceReader):
                 return
             else:
                 self.check = opened.check
+                self.principal_of = opened.principals
                 rows = _ROWS[self.table](self, opened.cursor, start, stop)
             yield from _batches(rows, arrow_schema, self.batch_rows)
 
@@ -439,6 +447,24 @@ class _Principals:
         return found
 
 
+class _UnionPrincipals:
+    """``_Principals`` over several histories: a connection's principal from the first history
+    that recorded it (the same record on every node that has it: it is an event's)."""
+
+    def __init__(self) -> None:
+        self.parts: list[_Principals] = []
+        self.known: dict[str, tuple] = {}
+
+    def __call__(self, conn: str) -> tuple:
+        found = _NO_PRINCIPAL
+        for part in self.parts:
+            found = part(conn)
+            if found != _NO_PRINCIPAL:
+                break
+        self.known[conn] = found
+        return found
+
+
 class _Histories:
     """Several histories open at once, each in one read transaction, for one table: a union cursor
     over a u64-keyed table (``cursor``, ``check``, ``entries``: the most any one holds), or the
@@ -452,6 +478,7 @@ class _Histories:
         self.check: union.UnionChecker | None = None
         self.parts: list[tuple[lmdb.Cursor, EV.Checker]] = []
         self.entries = 0
+        self.principals = _UnionPrincipals()  # the events' principals: from whichever history has them
 
     def __enter__(self) -> _Histories:
         try:
@@ -464,8 +491,10 @@ class _Histories:
                 tables = EV.open_tables(env, create=False, txn=txn)
                 db = tables.get(self.table)
                 if db is not None:
-                    held.append((path, txn.cursor(db=db), EV.checker(txn, tables, path)))
+                    check = EV.checker(txn, tables, path)
+                    held.append((path, txn.cursor(db=db), check))
                     self.entries = max(self.entries, txn.stat(db)["entries"])
+                    self.principals.parts.append(_Principals(txn, tables.get("connections"), check))
             self.parts = [(cursor, check) for _path, cursor, check in held]
             if held and self.table in KEY_COLUMN:
                 self.check = union.UnionChecker([check for _p, _c, check in held])

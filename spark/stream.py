@@ -111,6 +111,7 @@ class RaftmqStreamReader(DataSourceStreamReader):
                 if db is None:
                     return
                 reader.check = EV.checker(txn, tables, self.path)
+                reader.use_principals(txn, tables)
                 yield from self.batches(reader._event_rows(txn.cursor(db=db), start, stop), arrow_schema,
                                     self.batch_rows)
         finally:
