@@ -32,6 +32,7 @@ from raftmq.store.core.commands import (
     OUT_SESSION_DETACHED,
     OUT_TRANSFER,
     OUT_VHOST_CLOSED,
+    AuditChainOn,
     Command,
     ConnectionClose,
     MemberRemove,
@@ -217,6 +218,7 @@ class Broker:
                 # One node: the history continues its numbering (a cluster's comes from the log).
                 self.machine.event_seq = max(self.machine.event_seq, self.events.last_seq)
                 self.machine.chain_head = self.events.chain_head  # and its chain (issue 36)
+                self.machine.chain_on = True  # (one node: no replica to agree with; a cluster: start())
         self.auth = Authenticator(config.users, lambda: self.machine.users, lambda: self.machine.permission_overlay,
                                   login_workers=config.login_workers, login_limit=config.login_queue_limit,
                                   refusal_log_interval=config.login_refusal_log_interval)
@@ -262,6 +264,10 @@ class Broker:
             if self.config.clustered:
                 self._tasks.append(asyncio.create_task(self._cluster_watch_loop()))
             return
+        if self.config.clustered and self.events is not None and not self.machine.chain_on:
+            # This node keeps an audit history: every replica chains the events from this entry
+            # on (a cluster without histories does not pay for the chain; issue 36).
+            self.submit(AuditChainOn(None, None))
         if self.config.clustered:
             # Connections of this node's previous incarnation are gone: release what they held.
             self.submit(NodeReset(None, None, self.config.node_id, self._boot))

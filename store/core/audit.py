@@ -36,7 +36,8 @@ class AuditNotes:
         principal = list(cmd.principal) if cmd.principal else None
         fields = [m.event_seq, m._now, cmd.kind, cmd.vhost, cmd.queue, None, cmd.exchange, "", 0, cmd.detail,
                   cmd.conn, principal]
-        m._chain_pack(fields)  # chained like every event (store/core/events.py)
+        if m.chain_on:
+            m._chain_pack(fields)  # chained like every event (store/core/events.py)
         if m.records_events:
             fields.insert(10, None)
             m._events.append(fields)

@@ -90,6 +90,7 @@ class Op(IntEnum):
     SESSION_WINDOW_CREDIT = 87  # (destination, messages, bytes): 0-10 window credit for completed transfers
     MESSAGE_MODIFY = 95  # AMQP 1.0 modified outcome with message-annotations: see store/core/modify.py
     AUDIT_NOTE = 96  # issue 36: who did what at a front end, for every node's history (store/core/audit.py)
+    AUDIT_CHAIN_ON = 97  # issue 36: from this entry on, every event is chained (store/core/events.py)
     # Queue groups (issue 34): see store/core/groups.py
     GROUPS_SET = 100  # (groups): how many groups the cluster has (metadata group, forwarded)
     META_APPLY = 101  # (seq, command, placed): a metadata command forwarded to a queue group
@@ -692,6 +693,16 @@ class AuditNote(NamedTuple):
     op: Op = Op.AUDIT_NOTE
 
 
+class AuditChainOn(NamedTuple):
+    """The cluster keeps an audit history: from this entry on every replica chains every event
+    (the chain is replicated state, so all must start at the same entry).  Proposed by a node
+    configured with a history; never turned off (a verifier follows the chain from here)."""
+
+    conn: str | None
+    token: int | None
+    op: Op = Op.AUDIT_CHAIN_ON
+
+
 # -------------------------------------------------------- AMQP 0-10 sessions (store/core/sessions.py)
 
 class SessionAttach(NamedTuple):
@@ -1004,7 +1015,7 @@ Command = (ChannelOpen | ChannelClose | ConnectionClose | Qos | Flow | ExchangeD
            | MessageStop | MessageFlush | MessageSettle | MessageAcquire | MessageResume | QueueQuery
            | ExchangeQuery | ExchangeBound | SessionWindowCredit | MessageModify | VhostDelete
            | LimitsSet | GroupsSet | MetaApply | MetaTrim | QueueGone | GoneTrim | QueueForget | MessageIn
-           | MessageDone | AuditNote)
+           | MessageDone | AuditNote | AuditChainOn)
 
 COMMAND_TYPES: dict[int, type[Command]] = {cls._field_defaults["op"]: cls for cls in Command.__args__}
 assert len(COMMAND_TYPES) == len(Op), "every Op has exactly one command type"

@@ -60,7 +60,7 @@ MODEL_FIELDS = (
     # issue 34 (store/core/groups.py): absent in older snapshots, one group
     "group_count", "meta_outbox", "meta_seq", "meta_applied", "gone_outbox", "gone_seq", "gone_applied",
     "msg_outbox", "msg_seq", "msg_applied",
-    "chain_head",  # issue 36 (store/core/events.py); absent in older snapshots: the chain starts there
+    "chain_head", "chain_on",  # issue 36 (store/core/events.py); absent in older snapshots: the chain starts there
 )
 
 

@@ -83,7 +83,7 @@ def test_every_operation_has_a_rule_or_is_refused():
     """A new Op must be given a rule (or left out on purpose): nothing falls through unchecked."""
     admin_and_node = {Op.TICK, Op.NODE_RESET, Op.MEMBER_SET, Op.MEMBER_REMOVE, Op.VHOST_ADD, Op.VHOST_DELETE, Op.USER_PUT,
                       Op.USER_DELETE, Op.PERMISSION_SET, Op.PERMISSION_CLEAR, Op.SESSION_COMMAND,
-                      Op.LIMITS_SET, Op.AUDIT_NOTE,
+                      Op.LIMITS_SET, Op.AUDIT_NOTE, Op.AUDIT_CHAIN_ON,
                       # queue groups' own (issue 34): proposed by the node's forwarder, never by a client
                       Op.GROUPS_SET, Op.META_APPLY, Op.META_TRIM, Op.QUEUE_GONE, Op.GONE_TRIM, Op.QUEUE_FORGET,
                       Op.MESSAGE_IN, Op.MESSAGE_DONE}

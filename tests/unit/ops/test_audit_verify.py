@@ -19,7 +19,7 @@ import pytest
 from raftmq.ops import audit_verify as AV
 from raftmq.store.applier import StoredMachine
 from raftmq.store.core import events as E
-from raftmq.store.core.commands import ChannelOpen, Get, Publish, QueueDeclare, VhostAdd
+from raftmq.store.core.commands import AuditChainOn, ChannelOpen, Get, Publish, QueueDeclare, VhostAdd
 from raftmq.store.disk import history as EV
 from raftmq.store.disk.event_writer import EventStore, RetentionPolicy
 from raftmq.store.disk.sealed import seal, unseal
@@ -31,7 +31,7 @@ def _write(path: Path, policy: RetentionPolicy) -> None:
     machine = StoredMachine()
     machine.event_sink = store.append
     pub = lambda q, body: Publish("c1", None, 1, "/", "", q, False, b"\x00\x00", body, False, 0, None)  # noqa: E731
-    batches = [[VhostAdd(None, None, "/"), ChannelOpen("c1", None, 1)],
+    batches = [[AuditChainOn(None, None), VhostAdd(None, None, "/"), ChannelOpen("c1", None, 1)],
                [QueueDeclare("c1", None, 1, "/", "kept", False, False, False, False, {E.RETENTION_ARGUMENT: "metadata"}),
                 QueueDeclare("c1", None, 1, "/", "other", False, False, False, False, {})]]
     batches += [[pub("kept", b"k%d" % i), pub("other", b"o%d" % i)] for i in range(8)]

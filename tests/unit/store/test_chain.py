@@ -11,6 +11,7 @@ from __future__ import annotations
 from raftmq.store.applier import StoredMachine
 from raftmq.store.core import events as E
 from raftmq.store.core.commands import (
+    AuditChainOn,
     ChannelOpen,
     Get,
     Publish,
@@ -28,7 +29,7 @@ def _batches() -> list[list]:
     """Declares, publishes (routed and unroutable), gets, a purge and a delete of a non-empty queue:
     the fast paths (publish, route, release_deleted) and the definition events."""
     pub = lambda q, body: Publish("c1", None, 1, "/", "", q, False, b"\x00\x00", body, False, 0, None)  # noqa: E731
-    batches: list[list] = [[VhostAdd(None, None, "/"), ChannelOpen("c1", None, 1)]]
+    batches: list[list] = [[AuditChainOn(None, None), VhostAdd(None, None, "/"), ChannelOpen("c1", None, 1)]]
     batches.append([QueueDeclare("c1", None, 1, "/", name, False, False, False, False, {}) for name in "abc"])
     for i in range(6):
         batches.append([pub("a", b"m%d" % i), pub("b", b"n%d" % i), pub("nowhere", b"x")])
@@ -128,3 +129,18 @@ def test_the_writer_chains_every_event_and_lists_those_it_drops(tmp_path):
             assert E.chain_next(previous, stream) == head
     assert whole > 0
     assert EV.history_info(str(tmp_path / "events")).last_seq == machine.event_seq
+
+
+def test_no_chain_until_the_cluster_turns_it_on_then_every_replica_chains_from_that_entry():
+    """A cluster without an audit history does not chain (the head stays zero, no cost); the
+    AuditChainOn entry starts the chain at the same point on every replica, recording or not."""
+    batches = [[c for c in b if not isinstance(c, AuditChainOn)] for b in _batches()]
+    plain = StoredMachine()
+    _run(plain, batches)
+    assert plain.chain_head == E.CHAIN_ZERO and plain.chain_on is False
+    late = batches[:4] + [[AuditChainOn(None, None)]] + batches[4:]
+    recorded: list = []
+    a, b = StoredMachine(), StoredMachine()
+    a.event_sink = lambda _index, events: recorded.extend(events)
+    heads_a, heads_b = _run(a, late), _run(b, late)
+    assert heads_a == heads_b and heads_a[3] == E.CHAIN_ZERO and heads_a[-1] != E.CHAIN_ZERO
