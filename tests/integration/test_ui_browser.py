@@ -22,6 +22,8 @@ Checked (issue 35, part one):
    resumable; the Delayed & dedup page shows a message held by an x-delayed-message exchange.
 2. ``test_wrong_password``: the form says "Login failed" and shows no data.
 3. ``test_cluster_overview_shows_the_leader`` (cluster mark): a follower's Overview names the leader;
+   the queue workflow of 1. (declare, bind, publish, get, purge, delete) on the follower's pages;
+   after the kill -9 below, a management user added there logs in and sees what its tags allow;
    then (part two) its Cluster page (GET /api/raftmq/cluster, ops/http/raftview.py) shows the same
    leader, three members with term, commit and applied index, the leader as a connected partner and
    the leader in its history; the test kills -9 the leader's process (by the PID it started) and
@@ -232,6 +234,43 @@ def node(tmp_path_factory):
             assert time.monotonic() < deadline, node.log_tail(20)
             time.sleep(0.1)
         yield node
+
+
+def _queue_workflow(browser, base: str, queue: str, exchange: str) -> None:
+    """Declare a queue and a direct exchange from their forms, bind them on the queue's page,
+    publish on the exchange's page, get the message back on the queue's page, purge and delete it
+    (each confirmed with Yes); each step checked through the API of the node the page talks to."""
+    def queue_api():
+        return call(base, "GET", path("queues", "/", queue))
+
+    browser.go("#/queues", "document.getElementById('queues-table')", "the Queues page")
+    browser.fill("queue-name", queue)
+    browser.flash_after("queue-add", f"Queue {queue} added.")
+    assert _until(lambda: queue_api()[0] == 200, "the queue declared")
+    browser.go("#/exchanges", "document.getElementById('exchanges-table')", "the Exchanges page")
+    browser.fill("exchange-name", exchange)
+    browser.fill("exchange-type", "direct")
+    browser.flash_after("exchange-add", f"Exchange {exchange} added.")
+    browser.go(f"#/queues/%2F/{queue}", "document.getElementById('queue-info')", "the queue's page")
+    browser.fill("bind-source", exchange)
+    browser.fill("bind-key", "k")
+    browser.flash_after("bind-add", "Binding added.")
+    browser.go(f"#/exchanges/%2F/{exchange}", "document.getElementById('exchange-info')", "the exchange's page")
+    browser.fill("publish-key", "k")
+    browser.fill("publish-payload", "through the cluster")
+    browser.flash_after("publish-send", "Message published.")
+    assert _until(lambda: queue_api()[1].get("messages") == 1, "the message in the queue")
+    browser.go(f"#/queues/%2F/{queue}", "document.getElementById('queue-info')", "the queue's page")
+    browser.click("get-messages")
+    assert browser.wait("document.querySelector('#get-results pre.payload') &&"
+                        " document.querySelector('#get-results pre.payload').textContent",
+                        "the message got") == "through the cluster"
+    browser.click("queue-purge")
+    browser.flash_after("confirm-yes", "Queue contents purged.")
+    assert _until(lambda: queue_api()[1].get("messages") == 0, "the queue purged")
+    browser.click("queue-delete")
+    browser.flash_after("confirm-yes", f"Queue {queue} deleted.")
+    assert _until(lambda: queue_api()[0] == 404, "the queue deleted")
 
 
 def _queue(node, name: str):
@@ -486,6 +525,10 @@ def test_cluster_overview_shows_the_leader(tmp_path, browser):
         browser.wait("document.getElementById('queued').textContent.includes('4')", "4 queued messages")
         browser.screenshot("ui-cluster-follower.png")
 
+        # The queue workflow of test_work_in_the_ui, on the follower of a 3-node cluster (issue 35
+        # checks it against a cluster): declare, bind, publish, get back, purge, delete.
+        _queue_workflow(browser, bases[follower.node_id], "ui-c-orders", "ui-c-x")
+
         # Part three: the Connections page of the follower lists a client of another member (the
         # leader), with its node; the Channels page its channel.
         elsewhere = pika.BlockingConnection(pika.URLParameters(leader.url))
@@ -561,3 +604,24 @@ def test_cluster_overview_shows_the_leader(tmp_path, browser):
         assert newest[2] == after and int(newest[1]) > term_before
         assert any(change[3] == leader_name for change in view["changes"])  # the change away from the old one
         browser.screenshot("ui-cluster-raft-after.png")
+
+        # After the failover, on the same follower: add a management user with permissions on "/",
+        # log in as it, and see only what its tags allow (the Admin page and the Raft view refused).
+        user = "ui-c-alice"
+        browser.go("#/users", "document.getElementById('users-table')", "the Admin page")
+        browser.fill("user-name-new", user)
+        browser.fill("user-password", "alice-pw")
+        browser.click("tag-management")
+        browser.flash_after("user-add", f"User {user} added.")
+        browser.fill("perm-user", user)
+        browser.flash_after("perm-set", "Permission set.")
+        base = bases[follower.node_id]
+        assert _until(lambda: call(base, "GET", path("users", user, "permissions"))[0] == 200, "the permissions")
+        browser.click("logout")
+        browser.wait("!document.getElementById('login').hidden", "the login form after logging out")
+        browser.login(user, "alice-pw")
+        browser.wait("document.getElementById('object-totals')", "the Overview as the new user")
+        assert not browser.visible("tab-admin") and not browser.visible("tab-cluster")
+        ui = "'X-Requested-With': 'XMLHttpRequest'"
+        assert browser.js(f"fetch('/api/users', {{headers: {{{ui}}}}}).then(r => r.status)") == 403
+        browser.screenshot("ui-cluster-management-user.png")
