@@ -188,8 +188,12 @@ class Delivery:
                     return NOT_HERE
                 queues = own
         self._publishing = message.id, body  # a reject-publish-dlx copy takes its body from here
-        # Numbered and chained alike on every node, recorded where history is kept (issue 36).
-        m.event(EV.PUBLISHED, None, message, conn or "", vhost_name, conn)
+        # Numbered alike on every node, chained once the cluster keeps a history, recorded where a
+        # history is kept (issue 36); without either, only numbered (no call: the hot path).
+        if not m.records_events and not m.chain_on:
+            m.event_seq += 1
+        else:
+            m.event(EV.PUBLISHED, None, message, conn or "", vhost_name, conn)
         stats = m.stats
         stats["published"] += 1
         if not queues and not sent_on:
@@ -272,7 +276,10 @@ class Delivery:
         queue.ready.append(entry)
         if dedup_as is not None and queue.dedup is not None:
             queue.dedup.add(dedup_as, message.id, m._now, expires_at)
-        m.event(EV.ROUTED, queue, message)
+        if not m.records_events and not m.chain_on:
+            m.event_seq += 1
+        else:
+            m.event(EV.ROUTED, queue, message)
         size = message.size
         message.live += 1
         queue.ready_bytes += size
@@ -623,8 +630,11 @@ class Delivery:
 
         Deleting a queue of 20,000 messages runs this on every node."""
         m = self.m
-        for entry in entries:
-            m.event(EV.DELETED, queue, entry.message)  # chained on every node (issue 36)
+        if not m.records_events and not m.chain_on:
+            m.event_seq += len(entries)
+        else:
+            for entry in entries:
+                m.event(EV.DELETED, queue, entry.message)  # chained on every node (issue 36)
         release = self.release_message
         for entry in entries:
             release(entry)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from raftmq.store.applier import StoredMachine
-from raftmq.store.core.commands import ChannelOpen, Publish, QueueDeclare, VhostAdd
+from raftmq.store.core.commands import AuditChainOn, ChannelOpen, Publish, QueueDeclare, VhostAdd
 from raftmq.store.disk import history as EV
 from raftmq.store.disk.event_writer import COMPACT_CHUNK, EventStore, RetentionPolicy
 
@@ -20,7 +20,8 @@ class Driver:
         self.store = store
         self.now = 1_000_000
         self.index = 0
-        self.apply(VhostAdd(None, None, "/"), ChannelOpen("c1", None, 1))
+        # As a node with a history: the chain on from the first entry (issue 36, AuditChainOn).
+        self.apply(AuditChainOn(None, None), VhostAdd(None, None, "/"), ChannelOpen("c1", None, 1))
 
     def apply(self, *commands, advance_us: int = 1000) -> list:
         self.now += advance_us
