@@ -193,7 +193,7 @@ class GroupHost:
             if meta.meta_seq > start:
                 for seq, command, placed in meta.meta_outbox:
                     if seq > start:
-                        worker.link.send(("c", MetaApply(None, None, seq, command, placed), False, 0))
+                        self._send_to(group, MetaApply(None, None, seq, command, placed))
                 worker.meta_sent = meta.meta_seq
             taken = meta.gone_applied.get(group, 0)
             for seq, qid, conn, token in worker.gone:
@@ -201,7 +201,7 @@ class GroupHost:
                     submit(QueueGone(None, None, group, seq, qid, conn, token))
                     worker.gone_sent = seq
             if worker.gone and worker.gone[0][0] <= taken and taken > worker.trim_sent:
-                worker.link.send(("c", GoneTrim(None, None, taken), False, 0))
+                self._send_to(group, GoneTrim(None, None, taken))
                 worker.trim_sent = taken
         self._forward_messages()
         low = min(worker.meta_applied for worker in self.workers.values())
@@ -219,11 +219,17 @@ class GroupHost:
         """Messages routed to other groups' queues (store/core/groups.py ``route_remote``): each
         outbox entry to its target group as MessageIn, and MessageDone back once it applied them."""
         meta = self.broker.machine
-        outboxes = {0: outbox_messages(meta, self.broker.bodies) if meta.msg_outbox else []}
         applied = {0: meta.msg_applied}
+        outboxes: dict[int, list] = {}
         for group, worker in self.workers.items():
             outboxes[group] = worker.msgs
             applied[group] = worker.msg_applied
+        # The metadata group's own outbox: its bodies are read only when an entry is still to send
+        # (this runs after every batch of outputs; a MessageDone needs only the sequence numbers).
+        unsent = any(seq > max(applied[target].get(0, 0), self.msg_sent.get((0, target), 0))
+                     for target, seq, _qids, _message, _expiration in meta.msg_outbox)
+        outboxes[0] = (outbox_messages(meta, self.broker.bodies) if unsent else
+                       [(target, seq, None, None, None) for target, seq, _q, _m, _e in meta.msg_outbox])
         for source, entries in outboxes.items():
             heads: dict[int, int] = {}
             for target, seq, qids, fields, body in entries:

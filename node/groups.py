@@ -172,10 +172,6 @@ class ReplyJoin:
         del self.pending[key]
         return (out[0], OUT_REPLY, out[2], join.result, out[4] if out[4] is not None else join.channel)
 
-    def forget_connection(self, conn: str) -> None:
-        for key in [k for k in self.pending if k[0] == conn]:
-            del self.pending[key]
-
 
 def merge(op: int, a: Any, b: Any) -> Any:
     """Two groups' results for one command, as one group holding both parts would have answered."""
