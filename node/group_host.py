@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from raftmq.store.core.commands import (
+    OUT_GROUP_REPORT,
     OUT_REPLY,
     GoneTrim,
     GroupsSet,
@@ -40,6 +41,7 @@ from raftmq.store.core.commands import (
     QueueGone,
     Refused,
 )
+from raftmq.store.core.groups import GroupReport
 
 from .group_link import GroupLink
 from .groups import GroupRouter, ReplyJoin, outbox_messages
@@ -79,6 +81,9 @@ class GroupHost:
         self.join = ReplyJoin()
         self.workers: dict[int, Worker] = {}
         self.meta_trim_sent = 0
+        # The metadata group's outbox positions as of its last released batch: the forwarder sends
+        # nothing a later, applied but not yet durable batch made (store/core/groups.py GroupReport).
+        self.released: GroupReport = broker.machine.groups.current_report()
         self.msg_sent: dict[tuple[int, int], int] = {}  # (source, target) -> last MessageIn sent
         self.done_sent: dict[tuple[int, int], int] = {}  # (source, target) -> last MessageDone sent
         self._stopping = False
@@ -151,7 +156,10 @@ class GroupHost:
                 self.workers[group].link.send(("c", part, deferrable, size))
 
     def joined(self, outputs: list) -> list:
-        """Outputs with the replies of several groups joined (``Broker._on_outputs``)."""
+        """Outputs with the replies of several groups joined (``Broker._on_outputs``); the metadata
+        group's released positions taken from its ``GroupReport`` (the last output of a batch)."""
+        if outputs and outputs[-1][1] == OUT_GROUP_REPORT and outputs[-1][0] is None:
+            self.released = outputs[-1][2]
         take = self.join.take
         out = []
         for output in outputs:
@@ -188,14 +196,17 @@ class GroupHost:
             return
         meta = self.broker.machine
         submit = self.broker.log.submit
+        released = self.released.meta_seq
         for group, worker in self.workers.items():
             start = max(worker.meta_applied, worker.meta_sent)
-            if meta.meta_seq > start:
+            if released > start:
                 for seq, command, placed in meta.meta_outbox:
+                    if seq > released:
+                        break
                     if seq > start:
                         self._send_to(group, MetaApply(None, None, seq, command, placed))
-                worker.meta_sent = meta.meta_seq
-            taken = meta.gone_applied.get(group, 0)
+                worker.meta_sent = released
+            taken = self.released.gone_applied.get(group, 0)
             for seq, qid, conn, token in worker.gone:
                 if seq > max(taken, worker.gone_sent):
                     submit(QueueGone(None, None, group, seq, qid, conn, token))
@@ -218,18 +229,19 @@ class GroupHost:
     def _forward_messages(self) -> None:
         """Messages routed to other groups' queues (store/core/groups.py ``route_remote``): each
         outbox entry to its target group as MessageIn, and MessageDone back once it applied them."""
-        meta = self.broker.machine
-        applied = {0: meta.msg_applied}
+        applied = {0: self.released.msg_applied}
         outboxes: dict[int, list] = {}
         for group, worker in self.workers.items():
             outboxes[group] = worker.msgs
             applied[group] = worker.msg_applied
-        # The metadata group's own outbox: its bodies are read only when an entry is still to send
-        # (this runs after every batch of outputs; a MessageDone needs only the sequence numbers).
+        # The metadata group's own outbox as of its last released batch: its bodies are read only
+        # when an entry is still to send (this runs after every batch of outputs; a MessageDone
+        # needs only the sequence numbers).
+        entries = self.released.msgs
         unsent = any(seq > max(applied[target].get(0, 0), self.msg_sent.get((0, target), 0))
-                     for target, seq, _qids, _message, _expiration in meta.msg_outbox)
-        outboxes[0] = (outbox_messages(meta, self.broker.bodies) if unsent else
-                       [(target, seq, None, None, None) for target, seq, _q, _m, _e in meta.msg_outbox])
+                     for target, seq, _qids, _message, _expiration in entries)
+        outboxes[0] = (outbox_messages(entries, self.broker.bodies, 0) if unsent else
+                       [(target, seq, None, None, None) for target, seq, _q, _m, _e in entries])
         for source, entries in outboxes.items():
             heads: dict[int, int] = {}
             for target, seq, qids, fields, body in entries:

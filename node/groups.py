@@ -213,14 +213,15 @@ def gone_entries(meta: StateMachine, group: StateMachine, limit: int = 256) -> l
             for seq, qid, conn, token in list(group.gone_outbox)[:limit] if seq > after]
 
 
-def outbox_messages(m: Any, bodies: Any, limit: int = REPORT_GONE, max_bytes: int = REPORT_BYTES) -> list:
-    """The message outbox's first entries as the forwarder sends them on: (target, seq, qids,
-    fields, body), bounded in count and body bytes (the rest goes with a later report)."""
+def outbox_messages(entries: Any, bodies: Any, group: int, limit: int = REPORT_GONE,
+                    max_bytes: int = REPORT_BYTES) -> list:
+    """Message outbox ``entries`` as the forwarder sends them on: (target, seq, qids, fields,
+    body), bounded in count and body bytes (the rest goes with a later report)."""
     out, size = [], 0
-    for target, seq, qids, message, expiration in m.msg_outbox:
+    for target, seq, qids, message, expiration in entries:
         body = bodies.for_send(message.id)
         if body is None:  # (gone or damaged: the target gets what the source can prove)
-            log.error("group %d: no body for message %d sent to group %d", m.group, message.id, target)
+            log.error("group %d: no body for message %d sent to group %d", group, message.id, target)
             continue
         out.append((target, seq, qids, (message.exchange, message.routing_key, message.properties,
                                         message.persistent, message.priority, expiration, message.format,

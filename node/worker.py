@@ -26,6 +26,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from raftmq.store.core.commands import OUT_GROUP_REPORT
+from raftmq.store.core.groups import GroupReport
+
 from .broker import Broker
 from .config import Config
 from .group_link import GroupLink
@@ -41,7 +44,7 @@ class WorkerBroker(Broker):
 
     def __init__(self, config: Config, boot: str, send: Callable[[Any], None]) -> None:
         self._send = send
-        self._last_report: tuple | None = None
+        self._report: GroupReport | None = None  # the last released batch's (store/core/groups.py)
         super().__init__(config, boot=boot)
         prefix = boot + "."
         self._prefix = prefix
@@ -50,24 +53,25 @@ class WorkerBroker(Broker):
         self.applier.is_local = lambda conn: conn is not None and conn.startswith(prefix)
 
     def _on_outputs(self, outputs: list) -> None:
+        last = outputs[-1]
+        if last[1] == OUT_GROUP_REPORT and last[0] is None:  # (apply puts it last: store/core/groups.py)
+            self._report = last[2]
+            self.report()
         prefix = self._prefix
         mine = [out for out in outputs if out[0] is not None and out[0].startswith(prefix)]
         if mine:
             self._send(("o", mine))
-        self.report()
 
-    def report(self, force: bool = False) -> None:
-        """The group's outbox positions, when they changed (or when asked again): the metadata
-        entries applied, the deletions and messages for other groups (these with their bodies,
-        read from this group's body store), the messages from other groups applied."""
-        m = self.machine
-        gone, msgs = m.gone_outbox, m.msg_outbox
-        key = (m.meta_applied, m.gone_seq, gone[0][0] if gone else 0, len(msgs),
-               (msgs[0][0], msgs[0][1]) if msgs else None, tuple(m.msg_seq.items()), tuple(m.msg_applied.items()))
-        if key != self._last_report or force:
-            self._last_report = key
-            entries = [gone[i] for i in range(min(len(gone), REPORT_GONE))]
-            self._send(("r", m.meta_applied, entries, outbox_messages(m, self.bodies), dict(m.msg_applied)))
+    def report(self) -> None:
+        """The group's outbox positions as of the last released batch (``GroupReport``, with the
+        message outbox's bodies read from this group's body store), for the forwarder.  Released,
+        not applied: a deletion or a message must not leave before the batch that made it is
+        durable and answered (a single node applies before its fsync)."""
+        report = self._report
+        if report is None:  # nothing released since the start: the state on disk is the machine's
+            report = self.machine.groups.current_report()
+        self._send(("r", report.meta_applied, report.gone[:REPORT_GONE],
+                    outbox_messages(report.msgs, self.bodies, self.machine.group), dict(report.msg_applied)))
 
     def _on_throttle(self, on: bool) -> None:
         super()._on_throttle(on)
@@ -81,7 +85,7 @@ class WorkerBroker(Broker):
             if kind == "c":
                 submit(item[1], item[2], item[3])
             elif kind == "report":
-                self.report(force=True)
+                self.report()
 
 
 async def serve_worker(config: Config, boot: str, sock: socket.socket) -> None:

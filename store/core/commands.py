@@ -119,6 +119,7 @@ OUT_CLOSE: Final = 3
 OUT_TRANSFER: Final = 4
 OUT_SESSION_DETACHED: Final = 5
 OUT_VHOST_CLOSED: Final = 6
+OUT_GROUP_REPORT: Final = 7  # issue 34: a group's outbox positions as of the batch (OutGroupReport)
 
 
 # ---------------------------------------------------------------------------------------- results
@@ -298,7 +299,20 @@ class OutVhostClosed(NamedTuple):
     reply_text: str
 
 
-Output = OutReply | OutDeliver | OutCancel | OutClose | OutTransfer | OutSessionDetached | OutVhostClosed
+class OutGroupReport(NamedTuple):
+    """Queue groups (issue 34): the group's outbox positions at the end of the batch
+    (store/core/groups.py ``GroupReport``), addressed to no connection.  An output rather than a
+    read of the machine, because the node may act on them (forward a deletion, a message, trim an
+    outbox) only once the batch is released, i.e. durable and answered: the machine may already
+    have applied later batches that are not."""
+
+    conn: None
+    kind: Literal[7]  # OUT_GROUP_REPORT
+    report: Any  # store/core/groups.GroupReport
+
+
+Output = (OutReply | OutDeliver | OutCancel | OutClose | OutTransfer | OutSessionDetached | OutVhostClosed
+          | OutGroupReport)
 
 
 # --------------------------------------------------------------------------- connections, channels

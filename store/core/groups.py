@@ -39,11 +39,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from itertools import islice
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import events as EV
 from .commands import (
     OK,
+    OUT_GROUP_REPORT,
     OUT_REPLY,
     ExchangeBind,
     ExchangeDeclare,
@@ -77,6 +79,23 @@ class GroupPending(NamedTuple):
     more: int
 
 
+class GroupReport(NamedTuple):
+    """A group's outbox positions at the end of an applied batch, for the forwarder (an output,
+    ``OUT_GROUP_REPORT``: the node acts on it once the batch is released).  The outboxes' first
+    entries are copied (bounded by ``REPORT_ENTRIES``: the rest comes with a later report)."""
+
+    meta_seq: int  # the metadata group: its last outbox entry
+    meta_applied: int  # a queue group: the last metadata entry it applied
+    gone: list  # a queue group: its deletion outbox's first entries (seq, qid, conn, token)
+    msgs: list  # its message outbox's first entries (target, seq, qids, message, expiration)
+    msg_seq: dict  # target group -> the last message outbox entry for it
+    msg_applied: dict  # source group -> the last of its messages applied here
+    gone_applied: dict  # the metadata group: queue group -> the last of its deletions taken in
+
+
+REPORT_ENTRIES = 256  # outbox entries a report carries at most
+
+
 if TYPE_CHECKING:
     from .machine import StateMachine
     from .model import Queue
@@ -105,6 +124,7 @@ class Groups:
         self._placed: tuple[int, int] | None = None  # the queue declare being applied: its (qid, group)
         self.deleting_for: tuple[str, int | None] | None = None  # the client's queue.delete being applied
         self.persisted: tuple | None = None  # a single node: the fingerprint of what its mirror holds
+        self.reported: tuple | None = None  # the positions of the last GroupReport output
 
     def handlers(self, table: dict[int, Callable[[Any], object]]) -> dict[int, Callable[[Any], object]]:
         """The metadata handlers wrapped to append to the outbox, and the groups' own commands."""
@@ -142,6 +162,26 @@ class Groups:
                 m.meta_outbox[0][0] if m.meta_outbox else 0, m.gone_outbox[0][0] if m.gone_outbox else 0,
                 m.next_qid, len(m.queues_by_id), tuple(sorted(m.msg_seq.items())),
                 tuple(sorted(m.msg_applied.items())))
+
+    def report(self, outputs: list) -> None:
+        """End of a batch: a ``GroupReport`` output if an outbox position moved since the last one.
+        Not state (a node that restarts reports again at its first batch)."""
+        m = self.m
+        gone, msgs = m.gone_outbox, m.msg_outbox
+        key = (m.meta_seq, m.meta_applied, m.gone_seq, gone[0][0] if gone else 0, len(msgs),
+               (msgs[0][0], msgs[0][1]) if msgs else None, tuple(m.msg_seq.items()), tuple(m.msg_applied.items()),
+               tuple(m.gone_applied.items()))
+        if key == self.reported:
+            return
+        self.reported = key
+        outputs.append((None, OUT_GROUP_REPORT, self.current_report()))
+
+    def current_report(self) -> GroupReport:
+        m = self.m
+        gone, msgs = m.gone_outbox, m.msg_outbox
+        return GroupReport(m.meta_seq, m.meta_applied, list(islice(gone, REPORT_ENTRIES)),
+                           list(islice(msgs, REPORT_ENTRIES)), dict(m.msg_seq), dict(m.msg_applied),
+                           dict(m.gone_applied))
 
     def persist(self, recorder: Any) -> None:
         """A single node: write the group state to the mirror if this batch changed it."""
@@ -450,5 +490,5 @@ def new_outbox() -> deque:
     return deque()
 
 
-__all__ = ["Groups", "GroupPending", "META_OPS", "QUEUE_OPS", "PLACEMENT_ARGUMENT", "META_GROUP",
+__all__ = ["Groups", "GroupPending", "GroupReport", "REPORT_ENTRIES", "META_OPS", "QUEUE_OPS", "PLACEMENT_ARGUMENT", "META_GROUP",
            "metadata_dump", "GoneTrim", "MetaTrim", "QueueGone"]

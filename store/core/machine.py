@@ -287,6 +287,8 @@ class StateMachine:
             self._apply_one(command)
         if index is not None:
             self.applied_index = index
+        if self.group_count > 1:
+            self.groups.report(effects.outputs)
         if self._persist is not None:
             if self.group_count > 1:
                 self.groups.persist(self._persist)

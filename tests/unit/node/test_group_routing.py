@@ -16,6 +16,7 @@ from raftmq.node.groups import NOT_ACROSS, GroupRouter, ReplyJoin, forward_entri
 from raftmq.store.core.commands import (
     OK,
     OUT_DELIVER,
+    OUT_GROUP_REPORT,
     OUT_REPLY,
     REJECTED,
     ROUTED,
@@ -323,3 +324,23 @@ def test_one_group_and_two_groups_answer_a_client_alike(count):
     replies = [g.declare("x"), g.publish("", "x"), g.publish("", "none"), g.declare("x")]
     assert replies == [(OK, DeclaredQueue("x", 0, 0)), (OK, ROUTED), (OK, UNROUTABLE),
                        (OK, DeclaredQueue("x", 1, 0))]
+
+
+def test_a_batch_reports_its_outbox_positions_as_its_last_output_only_when_they_moved():
+    """A queue group's deletion leaves its outbox only once the batch that made it is released
+    (durable and answered): the positions the forwarder acts on are the batch's own output
+    (``OUT_GROUP_REPORT``, last), not a read of a machine that may have applied later batches.
+    (A forced report read mid-fsync once sent QueueGone ahead of the delete's own reply: the
+    client's delete-ok lost its message count.)"""
+    g = Groups(3)
+    g.setup()
+    g.declare("q")
+    m = g.m(g.m(0).vhosts["/"].queues["q"].group)
+    effects = m.apply(g.now + 1, [QueueDelete(C, 99, 1, "/", "q", False, False)])
+    last = effects.outputs[-1]
+    assert last[0] is None and last[1] == OUT_GROUP_REPORT
+    assert [(seq, conn, token) for seq, _qid, conn, token in last[2].gone] == [(1, C, 99)]
+    # Nothing moved: no report.
+    effects = m.apply(g.now + 2, [ChannelOpen(C, None, 2)])
+    assert all(out[1] != OUT_GROUP_REPORT for out in effects.outputs)
+
