@@ -44,7 +44,7 @@ from raftmq.store.core.commands import (
 from raftmq.store.core.groups import GroupReport
 
 from .group_link import GroupLink
-from .groups import GroupRouter, ReplyJoin, outbox_messages
+from .groups import GroupRouter, ReplyJoin, outbox_messages, typed_replies
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -153,7 +153,7 @@ class GroupHost:
             if group == 0:
                 log_submit(part, deferrable, size)
             else:
-                self.workers[group].link.send(("c", part, deferrable, size))
+                self.workers[group].link.send_command(part, deferrable, size)
 
     def joined(self, outputs: list) -> list:
         """Outputs with the replies of several groups joined (``Broker._on_outputs``); the metadata
@@ -175,7 +175,7 @@ class GroupHost:
         for item in items:
             kind = item[0]
             if kind == "o":
-                self.broker._on_outputs(item[1])
+                self.broker._on_outputs(typed_replies(item[1]))
             elif kind == "r":
                 if item[1] > worker.meta_applied:
                     worker.progress_at = time.monotonic()
@@ -224,7 +224,7 @@ class GroupHost:
         if group == 0:
             self.broker.log.submit(command)
         else:
-            self.workers[group].link.send(("c", command, False, 0))
+            self.workers[group].link.send_command(command)
 
     def _forward_messages(self) -> None:
         """Messages routed to other groups' queues (store/core/groups.py ``route_remote``): each

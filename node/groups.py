@@ -230,3 +230,17 @@ def outbox_messages(entries: Any, bodies: Any, group: int, limit: int = REPORT_G
         if len(out) >= limit or size >= max_bytes:
             break
     return out
+
+
+def plain_replies(outputs: list) -> list:
+    """A worker's outputs with each reply's result as a plain tuple: pickle packs a tuple in C, a
+    NamedTuple (``Ok``) through Python-level calls on both sides (~3 µs against ~0.3 µs per reply
+    measured, session 20).  ``typed_replies`` undoes it in the main process."""
+    return [(out[0], OUT_REPLY, out[2], tuple(out[3]), out[4]) if out[1] == OUT_REPLY else out for out in outputs]
+
+
+def typed_replies(outputs: list) -> list:
+    """``plain_replies`` undone: an ``Ok`` is two items, a ``Refused`` three."""
+    new = tuple.__new__
+    return [(out[0], OUT_REPLY, out[2], new(Ok if len(out[3]) == 2 else Refused, out[3]), out[4])
+            if out[1] == OUT_REPLY else out for out in outputs]

@@ -32,7 +32,7 @@ from raftmq.store.core.groups import GroupReport
 from .broker import Broker
 from .config import Config
 from .group_link import GroupLink
-from .groups import REPORT_GONE, outbox_messages
+from .groups import REPORT_GONE, outbox_messages, plain_replies
 from .status import status_loop
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class WorkerBroker(Broker):
         prefix = self._prefix
         mine = [out for out in outputs if out[0] is not None and out[0].startswith(prefix)]
         if mine:
-            self._send(("o", mine))
+            self._send(("o", plain_replies(mine)))
 
     def report(self) -> None:
         """The group's outbox positions as of the last released batch (``GroupReport``, with the

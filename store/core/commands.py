@@ -1063,8 +1063,14 @@ def decode_batch(blob: bytes | memoryview) -> list:
         raws = msgpack.unpackb(memoryview(blob)[1:], raw=False, strict_map_key=False)
     if version == 1:
         return [_typed_v1(raw) for raw in raws]
-    # Each command rebuilt without its type's Python-level constructor (every command, on every
-    # node): the log only holds what encode_batch wrote.  Nested commands are typed afterwards.
+    return typed_commands(raws)
+
+
+def typed_commands(raws: list) -> list:
+    """Commands from the arrays of their fields (msgpack's view of what ``encode_batch`` or
+    ``msgpack.packb`` of commands wrote).  Each is rebuilt without its type's Python-level
+    constructor (every command, on every node: the log only holds what encode_batch wrote);
+    nested commands are typed afterwards."""
     types, new = COMMAND_TYPES, tuple.__new__
     commands: list[Command] = [new(types[raw[-1]], raw) for raw in raws]
     for i, raw in enumerate(raws):
