@@ -14,8 +14,9 @@ thread (no locking against pysyncobj's state from outside it); and it needs no c
 so a cluster of one group is untouched.
 
 pysyncobj refuses a transfer to a follower that has not matched the leader's last index (it would
-lose the election), so under load ``transfer`` retries until the group's leader is the one asked
-for or the time is up.  Every call blocks (a TCP exchange each): the node calls these in a thread.
+lose the election), so under load ``transfer`` repeats the request every few milliseconds until
+one lands while the target is level, and until the group's leader is the one asked for or the
+time is up.  Every call blocks (a TCP exchange each): the node calls these in a thread.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from .leader_spread import plan
 
 LEADER_STATE = 2  # pysyncobj's _RAFT_STATE.LEADER in getStatus()["state"]
 ROLES = {0: "follower", 1: "candidate", 2: "leader"}
+RETRY = 0.02  # seconds between transfer requests the leader refused (the target lagging)
+ELECTION = 0.3  # seconds for an accepted transfer's election before looking at the leader again
+LOOK_AGAIN = 2.0  # seconds of refused requests before asking again who leads
 
 
 def group_address(raft: str, group: int, step: int) -> str:
@@ -135,26 +139,34 @@ def survey(config: Config, timeout: float = 2.0) -> Survey:
 
 
 def transfer(config: Config, group: int, to_node: str, timeout: float = 10.0) -> bool:
-    """Make ``to_node`` lead ``group``: ask the group's leader to transfer, again until it has (a
-    leader refuses while the target lags, and an election may pick someone else); True once done."""
+    """Make ``to_node`` lead ``group``: ask the group's leader to transfer until it has; True once done.
+
+    pysyncobj refuses (FAIL) while the target's match index is short of the leader's last index,
+    which under a steady stream of proposals is most of the time: the request is repeated every
+    RETRY seconds until it lands in a moment the target has everything, then given ELECTION seconds
+    to take effect before the leader is looked up again (an election may also pick someone else)."""
     step = config.raft_group_port_step
     target = group_address(config.member(to_node).raft, group, step)
     secret = config.secret()
     deadline = time.monotonic() + timeout
-    asked_at = 0.0
     while time.monotonic() < deadline:
         now = survey_group(config, group)
         if now == to_node:
             return True
-        if now is not None and time.monotonic() - asked_at > 1.0:
+        if now is None:
+            time.sleep(0.1)  # electing
+            continue
+        leader = group_address(config.member(now).raft, group, step)
+        look_again = min(deadline, time.monotonic() + LOOK_AGAIN)
+        while time.monotonic() < look_again:
             try:
-                answer = _ask(secret, group_address(config.member(now).raft, group, step),
-                              ["transfer", target], 2.0)
-                if str(answer).startswith("SUCCESS"):
-                    asked_at = time.monotonic()  # give the election time before asking again
+                answer = _ask(secret, leader, ["transfer", target], 2.0)
             except (UtilityException, OSError):
-                pass
-        time.sleep(0.1)
+                break
+            if str(answer).startswith("SUCCESS"):
+                time.sleep(ELECTION)
+                break
+            time.sleep(RETRY)
     return survey_group(config, group) == to_node
 
 
