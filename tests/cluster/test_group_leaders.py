@@ -132,7 +132,9 @@ def test_rebalance_moves_a_leader_and_the_http_api_spreads_them_again(cluster):
 def test_kill_9_of_a_node_leading_two_groups_every_group_confirms_again(cluster):
     """A node made to lead both queue groups is killed -9 (main process and workers): every group
     gets a leader among the survivors, and a confirmed publish to a queue of each group (placed
-    with x-queue-group) through a survivor succeeds; each queue then holds its messages."""
+    with x-queue-group) through a survivor succeeds; each queue then holds its messages.  Once
+    the node returns, the metadata leader spreads the leaders one per node again, the returned
+    node leading one."""
     victim = cluster.nodes[2]
     printed = json.loads(cluster.admin("rebalance", "--to", victim.node_id, "--group", "1", "--group", "2"))
     assert printed["failed"] == [] and printed["leaders"]["1"] == printed["leaders"]["2"] == victim.node_id
@@ -155,3 +157,7 @@ def test_kill_9_of_a_node_leading_two_groups_every_group_confirms_again(cluster)
     for group in range(GROUPS):
         assert consume_acked(ch, f"lead-q{group}", 2) == [b"before", b"after"]
     conn.close()
+    victim.start()
+    spread = wait_for(lambda: (lambda seen: seen if seen and len(set(seen.values())) == 3 else None)(
+        leaders_seen(cluster)), timeout=60, what="the returned node to be given a group to lead")
+    assert victim.node_id in spread.values()
