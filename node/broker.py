@@ -56,6 +56,7 @@ from .auth import Authenticator
 from .core import formats  # noqa: F401  (every protocol's property codec, before the machine applies anything)
 from .group_host import GroupHost
 from .limits import Usage
+from .rebalancer import rebalance_loop
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +275,8 @@ class Broker:
             me = self.config.member()
             self.submit(MemberSet(None, None, me.node_id, me.raft, me.amqp))
             self._tasks.append(asyncio.create_task(self._cluster_watch_loop()))
+            if self.group_host is not None:  # issue 34: spread the groups' leaders (node/rebalancer.py)
+                self._tasks.append(asyncio.create_task(rebalance_loop(self)))
         for vhost in self.config.vhosts:
             if not Q.has_vhost(self.machine, vhost):
                 self.submit(VhostAdd(None, None, vhost))

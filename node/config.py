@@ -248,6 +248,10 @@ class Config:
     # raft_group_port_step; its data lives in <data_dir>/groups/g<g>.
     raft_groups: int = 1
     raft_group_port_step: int = 100
+    # With raft_groups > 1 in a cluster: seconds after this node starts leading the metadata group,
+    # or after a member comes or goes, before it spreads the groups' leaders over the live members
+    # (node/rebalancer.py, node/leader_spread.py).  0: never on its own (`raftmq cluster rebalance`).
+    leader_rebalance_seconds: float = 5.0
     # Set by the node for its worker processes, not in configuration files: the group this process
     # applies (0: the node's main process, the metadata group and the client connections).
     group: int = 0

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 from raftmq.store.core import queries as Q
 from raftmq.store.disk.snapshot import digest, live_bodies
 
+from .group_status import group_views
+
 if TYPE_CHECKING:
     from .broker import Broker
 
@@ -60,6 +62,8 @@ def status_of(broker: Broker) -> dict:
                                      "outbox_messages": len(w.msgs)}
                             for g, w in broker.group_host.workers.items()}
         status["group_count"] = broker.machine.group_count
+        # Every group's role, term, commit/applied index, lag and leader as this node sees it (node/group_status.py).
+        status["group_status"] = group_views(broker)
     if broker.events is not None:
         # Equal to event_seq once the audit writer has caught up with everything applied.
         status.update(audit_last_seq=broker.events.last_seq, audit_raft_index=broker.events.raft_index,

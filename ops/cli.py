@@ -50,6 +50,10 @@ def _cluster_admin(args: argparse.Namespace) -> int:
     config = load_config(args.config, {})
     if args.cluster_command == "status":
         cluster_admin.print_json(cluster_admin.status(config, args.via))
+    elif args.cluster_command == "rebalance":
+        done = cluster_admin.rebalance(config, args.to, args.group, args.timeout)
+        cluster_admin.print_json(done)
+        return 1 if done["failed"] else 0
     else:
         print(cluster_admin.change(config, args.cluster_command, args.raft, args.via))
     return 0
@@ -190,6 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
         if name != "status":
             cmd.add_argument("--raft", required=True, help="the Raft address (host:port) of the node")
         cmd.set_defaults(func=_cluster_admin)
+    # Issue 34: move the Raft groups' leaders (node/group_leaders.py).
+    rebalance = cluster_sub.add_parser("rebalance", help="spread the Raft groups' leaders over the live "
+                                       "members (or move them to one node) and print each group's leader")
+    rebalance.add_argument("--config", required=True, help="the cluster's TOML file (members, secret)")
+    rebalance.add_argument("--to", help="node id: move the groups' leaders to this node instead of spreading")
+    rebalance.add_argument("--group", type=int, action="append",
+                           help="with --to: only this group (repeatable; default every group)")
+    rebalance.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the moves")
+    rebalance.set_defaults(func=_cluster_admin)
 
     snap = sub.add_parser("snapshot", help="consistent compact copy of a node's message history (running or not)")
     snap.add_argument("--data-dir", required=True, help="the node's data directory")

@@ -1,4 +1,4 @@
-"""`raftmq cluster status|add|remove`: membership through pysyncobj's admin protocol.
+"""`raftmq cluster status|add|remove|rebalance`: membership through pysyncobj's admin protocol.
 
 The commands talk to a member's Raft port (encrypted and authenticated with the cluster secret),
 the way pysyncobj's ``syncobj_admin`` does. Adding a member: start the new node with a config that
@@ -6,6 +6,8 @@ lists every member including itself, then ``raftmq cluster add --raft HOST:PORT`
 existing member; the new node announces its client address through the log once it has joined.
 Removing: ``raftmq cluster remove --raft HOST:PORT``; the leader then releases the removed node's
 connections (unacked messages return to their queues) and drops it from known-hosts.
+With Raft groups (issue 34), ``status`` shows every group's leader and replicas and ``rebalance``
+spreads the groups' leaders over the live members (node/group_leaders.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import time
 
 from pysyncobj.utility import UtilityException
 
+from raftmq.node import group_leaders
+from raftmq.node.group_leaders import survey
 from raftmq.raft.wire import admin_utility
 
 from .config import Config
@@ -37,10 +41,26 @@ def run_admin(config: Config, command: list[str], via: str | None = None, timeou
 
 
 def status(config: Config, via: str | None = None) -> dict:
+    """The asked member's pysyncobj status; with raft_groups > 1 also ``groups``: every group's
+    leader, term and each member's replica (role, term, commit/applied index, lag)."""
     address, result = run_admin(config, ["status"], via)
     out = {str(k): (v.address if hasattr(v, "address") else v) for k, v in result.items()}
     out["asked"] = address
+    if config.raft_groups > 1:
+        out["groups"] = survey(config).rows()
     return out
+
+
+def rebalance(config: Config, to_node: str | None = None, groups: list[int] | None = None,
+              timeout: float = 15.0) -> dict:
+    """``raftmq cluster rebalance``: spread the groups' leaders (or move them to ``to_node``) and
+    return what moved, what did not in time, and each group's leader now."""
+    if config.raft_groups < 2:
+        raise SystemExit("rebalance: this cluster has one Raft group (raft_groups = 1): nothing to move")
+    try:
+        return group_leaders.rebalance(config, to_node, groups, timeout).as_dict()
+    except ValueError as exc:
+        raise SystemExit(f"rebalance: {exc}") from exc
 
 
 def change(config: Config, action: str, raft_address: str, via: str | None = None,

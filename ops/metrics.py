@@ -17,7 +17,10 @@ reason), ``listener_timed_out_total`` (the HTTP API's and this port's listeners,
 ``amqp10_limit_refusals_total`` (label kind: link, durable link, management request, undecodable
 delivery, undecodable frame); ``logins_refused_busy_total`` (node/logins.py), ``logins_refused_total``
 (node/auth.py), ``audit_notes_total`` and ``audit_notes_suppressed_total`` (node/audit.py, issue 36),
-``raft_port_sockets_closed_total`` (label reason: raft/gate.py).
+``raft_port_sockets_closed_total`` (label reason: raft/gate.py); with raft_groups > 1 (issue 34),
+per group (label group): ``group_is_leader``, ``group_raft_term``, ``group_raft_commit_index``,
+``group_raft_applied_index``, ``group_raft_lag``, ``group_leader`` (label leader),
+``group_status_age_seconds``.
 Served by ops/metrics_server.py (bounded like the HTTP API's listener).
 """
 
@@ -171,6 +174,46 @@ class BrokerCollector:
             changes = CounterMetricFamily("raftmq_raft_leader_changes", "leader changes seen", labels=["node"])
             changes.add_metric([node], broker.leader_changes)
             yield changes
+        if broker.group_host is not None:
+            yield from _group_metrics(broker, node)
+
+
+def _group_metrics(broker: Broker, node: str):
+    """Issue 34: every Raft group's replica on this node (node/group_status.py), label ``group``;
+    a group whose worker has not written its status lately is left out of the figures but for
+    ``raftmq_group_status_age_seconds``."""
+    from raftmq.node.group_status import group_views
+
+    families = {
+        "is_leader": GaugeMetricFamily("raftmq_group_is_leader", "1 where this node leads the group",
+                                       labels=["node", "group"]),
+        "term": GaugeMetricFamily("raftmq_group_raft_term", "the group's current Raft term", labels=["node", "group"]),
+        "commit_index": GaugeMetricFamily("raftmq_group_raft_commit_index", "the group's Raft commit index",
+                                          labels=["node", "group"]),
+        "applied_index": GaugeMetricFamily("raftmq_group_raft_applied_index", "the group's Raft index applied here",
+                                           labels=["node", "group"]),
+        "lag": GaugeMetricFamily("raftmq_group_raft_lag", "entries committed and not applied here",
+                                 labels=["node", "group"]),
+    }
+    leader = GaugeMetricFamily("raftmq_group_leader", "1 for the node this replica follows (or is)",
+                               labels=["node", "group", "leader"])
+    age = GaugeMetricFamily("raftmq_group_status_age_seconds", "age of the group worker's last status",
+                            labels=["node", "group"])
+    for view in group_views(broker):
+        group = str(view["group"])
+        if view.get("age") is not None:
+            age.add_metric([node, group], view["age"])
+        if view["role"] == "unknown":
+            continue
+        families["is_leader"].add_metric([node, group], 1 if view["role"] in ("leader", "single") else 0)
+        for key in ("term", "commit_index", "applied_index", "lag"):
+            if view.get(key) is not None:
+                families[key].add_metric([node, group], view[key])
+        if view.get("leader"):
+            leader.add_metric([node, group, view["leader"]], 1)
+    yield from families.values()
+    yield leader
+    yield age
 
 
 def _body_metrics(broker: Broker, node: str):

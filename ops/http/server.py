@@ -19,7 +19,7 @@ from raftmq.node.descriptors import DescriptorReserve
 
 from ..control import Control
 from ..operator import Gatekeeper
-from . import auditchain, login, ownpages, raftview, resources, system, users
+from . import auditchain, groupleaders, login, ownpages, raftview, resources, system, users
 from .common import CONTEXT, Context, authenticate
 from .crosssite import cross_site, security_headers
 from .listener import HttpListener
@@ -49,6 +49,7 @@ def build_app(broker: Broker, gatekeeper: Gatekeeper | None = None) -> tuple[web
     raftview.add_routes(app)
     ownpages.add_routes(app)
     auditchain.add_routes(app)  # issue 36
+    groupleaders.add_routes(app)  # issue 34
     users.add_routes(app)
     _accept_trailing_slash(app.router)
     return app, rates

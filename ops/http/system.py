@@ -17,6 +17,7 @@ import time
 
 from aiohttp import web
 
+from raftmq.node.group_status import group_views
 from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
 from raftmq.store.core import queries as Q
 from raftmq.store.core.commands import ROUTED
@@ -137,6 +138,8 @@ def node_members(broker) -> list[dict]:
         applied = Q.counters(broker.machine).applied_index
         local["raft"] = {"role": "single", "leader": True, "term": 0, "commit_index": applied,
                          "applied_index": applied, "lag": 0}
+        if broker.group_host is not None:  # issue 34: every group of this node
+            local["raft"]["groups"] = group_views(broker)
         return [local]
     connected = set(raft.connected_partners)
     nodes = []
@@ -158,6 +161,8 @@ def node_members(broker) -> list[dict]:
         }
         if is_me:  # issue 29: why this node does not vote, if it does not (known to itself only)
             view["raft"]["storage_repair"] = raft.repair
+            if broker.group_host is not None:  # issue 34: every group's replica on this node
+                view["raft"]["groups"] = group_views(broker)
         nodes.append(view)
     return nodes
 
