@@ -344,3 +344,30 @@ def test_a_batch_reports_its_outbox_positions_as_its_last_output_only_when_they_
     effects = m.apply(g.now + 2, [ChannelOpen(C, None, 2)])
     assert all(out[1] != OUT_GROUP_REPORT for out in effects.outputs)
 
+
+
+def test_remembered_routes_follow_every_topology_change_and_headers_routes_are_not_remembered():
+    """The router remembers a publish's groups per (vhost, exchange, key) only while the view's
+    topology is the same (its metadata sequence): a binding added to a queue of another group is
+    routed to at once; a headers exchange's route reads the message, so it is never remembered."""
+    g = Groups(3)
+    g.setup()
+    g.declare("a")
+    g.declare("b")
+    g.request(lambda t: ExchangeDeclare(C, t, 1, "/", "fan", "fanout", False, True, False, False, {}))
+    g.run()
+    g.request(lambda t: QueueBind(C, t, 1, "/", "a", "fan", "", {}))
+    g.run()
+    probe = Publish(C, None, 1, "/", "fan", "", False, b"", b"x", True, None, None)
+    assert g.router.publish_groups(probe) == [1]
+    assert g.router.publish_groups(probe) == [1]  # (remembered)
+    g.request(lambda t: QueueBind(C, t, 1, "/", "b", "fan", "", {}))
+    g.run()
+    assert g.router.publish_groups(probe) == [1, 2]
+    assert g.publish("fan", "") == (OK, ROUTED)
+    assert [len(g.m(i).vhosts["/"].queues[q].ready) for i, q in ((1, "a"), (2, "b"))] == [1, 1]
+    g.request(lambda t: QueueBind(C, t, 1, "/", "b", "amq.headers", "", {"x-match": "any", "k": "v"}))
+    g.run()
+    headers = Publish(C, None, 1, "/", "amq.headers", "", False, b"", b"x", True, None, None)
+    assert g.router.publish_groups(headers) == [0]  # (no headers: routed nowhere, answered by group 0)
+    assert ("/", "amq.headers", "") not in g.router._routes
