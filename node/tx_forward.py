@@ -32,6 +32,12 @@ if TYPE_CHECKING:
 Report = tuple[int, dict[int, tuple[int, str, bool, list]]]
 
 
+def report_key(m: StateMachine) -> tuple:
+    """What a participant's report depends on (a worker sends a new one when it changes)."""
+    held = m.tx_held
+    return (m.tx_prep_applied, tuple((txid, rec.finished) for txid, rec in held.items()) if held else ())
+
+
 class TxForwarder:
     def __init__(self) -> None:
         self.sent: set[tuple[int, int, int]] = set()  # (op, participant group, txid) sent since the last clear

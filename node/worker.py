@@ -26,11 +26,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from raftmq.store.core.tx_groups import participant_report
+
 from .broker import Broker
 from .config import Config
 from .group_link import GroupLink
 from .groups import REPORT_GONE, outbox_messages
 from .status import status_loop
+from .tx_forward import report_key
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,7 @@ class WorkerBroker(Broker):
     def __init__(self, config: Config, boot: str, send: Callable[[Any], None]) -> None:
         self._send = send
         self._last_report: tuple | None = None
+        self._last_tx: tuple = (0, ())
         super().__init__(config, boot=boot)
         prefix = boot + "."
         self._prefix = prefix
@@ -55,6 +59,7 @@ class WorkerBroker(Broker):
         if mine:
             self._send(("o", mine))
         self.report()
+        self.report_tx()
 
     def report(self, force: bool = False) -> None:
         """The group's outbox positions, when they changed (or when asked again): the metadata
@@ -69,6 +74,14 @@ class WorkerBroker(Broker):
             entries = [gone[i] for i in range(min(len(gone), REPORT_GONE))]
             self._send(("r", m.meta_applied, entries, outbox_messages(m, self.bodies), dict(m.msg_applied)))
 
+    def report_tx(self, force: bool = False) -> None:
+        """This group's part in transactions across groups (node/tx_forward.py), as frame kind
+        "x", when it changed: nothing is sent while the group holds no transaction."""
+        key = report_key(self.machine)
+        if key != self._last_tx or force:
+            self._last_tx = key
+            self._send(("x", participant_report(self.machine)))
+
     def _on_throttle(self, on: bool) -> None:
         super()._on_throttle(on)
         self._send(("t", on))
@@ -82,6 +95,7 @@ class WorkerBroker(Broker):
                 submit(item[1], item[2], item[3])
             elif kind == "report":
                 self.report(force=True)
+                self.report_tx(force=True)
 
 
 async def serve_worker(config: Config, boot: str, sock: socket.socket) -> None:

@@ -126,6 +126,9 @@ OUT_CLOSE: Final = 3
 OUT_TRANSFER: Final = 4
 OUT_SESSION_DETACHED: Final = 5
 OUT_VHOST_CLOSED: Final = 6
+# (None, OUT_TX_STEP, txid): a two-phase commit moved (store/core/tx_groups.py); no connection's,
+# it only makes the node look again (a worker reports, the forwarder sends the next step).
+OUT_TX_STEP: Final = 7
 
 
 # ---------------------------------------------------------------------------------------- results
@@ -305,7 +308,10 @@ class OutVhostClosed(NamedTuple):
     reply_text: str
 
 
-Output = OutReply | OutDeliver | OutCancel | OutClose | OutTransfer | OutSessionDetached | OutVhostClosed
+OutTxStep = tuple[None, Literal[7], int]  # OUT_TX_STEP, txid (store/core/tx_groups.py)
+
+Output = (OutReply | OutDeliver | OutCancel | OutClose | OutTransfer | OutSessionDetached | OutVhostClosed
+          | OutTxStep)
 
 
 # --------------------------------------------------------------------------- connections, channels

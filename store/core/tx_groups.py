@@ -41,6 +41,7 @@ from .commands import (
     ERR,
     OK,
     OUT_REPLY,
+    OUT_TX_STEP,
     REJECTED,
     ROUTED,
     UNROUTABLE,
@@ -127,12 +128,14 @@ class TxGroups:
             m.tx_part_seq[group] = seq
             parts[group] = [seq, list(operations), list(index)]
         m.tx_coord[m.tx_next] = TxCoord(cmd.conn, cmd.channel, cmd.reply_token, cmd.total, parts)
+        m._out.append((None, OUT_TX_STEP, m.tx_next))
 
     def vote(self, cmd: TxVote) -> None:
         rec = self.m.tx_coord.get(cmd.txid)
         if rec is None or cmd.group not in rec.parts or cmd.group in rec.votes:
             return  # a duplicate (the forwarder resends until it sees the vote here)
         rec.votes[cmd.group] = (cmd.code, cmd.text)
+        self.m._out.append((None, OUT_TX_STEP, cmd.txid))
         rec.parts[cmd.group][1] = []  # the prepare is applied there: the operations are not resent
         if rec.decision == UNDECIDED:
             if cmd.code:
@@ -146,6 +149,7 @@ class TxGroups:
         if rec is None or rec.decision == UNDECIDED or cmd.group not in rec.votes or cmd.group in rec.finished:
             return
         rec.finished[cmd.group] = [list(pair) for pair in cmd.outcomes]
+        m._out.append((None, OUT_TX_STEP, cmd.txid))
         if len(rec.finished) < len(rec.parts):
             return
         del m.tx_coord[cmd.txid]
@@ -169,6 +173,7 @@ class TxGroups:
         if cmd.seq != m.tx_prep_applied + 1:
             return  # a duplicate or a gap (the forwarder resends from the one applied)
         m.tx_prep_applied = cmd.seq
+        m._out.append((None, OUT_TX_STEP, cmd.txid))
         rec = TxHeld(cmd.seq, 0, "", cmd.reply_conn, cmd.channel)
         m.tx_held[cmd.txid] = rec
         ch = m.channels.get(cmd.reply_conn, {}).get(cmd.channel)
@@ -202,6 +207,7 @@ class TxGroups:
         if rec is None or rec.finished:
             return
         rec.finished = True
+        m._out.append((None, OUT_TX_STEP, cmd.txid))
         publishes, settles = rec.publishes, rec.settles
         rec.publishes, rec.settles = [], []
         delivery = m.delivery

@@ -1,0 +1,117 @@
+"""Transactions across queue groups on one node (issue 34): ``raft_groups = 3``, pika's tx class
+over queues of the metadata group and both queue groups, committed by the two-phase commit
+through the groups' logs (store/core/tx_groups.py; docs/design.md "Transactions across groups").
+
+AMQP 0-9-1 (amqp0-9-1.pdf, 1.9 class tx): "the server ... commits all of the messages published
+and acknowledged in the transaction, or none"; basic.ack (1.8.3.13): "If the delivery tag is
+invalid ... the server MUST raise a channel exception" (406 PRECONDITION_FAILED) -- which is how a
+participant refuses a part it cannot commit, and then every group aborts.
+"""
+
+from __future__ import annotations
+
+import pika
+import pytest
+
+from raftmq.ops.local.node import RaftmqNode
+
+GROUPS = {"RAFTMQ_RAFT_GROUPS": "3"}
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory, broker_kind):
+    if broker_kind == "rabbitmq":
+        pytest.skip("raftmq's queue groups")
+    with RaftmqNode(tmp_path_factory.mktemp("txg") / "node", env=GROUPS) as n:
+        yield n
+
+
+def channel(node: RaftmqNode):
+    conn = pika.BlockingConnection(pika.URLParameters(node.url))
+    return conn, conn.channel()
+
+
+def count(ch, queue: str) -> int:
+    return ch.queue_declare(queue, passive=True).method.message_count
+
+
+def declare_three(ch, prefix: str) -> tuple[str, str, str]:
+    """Queues in group 1, group 2 and the metadata group (x-queue-group pins them)."""
+    names = (f"{prefix}-g1", f"{prefix}-g2", f"{prefix}-g0")
+    for name, group in zip(names, (1, 2, 0), strict=True):
+        ch.queue_declare(name, durable=True, arguments={"x-queue-group": group})
+    return names
+
+
+def test_publishes_to_two_groups_and_an_ack_in_a_third_commit_all_together(node):
+    """tx.select; publish to queues of groups 1 and 2, ack a message got from a queue of group 0;
+    before tx.commit another connection sees none of it; after tx.commit-ok it sees all of it
+    (both messages queued, the acked one gone for good: not requeued when the channel closes),
+    and a mandatory publish routed nowhere in the same transaction comes back as basic.return."""
+    conn, ch = channel(node)
+    a, b, c = declare_three(ch, "all")
+    ch.basic_publish("", c, b"to-ack", pika.BasicProperties(delivery_mode=2))
+    method, _props, body = ch.basic_get(c)
+    assert body == b"to-ack"
+    returned: list[bytes] = []
+    ch.add_on_return_callback(lambda _ch, _m, _p, body: returned.append(body))
+    ch.tx_select()
+    ch.basic_publish("", a, b"one", pika.BasicProperties(delivery_mode=2))
+    ch.basic_publish("", b, b"two", pika.BasicProperties(delivery_mode=2))
+    ch.basic_publish("", "no-such-queue", b"back", mandatory=True)
+    ch.basic_ack(method.delivery_tag)
+    other_conn, other = channel(node)
+    assert (count(other, a), count(other, b)) == (0, 0)
+    ch.tx_commit()
+    assert (count(other, a), count(other, b), count(other, c)) == (1, 1, 0)
+    conn.process_data_events(0.2)
+    assert returned == [b"back"]
+    conn.close()  # the ack was committed: closing the channel requeues nothing
+    assert count(other, c) == 0
+    assert other.basic_get(a, auto_ack=True)[2] == b"one"
+    assert other.basic_get(b, auto_ack=True)[2] == b"two"
+    other_conn.close()
+
+
+def test_a_part_a_group_cannot_commit_aborts_every_group(node):
+    """The transaction acks a message of queue g1 and publishes to g1, g2 and g0; before the
+    commit another connection deletes g1 (its delivery is gone): group 1 refuses at prepare, the
+    coordinator aborts, the client's channel gets 406 and no group shows any of the publishes.
+    Then a second transaction on a new channel commits normally (nothing stays held)."""
+    conn, ch = channel(node)
+    g1, g2, g0 = declare_three(ch, "refused")
+    ch.basic_publish("", g1, b"to-ack")
+    method, _props, _body = ch.basic_get(g1)
+    ch.tx_select()
+    ch.basic_publish("", g2, b"never")
+    ch.basic_publish("", g0, b"never")
+    ch.basic_ack(method.delivery_tag)
+    other_conn, other = channel(node)
+    other.queue_delete(g1)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        ch.tx_commit()
+    assert refused.value.reply_code == 406
+    assert (count(other, g2), count(other, g0)) == (0, 0)
+    ch = conn.channel()
+    ch.tx_select()
+    ch.basic_publish("", g2, b"later")
+    ch.basic_publish("", g0, b"later")
+    ch.tx_commit()
+    assert (count(other, g2), count(other, g0)) == (1, 1)
+    conn.close()
+    other_conn.close()
+
+
+def test_many_transactions_across_groups_in_a_row_each_commit_once(node):
+    """20 transactions, each one publish to a queue of each queue group: 20 messages in each,
+    in order (each transaction's prepares are applied once, in order, per group)."""
+    conn, ch = channel(node)
+    a, b, _c = declare_three(ch, "row")
+    ch.tx_select()
+    for i in range(20):
+        ch.basic_publish("", a, b"%d" % i)
+        ch.basic_publish("", b, b"%d" % i)
+        ch.tx_commit()
+    assert (count(ch, a), count(ch, b)) == (20, 20)
+    assert [ch.basic_get(a, auto_ack=True)[2] for _ in range(20)] == [b"%d" % i for i in range(20)]
+    conn.close()
