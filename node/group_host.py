@@ -256,12 +256,12 @@ class GroupHost:
                     self._send_to(source, MessageDone(None, None, target, done))
                     self.done_sent[key] = done
 
-    def _forward_tx(self) -> None:
+    def _forward_tx(self, forget: bool = False) -> None:
         """The next steps of the transactions across groups (store/core/tx_groups.py)."""
         # (a worker that never held a transaction has sent no report: it has applied no prepare)
         reports = {group: self.tx_reports.get(group, (0, {})) for group in self.workers}
         reports[0] = participant_report(self.broker.machine)
-        for group, command in self.tx.sends(self.broker.machine, reports):
+        for group, command in self.tx.sends(self.broker.machine, reports, forget):
             self._send_to(group, command)
 
     async def _resend_loop(self) -> None:
@@ -281,3 +281,5 @@ class GroupHost:
             self.done_sent.clear()
             self.tx.clear()
             self.forward()
+            if self.forwarding and self.workers:
+                self._forward_tx(forget=True)

@@ -10,7 +10,7 @@ command each group needs next:
 - a decision a voter has not applied: ``TxFinish`` to it;
 - an applied decision the coordinator has not collected: ``TxEnded`` to the metadata group;
 - a finished record the coordinator has collected (or forgotten with its transaction):
-  ``TxForget`` to its group.
+  ``TxForget`` to its group, with its next prepare or within a second.
 
 Every command is idempotent where it lands, so sending one twice is harmless: ``TxForwarder``
 remembers what it sent so as not to flood the logs, and forgets it once a second (``clear``) so
@@ -45,9 +45,13 @@ class TxForwarder:
     def clear(self) -> None:
         self.sent.clear()
 
-    def sends(self, coord: StateMachine, reports: dict[int, Report]) -> list[tuple[int, Any]]:
-        """``(group, command)`` pairs to send now (each once until ``clear``)."""
+    def sends(self, coord: StateMachine, reports: dict[int, Report], forget: bool = False) -> list[tuple[int, Any]]:
+        """``(group, command)`` pairs to send now (each once until ``clear``).  A ``TxForget``
+        rides along with a prepare for the same group (one log batch for both: a client committing
+        in a loop pays no batch of its own for it), or goes when ``forget`` (the node's resend loop,
+        once a second): a finished record only waits a little longer in memory."""
         out: list[tuple[int, Any]] = []
+        preparing: set[int] = set()
         sent = self.sent
 
         def send(target: int, command: Any, txid: int, part: int) -> None:
@@ -65,6 +69,7 @@ class TxForwarder:
                 mine = held.get(txid)
                 if group not in rec.votes:
                     if applied < seq:
+                        preparing.add(group)
                         send(group, TxPrepare(None, None, txid, seq, rec.conn, rec.channel, operations, index), txid, group)
                     elif mine is not None:
                         send(META_GROUP, TxVote(None, None, txid, group, mine[0], mine[1]), txid, group)
@@ -75,6 +80,8 @@ class TxForwarder:
                         code, text = rec.error
                         send(group, TxFinish(None, None, txid, rec.decision == COMMIT, code, text), txid, group)
         for group, (_applied, held) in reports.items():
+            if not forget and group not in preparing:
+                continue
             for txid, (_code, _text, finished, _outcomes) in held.items():
                 if not finished:
                     continue

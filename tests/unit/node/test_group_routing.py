@@ -127,7 +127,7 @@ class Groups:
                 self.logs[g].append(GoneTrim(None, None, taken))
                 moved = True
         reports = {g: participant_report(self.m(g)) for g in range(self.count)}
-        for g, command in self.tx.sends(meta, reports):
+        for g, command in self.tx.sends(meta, reports, forget=not moved):
             self.logs[g].append(command)
             moved = True
         applied = min((self.m(g).meta_applied for g in range(1, self.count)), default=0)
