@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raftmq.store.core.commands import (
-    ERR,
     OK,
     OUT_REPLY,
     REJECTED,
@@ -69,7 +68,6 @@ _MAY_PEND = META_OPS | {Op.QUEUE_DELETE}
 REPORT_GONE = 256  # outbox entries a worker's report carries at most (the forwarder asks again)
 REPORT_BYTES = 4 << 20  # message-outbox body bytes a report carries at most
 
-NOT_ACROSS = Refused(ERR, 540, "NOT_IMPLEMENTED - a transaction on queues of several groups (issue 34)")
 
 
 class GroupRouter:

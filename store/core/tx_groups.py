@@ -277,13 +277,20 @@ def participant_report(m: StateMachine) -> tuple[int, dict[int, tuple[int, str, 
     return m.tx_prep_applied, {txid: (r.code, r.text, r.finished, r.outcomes) for txid, r in m.tx_held.items()}
 
 
+def _plain(command: Any) -> tuple:
+    """A command as plain values: its op an int (a command decoded from the log holds an int, one
+    applied where it was made the ``Op``), so that every replica's digest reads it alike."""
+    return (*command[:-1], int(command[-1]))
+
+
 def digest_items(m: StateMachine) -> tuple:
     """The transaction state as the replicas' digest sees it (store/disk/snapshot.py)."""
     return (m.tx_next, sorted(m.tx_part_seq.items()), m.tx_prep_applied,
-            [(t, r.conn, r.channel, r.reply_token, r.total, sorted((g, p[0], p[1], p[2]) for g, p in r.parts.items()),
+            [(t, r.conn, r.channel, r.reply_token, r.total,
+              sorted((g, p[0], [_plain(c) for c in p[1]], list(p[2])) for g, p in r.parts.items()),
               sorted(r.votes.items()), r.decision, r.error, sorted(r.finished.items()))
              for t, r in m.tx_coord.items()],
-            [(t, r.seq, r.code, r.text, r.conn, r.channel, r.publishes,
+            [(t, r.seq, r.code, r.text, r.conn, r.channel, [(i, _plain(c)) for i, c in r.publishes],
               [(op, rq, un, q.qid, e.seq, e.message.id) for op, rq, un, q, e in r.settles], r.finished, r.outcomes)
              for t, r in m.tx_held.items()])
 
