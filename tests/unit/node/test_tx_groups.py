@@ -97,7 +97,8 @@ def test_a_transaction_over_three_groups_commits_all_and_answers_once_after_ever
 
 def test_nothing_is_visible_before_the_decision_and_a_prepared_ack_cannot_be_redelivered():
     """Between prepare and finish, the publishes are held (not in their queues) and the acked
-    delivery is out of its channel: a channel close then requeues nothing of it."""
+    delivery is out of its channel: the channel's close then requeues nothing of it, and the
+    transaction still commits whole (its publishes applied on a lent channel)."""
     g = three_queues()
     ref = get(g, "c")
     t = g.request(lambda t: TxCommit(C, t, 1, [pub("a"), pub("b"), Ack(C, None, 1, [list(ref)])]))
@@ -108,9 +109,11 @@ def test_nothing_is_visible_before_the_decision_and_a_prepared_ack_cannot_be_red
     c = g.m(1).vhosts["/"].queues["c"]
     assert c.unacked_count == 0 and len(c.ready) == 0  # held by the transaction, not the channel
     g.check_replicas()
+    g.submit(ChannelClose(C, None, 1))  # the client closes its channel meanwhile: nothing requeued
     g.run()
     assert g.replies[t] == (OK, [ROUTED, ROUTED])
-    assert ready(g, "a") == [0, 1, 0] and ready(g, "c") == [0, 0, 0]
+    assert ready(g, "a") == [0, 1, 0] and ready(g, "c") == [0, 0, 0] and c.unacked_count == 0
+    g.check_replicas()
 
 
 def test_a_refusing_participant_aborts_every_group_and_its_held_deliveries_return():
