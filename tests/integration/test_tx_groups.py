@@ -10,6 +10,13 @@ participant refuses a part it cannot commit, and then every group aborts.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
 import pika
 import pytest
 
@@ -115,3 +122,50 @@ def test_many_transactions_across_groups_in_a_row_each_commit_once(node):
     assert (count(ch, a), count(ch, b)) == (20, 20)
     assert [ch.basic_get(a, auto_ack=True)[2] for _ in range(20)] == [b"%d" % i for i in range(20)]
     conn.close()
+
+
+def test_a_node_killed_with_a_transaction_half_prepared_finishes_it_whole_after_restart(tmp_path, broker_kind):
+    """Worker 2 is stopped (SIGSTOP) before tx.commit: group 1 prepares (holds the publish in its
+    LMDB mirror) and votes, group 0 keeps the record; then the whole node is killed (-9).  After
+    the restart the coordinator's and group 1's records come back from their mirrors, group 2 gets
+    its prepare and refuses (the client's channel died with the node), every group aborts: neither
+    queue shows the message.  A transaction after that commits in both (the per-group sequence
+    numbers came back too: a lost one would leave the next prepare waiting forever)."""
+    if broker_kind == "rabbitmq":
+        pytest.skip("raftmq's queue groups")
+    with RaftmqNode(tmp_path / "node", env=GROUPS) as n:
+        conn, ch = channel(n)
+        ch.queue_declare("k-g1", durable=True, arguments={"x-queue-group": 1})
+        ch.queue_declare("k-g2", durable=True, arguments={"x-queue-group": 2})
+        ch.tx_select()
+        ch.basic_publish("", "k-g1", b"half", pika.BasicProperties(delivery_mode=2))
+        ch.basic_publish("", "k-g2", b"half", pika.BasicProperties(delivery_mode=2))
+        worker2 = json.loads((Path(n.data_dir) / "groups" / "g2" / "status.json").read_text())["pid"]
+        os.kill(worker2, signal.SIGSTOP)
+        failed: list[BaseException] = []
+
+        def commit() -> None:
+            try:
+                ch.tx_commit()
+            except BaseException as exc:  # noqa: BLE001 - the node dies under it
+                failed.append(exc)
+
+        committer = threading.Thread(target=commit)
+        committer.start()
+        time.sleep(1.0)  # group 1 prepares and votes meanwhile; group 2 is stopped
+        assert committer.is_alive()  # no answer: group 2 has not voted
+        n.kill9()
+        os.kill(worker2, signal.SIGKILL)
+        committer.join(timeout=15)
+        assert not committer.is_alive() and failed
+        n.start()
+        conn, ch = channel(n)
+        assert (count(ch, "k-g1"), count(ch, "k-g2")) == (0, 0)
+        ch.tx_select()
+        ch.basic_publish("", "k-g1", b"after")
+        ch.basic_publish("", "k-g2", b"after")
+        done = threading.Event()
+        threading.Thread(target=lambda: (ch.tx_commit(), done.set()), daemon=True).start()
+        assert done.wait(15), "the next transaction did not complete"
+        assert (count(ch, "k-g1"), count(ch, "k-g2")) == (1, 1)
+        conn.close()
