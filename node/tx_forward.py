@@ -54,11 +54,13 @@ class TxForwarder:
         preparing: set[int] = set()
         sent = self.sent
 
-        def send(target: int, command: Any, txid: int, part: int) -> None:
+        def send(target: int, command: Any, txid: int, part: int) -> bool:
             key = (int(command.op), part, txid)  # (a vote and an end go to the metadata group per part)
-            if key not in sent:
-                sent.add(key)
-                out.append((target, command))
+            if key in sent:
+                return False
+            sent.add(key)
+            out.append((target, command))
+            return True
 
         for txid, rec in coord.tx_coord.items():
             for group, (seq, operations, index) in rec.parts.items():
@@ -69,8 +71,9 @@ class TxForwarder:
                 mine = held.get(txid)
                 if group not in rec.votes:
                     if applied < seq:
-                        preparing.add(group)
-                        send(group, TxPrepare(None, None, txid, seq, rec.conn, rec.channel, operations, index), txid, group)
+                        prepare = TxPrepare(None, None, txid, seq, rec.conn, rec.channel, operations, index)
+                        if send(group, prepare, txid, group):
+                            preparing.add(group)
                     elif mine is not None:
                         send(META_GROUP, TxVote(None, None, txid, group, mine[0], mine[1]), txid, group)
                 elif rec.decision != UNDECIDED and group not in rec.finished and mine is not None:
