@@ -1,7 +1,7 @@
 """Issue 34, session 20: the cost of a transaction across groups (the two-phase commit of
 store/core/tx_groups.py) against one within a group, side by side, alternating rounds.
 
-Systems, each one single node started fresh for the whole run (``RaftmqNode``):
+Systems, each one single node started fresh for the whole run (``RaftmqNode``; or a cluster):
 
 * ``g1``: ``raft_groups = 1`` (today's broker): each transaction publishes to two queues, one
   ``TxCommit`` in the one log.
@@ -18,9 +18,13 @@ of ``--per-queue`` publishes of ``--size`` B to each of the two queues, ``tx.com
 main process and its workers (from /proc, before and after), per commit.  The queues are purged
 between runs.  Only the side-by-side ratios mean anything on a shared 2-core machine.
 
+``--nodes 3``: each system a 3-node cluster (``Cluster``), the client on a follower of the
+metadata group, CPU summed over every process of every node.
+
 Usage::
 
     python bench/tx_groups.py --count 300 --rounds 3
+    python bench/tx_groups.py --nodes 3 --count 200 --rounds 3
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pathlib import Path
 
 import pika
 
+from raftmq.ops.local.cluster import Cluster
 from raftmq.ops.local.node import RaftmqNode
 
 TICKS = 100.0
@@ -61,14 +66,23 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 class System:
-    def __init__(self, name: str, groups: int, placement: tuple[int, int], root: Path) -> None:
+    def __init__(self, name: str, groups: int, placement: tuple[int, int], root: Path, nodes: int = 1) -> None:
         self.name = name
-        self.node = RaftmqNode(root / name, env={"RAFTMQ_RAFT_GROUPS": str(groups)})
+        self.cluster: Cluster | None = None
+        if nodes > 1:
+            self.cluster = Cluster(nodes, root / name, extra_config=f"raft_groups = {groups}")
+        else:
+            self.node = RaftmqNode(root / name, env={"RAFTMQ_RAFT_GROUPS": str(groups)})
         self.placement = placement
         self.queues = (f"{name}-q1", f"{name}-q2")
 
     def start(self) -> None:
-        self.node.start()
+        if self.cluster is not None:
+            self.cluster.start()
+            # the client on a follower of the metadata group, as bench/ab_cluster.py's
+            self.node = next(n for n in self.cluster.nodes if n is not self.cluster.leader(timeout=30))
+        else:
+            self.node.start()
         conn = pika.BlockingConnection(pika.URLParameters(self.node.url))
         ch = conn.channel()
         for queue, group in zip(self.queues, self.placement, strict=True):
@@ -77,9 +91,13 @@ class System:
         conn.close()
 
     def pids(self) -> list[int]:
-        pid = self.node.pid
-        assert pid is not None
-        return [pid, *children(pid)]
+        nodes = self.cluster.nodes if self.cluster is not None else [self.node]
+        out: list[int] = []
+        for node in nodes:
+            pid = node.pid
+            assert pid is not None
+            out += [pid, *children(pid)]
+        return out
 
     def run(self, count: int, per_queue: int, size: int, limit: float) -> tuple[float, float, int]:
         conn = pika.BlockingConnection(pika.URLParameters(self.node.url))
@@ -107,7 +125,10 @@ class System:
         return done / wall, cpu / max(done, 1), done
 
     def stop(self) -> None:
-        self.node.terminate()
+        if self.cluster is not None:
+            self.cluster.stop()
+        else:
+            self.node.terminate()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -118,12 +139,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per run at most")
     parser.add_argument("--systems", default="g1,same,cross")
+    parser.add_argument("--nodes", type=int, default=1, help="3: each system a 3-node cluster, the client on a follower")
     args = parser.parse_args(argv)
     specs = {"g1": (1, (0, 0)), "same": (3, (1, 1)), "cross": (3, (1, 2))}
     names = [n for n in args.systems.split(",") if n]
     results: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory(prefix="txbench") as tmp:
-        systems = [System(n, *specs[n], Path(tmp)) for n in names]
+        systems = [System(n, *specs[n], Path(tmp), args.nodes) for n in names]
         try:
             for system in systems:
                 system.start()
