@@ -1,9 +1,9 @@
 """Transactions across queue groups in a three-node cluster (issue 34): ``raft_groups = 3``, the
 two-phase commit of store/core/tx_groups.py through the groups' Raft logs, with pika's tx class.
 
-AMQP 0-9-1 (1.9 class tx): a committed transaction's publishes are all there, an uncommitted
-one's none.  Checked with real processes: transactions through a follower to queues of both queue
-groups commit in both; a kill -9 of the node leading the metadata group (the coordinator) while
+AMQP 0-9-1 reference 1.9 (class tx): "all publish and ack requests issued within a transaction
+will complete successfully or none of them will".  Checked with real processes: transactions
+through a follower to queues of both queue groups commit in both; a kill -9 of the node leading the metadata group (the coordinator) while
 a client on another node commits in a loop leaves every transaction whole -- each body in both
 queues or in neither, every commit-ok'd one in both -- once the new leader's forwarder has resent
 what the old one had not finished; every group's replicas end identical.

@@ -2,10 +2,10 @@
 over queues of the metadata group and both queue groups, committed by the two-phase commit
 through the groups' logs (store/core/tx_groups.py; docs/design.md "Transactions across groups").
 
-AMQP 0-9-1 (amqp0-9-1.pdf, 1.9 class tx): "the server ... commits all of the messages published
-and acknowledged in the transaction, or none"; basic.ack (1.8.3.13): "If the delivery tag is
-invalid ... the server MUST raise a channel exception" (406 PRECONDITION_FAILED) -- which is how a
-participant refuses a part it cannot commit, and then every group aborts.
+AMQP 0-9-1 reference 1.9 (class tx): "all publish and ack requests issued within a transaction
+will complete successfully or none of them will" (the spec asks it of one queue; raftmq keeps it
+across queues and groups); a part a group cannot commit (an ack whose delivery is gone) is
+refused with 406 precondition-failed (reference, constants), and then every group aborts.
 """
 
 from __future__ import annotations

@@ -2,10 +2,12 @@
 driven on three groups' machines (two replicas each) through the router, the reply join and the
 forwarder (node/tx_forward.py), without processes: the harness of test_group_routing.py.
 
-AMQP 0-9-1 tx class (amqp0-9-1.xml, class tx): "the server MUST ... commit all or none" is what
-is checked here for a transaction whose publishes and acks touch queues of several groups; the
-unknown-delivery refusal is basic.ack's rule ("If the delivery tag is invalid ... the server MUST
-raise a channel exception", 406 PRECONDITION_FAILED).
+AMQP 0-9-1 reference 1.9 (class tx): "all publish and ack requests issued within a transaction
+will complete successfully or none of them will" -- which the spec only asks for a single queue
+("Transactions that cover multiple queues may be non-atomic"); raftmq keeps it across queues and
+across groups, and that is what is checked here.  A part a group cannot commit (an ack whose
+delivery is gone there) is refused with 406 (reference, constants: "precondition-failed ... some
+precondition failed"), and then every group aborts.
 """
 
 from __future__ import annotations
