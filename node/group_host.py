@@ -42,9 +42,11 @@ from raftmq.store.core.commands import (
     Refused,
 )
 from raftmq.store.core.groups import GroupReport
+from raftmq.store.core.tx_groups import participant_report
 
 from .group_link import GroupLink
 from .groups import GroupRouter, ReplyJoin, outbox_messages, typed_replies
+from .tx_forward import Report, TxForwarder
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -88,6 +90,8 @@ class GroupHost:
         self.done_sent: dict[tuple[int, int], int] = {}  # (source, target) -> last MessageDone sent
         self._stopping = False
         self._task: asyncio.Task | None = None
+        self.tx = TxForwarder()  # transactions across groups (node/tx_forward.py)
+        self.tx_reports: dict[int, Report] = {}  # each worker's last "x" report
 
     # ------------------------------------------------------------------ workers
 
@@ -181,6 +185,9 @@ class GroupHost:
                     worker.progress_at = time.monotonic()
                 worker.meta_applied, worker.gone, worker.msgs, worker.msg_applied = item[1:5]
                 self.forward()
+            elif kind == "x":
+                self.tx_reports[group] = item[1]
+                self.forward()
             elif kind == "t":
                 worker.throttled = item[1]
                 self.broker._on_log_throttle(self.broker.log_throttled)
@@ -215,6 +222,8 @@ class GroupHost:
                 self._send_to(group, GoneTrim(None, None, taken))
                 worker.trim_sent = taken
         self._forward_messages()
+        if meta.tx_coord or meta.tx_held or any(report[1] for report in self.tx_reports.values()):
+            self._forward_tx()
         low = min(worker.meta_applied for worker in self.workers.values())
         if meta.meta_outbox and meta.meta_outbox[0][0] <= low and low > self.meta_trim_sent:
             submit(MetaTrim(None, None, low))
@@ -259,6 +268,14 @@ class GroupHost:
                     self._send_to(source, MessageDone(None, None, target, done))
                     self.done_sent[key] = done
 
+    def _forward_tx(self, forget: bool = False) -> None:
+        """The next steps of the transactions across groups (store/core/tx_groups.py)."""
+        # (a worker that never held a transaction has sent no report: it has applied no prepare)
+        reports = {group: self.tx_reports.get(group, (0, {})) for group in self.workers}
+        reports[0] = participant_report(self.broker.machine)
+        for group, command in self.tx.sends(self.broker.machine, reports, forget):
+            self._send_to(group, command)
+
     async def _resend_loop(self) -> None:
         """Once a second: what was sent and is not applied yet is sent again (a proposal can be
         lost with a leader change; every entry applies once, so a resend is safe)."""
@@ -274,4 +291,7 @@ class GroupHost:
             self.meta_trim_sent = 0
             self.msg_sent.clear()
             self.done_sent.clear()
+            self.tx.clear()
             self.forward()
+            if self.forwarding and self.workers:
+                self._forward_tx(forget=True)

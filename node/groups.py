@@ -13,8 +13,10 @@ the groups' logs and outputs to connections; this module decides.
 - :func:`forward_entries` and :func:`gone_entries` are what the forwarder proposes: the metadata
   outbox entries a queue group has not applied, the deletions the metadata group has not taken in.
 
-Promises not kept across groups yet (docs/design.md, "Sharded Raft groups"): a transaction whose
-operations touch queues of several groups is refused (540); AMQP 0-10 sessions, 1.0 durable links
+A transaction whose operations touch queues of several groups goes to the metadata group as a
+``TxBegin`` for the two-phase commit (store/core/tx_groups.py, node/tx_forward.py).
+
+Promises not kept across groups yet (docs/design.md, "Sharded Raft groups"): AMQP 0-10 sessions, 1.0 durable links
 and queries go to the metadata group, so their queues belong there (``x-queue-group: 0``); a
 dead-lettered or delayed message reaches only the queues of its own group.
 """
@@ -27,7 +29,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raftmq.store.core.commands import (
-    ERR,
     OK,
     OUT_REPLY,
     REJECTED,
@@ -41,6 +42,8 @@ from raftmq.store.core.commands import (
     Op,
     QueueGone,
     Refused,
+    TxBegin,
+    TxCommit,
 )
 from raftmq.store.core.exchange_types import LOCAL_RANDOM, PLUGIN_TYPES
 from raftmq.store.core.groups import META_GROUP, META_OPS, GroupPending
@@ -76,9 +79,6 @@ def _needs_headers() -> dict:
     raise _DependsOnMessage
 
 
-NOT_ACROSS = Refused(ERR, 540, "NOT_IMPLEMENTED - a transaction on queues of several groups (issue 34)")
-
-
 class GroupRouter:
     """Where each command goes, read from ``view()`` (the metadata group's machine on this node)."""
 
@@ -101,18 +101,32 @@ class GroupRouter:
         if op in _EVERY_GROUP:
             return [(group, command) for group in self.every]
         if op == Op.TX_COMMIT:
-            groups: set[int] = set()
-            for operation in command.operations:
-                routed = self.route(operation)
-                if isinstance(routed, Refused):
-                    return routed
-                groups.update(group for group, _part in routed)
-            if len(groups) > 1:
-                return NOT_ACROSS
-            return [(groups.pop() if groups else META_GROUP, command)]
+            return self._transaction(command)
         # Metadata (decided and forwarded by the metadata group), 0-10 sessions, 1.0 links' own
         # commands, queries: the metadata group.
         return [(META_GROUP, command)]
+
+    def _transaction(self, command: TxCommit) -> list[tuple[int, Any]] | Refused:
+        """A transaction within one group goes to it as it is (one log entry, as with one group);
+        one over several groups goes to the metadata group as ``TxBegin``, split by group, for the
+        two-phase commit (store/core/tx_groups.py)."""
+        parts: dict[int, list[list]] = {}
+        total = 0
+        for operation in command.operations:
+            routed = self.route(operation)
+            if isinstance(routed, Refused):
+                return routed
+            for group, part in routed:
+                ops_index = parts.setdefault(group, [[], []])
+                ops_index[0].append(part)
+                if operation.op == Op.PUBLISH:
+                    ops_index[1].append(total)
+            if operation.op == Op.PUBLISH:
+                total += 1
+        if len(parts) <= 1:
+            return [(next(iter(parts), META_GROUP), command)]
+        return [(META_GROUP, TxBegin(command.conn, None, command.channel, command.token, total,
+                                     [[group, ops, index] for group, (ops, index) in sorted(parts.items())]))]
 
     def queue_group(self, vhost_name: str, name: str) -> int:
         vhost = self.view().vhosts.get(vhost_name)

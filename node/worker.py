@@ -28,12 +28,14 @@ from typing import Any
 
 from raftmq.store.core.commands import OUT_GROUP_REPORT
 from raftmq.store.core.groups import GroupReport
+from raftmq.store.core.tx_groups import participant_report
 
 from .broker import Broker
 from .config import Config
 from .group_link import GroupLink
 from .groups import REPORT_GONE, outbox_messages, plain_replies
 from .status import status_loop
+from .tx_forward import report_key
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,7 @@ class WorkerBroker(Broker):
     def __init__(self, config: Config, boot: str, send: Callable[[Any], None]) -> None:
         self._send = send
         self._report: GroupReport | None = None  # the last released batch's (store/core/groups.py)
+        self._last_tx: tuple = (0, ())
         super().__init__(config, boot=boot)
         prefix = boot + "."
         self._prefix = prefix
@@ -53,14 +56,15 @@ class WorkerBroker(Broker):
         self.applier.is_local = lambda conn: conn is not None and conn.startswith(prefix)
 
     def _on_outputs(self, outputs: list) -> None:
-        last = outputs[-1]
-        if last[1] == OUT_GROUP_REPORT and last[0] is None:  # (apply puts it last: store/core/groups.py)
-            self._report = last[2]
-            self.report()
         prefix = self._prefix
         mine = [out for out in outputs if out[0] is not None and out[0].startswith(prefix)]
         if mine:
             self._send(("o", plain_replies(mine)))
+        last = outputs[-1]
+        if last[1] == OUT_GROUP_REPORT and last[0] is None:  # (apply puts it last: store/core/groups.py)
+            self._report = last[2]
+            self.report()
+        self.report_tx()
 
     def report(self) -> None:
         """The group's outbox positions as of the last released batch (``GroupReport``, with the
@@ -72,6 +76,14 @@ class WorkerBroker(Broker):
             report = self.machine.groups.current_report()
         self._send(("r", report.meta_applied, report.gone[:REPORT_GONE],
                     outbox_messages(report.msgs, self.bodies, self.machine.group), dict(report.msg_applied)))
+
+    def report_tx(self, force: bool = False) -> None:
+        """This group's part in transactions across groups (node/tx_forward.py), as frame kind
+        "x", when it changed: nothing is sent while the group holds no transaction."""
+        key = report_key(self.machine)
+        if key != self._last_tx or force:
+            self._last_tx = key
+            self._send(("x", participant_report(self.machine)))
 
     def _on_throttle(self, on: bool) -> None:
         super()._on_throttle(on)
@@ -86,6 +98,7 @@ class WorkerBroker(Broker):
                 submit(item[1], item[2], item[3])
             elif kind == "report":
                 self.report()
+                self.report_tx(force=True)
 
 
 async def serve_worker(config: Config, boot: str, sock: socket.socket) -> None:

@@ -100,6 +100,13 @@ class Op(IntEnum):
     QUEUE_FORGET = 105  # (qid): the metadata group forgets a queue its group deleted (forwarded)
     MESSAGE_IN = 106  # (source, seq, qids, message...): a message another group routed to queues here
     MESSAGE_DONE = 107  # (target, up_to): the target group has the messages sent to it up to up_to
+    # Transactions across groups (issue 34): a two-phase commit, see store/core/tx_groups.py
+    TX_BEGIN = 108  # (reply_token, channel, total, parts): the metadata group coordinates a transaction
+    TX_PREPARE = 109  # (txid, seq, ...): a participant checks its part, holds it and votes
+    TX_VOTE = 110  # (txid, group, code, text): the coordinator records a participant's vote (and decides)
+    TX_FINISH = 111  # (txid, commit, code, text): a participant applies the decision to its part
+    TX_ENDED = 112  # (txid, group, outcomes): the coordinator learns a participant applied the decision
+    TX_FORGET = 113  # (txid): a participant drops its finished part (the coordinator has it)
 
 
 OK = 0
@@ -120,6 +127,9 @@ OUT_TRANSFER: Final = 4
 OUT_SESSION_DETACHED: Final = 5
 OUT_VHOST_CLOSED: Final = 6
 OUT_GROUP_REPORT: Final = 7  # issue 34: a group's outbox positions as of the batch (OutGroupReport)
+# (None, OUT_TX_STEP, txid): a two-phase commit moved (store/core/tx_groups.py); no connection's,
+# it only makes the node look again (a worker reports, the forwarder sends the next step).
+OUT_TX_STEP: Final = 8
 
 
 # ---------------------------------------------------------------------------------------- results
@@ -311,8 +321,10 @@ class OutGroupReport(NamedTuple):
     report: Any  # store/core/groups.GroupReport
 
 
+OutTxStep = tuple[None, Literal[8], int]  # OUT_TX_STEP, txid (store/core/tx_groups.py)
+
 Output = (OutReply | OutDeliver | OutCancel | OutClose | OutTransfer | OutSessionDetached | OutVhostClosed
-          | OutGroupReport)
+          | OutGroupReport | OutTxStep)
 
 
 # --------------------------------------------------------------------------- connections, channels
@@ -1020,6 +1032,82 @@ class MessageDone(NamedTuple):
     op: Op = Op.MESSAGE_DONE
 
 
+class TxBegin(NamedTuple):
+    """A transaction over queues of several groups (the router split ``TxCommit`` by group), to
+    the metadata group, which coordinates it: ``parts`` is ``[[group, operations, index]]``, where
+    ``index`` gives the position of each of the part's publishes among the transaction's ``total``.
+    ``token`` is None (no reply at apply): the coordinator answers ``reply_token`` once every
+    participant applied the decision."""
+
+    conn: str
+    token: None
+    channel: int
+    reply_token: int | None
+    total: int
+    parts: list
+    op: Op = Op.TX_BEGIN
+
+
+class TxPrepare(NamedTuple):
+    """Entry ``seq`` of the coordinator's prepares for this group (applied once, in order): check
+    that part ``operations`` of transaction ``txid`` can commit, hold it, and vote."""
+
+    conn: None
+    token: None
+    txid: int
+    seq: int
+    reply_conn: str
+    channel: int
+    operations: list
+    positions: list  # each publish's position among the transaction's (TxBegin's ``index``)
+    op: Op = Op.TX_PREPARE
+
+
+class TxVote(NamedTuple):
+    """Participant ``group`` prepared (``code`` 0) or refused (an AMQP reply code, ``text``) ``txid``."""
+
+    conn: None
+    token: None
+    txid: int
+    group: int
+    code: int
+    text: str
+    op: Op = Op.TX_VOTE
+
+
+class TxFinish(NamedTuple):
+    """The coordinator's decision on ``txid``: commit, or abort with the refusal ``code``/``text``."""
+
+    conn: None
+    token: None
+    txid: int
+    commit: bool
+    code: int
+    text: str
+    op: Op = Op.TX_FINISH
+
+
+class TxEnded(NamedTuple):
+    """Participant ``group`` applied the decision on ``txid``; ``outcomes``: ``[[index, outcome]]``
+    of its publishes (committed)."""
+
+    conn: None
+    token: None
+    txid: int
+    group: int
+    outcomes: list
+    op: Op = Op.TX_ENDED
+
+
+class TxForget(NamedTuple):
+    """A participant drops its finished record of ``txid``: the coordinator has its outcome."""
+
+    conn: None
+    token: None
+    txid: int
+    op: Op = Op.TX_FORGET
+
+
 Command = (ChannelOpen | ChannelClose | ConnectionClose | Qos | Flow | ExchangeDeclare | ExchangeDelete
            | ExchangeBind | ExchangeUnbind | QueueDeclare | QueueBind | QueueUnbind | QueuePurge
            | QueueDelete | Consume | Cancel | Publish | Get | Ack | Nack | Recover | TxCommit | Tick
@@ -1029,7 +1117,8 @@ Command = (ChannelOpen | ChannelClose | ConnectionClose | Qos | Flow | ExchangeD
            | MessageStop | MessageFlush | MessageSettle | MessageAcquire | MessageResume | QueueQuery
            | ExchangeQuery | ExchangeBound | SessionWindowCredit | MessageModify | VhostDelete
            | LimitsSet | GroupsSet | MetaApply | MetaTrim | QueueGone | GoneTrim | QueueForget | MessageIn
-           | MessageDone | AuditNote | AuditChainOn)
+           | MessageDone | AuditNote | AuditChainOn | TxBegin | TxPrepare | TxVote | TxFinish | TxEnded
+           | TxForget)
 
 COMMAND_TYPES: dict[int, type[Command]] = {cls._field_defaults["op"]: cls for cls in Command.__args__}
 assert len(COMMAND_TYPES) == len(Op), "every Op has exactly one command type"
@@ -1090,7 +1179,7 @@ def _typed_v1(raw: list) -> Command:
     return _nested(command, _typed_v1) if raw[0] in _NESTING else command
 
 
-_NESTING = frozenset((Op.SESSION_COMMAND, Op.TX_COMMIT, Op.META_APPLY))
+_NESTING = frozenset((Op.SESSION_COMMAND, Op.TX_COMMIT, Op.META_APPLY, Op.TX_BEGIN, Op.TX_PREPARE))
 
 
 def _nested(command: Any, typed) -> Command:
@@ -1099,4 +1188,7 @@ def _nested(command: Any, typed) -> Command:
     if command.op == Op.META_APPLY:
         placed = tuple(command.placed) if command.placed is not None else None
         return command._replace(command=typed(command.command), placed=placed)
+    if command.op == Op.TX_BEGIN:
+        return command._replace(parts=[[group, [typed(raw) for raw in operations], list(index)]
+                                       for group, operations, index in command.parts])
     return command._replace(operations=[typed(raw) for raw in command.operations])

@@ -56,6 +56,8 @@ from .queue_args import parse_stored_queue_arguments
 from .routing import Binding
 from .sessions import DEFAULT_DURABLE_LINKS, SessionCommands
 from .topology import Topology
+from .tx_groups import TxCoord, TxGroups, TxHeld
+from .tx_groups import restore_state as restore_tx
 from .users import UserCommands, UserRecord
 
 log = logging.getLogger(__name__)
@@ -114,6 +116,7 @@ class StateMachine:
         self.plugin_exchanges = PluginExchanges(self)
         self.limit_commands = LimitCommands(self)
         self.groups = Groups(self)
+        self.tx_groups = TxGroups(self)
         self.audit_notes = AuditNotes(self)
         self.vhosts: dict[str, VHost] = {}
         self.channels: dict[str, dict[int, ChannelState]] = {}
@@ -201,6 +204,13 @@ class StateMachine:
         self.msg_outbox: deque[tuple[int, int, list[int], Message, int | None]] = deque()
         self.msg_seq: dict[int, int] = {}  # target group -> the last seq given
         self.msg_applied: dict[int, int] = {}  # source group -> the last seq applied here
+        # Transactions across groups (store/core/tx_groups.py): the metadata group's records as
+        # coordinator, a participant's held parts; replicated state.
+        self.tx_next = 0  # the coordinator: the last transaction id given
+        self.tx_part_seq: dict[int, int] = {}  # the coordinator: group -> the last prepare seq given
+        self.tx_coord: dict[int, TxCoord] = {}
+        self.tx_prep_applied = 0  # a participant: the last prepare applied
+        self.tx_held: dict[int, TxHeld] = {}
         self.forwarding = False  # applying a MetaApply's command (not state: set and reset inside it)
         self.forwarded_placement: tuple[int, int] | None = None
         self.internal_errors = 0  # commands that raised something other than CommandError (a bug)
@@ -244,6 +254,7 @@ class StateMachine:
             **self.limit_commands.handlers(),
         }
         self._handlers.update(self.groups.handlers(self._handlers))
+        self._handlers.update(self.tx_groups.handlers())
 
     def apply(self, now: int, commands: list, index: int | None = None,
               batch_id: tuple[str, int] | None = None, replies: bool = True) -> Effects:
@@ -292,6 +303,7 @@ class StateMachine:
         if self._persist is not None:
             if self.group_count > 1:
                 self.groups.persist(self._persist)
+                self.tx_groups.persist(self._persist)
             effects.persistence, effects.sync_needed = self._persist.ops, self._persist.sync_needed
             self._persist = None
         if self.event_seq != first_seq:  # the batch had events: the chain moves on
@@ -519,6 +531,9 @@ class StateMachine:
             restore_state(self, state.groups)
             self.loaded_bodies += restore_messages(self, state.group_messages)
             self.groups.persisted = self.groups.fingerprint()
+        if state.tx is not None:
+            restore_tx(self, state.tx)
+            self.tx_groups.persisted = self.tx_groups.fingerprint()
 
     def next_expiry_due(self) -> bool:
         return self.expiry.next_expiry_due()

@@ -23,6 +23,7 @@ QID_SEQ = struct.Struct(">QQ")
 OVERLAY_PREFIX = b"overlay/"  # meta keys of configuration-file users' permissions (store/core/users.py)
 LIMITS_PREFIX = b"limits/"  # meta keys of vhost and user limits: limits/<scope>/<name> (store/core/limits.py)
 GROUPS_KEY = b"groups"  # meta key of a single node's queue-group state (store/core/groups.py, issue 34)
+TX_KEY = b"tx"  # meta key of a single node's cross-group transaction state (store/core/tx_groups.py)
 GROUP_MESSAGE_PREFIX = b"gmsg/"  # meta keys of its message outbox: gmsg/<target u64><seq u64>
 
 
@@ -50,6 +51,7 @@ class LoadedState:
     delayed: list[tuple[int, int, list]] = field(default_factory=list)
     groups: list | None = None  # store/core/groups.py ``persisted_state``; None: one group
     group_messages: list[tuple[int, int, list]] = field(default_factory=list)  # (target, seq, record)
+    tx: list | None = None  # store/core/tx_groups.py ``persisted_state``; None: none kept
 
 
 def binding_key(vhost: str, source: str, dest_is_queue: bool, dest: str, rk: str, args: dict) -> bytes:
@@ -101,6 +103,10 @@ class PersistenceRecorder:
     def put_groups(self, state: list) -> None:
         """A single node's queue-group state (store/core/groups.py), whole, when it changed."""
         self._put("meta", GROUPS_KEY, pack(state))
+
+    def put_tx(self, state: list) -> None:
+        """A single node's cross-group transaction state (store/core/tx_groups.py), whole."""
+        self._put("meta", TX_KEY, pack(state))
 
     def put_group_message(self, target: int, seq: int, record: list) -> None:
         """A message outbox entry; ``record[5]``, the body of message ``record[1]``, is filled in

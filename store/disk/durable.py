@@ -86,6 +86,7 @@ from ..core.persistence import (
     LIMITS_PREFIX,
     OVERLAY_PREFIX,
     QID_SEQ,
+    TX_KEY,
     U64,
     LoadedState,
     pack,
@@ -286,6 +287,8 @@ class DurableStore:
                 state.applied_index = meta[b"applied"]
             if GROUPS_KEY in meta:
                 state.groups = meta[GROUPS_KEY]
+            if TX_KEY in meta:
+                state.tx = meta[TX_KEY]
             for k, v in sorted(meta.items()):
                 if k.startswith(GROUP_MESSAGE_PREFIX):
                     target, seq = QID_SEQ.unpack(k[len(GROUP_MESSAGE_PREFIX):])

@@ -47,6 +47,7 @@ from raftmq.versions import SNAPSHOT_FORMAT, FormatTooNew, check
 from ..core.frozen import FrozenRun
 from ..core.machine import StateMachine
 from ..core.model import LEGACY_BODIES, Entry, Message, ReadyList
+from ..core.tx_groups import digest_items as tx_digest_items
 
 #: The attributes of StateMachine that make up the replicated state.
 MODEL_FIELDS = (
@@ -60,6 +61,7 @@ MODEL_FIELDS = (
     # issue 34 (store/core/groups.py): absent in older snapshots, one group
     "group_count", "meta_outbox", "meta_seq", "meta_applied", "gone_outbox", "gone_seq", "gone_applied",
     "msg_outbox", "msg_seq", "msg_applied",
+    "tx_next", "tx_part_seq", "tx_coord", "tx_prep_applied", "tx_held",  # issue 34 (store/core/tx_groups.py)
     "chain_head", "chain_on",  # issue 36 (store/core/events.py); absent in older snapshots: the chain starts there
 )
 
@@ -222,6 +224,9 @@ def holders(machine: StateMachine, ready: bool = True) -> Iterator[Message]:
         yield held.message
     for _target, _seq, _qids, message, _expiration in machine.msg_outbox:  # issue 34: until sent
         yield message
+    for rec in machine.tx_held.values():  # issue 34: deliveries a prepared transaction holds
+        for _op, _requeue, _unsent, _queue, entry in rec.settles:
+            yield entry.message
 
 
 def count_holders(machine: StateMachine) -> None:
@@ -356,6 +361,8 @@ def digest(machine: StateMachine) -> str:
             list(machine.gone_outbox), sorted((q.qid, q.group) for q in machine.queues_by_id.values()),
             sorted(machine.msg_seq.items()), sorted(machine.msg_applied.items()),
             [(t, s, q, msg.id, e) for t, s, q, msg, e in machine.msg_outbox])
+        if machine.tx_next or machine.tx_prep_applied:  # issue 34: transactions across groups
+            put("tx", tx_digest_items(machine))
     for vname in sorted(machine.vhosts):
         vhost = machine.vhosts[vname]
         put("vhost", vname)

@@ -3,8 +3,8 @@ main process and two queue groups in worker processes; pika sees one broker.
 
 What is checked here, with a real node and real clients: queues land in the queue groups; a publish
 routed to queues of two groups is confirmed once and stored by each; consumers and acks reach the
-queue's group; dead-lettering crosses groups (the message outbox); a transaction across groups is
-refused with 540 and one within a group commits; everything survives a restart (the group state in
+queue's group; dead-lettering crosses groups (the message outbox); a transaction within a group
+and one across groups commit; everything survives a restart (the group state in
 each group's LMDB mirror); a worker killed takes its node down (a node is all its processes).
 """
 
@@ -81,10 +81,10 @@ def test_dead_lettering_crosses_groups_through_the_message_outbox(node):
     conn.close()
 
 
-def test_a_transaction_across_groups_is_refused_and_one_within_a_group_commits(node):
-    """0-9-1 tx.commit of publishes to queues of two groups: 540 NOT_IMPLEMENTED, a connection
-    exception (0-9-1 spec, 1.2.3 reply codes; a two-phase commit through the groups' logs is not
-    built yet, docs/design.md); within one group: committed."""
+def test_a_transaction_within_a_group_and_one_across_groups_both_commit(node):
+    """0-9-1 tx.commit of publishes to one queue: one group's TxCommit, committed; of publishes
+    to queues of two groups: the two-phase commit (tests/integration/test_tx_groups.py has its
+    cases), committed in both."""
     conn, ch = channel(node)
     ch.queue_declare("tx-a")
     ch.queue_declare("tx-b")
@@ -95,12 +95,9 @@ def test_a_transaction_across_groups_is_refused_and_one_within_a_group_commits(n
     assert ch.queue_declare("tx-a", passive=True).method.message_count == 2
     ch.basic_publish("", "tx-a", b"3")
     ch.basic_publish("", "tx-b", b"4")
-    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as refused:
-        ch.tx_commit()
-    assert refused.value.reply_code == 540
-    conn, ch = channel(node)
-    assert ch.queue_declare("tx-b", passive=True).method.message_count == 0
-    assert ch.queue_declare("tx-a", passive=True).method.message_count == 2
+    ch.tx_commit()
+    assert ch.queue_declare("tx-b", passive=True).method.message_count == 1
+    assert ch.queue_declare("tx-a", passive=True).method.message_count == 3
     conn.close()
 
 

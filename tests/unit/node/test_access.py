@@ -86,7 +86,10 @@ def test_every_operation_has_a_rule_or_is_refused():
                       Op.LIMITS_SET, Op.AUDIT_NOTE, Op.AUDIT_CHAIN_ON,
                       # queue groups' own (issue 34): proposed by the node's forwarder, never by a client
                       Op.GROUPS_SET, Op.META_APPLY, Op.META_TRIM, Op.QUEUE_GONE, Op.GONE_TRIM, Op.QUEUE_FORGET,
-                      Op.MESSAGE_IN, Op.MESSAGE_DONE}
+                      Op.MESSAGE_IN, Op.MESSAGE_DONE,
+                      # the two-phase commit's (issue 34): TxBegin is made by the router from a TxCommit
+                      # authorized as one, the others by the forwarder
+                      Op.TX_BEGIN, Op.TX_PREPARE, Op.TX_VOTE, Op.TX_FINISH, Op.TX_ENDED, Op.TX_FORGET}
     assert set(Op) - CLIENT_OPS == admin_and_node
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from raftmq.node.groups import NOT_ACROSS, GroupRouter, ReplyJoin, forward_entries, gone_entries
+from raftmq.node.groups import GroupRouter, ReplyJoin, forward_entries, gone_entries
+from raftmq.node.tx_forward import TxForwarder
 from raftmq.store.core.commands import (
     OK,
     OUT_DELIVER,
@@ -39,6 +40,7 @@ from raftmq.store.core.commands import (
 )
 from raftmq.store.core.groups import PLACEMENT_ARGUMENT
 from raftmq.store.core.machine import StateMachine
+from raftmq.store.core.tx_groups import participant_report
 from raftmq.store.disk.snapshot import digest
 
 C = "n1.1.1"  # a client connection id
@@ -62,6 +64,7 @@ class Groups:
         self.outputs: list[tuple] = []
         self.now = 1_000_000
         self.tokens = iter(range(1, 1_000_000))
+        self.tx = TxForwarder()
         self.log0([GroupsSet(None, None, count)])
 
     def m(self, g: int) -> StateMachine:
@@ -124,6 +127,10 @@ class Groups:
             if group.gone_outbox and group.gone_outbox[0][0] <= taken:
                 self.logs[g].append(GoneTrim(None, None, taken))
                 moved = True
+        reports = {g: participant_report(self.m(g)) for g in range(self.count)}
+        for g, command in self.tx.sends(meta, reports, forget=not moved):
+            self.logs[g].append(command)
+            moved = True
         applied = min((self.m(g).meta_applied for g in range(1, self.count)), default=0)
         if meta.meta_outbox and meta.meta_outbox[0][0] <= applied:
             self.logs[0].append(MetaTrim(None, None, applied))
@@ -303,16 +310,18 @@ def test_groups_added_to_an_existing_topology_start_from_a_replay_of_it():
     g.check_replicas()
 
 
-def test_a_transaction_over_queues_of_two_groups_is_refused_and_within_one_group_is_applied():
+def test_a_transaction_within_one_group_is_one_tx_commit_in_that_group():
+    """One group's transaction is routed as it is, one ``TxCommit`` in its group's log (no
+    coordinator, no change of path from one group)."""
     g = Groups(3)
     g.setup()
     g.declare("a")
-    g.declare("b")
-    pub = [Publish(C, None, 1, "/", "", q, False, b"", b"x", True, None, None) for q in "ab"]
-    assert g.router.route(TxCommit(C, 9, 1, pub)) == NOT_ACROSS
-    t = g.request(lambda t: TxCommit(C, t, 1, pub[:1] * 2))
+    pub = Publish(C, None, 1, "/", "", "a", False, b"", b"x", True, None, None)
+    assert g.router.route(TxCommit(C, 9, 1, [pub, pub])) == [(1, TxCommit(C, 9, 1, [pub, pub]))]
+    t = g.request(lambda t: TxCommit(C, t, 1, [pub, pub]))
     g.run()
-    assert g.replies[t][0] == OK and len(g.m(1).vhosts["/"].queues["a"].ready) == 2
+    assert g.replies[t] == (OK, [ROUTED, ROUTED]) and len(g.m(1).vhosts["/"].queues["a"].ready) == 2
+    assert not g.m(0).tx_coord and g.m(0).tx_next == 0
 
 
 @pytest.mark.parametrize("count", [1, 2])
