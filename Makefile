@@ -36,9 +36,10 @@ run-single: $(STAMP)
 test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -q tests/cluster
 
-# Issue 34's check: the integration and cluster tests with three Raft groups per node (not green yet).
+# Issue 34's check: the integration, cluster and chaos tests with three Raft groups per node (not
+# green yet; the chaos backend reads RAFTMQ_RAFT_GROUPS too, tests/chaos are skipped without root).
 test-groups: $(STAMP)
-	RAFTMQ_RAFT_GROUPS=3 $(BIN)/python -m pytest -q tests/integration tests/cluster
+	RAFTMQ_RAFT_GROUPS=3 $(BIN)/python -m pytest -q tests/integration tests/cluster tests/chaos
 
 test: $(STAMP) system-packages
 	$(BIN)/ruff check .

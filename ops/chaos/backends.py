@@ -117,11 +117,16 @@ class NetnsBackend:
     name = "netns"
 
     def __init__(self, base_dir: str, size: int = 3, extra_config: str = "", small_disks: int = 0,
-                 groups: int = 1) -> None:
+                 groups: int | None = None) -> None:
         """``small_disks``: give every node's Raft store (<data>/raft) a tmpfs of that many bytes of
         its own, which the ``disk-full`` nemesis fills (0: the stores share the host's disk).
-        ``groups``: ``raft_groups`` of every node (issue 34; 1: one Raft group, no workers)."""
+        ``groups``: ``raft_groups`` of every node (issue 34; 1: one Raft group, no workers); by
+        default ``RAFTMQ_RAFT_GROUPS`` (the nodes inherit the environment, so the backend must know:
+        ``RAFTMQ_RAFT_GROUPS=3 pytest tests/chaos`` runs the chaos tests with groups) or 1."""
         from raftmq.ops.local.cluster import Cluster
+
+        if groups is None:
+            groups = int(os.environ.get("RAFTMQ_RAFT_GROUPS") or 1)
 
         self.net = netns.NetnsNetwork(size)
         if groups > 1:

@@ -88,7 +88,7 @@ def run(backend, config: RunConfig) -> RunResult:
     skipped: list[str] = []
     fault_errors: list[str] = []
     size, limit = config.body_bytes, config.limit
-    groups = config.groups
+    groups = max(config.groups, getattr(backend, "groups", 1))  # the backend's nodes may run groups (env)
     dedup_publisher = Publisher091(backend.urls()[1:] + backend.urls()[:1], history, clock, "p091d", dedup=True,
                                    body_bytes=size, limit=limit, groups=groups)
     workers = [Publisher091(backend.urls(), history, clock, body_bytes=size, limit=limit, groups=groups),
