@@ -96,14 +96,16 @@ def _chaos_run(args: argparse.Namespace) -> int:
         damaging = any(n in nemesis.DAMAGE_NEMESES for n in nemeses)
         backend = backends.NetnsBackend(tempfile.mkdtemp(prefix="raftmq-chaos-"),
                                         small_disks=512 << 20 if "disk-full" in nemeses else 0,
-                                        extra_config=nemesis.DAMAGE_CONFIG if damaging else "")
+                                        extra_config=nemesis.DAMAGE_CONFIG if damaging else "", groups=args.groups or None)
     else:
         damaging = any(n.strip() in nemesis.DAMAGE_NEMESES for n in args.nemesis.split(","))
-        backend = backends.ComposeBackend(args.compose_file,
-                                          environment=nemesis.DAMAGE_ENVIRONMENT if damaging else None)
+        environment = dict(nemesis.DAMAGE_ENVIRONMENT) if damaging else {}
+        if args.groups > 1:  # (without --groups the containers' own environment decides)
+            environment["RAFTMQ_RAFT_GROUPS"] = str(args.groups)
+        backend = backends.ComposeBackend(args.compose_file, environment=environment or None)
     config = runner.RunConfig(duration=args.duration, nemeses=[n.strip() for n in args.nemesis.split(",") if n.strip()],
                               fault_seconds=args.fault_seconds, quiet_seconds=args.quiet_seconds, seed=args.seed,
-                              out_dir=args.out)
+                              out_dir=args.out, groups=max(args.groups, 1))
     result = runner.run_on_fresh(backend, config)
     r = result.report
     print(f"{'VALID' if result.valid else 'INVALID'}: {len(result.faults)} faults; confirmed {r['confirmed']} "
@@ -112,10 +114,15 @@ def _chaos_run(args: argparse.Namespace) -> int:
           f"unexpected {len(r['unexpected'])}, duplicated 0-9-1 {len(r['duplicated']['0-9-1'])} "
           f"0-10 {len(r['duplicated']['0-10'])} 0-9-1-dedup {len(r['duplicated']['0-9-1-dedup'])} "
           f"(resent after a lost confirm: {r['dedup_resent']}), replicas identical {r['replicas_identical']}")
+    if r["groups"] > 1:
+        print(f"  {r['groups']} groups: queue groups' replicas identical {r['groups_identical']}, applied indexes "
+              f"{r['group_applied']}; a killed node's "
+              f"workers stopped in {max(r['worker_exit_seconds'], default=0):.2f} s at most "
+              f"({len(r['worker_exit_seconds'])} kills), still running after: {len(r['worker_stragglers'])}")
     for item in r["availability"]:
         print(f"  {item['fault']}: longest time without a confirm {item['longest_gap_s']} s; "
               f"first confirm {item['first_confirm_after_s']} s after the heal")
-    for key in ("damaged_examples", "fault_errors", "drain_errors", "node_exits"):
+    for key in ("damaged_examples", "fault_errors", "drain_errors", "node_exits", "worker_stragglers"):
         for item in r[key]:
             print(f"  {key}: {item}")
     if r["settle_error"]:
@@ -251,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     chaos_run.add_argument("--fault-seconds", type=float, default=4.0, help="how long each fault lasts")
     chaos_run.add_argument("--quiet-seconds", type=float, default=4.0, help="recovery time between faults")
     chaos_run.add_argument("--seed", type=int, default=1)
+    chaos_run.add_argument("--groups", type=int, default=0,
+                           help="raft_groups of every node (issue 34: the metadata group and N-1 queue groups; "
+                                "default RAFTMQ_RAFT_GROUPS or 1)")
     chaos_run.add_argument("--out", default="chaos-run", help="directory for report.json, history, timeline.png")
     chaos_run.add_argument("--compose-file", default="docker-compose.yml")
     chaos_run.set_defaults(func=_chaos_run)

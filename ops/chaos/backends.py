@@ -11,6 +11,11 @@ directory (netns) or the container's data volume (compose, the container stopped
 
 * ``NetnsBackend``: node processes in network namespaces (``netns.py``); cuts are blackhole
   routes, loss is ``iptables -m statistic`` inside the node's namespace.  Runs in CI (root).
+  With ``groups`` > 1 (issue 34: ``raft_groups``) a node is its main process (the metadata group)
+  and one worker process per queue group (node/worker.py), all in the node's namespace: a kill -9
+  of the main process must take the workers down (they stop when their link closes: checked, and
+  the time they took recorded), a pause stops every process of the node, damage hits one group's
+  directory (``<data>/groups/g<N>``), and ``settle`` compares every group's replica digests.
 * ``ComposeBackend``: the docker-compose cluster (``docker-compose.yml``); cuts and loss are
   iptables rules in the host's ``DOCKER-USER`` chain, which sees container-to-container traffic
   on the compose bridge (dockerd enables bridge netfilter).  Clients use the published ports.
@@ -18,6 +23,7 @@ directory (netns) or the container's data volume (compose, the container stopped
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -31,6 +37,10 @@ GUEST_ANYWHERE = '[users.guest]\npassword = "guest"\nloopback_only = false\n'
 
 # Seconds a settle takes digests again while they differ (a body repair in flight: see settle).
 REPAIR_SETTLE = 10.0
+# Seconds a queue group's worker may take to stop by itself once its node's main process was killed
+# (its link closes: node/worker.py); one still running after that is recorded and killed.
+WORKER_EXIT_SECONDS = 15.0
+WORKER_MODULE = "raftmq.node.worker"
 
 
 class Unsupported(RuntimeError):
@@ -47,6 +57,43 @@ def _children(pid: int) -> list[int]:
     except OSError:
         pass
     return kids
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children first, then theirs)."""
+    found: list[int] = []
+    todo = _children(pid)
+    while todo:
+        kid = todo.pop(0)
+        found.append(kid)
+        todo += _children(kid)
+    return found
+
+
+def _is_worker(pid: int) -> bool:
+    """Whether ``pid`` is a queue group's worker process (its command line names node/worker.py)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return WORKER_MODULE.encode() in fh.read()
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def _wait_gone(pids: list[int], timeout: float = 10.0) -> None:
@@ -69,16 +116,31 @@ def _run(*cmd: str, check: bool = True, timeout: float = 60) -> subprocess.Compl
 class NetnsBackend:
     name = "netns"
 
-    def __init__(self, base_dir: str, size: int = 3, extra_config: str = "", small_disks: int = 0) -> None:
+    def __init__(self, base_dir: str, size: int = 3, extra_config: str = "", small_disks: int = 0,
+                 groups: int | None = None) -> None:
         """``small_disks``: give every node's Raft store (<data>/raft) a tmpfs of that many bytes of
-        its own, which the ``disk-full`` nemesis fills (0: the stores share the host's disk)."""
+        its own, which the ``disk-full`` nemesis fills (0: the stores share the host's disk).
+        ``groups``: ``raft_groups`` of every node (issue 34; 1: one Raft group, no workers); by
+        default ``RAFTMQ_RAFT_GROUPS`` (the nodes inherit the environment, so the backend must know:
+        ``RAFTMQ_RAFT_GROUPS=3 pytest tests/chaos`` runs the chaos tests with groups) or 1."""
         from raftmq.ops.local.cluster import Cluster
 
+        if groups is None:
+            groups = int(os.environ.get("RAFTMQ_RAFT_GROUPS") or 1)
+
         self.net = netns.NetnsNetwork(size)
+        if groups > 1:
+            extra_config = f"raft_groups = {groups}\n" + extra_config
         self.cluster = Cluster(size, base_dir, network=self.net,
                                extra_config="node_down_after = 2.0\n" + extra_config + "\n" + GUEST_ANYWHERE)
         self.size = size
+        self.groups = groups
         self.small_disks = small_disks
+        self._paused: dict[int, list[int]] = {}  # node -> the processes a pause stopped (workers too)
+        self.worker_exits: list[float] = []  # seconds the workers took to stop after their main was killed
+        self.worker_stragglers: list[str] = []  # workers still running WORKER_EXIT_SECONDS after that
+        self.group_digests: dict[str, dict[str, str]] = {}  # settle: queue group -> node -> digest
+        self.group_applied: dict[str, int] = {}  # settle: group -> the Raft index every replica applied
         self._mounts: list[Path] = []
         self._lossy: set[int] = set()
         self._killed: set[int] = set()  # nodes down because a nemesis killed them
@@ -97,10 +159,15 @@ class NetnsBackend:
         self.cluster.start()
 
     def stop(self) -> None:
+        tree: list[int] = []
         for node in self.cluster.nodes:
             if node.is_alive():
-                os.kill(node.pid, signal.SIGCONT)
+                kids = _descendants(node.pid)
+                tree += kids
+                _signal([node.pid, *kids], signal.SIGCONT)
         self.cluster.__exit__(None, None, None)
+        _signal([pid for pid in tree if _alive(pid)], signal.SIGKILL)  # workers of a node killed last
+        _wait_gone(tree)
         for mount in self._mounts:
             _run("umount", "-l", str(mount), check=False)
         self._mounts.clear()
@@ -121,24 +188,63 @@ class NetnsBackend:
         except Exception:  # noqa: BLE001 - no agreed leader right now
             return None
 
+    def group_dir(self, i: int, group: int) -> Path:
+        """Node ``i``'s data directory of ``group`` (0: the node's own, the metadata group's)."""
+        data = self.cluster.nodes[i].data_dir
+        return data if group == 0 else data / "groups" / f"g{group}"
+
+    def group_status(self, i: int, group: int) -> dict | None:
+        try:
+            return json.loads((self.group_dir(i, group) / "status.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def group_leaders(self) -> dict[int, int | None]:
+        """Which node leads each group now (a status at most 2 s old that says so; None: none)."""
+        found: dict[int, int | None] = {}
+        now = time.time()
+        for group in range(self.groups):
+            found[group] = None
+            for i, node in enumerate(self.cluster.nodes):
+                st = self.group_status(i, group)
+                if node.is_alive() and st and st.get("role") == "leader" and now - st.get("time", 0) < 2.0:
+                    found[group] = i
+        return found
+
     # ------------------------------------------------------------------ faults
 
     def kill(self, i: int, children: bool = False) -> None:
-        """kill -9 node ``i``; with ``children`` its child processes too (a snapshot being written in a
-        forked child outlives its parent and renames the snapshot into place after it died: a
-        nemesis that damages the files kills it first, as a power cut would)."""
+        """kill -9 node ``i``; with ``children`` every process below it too (a snapshot being written
+        in a forked child outlives its parent and renames the snapshot into place after it died: a
+        nemesis that damages the files kills it first, as a power cut would).
+
+        Without ``children`` only the main process is killed: its queue groups' workers must stop
+        by themselves when their link closes (a node is all its processes).  They are waited for
+        (``worker_exits`` records how long they took); one still running after
+        ``WORKER_EXIT_SECONDS`` is recorded in ``worker_stragglers`` and killed, so that the node
+        can start again on its ports and files."""
         node = self.cluster.nodes[i]
         self.note_exits()
         if node.is_alive():
-            kids = _children(node.pid) if children else []
-            os.kill(node.pid, signal.SIGCONT)  # a paused process dies as well, but be explicit
+            tree = _descendants(node.pid)
+            workers = [pid for pid in tree if _is_worker(pid)]
+            _signal([node.pid, *tree], signal.SIGCONT)  # a paused node dies as well, but be explicit
+            self._paused.pop(i, None)
+            killed_at = time.monotonic()
             node.kill9()
-            for pid in kids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            _wait_gone(kids)
+            if children:
+                _signal(tree, signal.SIGKILL)
+                _wait_gone(tree)
+            elif workers:
+                _wait_gone(workers, timeout=WORKER_EXIT_SECONDS)
+                left = [pid for pid in workers if _alive(pid)]
+                if left:
+                    self.worker_stragglers.append(f"{node.node_id}: workers {left} still running "
+                                                  f"{WORKER_EXIT_SECONDS:.0f} s after their main process died")
+                    _signal(left, signal.SIGKILL)
+                    _wait_gone(left)
+                else:
+                    self.worker_exits.append(round(time.monotonic() - killed_at, 3))
         self._killed.add(i)
 
     def start_node(self, i: int) -> None:
@@ -154,19 +260,30 @@ class NetnsBackend:
                 self.exits.append(f"{node.node_id} exited with status {node.proc.returncode}")
                 self._killed.add(i)  # reported once; start_node clears it
 
-    def damage(self, i: int, spec: damages.DamageSpec, rng) -> list[damages.Damage]:
-        """Damage node ``i``'s files as ``spec`` says; the node must be down."""
+    def damage(self, i: int, spec: damages.DamageSpec, rng, group: int = 0) -> list[damages.Damage]:
+        """Damage node ``i``'s files of ``group`` as ``spec`` says; the node must be down.  The
+        files are named relative to the node's data directory (``groups/g<N>/...`` for a queue group)."""
         node = self.cluster.nodes[i]
         if node.is_alive():
             raise RuntimeError(f"{node.node_id} is running: damage only a stopped node")
-        return damages.damage_dir(node.data_dir, spec, rng)
+        done = damages.damage_dir(self.group_dir(i, group), spec, rng)
+        if group:
+            for item in done:
+                item.file = f"groups/g{group}/{item.file}"
+        return done
 
     def pause(self, i: int) -> None:
-        os.kill(self.cluster.nodes[i].pid, signal.SIGSTOP)
+        """SIGSTOP every process of node ``i`` (its queue groups' workers first, then the main)."""
+        pid = self.cluster.nodes[i].pid
+        stopped = [*reversed(_descendants(pid)), pid] if self.groups > 1 else [pid]
+        _signal(stopped, signal.SIGSTOP)
+        self._paused[i] = stopped
 
     def resume(self, i: int) -> None:
         node = self.cluster.nodes[i]
+        stopped = self._paused.pop(i, [])
         if node.is_alive():
+            _signal([pid for pid in stopped if pid != node.pid], signal.SIGCONT)
             os.kill(node.pid, signal.SIGCONT)
 
     def cut(self, pairs: list[tuple[int, int]]) -> None:
@@ -221,6 +338,41 @@ class NetnsBackend:
             self.cluster.wait_applied_equal(timeout=timeout)
             digests = {node_id: digest for node_id, (_index, digest) in self.cluster.digests().items()}
             if len(set(digests.values())) <= 1 or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        if self.groups > 1:
+            self.group_applied = {"0": (self.cluster.status(self.cluster.nodes[0]) or {}).get("raft_applied", 0)}
+        self.group_digests = {str(group): self._settle_group(group, timeout) for group in range(1, self.groups)}
+        return digests
+
+    def _settle_group(self, group: int, timeout: float) -> dict[str, str]:
+        """Queue group ``group``: a leader, every replica at the same applied index (twice in a row,
+        from statuses written since), then the digests, taken again while they differ (as above)."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while True:
+            since = time.time() - 1.0
+            statuses = [self.group_status(i, group) for i in range(self.size)]
+            fresh = [s for s in statuses if s and s.get("time", 0) >= since and s.get("ready")]
+            applied = {s.get("raft_applied") for s in fresh}
+            roles = [s.get("role") for s in fresh]
+            if len(fresh) == self.size and len(applied) == 1 and roles.count("leader") == 1:
+                if applied == last:
+                    self.group_applied[str(group)] = applied.pop()
+                    break
+                last = applied
+            else:
+                last = None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"queue group {group} did not settle: "
+                                   f"{[(s or {}).get('role') for s in statuses]} applied "
+                                   f"{[(s or {}).get('raft_applied') for s in statuses]}")
+            time.sleep(0.6)
+        repair_deadline = time.monotonic() + REPAIR_SETTLE
+        while True:
+            found = self.cluster.digests(path=f"groups/g{group}/digest.json")
+            digests = {node_id: digest for node_id, (_index, digest) in found.items()}
+            if len(set(digests.values())) <= 1 or time.monotonic() > repair_deadline:
                 return digests
             time.sleep(1.0)
 

@@ -27,6 +27,12 @@ fault's description, which goes into the run's log and report.json.  They damage
 time (the minority rule); the -and-kill ones have two nodes down at once for the fault's length, the
 way restart-all has three: the dangerous case issue 29 describes (a damaged node plus a dead
 intact one).  A damaged node may fail to start: the run records it and goes on.
+
+With queue groups (issue 34, ``backend.groups`` > 1) "the leader" is the node that leads the most
+groups (ties: the metadata group's leader), so that a leader kill, a leader partition or pause takes
+several groups' leaders at once where one node holds them; its description names the groups it
+led.  The damage nemeses damage one group's files (drawn at random: ``groups/g<N>/...`` in the
+description for a queue group); kills take every process of the node (backends.py).
 """
 
 from __future__ import annotations
@@ -52,9 +58,36 @@ LOSS_PROBABILITY = 0.2
 DISK_LEFT = 25 * 1024 * 1024  # bytes left free by disk-full: half the default disk_free_limit
 
 
+def _groups(backend) -> int:
+    return getattr(backend, "groups", 1)
+
+
 def _leader_or_random(backend, rng: random.Random) -> int:
     leader = backend.leader()
+    if _groups(backend) > 1:
+        led = _led(backend)
+        if led:
+            most = max(len(groups) for groups in led.values())
+            busiest = [i for i, groups in led.items() if len(groups) == most]
+            return leader if leader in busiest else busiest[0]
     return leader if leader is not None else rng.randrange(backend.size)
+
+
+def _led(backend) -> dict[int, list[int]]:
+    """With queue groups: node -> the groups it leads now."""
+    led: dict[int, list[int]] = {}
+    for group, i in backend.group_leaders().items():
+        if i is not None:
+            led.setdefault(i, []).append(group)
+    return led
+
+
+def _leads(backend, i: int) -> str:
+    """`` (leads groups 0, 2)`` with queue groups; empty otherwise."""
+    if _groups(backend) <= 1:
+        return ""
+    groups = _led(backend).get(i, [])
+    return f" (leads group{'s' if len(groups) != 1 else ''} {', '.join(map(str, groups)) or 'none'})"
 
 
 def start_fault(name: str, backend, rng: random.Random) -> tuple[str, Callable[[], None]]:
@@ -62,20 +95,24 @@ def start_fault(name: str, backend, rng: random.Random) -> tuple[str, Callable[[
     n = backend.size
     if name == "kill":
         i = rng.randrange(n)
+        leads = _leads(backend, i)
         backend.kill(i)
-        return f"kill -9 {backend.node_name(i)}", lambda: backend.start_node(i)
+        return f"kill -9 {backend.node_name(i)}{leads}", lambda: backend.start_node(i)
     if name == "leader-kill":
         i = _leader_or_random(backend, rng)
+        leads = _leads(backend, i)
         backend.kill(i)
-        return f"kill -9 leader {backend.node_name(i)}", lambda: backend.start_node(i)
+        return f"kill -9 leader {backend.node_name(i)}{leads}", lambda: backend.start_node(i)
     if name == "pause":
         i = _leader_or_random(backend, rng) if rng.random() < 0.5 else rng.randrange(n)
+        leads = _leads(backend, i)
         backend.pause(i)
-        return f"pause {backend.node_name(i)}", lambda: backend.resume(i)
+        return f"pause {backend.node_name(i)}{leads}", lambda: backend.resume(i)
     if name == "partition":
         i = _leader_or_random(backend, rng)
+        leads = _leads(backend, i)
         backend.cut([(i, j) for j in range(n) if j != i])
-        return f"partition {backend.node_name(i)} | rest", backend.heal
+        return f"partition {backend.node_name(i)}{leads} | rest", backend.heal
     if name == "bridge":
         a, b = rng.sample(range(n), 2)
         backend.cut([(a, b)])
@@ -104,6 +141,8 @@ def _kill_and_damage(backend, i: int, kind: str, rng: random.Random) -> str:
     """kill -9 node ``i`` (with any forked child), damage its files; what was damaged."""
     spec = damage.choose_spec(kind, rng)
     backend.kill(i, children=True)
+    if _groups(backend) > 1:
+        return damage.describe(backend.damage(i, spec, rng, group=rng.randrange(_groups(backend))))
     return damage.describe(backend.damage(i, spec, rng))
 
 

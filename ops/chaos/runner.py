@@ -9,6 +9,12 @@ start again), a cluster that does not settle or a queue that cannot be drained i
 report (``fault_errors``, ``settle_error``, ``drain_errors``; nodes that died by themselves in
 ``node_exits``) and makes the run invalid, but the run goes on to its verdict.  Outputs in ``out_dir``: ``history.jsonl``,
 ``report.json`` and ``timeline.png``.
+
+With queue groups (``groups`` > 1, issue 34) the report adds ``group_digests`` (queue group ->
+node -> digest; group 0's are ``digests``) and ``groups_identical``: every group's replicas must be
+identical for the run to be valid; ``group_applied`` (group -> the Raft index its replicas
+reached: each group had its own traffic); ``worker_exit_seconds`` (how long a killed node's workers took
+to stop by themselves) and ``worker_stragglers`` (workers still running after that: invalid).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ class RunConfig:
     out_dir: str = "chaos-run"
     body_bytes: int = BODY_BYTES  # payload of every message (bodies check themselves)
     limit: int = LIMIT  # messages per publisher, at most
+    groups: int = 1  # the nodes' raft_groups (issue 34): the workload places its queues over them
 
 
 @dataclass
@@ -81,11 +88,12 @@ def run(backend, config: RunConfig) -> RunResult:
     skipped: list[str] = []
     fault_errors: list[str] = []
     size, limit = config.body_bytes, config.limit
+    groups = max(config.groups, getattr(backend, "groups", 1))  # the backend's nodes may run groups (env)
     dedup_publisher = Publisher091(backend.urls()[1:] + backend.urls()[:1], history, clock, "p091d", dedup=True,
-                                   body_bytes=size, limit=limit)
-    workers = [Publisher091(backend.urls(), history, clock, body_bytes=size, limit=limit),
+                                   body_bytes=size, limit=limit, groups=groups)
+    workers = [Publisher091(backend.urls(), history, clock, body_bytes=size, limit=limit, groups=groups),
                Publisher010(backend.hosts(), history, clock, body_bytes=size, limit=limit),
-               Consumer091(backend.urls(), history, clock, body_bytes=size), dedup_publisher]
+               Consumer091(backend.urls(), history, clock, body_bytes=size, groups=groups), dedup_publisher]
     for worker in workers:
         worker.start()
     try:
@@ -134,16 +142,26 @@ def run(backend, config: RunConfig) -> RunResult:
     report = check(history, faults)
     # Digests come from the nodes' data directories (netns); compose checks equal applied indexes.
     converged = len(set(digests.values())) == 1 if digests else None
+    # Queue groups (issue 34): every group's replicas must be identical too (group 0 is ``digests``).
+    group_digests = dict(getattr(backend, "group_digests", {}) or {})
+    groups_identical = {group: len(set(found.values())) == 1 for group, found in group_digests.items()}
+    if groups > 1 and digests and (len(groups_identical) != groups - 1 or not all(groups_identical.values())):
+        converged = False
     if settle_error is not None:
         converged = False
     exits = list(getattr(backend, "exits", []))
-    valid = report.valid and converged is not False and not errors and not fault_errors and not drain_errors
+    stragglers = list(getattr(backend, "worker_stragglers", []))  # a node that was not all gone when killed
+    valid = (report.valid and converged is not False and not errors and not fault_errors and not drain_errors
+             and not stragglers)
     result = dataclasses.asdict(report)
     result.update(valid=valid, backend=backend.name, duration=config.duration, seed=config.seed,
                   nemeses=config.nemeses, faults=[dataclasses.asdict(f) for f in faults], skipped=skipped,
                   client_errors=errors, replicas_identical=converged, digests=digests,
                   fault_errors=fault_errors, settle_error=settle_error, drain_errors=drain_errors,
-                  node_exits=exits, body_bytes=size,
+                  node_exits=exits, body_bytes=size, groups=groups, group_digests=group_digests,
+                  groups_identical=groups_identical, group_applied=dict(getattr(backend, "group_applied", {})),
+                  worker_exit_seconds=list(getattr(backend, "worker_exits", [])),
+                  worker_stragglers=list(getattr(backend, "worker_stragglers", [])),
                   confirmed_by_kind=_confirmed_by_kind(history), dedup_resent=dedup_publisher.resent)
     with open(out / "history.jsonl", "w") as fh:
         for op in history:

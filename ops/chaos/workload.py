@@ -23,6 +23,11 @@ number it carries) and records a body that differs as a *damaged* delivery -- th
 
 Every publisher stops after ``limit`` messages as well as when told to (a bounded load).
 
+With queue groups (issue 34, ``groups`` > 1) the 0-9-1 queues are placed with ``x-queue-group``
+(``placement``): the plain one in queue group 1, the deduplicating one in group 2 (1 if there are
+only two groups), every declare of a queue with the same argument; the 0-10 queue stays in the
+metadata group, where sessions live (docs/design.md, "Sharded Raft groups").
+
 Operations carry the time their outcome was known (seconds since the run's start) and, for
 confirmed publishes, the confirm latency: the timeline plot shows both.
 """
@@ -45,6 +50,13 @@ DEDUP_ARGUMENTS = {"x-message-deduplication": True, "x-cache-ttl": 600_000, "x-c
 DEDUP_FIRST = 2_000_000_000  # its message numbers (0-9-1 from 1, 0-10 from 1e9)
 BODY_BYTES = 512  # payload bytes of each message
 LIMIT = 1_000_000  # messages per publisher, at most
+
+
+def placement(queue: str, groups: int) -> dict[str, int]:
+    """The ``x-queue-group`` argument of a workload queue with ``groups`` Raft groups (none with one)."""
+    if groups <= 1 or queue == Q010:
+        return {}
+    return {"x-queue-group": 2 if queue == Q091_DEDUP and groups > 2 else 1}
 
 
 def make_body(value: int, size: int = BODY_BYTES) -> bytes:
@@ -99,9 +111,10 @@ class Clock:
 
 class Publisher091(threading.Thread):
     def __init__(self, urls: list[str], history: list[Operation], clock: Clock, name: str = "p091",
-                 dedup: bool = False, body_bytes: int = BODY_BYTES, limit: int = LIMIT) -> None:
+                 dedup: bool = False, body_bytes: int = BODY_BYTES, limit: int = LIMIT, groups: int = 1) -> None:
         super().__init__(daemon=True, name=name)
         self.urls, self.history, self.clock = urls, history, clock
+        self.groups = groups
         self.body_bytes, self.limit = body_bytes, limit
         self.stop = threading.Event()
         self.client = name
@@ -125,7 +138,8 @@ class Publisher091(threading.Thread):
                     url + "?connection_attempts=1&socket_timeout=2&blocked_connection_timeout=5"))
                 ch = conn.channel()
                 ch.confirm_delivery()
-                ch.queue_declare(self.queue, durable=True, arguments=DEDUP_ARGUMENTS if self.dedup else None)
+                arguments = {**(DEDUP_ARGUMENTS if self.dedup else {}), **placement(self.queue, self.groups)}
+                ch.queue_declare(self.queue, durable=True, arguments=arguments or None)
                 while not self.stop.is_set():
                     if unconfirmed is None and seq - first >= self.limit:
                         break
@@ -189,9 +203,10 @@ class Publisher010(threading.Thread):
 
 class Consumer091(threading.Thread):
     def __init__(self, urls: list[str], history: list[Operation], clock: Clock, name: str = "c091",
-                 body_bytes: int = BODY_BYTES) -> None:
+                 body_bytes: int = BODY_BYTES, groups: int = 1) -> None:
         super().__init__(daemon=True, name=name)
         self.urls, self.history, self.clock = urls, history, clock
+        self.groups = groups
         self.body_bytes = body_bytes
         self.stop = threading.Event()
         self.client = name
@@ -207,7 +222,7 @@ class Consumer091(threading.Thread):
                 conn = pika.BlockingConnection(pika.URLParameters(url + "?connection_attempts=1&socket_timeout=2"))
                 ch = conn.channel()
                 ch.basic_qos(prefetch_count=100)
-                ch.queue_declare(Q091, durable=True)
+                ch.queue_declare(Q091, durable=True, arguments=placement(Q091, self.groups) or None)
                 for method, _props, body in ch.consume(Q091, inactivity_timeout=0.2):
                     if self.stop.is_set():
                         break

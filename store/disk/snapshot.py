@@ -33,6 +33,7 @@ import io
 import os
 import pickle
 import struct
+import threading
 from collections import deque
 from collections.abc import Iterator
 from operator import attrgetter
@@ -282,7 +283,19 @@ def read_snapshot(path: str, with_model: Literal[False]) -> tuple[bytes, None]: 
 def read_snapshot(path: str, with_model: bool) -> tuple[bytes, bytes | None]: ...
 def read_snapshot(path: str, with_model: bool = True) -> tuple[bytes, bytes | None]:
     """(meta, model), each checked against its checksum; FormatTooNew for a snapshot written by a
-    newer raftmq, SnapshotDamaged for one that fails its check (or that LMDB cannot read)."""
+    newer raftmq, SnapshotDamaged for one that fails its check (or that LMDB cannot read).
+
+    Reads take turns (``_READING``): the Raft scrubber's thread verifies ``snapshot.lmdb`` while the
+    loop may be installing the same file through its private hard link, and py-lmdb refuses a second
+    open of one file in a process ("already open in this process"), which read as damage."""
+    with _READING:
+        return _read_snapshot(path, with_model)
+
+
+_READING = threading.Lock()  # one snapshot file open at a time in this process (read_snapshot)
+
+
+def _read_snapshot(path: str, with_model: bool) -> tuple[bytes, bytes | None]:
     try:
         env = lmdb.open(path, subdir=False, readonly=True, lock=False)
     except lmdb.Error as exc:

@@ -93,3 +93,68 @@ def test_damage_and_kill_runs_the_damaged_node_with_the_lagging_one(tmp_path, mo
                 or "raft/journal" not in description)
         end()
         assert calls[-2:] == [("start", y), ("start", x)] and not backend.down
+
+
+class GroupsBackend(RecordingBackend):
+    """The recording backend with queue groups (issue 34): ``leads`` says which groups each node
+    leads; every node has a journal segment in each queue group's directory too."""
+
+    groups = 3
+
+    def __init__(self, tmp_path, leader: int, leads: dict[int, int | None]) -> None:
+        super().__init__(tmp_path, leader)
+        self.leads = leads
+        for i, data in enumerate(self.dirs):
+            for g in range(1, self.groups):
+                journal = data / "groups" / f"g{g}" / damage.JOURNAL_DIR
+                journal.mkdir(parents=True)
+                (journal / "seg-000000000000.log").write_bytes(random.Random(10 * i + g).randbytes(8192))
+
+    def group_leaders(self) -> dict[int, int | None]:
+        return dict(self.leads)
+
+    def damage(self, i: int, spec, rng, group: int = 0):
+        assert i in self.down, "damaged while running"
+        self.calls.append(("damage", i, spec.action, group))
+        done = damage.damage_dir(self.dirs[i] / "groups" / f"g{group}" if group else self.dirs[i], spec, rng)
+        for item in done:
+            item.file = f"groups/g{group}/{item.file}" if group else item.file
+        return done
+
+
+@pytest.mark.parametrize("name", ["leader-kill", "partition"])
+def test_with_groups_the_leader_is_the_node_leading_the_most_groups(tmp_path, name):
+    """Issue 34: with queue groups a leader fault takes the node that leads the most groups (here n2
+    leads queue groups 1 and 2, n1 only the metadata group), so that it takes several leaders at
+    once; the description names the groups the node led."""
+    backend = GroupsBackend(tmp_path, leader=0, leads={0: 0, 1: 1, 2: 1})
+    description, end = nemesis.start_fault(name, backend, random.Random(1))
+    assert "n2 (leads groups 1, 2)" in description
+    if name == "leader-kill":
+        assert backend.calls[0] == ("kill", 1, False)
+    else:
+        assert backend.calls[0] == ("cut", ((0, 1), (1, 2)))
+    end()
+
+
+def test_with_groups_a_tie_goes_to_the_metadata_leader(tmp_path):
+    backend = GroupsBackend(tmp_path, leader=2, leads={0: 2, 1: 0, 2: None})
+    description, _end = nemesis.start_fault("leader-kill", backend, random.Random(1))
+    assert backend.calls[0] == ("kill", 2, False) and description.endswith("n3 (leads group 0)")
+
+
+def test_with_groups_damage_hits_one_groups_directory_and_names_it(tmp_path):
+    """The damage nemeses draw one group per fault; a queue group's files are named under
+    ``groups/g<N>/`` (the layout of node/worker.py's data directory)."""
+    seen = set()
+    for seed in range(12):
+        backend = GroupsBackend(tmp_path / str(seed), leader=0, leads={0: 0, 1: 0, 2: 0})
+        description, _end = nemesis.start_fault("truncate", backend, random.Random(seed))
+        (_kill, dmg) = backend.calls
+        group = dmg[3]
+        seen.add(group)
+        if group:
+            assert f"groups/g{group}/raft/journal/seg-000000000000.log" in description or "snapshot" in description
+        else:
+            assert "groups/" not in description
+    assert seen == {0, 1, 2}
