@@ -46,7 +46,7 @@ from raftmq.store.core.commands import (
     TxCommit,
 )
 from raftmq.store.core.exchange_types import LOCAL_RANDOM, PLUGIN_TYPES
-from raftmq.store.core.groups import META_GROUP, META_OPS, GroupPending
+from raftmq.store.core.groups import META_GROUP, META_OPS, GroupEcho, GroupPending
 from raftmq.store.core.model import Message
 
 if TYPE_CHECKING:
@@ -195,8 +195,9 @@ class GroupRouter:
 @dataclass(slots=True)
 class _Join:
     op: int
-    expected: int
+    direct: int  # replies still owed by the groups the command went to
     channel: int | None
+    echoes: int = 0  # echoes still owed (announced by GroupPending; below 0 when one came first)
     result: Any = None
 
 
@@ -213,21 +214,32 @@ class ReplyJoin:
             self.pending[(conn, token)] = _Join(op, groups, channel)
 
     def take(self, out: tuple) -> tuple | None:
-        """An ``OUT_REPLY`` output: the reply to hand on (None while other groups still owe one)."""
+        """An ``OUT_REPLY`` output: the reply to hand on (None while other groups still owe one).
+
+        A group's own reply (``direct``) may announce echoes to come (``GroupPending.more``); an
+        echo (``GroupEcho``) is another group's reply to the same token.  In a cluster the
+        groups' replicas on the client's node apply at their own pace, so an echo may come before
+        the reply that announces it: the join ends when both counts are zero."""
         key = (out[0], out[2])
         join = self.pending.get(key)
+        result = out[3]
+        value = result[1] if result[0] == OK else None
         if join is None:
-            value = out[3][1] if out[3][0] == OK else None
+            if isinstance(value, GroupEcho):  # (no join: nobody waits for it)
+                return None
             if isinstance(value, GroupPending):  # a lone group's pending reply: no join was expected
                 return (out[0], OUT_REPLY, out[2], Ok(OK, value.value), out[4])
             return out
-        result = out[3]
-        join.expected -= 1
-        if result[0] == OK and isinstance(result[1], GroupPending):
-            join.expected += result[1].more
-            result = Ok(OK, result[1].value)
+        if isinstance(value, GroupEcho):
+            join.echoes -= 1
+            result = value.result
+        else:
+            join.direct -= 1
+            if isinstance(value, GroupPending):
+                join.echoes += value.more
+                result = Ok(OK, value.value)
         join.result = result if join.result is None else merge(join.op, join.result, result)
-        if join.expected > 0:
+        if join.direct > 0 or join.echoes != 0:
             return None
         del self.pending[key]
         return (out[0], OUT_REPLY, out[2], join.result, out[4] if out[4] is not None else join.channel)

@@ -79,6 +79,16 @@ class GroupPending(NamedTuple):
     more: int
 
 
+class GroupEcho(NamedTuple):
+    """A reply's value from a group that applied *another* group's decision for the same client
+    token: a queue group applying a forwarded metadata command (``MetaApply``), the metadata group
+    taking in a queue group's deletion (``QueueGone``).  Marked so that the front end's join counts
+    it against the ``GroupPending`` that announces it, in whatever order the two reach the client's
+    node (each group's replica there applies at its own pace: an echo can come first)."""
+
+    result: Any  # the Ok or Refused it would have been
+
+
 class GroupReport(NamedTuple):
     """A group's outbox positions at the end of an applied batch, for the forwarder (an output,
     ``OUT_GROUP_REPORT``: the node acts on it once the batch is released).  The outboxes' first
@@ -350,11 +360,13 @@ class Groups:
         m.meta_applied = cmd.seq
         m.forwarding = True
         m.forwarded_placement = cmd.placed
+        start = len(m._out)
         try:
             m.apply_forwarded(cmd.command)
         finally:
             m.forwarding = False
             m.forwarded_placement = None
+        _echo(m._out, start, cmd.command.conn, cmd.command.token)
         return None
 
     def meta_trim(self, cmd: MetaTrim) -> None:
@@ -374,7 +386,7 @@ class Groups:
         if cmd.reply_token is not None:
             # The metadata group's answer to the client's queue.delete, on every replica (the
             # forwarder's node proposed this command, the client's node answers it).
-            m._out.append((cmd.reply_conn, OUT_REPLY, cmd.reply_token, Ok(OK, None), None))
+            m._out.append((cmd.reply_conn, OUT_REPLY, cmd.reply_token, Ok(OK, GroupEcho(Ok(OK, None))), None))
         return None
 
     def gone_trim(self, cmd: GoneTrim) -> None:
@@ -387,6 +399,16 @@ class Groups:
         queue = m.queues_by_id.get(cmd.qid)
         if queue is not None:
             m.topology.delete_queue(queue)
+
+
+def _echo(outputs: list, start: int, conn: str | None, token: int | None) -> None:
+    """The replies to (conn, token) appended since ``start``, marked as echoes (``GroupEcho``)."""
+    if token is None:
+        return
+    for i in range(start, len(outputs)):
+        out = outputs[i]
+        if out[1] == OUT_REPLY and out[2] == token and out[0] == conn:
+            outputs[i] = (out[0], OUT_REPLY, token, Ok(OK, GroupEcho(out[3])), out[4])
 
 
 def persisted_state(m: StateMachine) -> list:
@@ -490,5 +512,5 @@ def new_outbox() -> deque:
     return deque()
 
 
-__all__ = ["Groups", "GroupPending", "GroupReport", "REPORT_ENTRIES", "META_OPS", "QUEUE_OPS", "PLACEMENT_ARGUMENT", "META_GROUP",
+__all__ = ["Groups", "GroupEcho", "GroupPending", "GroupReport", "REPORT_ENTRIES", "META_OPS", "QUEUE_OPS", "PLACEMENT_ARGUMENT", "META_GROUP",
            "metadata_dump", "GoneTrim", "MetaTrim", "QueueGone"]
