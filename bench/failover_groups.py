@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -86,16 +84,6 @@ class Publisher(threading.Thread):
         return None if first is None else first - at
 
 
-def kill9_node(node: RaftmqNode) -> None:
-    """kill -9 of the whole node: its group workers (pids from its status.json) then its main process."""
-    for info in ((node.status() or {}).get("groups") or {}).values():
-        try:
-            os.kill(int(info["pid"]), signal.SIGKILL)
-        except (OSError, KeyError, ValueError):
-            pass
-    node.kill9()
-
-
 def caught_up(node: RaftmqNode, groups: int) -> bool:
     st = node.status() or {}
     if st.get("pid") != node.pid or not st.get("leader"):
@@ -129,7 +117,7 @@ def run_config(groups: int, kills: int, max_seconds: float, base: Path) -> dict:
                 print(f"  round {round_no}: groups {moved.failed} did not move to {victim.node_id}; leaders "
                       f"{moved.leaders}", flush=True)
             killed_at = time.monotonic()
-            kill9_node(victim)
+            victim.kill9_whole()
             found: dict[int, float | None] = {g: None for g in range(groups)}
             deadline = killed_at + ROUND_LIMIT
             while time.monotonic() < deadline and any(v is None for v in found.values()):

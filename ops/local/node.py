@@ -187,6 +187,16 @@ class RaftmqNode:
             self.proc.wait(timeout=10)
         self._close_log()
 
+    def kill9_whole(self) -> None:
+        """kill -9 of the whole node (issue 34: a node is all its processes): its queue groups'
+        workers (pids from its status.json) at once, then its main process."""
+        for info in ((self.status() or {}).get("groups") or {}).values():
+            try:
+                os.kill(int(info["pid"]), signal.SIGKILL)
+            except (OSError, KeyError, ValueError, TypeError):
+                pass
+        self.kill9()
+
     def terminate(self, timeout: float = 15.0) -> int | None:
         """SIGTERM, wait up to ``timeout`` s, then SIGKILL. Returns the exit code."""
         if self.proc is None:

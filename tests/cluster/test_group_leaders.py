@@ -13,8 +13,6 @@ of queue.declare (0-9-1 reference 1.7.2.1.8, arguments), published with publishe
 from __future__ import annotations
 
 import json
-import os
-import signal
 import urllib.request
 
 import pika
@@ -70,16 +68,6 @@ def leaders_seen(cluster: Cluster) -> dict[int, str] | None:
             return None
         out[group] = names.pop()
     return out
-
-
-def kill9_node(node: RaftmqNode) -> None:
-    """kill -9 of the whole node: its group workers (pids from its status.json) and its main process."""
-    for info in ((node.status() or {}).get("groups") or {}).values():
-        try:
-            os.kill(int(info["pid"]), signal.SIGKILL)
-        except (OSError, KeyError, ValueError):
-            pass
-    node.kill9()
 
 
 def test_every_group_visible_and_leaders_spread_one_per_node(cluster):
@@ -146,7 +134,7 @@ def test_kill_9_of_a_node_leading_two_groups_every_group_confirms_again(cluster)
         ch.queue_declare(f"lead-q{group}", durable=True, arguments={"x-queue-group": group})
         ch.basic_publish("", f"lead-q{group}", b"before", pika.BasicProperties(delivery_mode=2))
     conn.close()
-    kill9_node(victim)
+    victim.kill9_whole()
     seen = wait_for(lambda: leaders_seen(cluster), timeout=30, what="a leader for every group among the survivors")
     assert victim.node_id not in seen.values()
     conn = cluster.connection(survivor, timeout=20)
