@@ -42,7 +42,6 @@ from raftmq.store.core.commands import (
     Refused,
 )
 from raftmq.store.core.groups import GroupReport
-from raftmq.store.core.tx_groups import participant_report
 
 from .group_link import GroupLink
 from .groups import GroupRouter, ReplyJoin, outbox_messages, typed_replies
@@ -272,8 +271,8 @@ class GroupHost:
         """The next steps of the transactions across groups (store/core/tx_groups.py)."""
         # (a worker that never held a transaction has sent no report: it has applied no prepare)
         reports = {group: self.tx_reports.get(group, (0, {})) for group in self.workers}
-        reports[0] = participant_report(self.broker.machine)
-        for group, command in self.tx.sends(self.broker.machine, reports, forget):
+        reports[0] = self.released.tx
+        for group, command in self.tx.sends(self.broker.machine, reports, forget, self.released.tx_next):
             self._send_to(group, command)
 
     async def _resend_loop(self) -> None:

@@ -32,12 +32,6 @@ if TYPE_CHECKING:
 Report = tuple[int, dict[int, tuple[int, str, bool, list]]]
 
 
-def report_key(m: StateMachine) -> tuple:
-    """What a participant's report depends on (a worker sends a new one when it changes)."""
-    held = m.tx_held
-    return (m.tx_prep_applied, tuple((txid, rec.finished) for txid, rec in held.items()) if held else ())
-
-
 class TxForwarder:
     def __init__(self) -> None:
         self.sent: set[tuple[int, int, int]] = set()  # (op, participant group, txid) sent since the last clear
@@ -45,11 +39,13 @@ class TxForwarder:
     def clear(self) -> None:
         self.sent.clear()
 
-    def sends(self, coord: StateMachine, reports: dict[int, Report], forget: bool = False) -> list[tuple[int, Any]]:
+    def sends(self, coord: StateMachine, reports: dict[int, Report], forget: bool = False,
+              released: int | None = None) -> list[tuple[int, Any]]:
         """``(group, command)`` pairs to send now (each once until ``clear``).  A ``TxForget``
         rides along with a prepare for the same group (one log batch for both: a client committing
         in a loop pays no batch of its own for it), or goes when ``forget`` (the node's resend loop,
-        once a second): a finished record only waits a little longer in memory."""
+        once a second): a finished record only waits a little longer in memory.  ``released``:
+        the last transaction id of the metadata group's last released batch (GroupReport)."""
         out: list[tuple[int, Any]] = []
         preparing: set[int] = set()
         sent = self.sent
@@ -63,6 +59,8 @@ class TxForwarder:
             return True
 
         for txid, rec in coord.tx_coord.items():
+            if released is not None and txid > released:
+                continue  # (its TxBegin not durable yet: a power loss would give the id again)
             for group, (seq, operations, index) in rec.parts.items():
                 report = reports.get(group)
                 if report is None:

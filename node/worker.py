@@ -35,7 +35,6 @@ from .config import Config
 from .group_link import GroupLink
 from .groups import REPORT_GONE, outbox_messages, plain_replies
 from .status import status_loop
-from .tx_forward import report_key
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,7 @@ class WorkerBroker(Broker):
     def __init__(self, config: Config, boot: str, send: Callable[[Any], None]) -> None:
         self._send = send
         self._report: GroupReport | None = None  # the last released batch's (store/core/groups.py)
-        self._last_tx: tuple = (0, ())
+        self._last_tx: tuple = (0, {})
         super().__init__(config, boot=boot)
         prefix = boot + "."
         self._prefix = prefix
@@ -79,11 +78,14 @@ class WorkerBroker(Broker):
 
     def report_tx(self, force: bool = False) -> None:
         """This group's part in transactions across groups (node/tx_forward.py), as frame kind
-        "x", when it changed: nothing is sent while the group holds no transaction."""
-        key = report_key(self.machine)
-        if key != self._last_tx or force:
-            self._last_tx = key
-            self._send(("x", participant_report(self.machine)))
+        "x", when it changed: nothing is sent while the group holds no transaction.  As of the
+        last released batch (``GroupReport.tx``), as the outbox positions: a vote must not leave
+        before the prepare it answers is durable."""
+        report = self._report
+        tx = report.tx if report is not None else participant_report(self.machine)
+        if tx != self._last_tx or force:
+            self._last_tx = tx
+            self._send(("x", tx))
 
     def _on_throttle(self, on: bool) -> None:
         super()._on_throttle(on)

@@ -101,6 +101,8 @@ class GroupReport(NamedTuple):
     msg_seq: dict  # target group -> the last message outbox entry for it
     msg_applied: dict  # source group -> the last of its messages applied here
     gone_applied: dict  # the metadata group: queue group -> the last of its deletions taken in
+    tx_next: int  # the metadata group: the last transaction id given (store/core/tx_groups.py)
+    tx: tuple  # this group's part in transactions across groups (tx_groups.participant_report)
 
 
 REPORT_ENTRIES = 256  # outbox entries a report carries at most
@@ -180,18 +182,21 @@ class Groups:
         gone, msgs = m.gone_outbox, m.msg_outbox
         key = (m.meta_seq, m.meta_applied, m.gone_seq, gone[0][0] if gone else 0, len(msgs),
                (msgs[0][0], msgs[0][1]) if msgs else None, tuple(m.msg_seq.items()), tuple(m.msg_applied.items()),
-               tuple(m.gone_applied.items()))
+               tuple(m.gone_applied.items()), m.tx_next, m.tx_prep_applied,
+               tuple((txid, held.finished) for txid, held in m.tx_held.items()) if m.tx_held else ())
         if key == self.reported:
             return
         self.reported = key
         outputs.append((None, OUT_GROUP_REPORT, self.current_report()))
 
     def current_report(self) -> GroupReport:
+        from .tx_groups import participant_report
+
         m = self.m
         gone, msgs = m.gone_outbox, m.msg_outbox
         return GroupReport(m.meta_seq, m.meta_applied, list(islice(gone, REPORT_ENTRIES)),
                            list(islice(msgs, REPORT_ENTRIES)), dict(m.msg_seq), dict(m.msg_applied),
-                           dict(m.gone_applied))
+                           dict(m.gone_applied), m.tx_next, participant_report(m))
 
     def persist(self, recorder: Any) -> None:
         """A single node: write the group state to the mirror if this batch changed it."""
