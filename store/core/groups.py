@@ -295,6 +295,11 @@ class Groups:
             raise CommandError(406, f"groups cannot be removed ({m.group_count} -> {cmd.groups})")
         grown = cmd.groups > m.group_count
         m.group_count = cmd.groups
+        if grown and cmd.groups > 1:
+            # Sessions' next outgoing ids to this group's residue (store/core/group_sessions.py: group
+            # g numbers g mod G), so ids numbered from now on never meet another group's.
+            for session in m.sessions.values():
+                session.next_transfer += (m.group - session.next_transfer) % cmd.groups
         if grown and m.group == META_GROUP and not m.forwarding and cmd.groups > 1:
             # New queue groups start empty: the outbox first replays the topology as it is (the
             # commands are idempotent for groups that had it), then goes on.
