@@ -121,7 +121,8 @@ class SessionCommands:
         m = self.m
         (conn, number, vhost_name, principal, name, force) = (
             cmd.conn, cmd.channel, cmd.vhost, cmd.principal, cmd.name, cmd.force)
-        m.vhost(vhost_name)
+        if m.group == META_GROUP:  # (a queue group may not have the vhost yet: the metadata group decides)
+            m.vhost(vhost_name)
         key = session_key(vhost_name, principal, name)
         session = m.sessions.get(key)
         if session is None and bytes(name).startswith(DURABLE_LINK_PREFIX) \
