@@ -124,6 +124,7 @@ class ServerSession:
         # does and has no handler for it (its receive thread would die on one).
         self.wants_known = False
         self.window = WindowCredit()  # window-mode transfers not yet completed by the client
+        self.flow_modes: dict[str, bool] = {}  # destination -> window mode, as set by this client here
         self.tx_ops: list[list] | None = None  # buffered work of the open transaction (tx.select)
         self.tx_broken = False  # the transaction was open on another node that failed
 
@@ -344,6 +345,7 @@ class ServerSession:
             return MessageFlow(*head, cmd.destination or "", cmd.unit, 0xFFFFFFFF if cmd.value is None
                     else cmd.value)
         if isinstance(cmd, c.MessageSetFlowMode):
+            self.flow_modes[cmd.destination or ""] = cmd.flow_mode == 1
             return MessageFlowMode(*head, cmd.destination or "", cmd.flow_mode == 1)
         if isinstance(cmd, c.MessageStop):
             # message.stop (L6186ff) leaves the sender's credit zero: a session.completed that comes
@@ -479,6 +481,11 @@ class ServerSession:
         assigned, and right also after a resume, when this object is new)."""
         ch = self.conn.broker.machine.channels.get(self.conn.conn_id, {}).get(self.channel)
         consumer = ch.consumers.get(destination) if ch is not None else None
+        if consumer is None and self.conn.broker.config.raft_groups > 1:
+            # Issue 34: a subscription of a queue group's queue is not in this process's replica (the
+            # metadata group's): the mode the client set here, else the default, window (L6137ff;
+            # the core ignores window credit for a subscription in credit mode).
+            return self.flow_modes.get(destination, True)
         return consumer is not None and consumer.window_mode
 
     def _send_transfer(self, transfer_id: int, destination: str, redelivered: bool, message, body: bytes) -> None:
