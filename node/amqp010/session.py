@@ -71,6 +71,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# 0-10 commands naming one subscription by its destination (issue 34: _unknown_subscription).
+_OF_A_SUBSCRIPTION = (c.MessageCancel, c.MessageFlow, c.MessageSetFlowMode, c.MessageStop, c.MessageFlush)
+
 DETACH_NORMAL, DETACH_BUSY, DETACH_TRANSPORT_BUSY, DETACH_NOT_ATTACHED, DETACH_UNKNOWN_IDS = range(5)
 ACCEPT_EXPLICIT, ACCEPT_NONE = 0, 1
 PRE_ACQUIRED, NOT_ACQUIRED = 0, 1
@@ -125,6 +128,9 @@ class ServerSession:
         self.wants_known = False
         self.window = WindowCredit()  # window-mode transfers not yet completed by the client
         self.flow_modes: dict[str, bool] = {}  # destination -> window mode, as set by this client here
+        # With queue groups, a new session's subscriptions (_unknown_subscription); None: one group,
+        # or a resumed session (its subscriptions may have been made on another connection).
+        self.subscribed_here: set[str] | None = None
         self.tx_ops: list[list] | None = None  # buffered work of the open transaction (tx.select)
         self.tx_broken = False  # the transaction was open on another node that failed
 
@@ -145,6 +151,8 @@ class ServerSession:
             return
         completed, replay, transactional = value.completed, value.replay, value.transactional
         self.attached = True
+        if not value.resumed and self.conn.broker.config.raft_groups > 1:
+            self.subscribed_here = set()
         if transactional:
             # The transaction's buffered work was on the node that failed: it is lost, so its
             # commit must fail (the client then knows to redo it) and only rollback clears it.
@@ -264,6 +272,11 @@ class ServerSession:
         if isinstance(command, (c.TxSelect, c.TxCommit, c.TxRollback)):
             self._tx(command_id, command)
             return
+        if self.subscribed_here is not None and isinstance(command, _OF_A_SUBSCRIPTION):
+            unknown = self._unknown_subscription(command)
+            if unknown is not None:
+                self._exception(command_id, command, 404, unknown)
+                return
         inner = self.translate(command)
         if inner is None:
             self._exception(command_id, command, NOT_IMPLEMENTED, f"{command.NAME} is not implemented")
@@ -283,6 +296,21 @@ class ServerSession:
             self._complete(command_id, command.sync)
             return
         self._submit(command_id, command, inner)
+
+    def _unknown_subscription(self, command) -> str | None:
+        """Issue 34, with queue groups: a subscription's commands go to the group holding it and no
+        group can tell that none holds it, so the session checks what was subscribed on it here (a
+        session attached new on this connection: a resumed one may hold subscriptions made elsewhere,
+        and the core decides those).  message.cancel's subscription-not-found (L6082ff), message.flow
+        and the others' not-found, as the core answers with one group."""
+        subscribed = self.subscribed_here
+        destination = command.destination or ""
+        if subscribed is None or destination in subscribed:
+            if subscribed is not None and isinstance(command, c.MessageCancel):
+                subscribed.discard(destination)
+            return None
+        prefix = "subscription-not-found: " if isinstance(command, c.MessageCancel) else ""
+        return f"{prefix}no subscription '{destination}'"
 
     def _tx(self, command_id: int, command) -> None:
         """Class tx (L6205ff): select once, then commit/rollback any number of transactions."""
@@ -331,6 +359,8 @@ class ServerSession:
                            bytes(cmd.body or b""), persistent, priority, ttl, AMQP010)
         if isinstance(cmd, c.MessageSubscribe):
             destination = cmd.destination or ""
+            if self.subscribed_here is not None:
+                self.subscribed_here.add(destination)
             self.accept_modes[destination] = cmd.accept_mode
             self.acquire_modes[destination] = cmd.acquire_mode
             return MessageSubscribe(*head, vhost, cmd.queue, destination, cmd.accept_mode == ACCEPT_NONE,
