@@ -58,7 +58,7 @@ from .commands import (
     SessionTxSelect,
     SessionWindowCredit,
 )
-from .groups import META_GROUP, META_OPS, GroupPending
+from .groups import META_GROUP, META_OPS
 from .headers import with_delivery_count
 from .model import ChannelState, Consumer, Message, Session
 
@@ -243,9 +243,12 @@ class SessionCommands:
         if m.group_count > 1 and not group_sessions.session_part(m, conn, number, inner):
             return None  # issue 34: another group executes it; this one keeps the barrier alike
         m._caller_owner = session.key
-        meta_seq = m.meta_seq
+        # Issue 34: a metadata command (forwarded to the queue groups) and a queue.delete (forgotten
+        # by every group) keep the session command's token, so that the other groups answer it too
+        # and it completes once they have, as a 0-9-1 declare-ok or delete-ok (store/core/groups.py).
+        token = cmd.token if m.group_count > 1 and (inner.op in META_OPS or inner.op == Op.QUEUE_DELETE) else None
         try:
-            inner = session_rules.check(m, conn, number, inner._replace(conn=conn, token=None, channel=number))
+            inner = session_rules.check(m, conn, number, inner._replace(conn=conn, token=token, channel=number))
             value: object
             if isinstance(inner, QueueDeclare) and inner.passive:
                 value = session_rules.passive_declare(m, inner)
@@ -256,12 +259,6 @@ class SessionCommands:
         if inner.op in RESULT_OPS:
             # The result travels in an execution.result command: give it an id of ours.
             return CommandResult(group_sessions.next_id(session, m.group_count), value)
-        if m.meta_seq != meta_seq and cmd.token is not None and inner.op in META_OPS and m.group == META_GROUP:
-            # Issue 34: a metadata command the queue groups apply too (forwarded): as a 0-9-1
-            # declare-ok, the command completes once they have, so they answer this token as well.
-            seq, forwarded, placed = m.meta_outbox[-1]
-            m.meta_outbox[-1] = (seq, forwarded._replace(token=cmd.token), placed)
-            return GroupPending(value, m.group_count - 1)
         return value
 
     def session_tx_select(self, cmd: SessionTxSelect) -> None:

@@ -154,3 +154,21 @@ def test_intersect_of_completed_ranges():
     assert intersect([[0, 5], [8, 9]], [[0, 2], [4, 8]]) == [[0, 2], [4, 5], [8, 8]]
     assert intersect([], [[0, 3]]) == []
     assert intersect([[0, 3]], [[0, 3]]) == [[0, 3]]
+
+
+def test_a_session_queue_delete_completes_once_every_group_forgot_the_queue():
+    """0-10 queue.delete in a session (queue-exists rule, L7832ff) of a queue of group 1 and of one the
+    session declared (metadata group): each completes, once every group has forgotten the queue
+    (the other groups' answers join the session command's), as a 0-9-1 delete-ok does."""
+    from raftmq.store.core.commands import QueueDeclare, QueueDelete
+
+    g = setup()
+    session(g)
+    assert command(g, 0, QueueDelete(None, None, None, "/", "q1", False, False))[0] == OK
+    assert all("q1" not in g.m(i).vhosts["/"].queues for i in range(3))
+    assert command(g, 1, QueueDeclare(None, None, None, "/", "mine", False, True, False, False, {}))[0] == OK
+    assert [g.m(i).vhosts["/"].queues["mine"].group for i in range(3)] == [0, 0, 0]
+    assert command(g, 2, QueueDelete(None, None, None, "/", "mine", False, False))[0] == OK
+    assert all("mine" not in g.m(i).vhosts["/"].queues for i in range(3))
+    assert not g.join.pending
+    g.check_replicas()
