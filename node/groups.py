@@ -13,10 +13,12 @@ the groups' logs and outputs to connections; this module decides.
 - :func:`forward_entries` and :func:`gone_entries` are what the forwarder proposes: the metadata
   outbox entries a queue group has not applied, the deletions the metadata group has not taken in.
 
+AMQP 0-10 sessions and 1.0 links' core sessions (store/core/group_sessions.py): their life and every
+session command to every group, each executing its part; a 1.0 link's subscription to its queue's
+group, its credit after it, settlements to the groups that numbered the transfers (id mod G).
+
 Promises not kept across groups yet (docs/design.md, "Sharded Raft groups"): a transaction whose
-operations touch queues of several groups is refused (540); AMQP 0-10 sessions, 1.0 durable links
-and queries go to the metadata group, so their queues belong there (``x-queue-group: 0``); a
-dead-lettered or delayed message reaches only the queues of its own group.
+operations touch queues of several groups is refused (540).
 """
 
 from __future__ import annotations

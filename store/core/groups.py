@@ -173,8 +173,9 @@ class Groups:
                                             f"number below {m.group_count}")
                 group = wanted
             elif m._caller_owner is not None or self._on_session(conn, channel):
-                # Declared in an AMQP 0-10 session or for a 1.0 link: sessions live in the metadata
-                # group, and so do the queues they declare (docs/design.md, what each promise needs).
+                # Declared in an AMQP 0-10 session or for a 1.0 link: in the metadata group, which
+                # decides the declare, so that a subscribe pipelined right after it finds the queue
+                # (docs/design.md, "Sessions and links with queue groups").
                 group = META_GROUP
             else:
                 counts = self.queue_counts()
