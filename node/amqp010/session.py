@@ -111,6 +111,7 @@ class ServerSession:
         self.attached = False
         self.attaching = True  # session.attach is in the log, not applied yet: input waits in early
         self.early: list = []  # controls and commands received while attaching, in order
+        self.early_transfers: list[tuple[str, tuple]] = []  # transfers assigned while attaching (groups)
         self.point_sent = False  # a session.command-point preceded our commands on this attachment
         self.in_next = 0  # id of the next command the client sends (session.command-point sets it)
         self.completed: list[list[int]] = []  # client command ids completed, not known-completed
@@ -146,6 +147,7 @@ class ServerSession:
         self.attaching = False
         early, self.early = self.early, []
         if isinstance(value, SessionBusy):
+            self.early_transfers = []
             self.conn.send(self.channel, c.SessionDetached(name=self.name, code=DETACH_BUSY))
             self.conn.drop_session(self.channel)
             return
@@ -164,6 +166,11 @@ class ServerSession:
         self.conn.send(self.channel, c.SessionAttached(name=self.name))
         for transfer_id, destination, _qid, _seq, message, body in replay:
             self._send_transfer(transfer_id, destination, True, message, body)
+        early_transfers, self.early_transfers = self.early_transfers, []
+        replayed = {r[0] for r in replay}
+        for destination, transfer in early_transfers:
+            if transfer[0] not in replayed:
+                self.on_transfer(destination, transfer)
         # What the client sent right after session.attach (typically session.command-point, then
         # commands: qpid.messaging does) is handled now, as if the attach had been synchronous.
         for item in early:
@@ -500,6 +507,10 @@ class ServerSession:
         """A transfer assigned to one of our subscriptions.  One to be accepted carries no body
         (store/disk/bodies.fill_bodies): it is read now, with ``following`` when it is only on disk."""
         if not self.attached:
+            if self.attaching:
+                # Issue 34: with queue groups the subscription's group delivers as soon as it applied
+                # the attach, while the attach's answer waits for the other groups': sent after it.
+                self.early_transfers.append((destination, transfer))
             return
         message = transfer[4]
         body = body_to_send(self.conn.broker.bodies, message, transfer, 5, following, transfer[1])
