@@ -13,12 +13,13 @@ the groups' logs and outputs to connections; this module decides.
 - :func:`forward_entries` and :func:`gone_entries` are what the forwarder proposes: the metadata
   outbox entries a queue group has not applied, the deletions the metadata group has not taken in.
 
-A transaction whose operations touch queues of several groups goes to the metadata group as a
-``TxBegin`` for the two-phase commit (store/core/tx_groups.py, node/tx_forward.py).
+AMQP 0-10 sessions and 1.0 links' core sessions (store/core/group_sessions.py): their life and every
+session command to every group, each executing its part; a 1.0 link's subscription to its queue's
+group, its credit after it, settlements to the groups that numbered the transfers (id mod G).
 
-Promises not kept across groups yet (docs/design.md, "Sharded Raft groups"): AMQP 0-10 sessions, 1.0 durable links
-and queries go to the metadata group, so their queues belong there (``x-queue-group: 0``); a
-dead-lettered or delayed message reaches only the queues of its own group.
+A 0-9-1 transaction whose operations touch queues of several groups goes to the metadata group as a
+``TxBegin`` for the two-phase commit (store/core/tx_groups.py, node/tx_forward.py); a 0-10 or 1.0
+transaction (a session command) across groups is refused (540).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from raftmq.store.core import ranges as rs
 from raftmq.store.core.commands import (
+    ERR,
     OK,
     OUT_REPLY,
     REJECTED,
@@ -36,6 +39,7 @@ from raftmq.store.core.commands import (
     UNROUTABLE,
     Ack,
     DeclaredQueue,
+    Duplicate,
     MetaApply,
     Nack,
     Ok,
@@ -46,6 +50,7 @@ from raftmq.store.core.commands import (
     TxCommit,
 )
 from raftmq.store.core.exchange_types import LOCAL_RANDOM, PLUGIN_TYPES
+from raftmq.store.core.group_sessions import SUBSCRIPTION_OPS, merge_attached, transfer_group
 from raftmq.store.core.groups import META_GROUP, META_OPS, GroupEcho, GroupPending
 from raftmq.store.core.model import Message
 
@@ -61,6 +66,10 @@ _EVERY_GROUP = frozenset((Op.CHANNEL_OPEN, Op.CHANNEL_CLOSE, Op.CONNECTION_CLOSE
 # A queue's contents: its group only (found by the queue's name).
 _BY_QUEUE_NAME = {Op.CONSUME: "queue", Op.GET: "queue", Op.QUEUE_PURGE: "name", Op.QUEUE_DELETE: "name"}
 
+# The life of an AMQP 0-10 session (a 1.0 link's core session): a replica in every group
+# (store/core/group_sessions.py), like a channel's.
+_SESSION_LIFE = frozenset((Op.SESSION_ATTACH, Op.SESSION_DETACH, Op.SESSION_TIMEOUT, Op.SESSION_TX_SELECT,
+                           Op.SESSION_KNOWN_COMPLETED))
 # Their group may answer "more replies will come" (GroupPending): the metadata group forwarding a
 # change, a queue's group deleting it.
 _MAY_PEND = META_OPS | {Op.QUEUE_DELETE}
@@ -68,6 +77,8 @@ _MAY_PEND = META_OPS | {Op.QUEUE_DELETE}
 REPORT_GONE = 256  # outbox entries a worker's report carries at most (the forwarder asks again)
 REPORT_BYTES = 4 << 20  # message-outbox body bytes a report carries at most
 
+SESSION_TX_NOT_ACROSS = Refused(ERR, 540, "NOT_IMPLEMENTED - a 0-10 or 1.0 transaction on queues of several "
+                                           "groups (issue 34)")
 ROUTES_REMEMBERED = 4096  # publish routes kept at most (forgotten all at once beyond)
 
 
@@ -88,6 +99,10 @@ class GroupRouter:
         self.every = tuple(range(count))
         self._routes: dict[tuple[str, str, str], list[int]] = {}  # (vhost, exchange, key) -> groups
         self._version: tuple[int, int] | None = None  # the view's (identity, meta_seq) they hold for
+        # The group of each session subscription this node routed: conn -> {(channel, destination):
+        # group}, so that a 1.0 link's credit goes to its subscription's group alone (not known after
+        # a durable link resumed here: then every group, each ignoring what it does not hold).
+        self.subscriptions: dict[str, dict[tuple[int, str], int]] = {}
 
     def route(self, command: Any) -> list[tuple[int, Any]] | Refused:
         """``(group, command)`` pairs for ``command``, or the refusal to answer it with."""
@@ -99,7 +114,13 @@ class GroupRouter:
         if op == Op.ACK or op == Op.NACK:
             return self._split_refs(command)
         if op in _EVERY_GROUP:
+            if op == Op.CONNECTION_CLOSE:
+                self.subscriptions.pop(command.conn, None)
             return [(group, command) for group in self.every]
+        if op >= Op.SESSION_ATTACH and op <= Op.MESSAGE_MODIFY:  # (the session ops' numbers, commands.Op)
+            routed = self._session(command)
+            if routed is not None:
+                return routed
         if op == Op.TX_COMMIT:
             return self._transaction(command)
         # Metadata (decided and forwarded by the metadata group), 0-10 sessions, 1.0 links' own
@@ -127,6 +148,57 @@ class GroupRouter:
             return [(next(iter(parts), META_GROUP), command)]
         return [(META_GROUP, TxBegin(command.conn, None, command.channel, command.token, total,
                                      [[group, ops, index] for group, (ops, index) in sorted(parts.items())]))]
+
+    def _session(self, command: Any) -> list[tuple[int, Any]] | Refused | None:
+        """AMQP 0-10 sessions and 1.0 links (store/core/group_sessions.py): the session's life and its
+        commands to every group (each executes its part), a 1.0 link's subscription to its queue's
+        group, credit to the subscription's group, settlements to the groups that numbered the
+        transfers.  None: not a session command (routed as the others)."""
+        op = command.op
+        if op == Op.SESSION_COMMAND:
+            inner = command.inner
+            if inner.op == Op.TX_COMMIT:
+                routed = self._transaction(inner)
+                if isinstance(routed, Refused):
+                    return routed
+                if routed[0][1].op == Op.TX_BEGIN:  # (the two-phase commit is 0-9-1's only, for now)
+                    return SESSION_TX_NOT_ACROSS
+            elif inner.op == Op.MESSAGE_SUBSCRIBE:
+                self._subscribed(command.conn, command.channel, inner)
+            return [(group, command) for group in self.every]
+        if op in _SESSION_LIFE:
+            if op == Op.SESSION_DETACH:
+                subs = self.subscriptions.get(command.conn)
+                if subs:
+                    for key in [key for key in subs if key[0] == command.channel]:
+                        del subs[key]
+            return [(group, command) for group in self.every]
+        if op == Op.MESSAGE_SUBSCRIBE:
+            return [(self._subscribed(command.conn, command.channel, command), command)]
+        if op in SUBSCRIPTION_OPS:
+            group = self.subscriptions.get(command.conn, {}).get((command.channel, command.destination))
+            if group is None:
+                return [(group, command) for group in self.every]
+            return [(group, command)]
+        if op == Op.MESSAGE_SETTLE or op == Op.MESSAGE_MODIFY:
+            return self._split_ranges(command)
+        return None
+
+    def _subscribed(self, conn: str, channel: int, subscribe: Any) -> int:
+        group = self.queue_group(subscribe.vhost, subscribe.queue)
+        self.subscriptions.setdefault(conn, {})[(channel, subscribe.destination)] = group
+        return group
+
+    def _split_ranges(self, command: Any) -> list[tuple[int, Any]]:
+        """A settlement's transfer ids to the groups that numbered them (id mod G)."""
+        parts: dict[int, list[int]] = {}
+        count = self.count
+        for transfer_id in rs.ids(command.ranges):
+            parts.setdefault(transfer_group(transfer_id, count), []).append(transfer_id)
+        if len(parts) <= 1:
+            return [(next(iter(parts), META_GROUP), command)]
+        return [(group, command._replace(ranges=[list(r) for r in rs.from_ids(ids)]))
+                for group, ids in sorted(parts.items())]
 
     def queue_group(self, vhost_name: str, name: str) -> int:
         vhost = self.view().vhosts.get(vhost_name)
@@ -258,12 +330,28 @@ def merge(op: int, a: Any, b: Any) -> Any:
             if outcome in (va, vb):
                 return Ok(OK, outcome)
         return Ok(OK, UNROUTABLE)
+    if op == Op.SESSION_COMMAND:
+        return Ok(OK, merge_session_values(va, vb))
+    if op == Op.SESSION_ATTACH:
+        return Ok(OK, merge_attached(va, vb))
     if isinstance(va, DeclaredQueue) and isinstance(vb, DeclaredQueue):
         return Ok(OK, DeclaredQueue(va.queue, max(va.message_count, vb.message_count),
                                     max(va.consumer_count, vb.consumer_count)))
     if isinstance(va, int) and isinstance(vb, int):
         return Ok(OK, max(va, vb))
     return Ok(OK, va if va is not None else vb)
+
+
+def merge_session_values(va: Any, vb: Any) -> Any:
+    """Two groups' values for one 0-10 session command: the group that executed it answers (the
+    others' None); a replay's ``Duplicate`` yields to a value; publishes merge as a publish."""
+    if va is None or isinstance(va, Duplicate):
+        return vb if vb is not None else va
+    if vb is None or isinstance(vb, Duplicate):
+        return va
+    if type(va) is int and type(vb) is int:
+        return merge(Op.PUBLISH, Ok(OK, va), Ok(OK, vb))[1]
+    return merge(Op.QUEUE_DECLARE, Ok(OK, va), Ok(OK, vb))[1]
 
 
 def forward_entries(meta: StateMachine, group: StateMachine, limit: int = 256) -> list[MetaApply]:

@@ -71,6 +71,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# 0-10 commands naming one subscription by its destination (issue 34: _unknown_subscription).
+_OF_A_SUBSCRIPTION = (c.MessageCancel, c.MessageFlow, c.MessageSetFlowMode, c.MessageStop, c.MessageFlush)
+
 DETACH_NORMAL, DETACH_BUSY, DETACH_TRANSPORT_BUSY, DETACH_NOT_ATTACHED, DETACH_UNKNOWN_IDS = range(5)
 ACCEPT_EXPLICIT, ACCEPT_NONE = 0, 1
 PRE_ACQUIRED, NOT_ACQUIRED = 0, 1
@@ -108,6 +111,7 @@ class ServerSession:
         self.attached = False
         self.attaching = True  # session.attach is in the log, not applied yet: input waits in early
         self.early: list = []  # controls and commands received while attaching, in order
+        self.early_transfers: list[tuple[str, tuple]] = []  # transfers assigned while attaching (groups)
         self.point_sent = False  # a session.command-point preceded our commands on this attachment
         self.in_next = 0  # id of the next command the client sends (session.command-point sets it)
         self.completed: list[list[int]] = []  # client command ids completed, not known-completed
@@ -124,6 +128,10 @@ class ServerSession:
         # does and has no handler for it (its receive thread would die on one).
         self.wants_known = False
         self.window = WindowCredit()  # window-mode transfers not yet completed by the client
+        self.flow_modes: dict[str, bool] = {}  # destination -> window mode, as set by this client here
+        # With queue groups, a new session's subscriptions (_unknown_subscription); None: one group,
+        # or a resumed session (its subscriptions may have been made on another connection).
+        self.subscribed_here: set[str] | None = None
         self.tx_ops: list[list] | None = None  # buffered work of the open transaction (tx.select)
         self.tx_broken = False  # the transaction was open on another node that failed
 
@@ -139,11 +147,14 @@ class ServerSession:
         self.attaching = False
         early, self.early = self.early, []
         if isinstance(value, SessionBusy):
+            self.early_transfers = []
             self.conn.send(self.channel, c.SessionDetached(name=self.name, code=DETACH_BUSY))
             self.conn.drop_session(self.channel)
             return
         completed, replay, transactional = value.completed, value.replay, value.transactional
         self.attached = True
+        if not value.resumed and self.conn.broker.config.raft_groups > 1:
+            self.subscribed_here = set()
         if transactional:
             # The transaction's buffered work was on the node that failed: it is lost, so its
             # commit must fail (the client then knows to redo it) and only rollback clears it.
@@ -155,6 +166,11 @@ class ServerSession:
         self.conn.send(self.channel, c.SessionAttached(name=self.name))
         for transfer_id, destination, _qid, _seq, message, body in replay:
             self._send_transfer(transfer_id, destination, True, message, body)
+        early_transfers, self.early_transfers = self.early_transfers, []
+        replayed = {r[0] for r in replay}
+        for destination, transfer in early_transfers:
+            if transfer[0] not in replayed:
+                self.on_transfer(destination, transfer)
         # What the client sent right after session.attach (typically session.command-point, then
         # commands: qpid.messaging does) is handled now, as if the attach had been synchronous.
         for item in early:
@@ -263,6 +279,11 @@ class ServerSession:
         if isinstance(command, (c.TxSelect, c.TxCommit, c.TxRollback)):
             self._tx(command_id, command)
             return
+        if self.subscribed_here is not None and isinstance(command, _OF_A_SUBSCRIPTION):
+            unknown = self._unknown_subscription(command)
+            if unknown is not None:
+                self._exception(command_id, command, 404, unknown)
+                return
         inner = self.translate(command)
         if inner is None:
             self._exception(command_id, command, NOT_IMPLEMENTED, f"{command.NAME} is not implemented")
@@ -282,6 +303,21 @@ class ServerSession:
             self._complete(command_id, command.sync)
             return
         self._submit(command_id, command, inner)
+
+    def _unknown_subscription(self, command) -> str | None:
+        """Issue 34, with queue groups: a subscription's commands go to the group holding it and no
+        group can tell that none holds it, so the session checks what was subscribed on it here (a
+        session attached new on this connection: a resumed one may hold subscriptions made elsewhere,
+        and the core decides those).  message.cancel's subscription-not-found (L6082ff), message.flow
+        and the others' not-found, as the core answers with one group."""
+        subscribed = self.subscribed_here
+        destination = command.destination or ""
+        if subscribed is None or destination in subscribed:
+            if subscribed is not None and isinstance(command, c.MessageCancel):
+                subscribed.discard(destination)
+            return None
+        prefix = "subscription-not-found: " if isinstance(command, c.MessageCancel) else ""
+        return f"{prefix}no subscription '{destination}'"
 
     def _tx(self, command_id: int, command) -> None:
         """Class tx (L6205ff): select once, then commit/rollback any number of transactions."""
@@ -330,6 +366,8 @@ class ServerSession:
                            bytes(cmd.body or b""), persistent, priority, ttl, AMQP010)
         if isinstance(cmd, c.MessageSubscribe):
             destination = cmd.destination or ""
+            if self.subscribed_here is not None:
+                self.subscribed_here.add(destination)
             self.accept_modes[destination] = cmd.accept_mode
             self.acquire_modes[destination] = cmd.acquire_mode
             return MessageSubscribe(*head, vhost, cmd.queue, destination, cmd.accept_mode == ACCEPT_NONE,
@@ -344,6 +382,7 @@ class ServerSession:
             return MessageFlow(*head, cmd.destination or "", cmd.unit, 0xFFFFFFFF if cmd.value is None
                     else cmd.value)
         if isinstance(cmd, c.MessageSetFlowMode):
+            self.flow_modes[cmd.destination or ""] = cmd.flow_mode == 1
             return MessageFlowMode(*head, cmd.destination or "", cmd.flow_mode == 1)
         if isinstance(cmd, c.MessageStop):
             # message.stop (L6186ff) leaves the sender's credit zero: a session.completed that comes
@@ -468,6 +507,10 @@ class ServerSession:
         """A transfer assigned to one of our subscriptions.  One to be accepted carries no body
         (store/disk/bodies.fill_bodies): it is read now, with ``following`` when it is only on disk."""
         if not self.attached:
+            if self.attaching:
+                # Issue 34: with queue groups the subscription's group delivers as soon as it applied
+                # the attach, while the attach's answer waits for the other groups': sent after it.
+                self.early_transfers.append((destination, transfer))
             return
         message = transfer[4]
         body = body_to_send(self.conn.broker.bodies, message, transfer, 5, following, transfer[1])
@@ -479,6 +522,11 @@ class ServerSession:
         assigned, and right also after a resume, when this object is new)."""
         ch = self.conn.broker.machine.channels.get(self.conn.conn_id, {}).get(self.channel)
         consumer = ch.consumers.get(destination) if ch is not None else None
+        if consumer is None and self.conn.broker.config.raft_groups > 1:
+            # Issue 34: a subscription of a queue group's queue is not in this process's replica (the
+            # metadata group's): the mode the client set here, else the default, window (L6137ff;
+            # the core ignores window credit for a subscription in credit mode).
+            return self.flow_modes.get(destination, True)
         return consumer is not None and consumer.window_mode
 
     def _send_transfer(self, transfer_id: int, destination: str, redelivered: bool, message, body: bytes) -> None:

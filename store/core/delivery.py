@@ -464,7 +464,7 @@ class Delivery:
         if session is not None:
             m.session_commands.take_credit(consumer, message)
             transfer_id = session.next_transfer
-            session.next_transfer += 1
+            session.next_transfer += m.group_count  # issue 34: group g numbers g mod G (group_sessions.py)
             if not consumer.no_ack:
                 session.transfers[transfer_id] = (queue.qid, entry.seq, consumer.tag)
         elif consumer.credit_messages is not None:  # a 0-9-1 auto-ack consumer's credit (AUTOACK_CREDIT)

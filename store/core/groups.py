@@ -228,8 +228,9 @@ class Groups:
                                             f"number below {m.group_count}")
                 group = wanted
             elif m._caller_owner is not None or self._on_session(conn, channel):
-                # Declared in an AMQP 0-10 session or for a 1.0 link: sessions live in the metadata
-                # group, and so do the queues they declare (docs/design.md, what each promise needs).
+                # Declared in an AMQP 0-10 session or for a 1.0 link: in the metadata group, which
+                # decides the declare, so that a subscribe pipelined right after it finds the queue
+                # (docs/design.md, "Sessions and links with queue groups").
                 group = META_GROUP
             else:
                 counts = self.queue_counts()
@@ -350,6 +351,11 @@ class Groups:
             raise CommandError(406, f"groups cannot be removed ({m.group_count} -> {cmd.groups})")
         grown = cmd.groups > m.group_count
         m.group_count = cmd.groups
+        if grown and cmd.groups > 1:
+            # Sessions' next outgoing ids to this group's residue (store/core/group_sessions.py: group
+            # g numbers g mod G), so ids numbered from now on never meet another group's.
+            for session in m.sessions.values():
+                session.next_transfer += (m.group - session.next_transfer) % cmd.groups
         if grown and m.group == META_GROUP and not m.forwarding and cmd.groups > 1:
             # New queue groups start empty: the outbox first replays the topology as it is (the
             # commands are idempotent for groups that had it), then goes on.

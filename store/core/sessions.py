@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 
 from . import delivery as _delivery
 from . import events as EV
+from . import group_sessions, session_rules
 from . import model as _model
 from . import ranges as rs
-from . import session_rules
 from .commands import (
     OUT_SESSION_DETACHED,
     OUT_TRANSFER,
@@ -58,6 +58,7 @@ from .commands import (
     SessionTxSelect,
     SessionWindowCredit,
 )
+from .groups import META_GROUP, META_OPS
 from .headers import with_delivery_count
 from .model import ChannelState, Consumer, Message, Session
 
@@ -120,7 +121,8 @@ class SessionCommands:
         m = self.m
         (conn, number, vhost_name, principal, name, force) = (
             cmd.conn, cmd.channel, cmd.vhost, cmd.principal, cmd.name, cmd.force)
-        m.vhost(vhost_name)
+        if m.group == META_GROUP:  # (a queue group may not have the vhost yet: the metadata group decides)
+            m.vhost(vhost_name)
         key = session_key(vhost_name, principal, name)
         session = m.sessions.get(key)
         if session is None and bytes(name).startswith(DURABLE_LINK_PREFIX) \
@@ -136,7 +138,8 @@ class SessionCommands:
             else:
                 old_conn, old_number = session.channel.conn, session.channel.number
                 self.unregister_channel(session.channel)
-                m._out.append(OutSessionDetached(old_conn, OUT_SESSION_DETACHED, old_number, bytes(name)))
+                if m.group == META_GROUP:  # (every group applies the attach: one tells the old connection)
+                    m._out.append(OutSessionDetached(old_conn, OUT_SESSION_DETACHED, old_number, bytes(name)))
                 if session.timeout <= 0:
                     # Taking over detaches the old attachment, and state with a zero timeout does
                     # not outlive a detach (session.request-timeout L4587ff, 3.6.4): a new session.
@@ -149,6 +152,8 @@ class SessionCommands:
         resumed = session is not None
         if session is None:
             session = Session(key, vhost_name, principal, bytes(name), ChannelState(conn, number))
+            if m.group_count > 1:  # issue 34: this group's transfer ids (store/core/group_sessions.py)
+                session.next_transfer = group_sessions.first_transfer(m)
             session.channel.session = session
             m.sessions[key] = session
         ch = session.channel
@@ -235,9 +240,15 @@ class SessionCommands:
         if rs.contains(session.completed, command_id):
             return Duplicate()
         rs.add(session.completed, command_id, command_id)
+        if m.group_count > 1 and not group_sessions.session_part(m, conn, number, inner):
+            return None  # issue 34: another group executes it; this one keeps the barrier alike
         m._caller_owner = session.key
+        # Issue 34: a metadata command (forwarded to the queue groups) and a queue.delete (forgotten
+        # by every group) keep the session command's token, so that the other groups answer it too
+        # and it completes once they have, as a 0-9-1 declare-ok or delete-ok (store/core/groups.py).
+        token = cmd.token if m.group_count > 1 and (inner.op in META_OPS or inner.op == Op.QUEUE_DELETE) else None
         try:
-            inner = session_rules.check(m, conn, number, inner._replace(conn=conn, token=None, channel=number))
+            inner = session_rules.check(m, conn, number, inner._replace(conn=conn, token=token, channel=number))
             value: object
             if isinstance(inner, QueueDeclare) and inner.passive:
                 value = session_rules.passive_declare(m, inner)
@@ -247,9 +258,7 @@ class SessionCommands:
             m._caller_owner = None
         if inner.op in RESULT_OPS:
             # The result travels in an execution.result command: give it an id of ours.
-            result_id = session.next_transfer
-            session.next_transfer += 1
-            return CommandResult(result_id, value)
+            return CommandResult(group_sessions.next_id(session, m.group_count), value)
         return value
 
     def session_tx_select(self, cmd: SessionTxSelect) -> None:
@@ -307,8 +316,7 @@ class SessionCommands:
                     continue
                 consumer.cursor = entry.seq
                 self.take_credit(consumer, entry.message)
-                transfer_id = session.next_transfer
-                session.next_transfer += 1
+                transfer_id = group_sessions.next_id(session, m.group_count)
                 session.browsed[transfer_id] = (queue.qid, entry.seq, consumer.tag)
                 if len(session.browsed) > MAX_BROWSED:
                     del session.browsed[next(iter(session.browsed))]
@@ -350,9 +358,21 @@ class SessionCommands:
             raise m.error(404, f"no subscription '{cmd.destination}'")
         return consumer
 
+    def local_subscription(self, cmd: MessageFlow | MessageFlowMode | MessageStop | MessageFlush) -> Consumer | None:
+        """``subscription``, except that with several groups a subscription of another group is no
+        error: the front end sends a link's credit to every group when it does not know the
+        subscription's (a 1.0 durable link resumed on another node; node/groups.py)."""
+        m = self.m
+        if m.group_count > 1:
+            ch = m.channels.get(cmd.conn, {}).get(cmd.channel)
+            return ch.consumers.get(cmd.destination) if ch is not None else None
+        return self.subscription(cmd)
+
     def message_flow(self, cmd: MessageFlow) -> None:
         m = self.m
-        consumer = self.subscription(cmd)
+        consumer = self.local_subscription(cmd)
+        if consumer is None:
+            return
         unit, value = cmd.unit, cmd.value
         attr = "credit_messages" if unit == 0 else "credit_bytes"
         current = getattr(consumer, attr)
@@ -378,17 +398,23 @@ class SessionCommands:
         m._dirty[consumer.queue.qid] = consumer.queue
 
     def message_flow_mode(self, cmd: MessageFlowMode) -> None:
-        consumer = self.subscription(cmd)
+        consumer = self.local_subscription(cmd)
+        if consumer is None:
+            return
         consumer.window_mode = bool(cmd.window)
         consumer.credit_messages = consumer.credit_bytes = 0
 
     def message_stop(self, cmd: MessageStop) -> None:
-        consumer = self.subscription(cmd)
+        consumer = self.local_subscription(cmd)
+        if consumer is None:
+            return
         consumer.credit_messages = consumer.credit_bytes = 0
 
     def message_flush(self, cmd: MessageFlush) -> None:
         m = self.m
-        consumer = self.subscription(cmd)
+        consumer = self.local_subscription(cmd)
+        if consumer is None:
+            return
         m.delivery.dispatch(consumer.queue)
         consumer.credit_messages = consumer.credit_bytes = 0
 
