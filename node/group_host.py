@@ -41,6 +41,8 @@ from raftmq.store.core.commands import (
     Refused,
 )
 
+from .group_figures import ANSWER as FIGURES_ANSWER
+from .group_figures import FigureAsker
 from .group_link import GroupLink
 from .groups import GroupRouter, ReplyJoin, outbox_messages
 
@@ -83,6 +85,9 @@ class GroupHost:
         self.done_sent: dict[tuple[int, int], int] = {}  # (source, target) -> last MessageDone sent
         self._stopping = False
         self._task: asyncio.Task | None = None
+        self.lost: int | None = None  # the queue group whose worker went first (it stops the node)
+        # Reads of queues placed in queue groups ask their workers (node/group_figures.py).
+        self.figures = FigureAsker(lambda: {g: w.link.send for g, w in self.workers.items()})
 
     # ------------------------------------------------------------------ workers
 
@@ -123,6 +128,15 @@ class GroupHost:
                 worker.process.kill()
                 worker.process.wait()
 
+    @property
+    def exit_status(self) -> int | None:
+        """The exit status of the worker whose loss stopped this node, when it failed (> 0): the
+        node exits with it, so that a supervisor sees why (70: a journal it could not write,
+        raft/journal.py) as with one group.  Known once :meth:`stop` has waited for the workers."""
+        worker = self.workers.get(self.lost) if self.lost is not None else None
+        code = worker.process.returncode if worker is not None else None
+        return code if code is not None and code > 0 else None
+
     def _worker_lost(self, group: int) -> None:
         if self._stopping:
             return
@@ -131,6 +145,8 @@ class GroupHost:
         # A node is all its processes: without a group's worker it cannot serve that group's
         # queues, so it stops (the cluster's other members take its place; a supervisor restarts it).
         log.critical("queue group %d: its worker is gone (exit code %s): stopping this node", group, code)
+        if self.lost is None:
+            self.lost = group
         os.kill(os.getpid(), 15)
 
     # ------------------------------------------------------------------ commands and outputs
@@ -176,6 +192,8 @@ class GroupHost:
             elif kind == "t":
                 worker.throttled = item[1]
                 self.broker._on_log_throttle(self.broker.log_throttled)
+            elif kind == FIGURES_ANSWER:
+                self.figures.answered(group, item[1], item[2])
 
     # ------------------------------------------------------------------ the forwarder
 

@@ -28,6 +28,9 @@ from typing import Any
 
 from .broker import Broker
 from .config import Config
+from .group_figures import ANSWER as FIGURES_ANSWER
+from .group_figures import ASK as FIGURES_ASK
+from .group_figures import figures_of
 from .group_link import GroupLink
 from .groups import REPORT_GONE, outbox_messages
 from .status import status_loop
@@ -48,6 +51,16 @@ class WorkerBroker(Broker):
         # Deliveries for this node's connections get their bodies here (fill_bodies): the main
         # process has no access to this group's body store.
         self.applier.is_local = lambda conn: conn is not None and conn.startswith(prefix)
+
+    def node_of_raft(self, raft_address: str | None) -> str | None:
+        """The node whose replica of this group is at ``raft_address``: the group's own Raft
+        addresses (the members' moved by ``group`` port steps, Config.for_group), not the
+        replicated member list's (the metadata group's addresses), which status.json's
+        ``leader_node`` would otherwise never match."""
+        for member in self.config.cluster:
+            if member.raft == raft_address:
+                return member.node_id
+        return super().node_of_raft(raft_address)
 
     def _on_outputs(self, outputs: list) -> None:
         prefix = self._prefix
@@ -82,6 +95,8 @@ class WorkerBroker(Broker):
                 submit(item[1], item[2], item[3])
             elif kind == "report":
                 self.report(force=True)
+            elif kind == FIGURES_ASK:  # the main process reads queues of this group (node/group_figures.py)
+                self._send((FIGURES_ANSWER, item[1], {qid: tuple(f) for qid, f in figures_of(self.machine, item[2]).items()}))
 
 
 async def serve_worker(config: Config, boot: str, sock: socket.socket) -> None:
