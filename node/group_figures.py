@@ -15,7 +15,9 @@ period whether anyone looks or not.  A question costs one frame each way per wor
 operator or a tool asks.
 
 The link's frames for this (new kinds, beside the command/output ones of node/group_link.py):
-``("f?", ask_id, qids)`` main -> worker, and ``("f", ask_id, {qid: Figures})`` worker -> main.
+``("f?", ask_id, qids, what)`` main -> worker, and ``("f", ask_id, {qid: value})`` worker -> main,
+``what`` being ``FIGURES`` (a queue's Figures) or ``CONSUMERS`` (its consumers, for /api/consumers,
+consumer_details and the admin service: consumers live in their queue's group too).
 ``qids`` None means every queue placed in the worker's group.  A worker that does not answer
 within :data:`ASK_TIMEOUT` leaves its queues' stub figures (zeros), with a log line: a read must
 not hang on a busy worker.
@@ -26,17 +28,22 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
+
+from raftmq.store.core import queries as Q
 
 if TYPE_CHECKING:
     from raftmq.store.core.machine import StateMachine
-    from raftmq.store.core.queries import QueueDepth, QueueInfo, VhostInfo
+    from raftmq.store.core.model import Queue
+    from raftmq.store.core.queries import ConsumerInfo, QueueDepth, QueueInfo, VhostInfo
 
 log = logging.getLogger(__name__)
 
 ASK = "f?"
 ANSWER = "f"
+FIGURES = "q"  # what an ask wants: Figures per queue
+CONSUMERS = "c"  # or the queues' consumers (ConsumerInfo)
 ASK_TIMEOUT = 2.0  # seconds
 
 
@@ -54,18 +61,29 @@ class Figures(NamedTuple):
 
 def figures_of(m: StateMachine, qids: Iterable[int] | None) -> dict[int, Figures]:
     """The worker's side: the figures of the queues placed in its group (``qids`` None: all of them)."""
+    out: dict[int, Figures] = {}
+    for q in _placed_here(m, qids):
+        counts = m.queue_counts.get(q.qid) or (0, 0)
+        out[q.qid] = Figures(len(q.ready), q.unacked_count, q.ready_bytes, len(q.consumers), q.next_seq - 1,
+                             counts[0], counts[1])
+    return out
+
+
+def _placed_here(m: StateMachine, qids: Iterable[int] | None) -> Iterator[Queue]:
     group = m.group
     by_id = m.queues_by_id
-    wanted = by_id.keys() if qids is None else qids
-    out: dict[int, Figures] = {}
-    for qid in wanted:
+    for qid in (list(by_id) if qids is None else qids):
         q = by_id.get(qid)
-        if q is None or q.group != group:
-            continue
-        counts = m.queue_counts.get(qid) or (0, 0)
-        out[qid] = Figures(len(q.ready), q.unacked_count, q.ready_bytes, len(q.consumers), q.next_seq - 1,
-                           counts[0], counts[1])
-    return out
+        if q is not None and q.group == group:
+            yield q
+
+
+def answer(m: StateMachine, what: str, qids: Iterable[int] | None) -> dict[int, Any]:
+    """The worker's answer to an ask, as plain tuples for the link: ``FIGURES`` qid -> Figures'
+    fields, ``CONSUMERS`` qid -> its consumers' ConsumerInfo fields."""
+    if what == CONSUMERS:
+        return {q.qid: [tuple(c) for c in Q.consumers(m, q.vhost, q.name)] for q in _placed_here(m, qids)}
+    return {qid: tuple(f) for qid, f in figures_of(m, qids).items()}
 
 
 class FigureAsker:
@@ -75,37 +93,40 @@ class FigureAsker:
         """``senders``: group -> its link's send, of the workers running now."""
         self._senders = senders
         self._ids = itertools.count(1)
-        self._waiting: dict[int, tuple[asyncio.Future, dict[int, Figures], set[int]]] = {}
+        self._waiting: dict[int, tuple[asyncio.Future, dict[int, Any], set[int], str]] = {}
 
-    async def ask(self, placed: dict[int, list[int]] | None = None) -> dict[int, Figures]:
-        """The figures of queues of queue groups: ``placed`` group -> qids, or None for every queue
-        of every queue group.  Groups that do not answer in time are left out."""
+    async def ask(self, placed: dict[int, list[int]] | None = None, what: str = FIGURES) -> dict[int, Any]:
+        """The figures (or consumers, ``what``) of queues of queue groups: ``placed`` group -> qids,
+        or None for every queue of every queue group.  Groups that do not answer in time are left out."""
         senders = self._senders()
         groups = sorted(senders) if placed is None else sorted(g for g in placed if g in senders and placed[g])
         if not groups:
             return {}
         ask_id = next(self._ids)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        found: dict[int, Figures] = {}
-        self._waiting[ask_id] = (future, found, set(groups))
+        found: dict[int, Any] = {}
+        self._waiting[ask_id] = (future, found, set(groups), what)
         for group in groups:
-            senders[group]((ASK, ask_id, None if placed is None else placed[group]))
+            senders[group]((ASK, ask_id, None if placed is None else placed[group], what))
         try:
             await asyncio.wait_for(asyncio.shield(future), ASK_TIMEOUT)
         except TimeoutError:
             log.warning("queue figures: no answer from groups %s within %.1fs; their queues show stub figures",
-                        sorted(self._waiting.get(ask_id, (None, None, set()))[2]), ASK_TIMEOUT)
+                        sorted(self._waiting[ask_id][2]) if ask_id in self._waiting else [], ASK_TIMEOUT)
         finally:
             self._waiting.pop(ask_id, None)
         return found
 
-    def answered(self, group: int, ask_id: int, figures: dict[int, tuple]) -> None:
+    def answered(self, group: int, ask_id: int, values: dict[int, Any]) -> None:
         """A worker's answer (the ``"f"`` frame: plain tuples on the link)."""
         waiting = self._waiting.get(ask_id)
         if waiting is None:
             return  # timed out already
-        future, found, missing = waiting
-        found.update((qid, Figures(*f)) for qid, f in figures.items())
+        future, found, missing, what = waiting
+        if what == CONSUMERS:
+            found.update((qid, [Q.ConsumerInfo(*c) for c in rows]) for qid, rows in values.items())
+        else:
+            found.update((qid, Figures(*f)) for qid, f in values.items())
         missing.discard(group)
         if not missing and not future.done():
             future.set_result(None)
@@ -182,3 +203,25 @@ async def vhost_infos(broker: Any, infos: list[VhostInfo]) -> list[VhostInfo]:
                            consumers=v.consumers + more[2])
         out.append(v)
     return out
+
+
+async def consumer_infos(broker: Any, vhost: str | None = None, queue: str | None = None) -> list[ConsumerInfo]:
+    """``queries.consumers`` (of every vhost, one vhost, one queue) with the consumers of queues of
+    queue groups asked from their workers (their stubs here have none).  One group: the query."""
+    rows = list(Q.consumers(broker.machine, vhost, queue))
+    host = broker.group_host
+    if host is None:
+        return rows
+    m = broker.machine
+    if queue is not None and vhost is not None:
+        one = m.vhosts.get(vhost)
+        q = one.queues.get(queue) if one is not None else None
+        placed = placed_in_groups(m, [q.qid]) if q is not None else {}
+    else:
+        placed = placed_in_groups(m, (q.qid for q in m.queues_by_id.values() if vhost is None or q.vhost == vhost))
+    if not placed:
+        return rows
+    asked = await host.figures.ask(placed, CONSUMERS)
+    for qid in sorted(asked):
+        rows.extend(asked[qid])
+    return rows

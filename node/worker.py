@@ -30,7 +30,7 @@ from .broker import Broker
 from .config import Config
 from .group_figures import ANSWER as FIGURES_ANSWER
 from .group_figures import ASK as FIGURES_ASK
-from .group_figures import figures_of
+from .group_figures import answer as figures_answer
 from .group_link import GroupLink
 from .groups import REPORT_GONE, outbox_messages
 from .status import status_loop
@@ -96,7 +96,7 @@ class WorkerBroker(Broker):
             elif kind == "report":
                 self.report(force=True)
             elif kind == FIGURES_ASK:  # the main process reads queues of this group (node/group_figures.py)
-                self._send((FIGURES_ANSWER, item[1], {qid: tuple(f) for qid, f in figures_of(self.machine, item[2]).items()}))
+                self._send((FIGURES_ANSWER, item[1], figures_answer(self.machine, item[3], item[2])))
 
 
 async def serve_worker(config: Config, boot: str, sock: socket.socket) -> None:

@@ -4,7 +4,8 @@ asks the queue's worker for its figures (node/group_figures.py).
 
 Checked with a real node (3 groups), pika and the HTTP API: /api/queues/{vhost}/{name} and
 /api/queues show a queue group's queue's ready, unacknowledged and consumer counts and its
-message_stats (publish, deliver_get, ack) as its group holds them, at once after the confirms and
+message_stats (publish, deliver_get, ack) as its group holds them, and its consumers
+(consumer_details, /api/consumers), at once after the confirms and
 acks (RabbitMQ's management API, https://www.rabbitmq.com/docs/management, reads each queue's
 process: the same promise); /api/overview's queue_totals and /api/vhosts/{name} include them.
 """
@@ -58,7 +59,7 @@ def test_the_http_api_shows_a_queue_groups_queue_as_its_group_holds_it(node):
     ch.basic_ack(method.delivery_tag)
     ch.basic_qos(prefetch_count=2)
     got: list[bytes] = []
-    ch.basic_consume("gr-1", lambda c, m, p, b: got.append(b))
+    tag = ch.basic_consume("gr-1", lambda c, m, p, b: got.append(b))
     wait_until(lambda: (conn.process_data_events(0.05), len(got) == 2)[1], what="two deliveries")
 
     def figures(name: str) -> tuple:
@@ -75,6 +76,12 @@ def test_the_http_api_shows_a_queue_groups_queue_as_its_group_holds_it(node):
     by_name = {q["name"]: q for q in listed}
     assert (by_name["gr-1"]["messages_ready"], by_name["gr-1"]["messages_unacknowledged"]) == (3, 2)
     assert (by_name["gr-2"]["messages_ready"], by_name["gr-2"]["messages_unacknowledged"]) == (2, 0)
+
+    code, one = call(http, "GET", "/api/queues/%2F/gr-1")
+    assert [(c["consumer_tag"], c["prefetch_count"]) for c in one["consumer_details"]] == \
+        [(tag, 2)], one["consumer_details"]
+    code, consumers = call(http, "GET", "/api/consumers")
+    assert code == 200 and [c["queue"]["name"] for c in consumers if c["consumer_tag"] == tag] == ["gr-1"], consumers
 
     code, overview = call(http, "GET", "/api/overview")
     assert code == 200
