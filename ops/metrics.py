@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from raftmq.node.amqp10.limits import KINDS
+from raftmq.node.group_figures import depth_with_figures
 from raftmq.store.core import queries as Q
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ class BrokerCollector:
     def collect(self):
         return (family for family in self.collect_in_steps() if family is not PAUSE)
 
-    def collect_in_steps(self):
+    def collect_in_steps(self, figures: dict | None = None):
         """The families, with PAUSE between every QUEUE_STEP queues: ops/metrics_server.py collects on
         the event loop (the state is the loop's) and lets it run there; 60,000 queues in one go held
         it for ~280 ms.  Queues and vhosts are listed first, so a change during a pause costs a stale
@@ -73,6 +74,8 @@ class BrokerCollector:
                                     labels=["node", "vhost", "queue"])
         consumers = GaugeMetricFamily("raftmq_queue_consumers", "consumers", labels=["node", "vhost", "queue"])
         for counted, queue in enumerate(Q.queue_depths(machine), 1):
+            if figures:  # issue 34: a queue group's queue, as its worker has it (node/group_figures.py)
+                queue = depth_with_figures(queue, figures.get(queue.qid))
             labels = [node, queue.vhost, queue.name]
             ready.add_metric(labels, queue.messages_ready)
             unacked.add_metric(labels, queue.messages_unacknowledged)

@@ -102,7 +102,9 @@ class MetricsApp:
         compress = gzip_accepted(request.headers.get("Accept-Encoding", ""))
         async with self.turn:
             families = []
-            for family in self.collector.collect_in_steps():
+            host = self.collector.broker.group_host  # issue 34: queue groups' queues from their workers
+            figures = await host.figures.ask(None) if host is not None else None
+            for family in self.collector.collect_in_steps(figures):
                 if family is PAUSE:
                     await asyncio.sleep(0)  # let the loop run between chunks of queues
                 else:

@@ -4,7 +4,8 @@ asks the queue's worker for its figures (node/group_figures.py).
 
 Checked with a real node (3 groups), pika and the HTTP API: /api/queues/{vhost}/{name} and
 /api/queues show a queue group's queue's ready, unacknowledged and consumer counts and its
-message_stats (publish, deliver_get, ack) as its group holds them, and its consumers
+message_stats (publish, deliver_get, ack) as its group holds them (and the Prometheus per-queue
+gauges), and its consumers
 (consumer_details, /api/consumers), at once after the confirms and
 acks (RabbitMQ's management API, https://www.rabbitmq.com/docs/management, reads each queue's
 process: the same promise); /api/overview's queue_totals and /api/vhosts/{name} include them.
@@ -17,6 +18,7 @@ import pytest
 
 from raftmq.ops.local.node import RaftmqNode, free_port
 from tests.integration.helpers import wait_until
+from tests.integration.test_metrics import scrape
 from tests.support.http_api import call
 
 GROUPS = {"RAFTMQ_RAFT_GROUPS": "3"}
@@ -26,18 +28,19 @@ GROUPS = {"RAFTMQ_RAFT_GROUPS": "3"}
 def node(tmp_path, broker_kind):
     if broker_kind == "rabbitmq":
         pytest.skip("raftmq's queue groups")
-    http = free_port()
-    with RaftmqNode(tmp_path / "node", env=GROUPS, extra_args=["--http-port", str(http)]) as n:
+    http, metrics = free_port(), free_port()
+    with RaftmqNode(tmp_path / "node", env=GROUPS,
+                    extra_args=["--http-port", str(http), "--metrics-port", str(metrics)]) as n:
         base = f"http://127.0.0.1:{http}"
         wait_until(lambda: call(base, "GET", "/api/overview")[0] == 200, what="the HTTP API")
-        yield n, base
+        yield n, base, metrics
 
 
 def test_the_http_api_shows_a_queue_groups_queue_as_its_group_holds_it(node):
     """Queue ``gr-1`` pinned to group 1 and ``gr-2`` to group 2 (``x-queue-group``): after 5 and 3
     confirmed publishes, 2 deliveries to an unacking consumer (prefetch 2) and one basic.get with
     ack, the API shows each queue's figures from its own group, and the totals add both up."""
-    node, http = node
+    node, http, metrics = node
     conn = pika.BlockingConnection(pika.URLParameters(node.url))
     ch = conn.channel()
     ch.confirm_delivery()
@@ -90,5 +93,12 @@ def test_the_http_api_shows_a_queue_groups_queue_as_its_group_holds_it(node):
     assert overview["object_totals"]["consumers"] >= 1, overview["object_totals"]
     code, vhost = call(http, "GET", "/api/vhosts/%2F")
     assert code == 200 and (vhost["messages_ready"], vhost["messages_unacknowledged"]) == (5, 2), vhost
+    samples = scrape(metrics)  # the Prometheus gauges too (ops/metrics.py)
+    gauges = {(n, dict(labels)["queue"]): v for (n, labels), v in samples.items()
+              if n.startswith("raftmq_queue_") and dict(labels).get("queue") in ("gr-1", "gr-2")}
+    assert gauges[("raftmq_queue_messages_ready", "gr-1")] == 3, gauges
+    assert gauges[("raftmq_queue_messages_unacked", "gr-1")] == 2, gauges
+    assert gauges[("raftmq_queue_consumers", "gr-1")] == 1, gauges
+    assert gauges[("raftmq_queue_messages_ready", "gr-2")] == 2, gauges
     conn.close()
 
