@@ -616,6 +616,8 @@ class Broker:
             held_bytes = getattr(endpoint, "held_bytes", None)
             if held_bytes is not None:
                 held += held_bytes()
+        if self.group_host is not None:  # issue 34: the queue groups' workers' bodies too
+            held += self.group_host.workers_held()
         return held
 
     def disk_free(self) -> int:
@@ -629,6 +631,10 @@ class Broker:
                 continue
             avail = st.f_bavail * st.f_frsize
             free = avail if free is None else min(free, avail)
+        if self.group_host is not None:  # issue 34: where the queue groups' workers write too
+            theirs = self.group_host.workers_disk_free()
+            if theirs is not None:
+                free = theirs if free is None else min(free, theirs)
         return self.config.disk_free_limit + 1 if free is None else free
 
     def check_alarms(self) -> None:

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import pickle
+import signal
 import socket
 import struct
 import subprocess
@@ -70,6 +71,7 @@ class Worker:
     msg_applied: dict[int, int] = field(default_factory=dict)  # source group -> seq applied there
     throttled: bool = False
     progress_at: float = 0.0
+    resources: tuple[int, int] | None = None  # (memory held, disk free) as it last reported them
 
 
 class GroupHost:
@@ -94,6 +96,10 @@ class GroupHost:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         config = self.broker.config
+        # SIGUSR1 (digest.json) is passed on to the workers: ignored until a handler is installed
+        # (node/status.py), here and, inherited across exec, in each worker while it starts.
+        if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         for group in range(1, self.count):
             ours, theirs = socket.socketpair()
             process = subprocess.Popen([sys.executable, "-m", "raftmq.node.worker", str(theirs.fileno())],
@@ -127,6 +133,15 @@ class GroupHost:
                             worker.process.pid)
                 worker.process.kill()
                 worker.process.wait()
+
+    def workers_held(self) -> int:
+        """Bytes the workers hold for clients (bodies in memory), as they last reported."""
+        return sum(w.resources[0] for w in self.workers.values() if w.resources is not None)
+
+    def workers_disk_free(self) -> int | None:
+        """The least disk space free where a worker writes, as they last reported (None: no report)."""
+        free = [w.resources[1] for w in self.workers.values() if w.resources is not None]
+        return min(free) if free else None
 
     @property
     def exit_status(self) -> int | None:
@@ -192,6 +207,9 @@ class GroupHost:
             elif kind == "t":
                 worker.throttled = item[1]
                 self.broker._on_log_throttle(self.broker.log_throttled)
+            elif kind == "m":  # the worker's (memory held, disk free): node/worker.py check_alarms
+                worker.resources = (item[1], item[2])
+                self.broker.check_alarms()
             elif kind == FIGURES_ANSWER:
                 self.figures.answered(group, item[1], item[2])
 

@@ -189,6 +189,10 @@ def use_batch_scheduling() -> None:
 
 
 def run(config: Config, services: Sequence[Service] = ()) -> None:
+    # SIGUSR1 asks for digest.json (node/status.py): ignored until the status loop can answer it,
+    # rather than ending a node still starting (its default action); the queue groups' workers
+    # inherit the ignored disposition while they start (issue 34, node/worker.py).
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     tune_gc()
     old_soft, soft = raise_nofile_limit()  # issue 31: every socket is a descriptor (node/descriptors.py)
     log.info("file descriptor limit %d (raised from %d); %d kept free of HTTP for AMQP logins",

@@ -2,13 +2,12 @@
 a queue group is a stub in the main process's machine (store/core/groups.py), so the management API
 asks the queue's worker for its figures (node/group_figures.py).
 
-Checked with a real node (3 groups), pika and the HTTP API: /api/queues/{vhost}/{name} and
-/api/queues show a queue group's queue's ready, unacknowledged and consumer counts and its
-message_stats (publish, deliver_get, ack) as its group holds them (and the Prometheus per-queue
-gauges), and its consumers
-(consumer_details, /api/consumers), at once after the confirms and
-acks (RabbitMQ's management API, https://www.rabbitmq.com/docs/management, reads each queue's
-process: the same promise); /api/overview's queue_totals and /api/vhosts/{name} include them.
+Checked with a real node (3 groups), pika, the HTTP API and the metrics port: /api/queues/{vhost}/
+{name} and /api/queues show a queue group's queue's ready, unacknowledged and consumer counts and its
+message_stats (publish, deliver_get, ack) as its group holds them, and its consumers
+(consumer_details, /api/consumers), at once after the confirms and acks (RabbitMQ's management API,
+https://www.rabbitmq.com/docs/management, reads each queue's process: the same promise);
+/api/overview's queue_totals, /api/vhosts/{name} and the Prometheus per-queue gauges include them.
 """
 
 from __future__ import annotations
