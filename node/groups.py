@@ -87,6 +87,8 @@ class GroupRouter:
             return self._split_refs(command)
         if op in _EVERY_GROUP:
             return [(group, command) for group in self.every]
+        if op == Op.SESSION_WINDOW_CREDIT:
+            return self._credit_groups(command)
         if op == Op.TX_COMMIT:
             groups: set[int] = set()
             for operation in command.operations:
@@ -100,6 +102,18 @@ class GroupRouter:
         # Metadata (decided and forwarded by the metadata group), 0-10 sessions, 1.0 links' own
         # commands, queries: the metadata group.
         return [(META_GROUP, command)]
+
+    def _credit_groups(self, command: Any) -> list[tuple[int, Any]]:
+        """Credit for a consumer (0-10 window credit, a 0-9-1 auto-ack consumer's top-up,
+        node/amqp091/autoack.py) goes where the consumer is: the metadata group for a session's
+        subscription (the view has it), else the queue groups (a consumer lives in its queue's
+        group only, which the view does not see; the others ignore credit for a consumer they do
+        not have, store/core/sessions.py).  Sent to the metadata group alone, an auto-ack
+        consumer of a queue group's queue got no credit after its first slice and stalled."""
+        ch = self.view().channels.get(command.conn, {}).get(command.channel)
+        if ch is not None and command.destination in ch.consumers:
+            return [(META_GROUP, command)]
+        return [(group, command) for group in self.every[1:]] or [(META_GROUP, command)]
 
     def queue_group(self, vhost_name: str, name: str) -> int:
         vhost = self.view().vhosts.get(vhost_name)
