@@ -44,6 +44,7 @@ ASK = "f?"
 ANSWER = "f"
 FIGURES = "q"  # what an ask wants: Figures per queue
 CONSUMERS = "c"  # or the queues' consumers (ConsumerInfo)
+STATS = "s"  # or the group's message counters and body figures ({group: (stats, bodies)}, metrics)
 ASK_TIMEOUT = 2.0  # seconds
 
 
@@ -125,6 +126,8 @@ class FigureAsker:
         future, found, missing, what = waiting
         if what == CONSUMERS:
             found.update((qid, [Q.ConsumerInfo(*c) for c in rows]) for qid, rows in values.items())
+        elif what == STATS:
+            found.update(values)
         else:
             found.update((qid, Figures(*f)) for qid, f in values.items())
         missing.discard(group)
@@ -225,3 +228,20 @@ async def consumer_infos(broker: Any, vhost: str | None = None, queue: str | Non
     for qid in sorted(asked):
         rows.extend(asked[qid])
     return rows
+
+
+async def node_totals(broker: Any, stats: dict[str, int], bodies: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """The node's message counters (``stats``, queries.message_stats) and body figures (``bodies``,
+    node/status.py bodies_status) of the main process, with every worker's added: each process
+    counts what its group applied and holds its own body store (a publish routed to queues of k
+    groups is applied, and counted as published, by each of them).  One group: as given."""
+    host = broker.group_host
+    if host is None:
+        return stats, bodies
+    stats, bodies = dict(stats), dict(bodies)
+    for worker_stats, worker_bodies in (await host.figures.ask(None, STATS)).values():
+        for key, value in worker_stats.items():
+            stats[key] = stats.get(key, 0) + value
+        for key, value in worker_bodies.items():
+            bodies[key] = bodies.get(key, 0) + value
+    return stats, bodies

@@ -30,10 +30,11 @@ from .broker import Broker
 from .config import Config
 from .group_figures import ANSWER as FIGURES_ANSWER
 from .group_figures import ASK as FIGURES_ASK
+from .group_figures import STATS as FIGURES_STATS
 from .group_figures import answer as figures_answer
 from .group_link import GroupLink
 from .groups import REPORT_GONE, outbox_messages
-from .status import status_loop
+from .status import bodies_status, status_loop
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,11 @@ class WorkerBroker(Broker):
             elif kind == "report":
                 self.report(force=True)
             elif kind == FIGURES_ASK:  # the main process reads queues of this group (node/group_figures.py)
-                self._send((FIGURES_ANSWER, item[1], figures_answer(self.machine, item[3], item[2])))
+                if item[3] == FIGURES_STATS:
+                    answer = {self.config.group: (dict(self.machine.stats), bodies_status(self))}
+                else:
+                    answer = figures_answer(self.machine, item[3], item[2])
+                self._send((FIGURES_ANSWER, item[1], answer))
 
 
 async def serve_worker(config: Config, boot: str, sock: socket.socket) -> None:
