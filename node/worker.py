@@ -26,6 +26,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from raftmq.store.disk.sealed import EXIT_STORE_DAMAGED, StoreDamaged
+from raftmq.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
+
 from .broker import Broker
 from .config import Config
 from .group_figures import ANSWER as FIGURES_ANSWER
@@ -193,7 +196,14 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError:
             pass
     sock.setblocking(False)
-    asyncio.run(serve_worker(config, boot, sock))
+    try:
+        asyncio.run(serve_worker(config, boot, sock))
+    except FormatTooNew as exc:  # as node/server.py run(): the exit status says why (the node exits with it)
+        log.critical("stopping: %s", exc)
+        raise SystemExit(EXIT_FORMAT_TOO_NEW) from exc
+    except StoreDamaged as exc:
+        log.critical("stopping: %s", exc)
+        raise SystemExit(EXIT_STORE_DAMAGED) from exc
 
 
 if __name__ == "__main__":
