@@ -259,10 +259,18 @@ class Broker:
             await self.group_host.start()
         if self.config.group:
             # A queue group's worker: the main process sends what the groups need (node resets to
-            # every group, members and vhosts through the metadata group, forwarded).
+            # every group, members and vhosts through the metadata group, forwarded).  Its own
+            # group's event chain is its to start, as the main process does for the metadata
+            # group below (issue 36; without it a queue group's history had no chain at all).
+            if self.config.clustered and self.events is not None and not self.machine.chain_on:
+                self.submit(AuditChainOn(None, None))
             self._tasks.append(asyncio.create_task(self._tick_loop()))
             if self.config.clustered:
                 self._tasks.append(asyncio.create_task(self._cluster_watch_loop()))
+            # Its alarm checks (reported to the main process, node/worker.py) and its body store's
+            # scrubber (issue 29: damage found before a read meets it) are its own too.
+            self._tasks.append(asyncio.create_task(self._alarm_loop()))
+            self.scrubber.start()
             return
         if self.config.clustered and self.events is not None and not self.machine.chain_on:
             # This node keeps an audit history: every replica chains the events from this entry

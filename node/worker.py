@@ -76,6 +76,7 @@ class WorkerBroker(Broker):
         if mine:
             self._send(("o", mine))
         self.report()
+        self.maybe_check_alarms()  # what it holds grew: the main process's alarms count it (check_alarms)
 
     def report(self, force: bool = False) -> None:
         """The group's outbox positions, when they changed (or when asked again): the metadata
