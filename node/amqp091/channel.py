@@ -617,6 +617,12 @@ class Channel:
                           routing_key=method.routing_key),
             props, body, self.conn.frame_max)
 
+    @property
+    def consumer_count(self) -> int:
+        """The consumers this channel started and has not cancelled (the front end's count: with
+        queue groups a consumer lives in its queue's group, not in the node's view; issue 34)."""
+        return len(self._consumers)
+
     def flush_confirms(self) -> None:
         """Send the confirms gathered from one output batch.
 
