@@ -42,3 +42,21 @@ def group_status(node: Any, group: int = QUEUE_GROUP, timeout: float = 15.0) -> 
             return data
         time.sleep(0.05)
     raise AssertionError(f"no fresh status.json of group {group}")
+
+
+def wait_histories(node: Any, timeout: float = 15.0) -> None:
+    """``RaftmqNode.wait_history`` for every group: each group's audit writer wrote every event its
+    group applied (its status.json), twice in a row."""
+    node.wait_history(timeout)
+    for group in range(1, GROUPS):
+        deadline = time.monotonic() + timeout
+        while True:
+            st = group_status(node, group)
+            if st.get("audit_last_seq") is not None and st.get("audit_last_seq") == st.get("event_seq"):
+                time.sleep(0.6)
+                again = group_status(node, group)
+                if again.get("audit_last_seq") == again.get("event_seq") == st["event_seq"]:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"group {group}'s audit history did not catch up: {st}")
+            time.sleep(0.1)
