@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 from concurrent import futures
 from typing import TYPE_CHECKING
@@ -192,6 +193,13 @@ class AdminService(pb_grpc.AdminServicer):
             # Runs in the gRPC worker thread: the copy reads through its own LMDB transaction,
             # so the broker and the history writer go on meanwhile.
             info = store.snapshot(request.path)
+            if self.broker.group_host is not None:  # issue 34: each queue group's history beside it
+                from raftmq.store.disk.history import snapshot
+
+                from .group_dirs import queue_group_histories
+
+                for group, events in queue_group_histories(self.broker.config.resolved_data_dir()):
+                    snapshot(events, os.path.join(request.path, "groups", f"g{group}"))
         except (ValueError, OSError) as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return pb.SnapshotReply(path=request.path, raft_index=info.raft_index or 0, first_seq=info.first_seq,

@@ -62,6 +62,8 @@ def _snapshot(args: argparse.Namespace) -> int:
 
     from raftmq.store.disk.history import snapshot
 
+    from .group_dirs import queue_group_histories
+
     source = os.path.join(args.data_dir, "events")
     if not os.path.exists(os.path.join(source, "data.mdb")):
         print(f"raftmq snapshot: {source} holds no history (is audit_retention set?)", file=sys.stderr)
@@ -78,24 +80,6 @@ def _snapshot(args: argparse.Namespace) -> int:
     print(json.dumps(out))
     return 0
 
-
-def queue_group_histories(data_dir: str) -> list[tuple[int, str]]:
-    """(group, events directory) of the queue groups of ``data_dir`` (a node's data directory or a
-    history snapshot) that keep a history, in group order (issue 34)."""
-    import os
-    import re
-
-    base = os.path.join(data_dir, "groups")
-    if not os.path.isdir(base):
-        return []
-    found = []
-    for name in os.listdir(base):
-        if re.fullmatch(r"g[1-9][0-9]*", name):
-            for events in (os.path.join(base, name, "events"), os.path.join(base, name)):
-                if os.path.exists(os.path.join(events, "data.mdb")):
-                    found.append((int(name[1:]), events))
-                    break
-    return sorted(found)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -168,6 +152,8 @@ def _audit(args: argparse.Namespace) -> int:
         # Issue 34: alone, a node's data directory (or a snapshot of it) is every group's history,
         # each its own chain: each is verified and printed; the worst exit status counts.
         import copy
+
+        from .group_dirs import queue_group_histories
 
         for _group, events in queue_group_histories(args.snapshot or args.data_dir):
             one = copy.copy(args)
