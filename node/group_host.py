@@ -162,6 +162,10 @@ class GroupHost:
         log.critical("queue group %d: its worker is gone (exit code %s): stopping this node", group, code)
         if self.lost is None:
             self.lost = group
+            # Answer every client now, as a node whose own log fails does (541, node/broker.py
+            # _on_disk_failure): a publisher waiting for a confirm from that group gets an answer,
+            # not the 320 "broker shutdown" of a clean stop.
+            self.broker.close_all(541, f"INTERNAL_ERROR - queue group {group} of this node failed and the node is stopping")
         os.kill(os.getpid(), 15)
 
     # ------------------------------------------------------------------ commands and outputs

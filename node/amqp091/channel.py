@@ -462,7 +462,7 @@ class Channel:
         no_ack = bool(method.no_ack)
         arguments = to_plain(method.arguments or {})
         arguments.pop(AUTOACK_CREDIT, None)  # the node's own (autoack.py), never a client's
-        credited = no_ack and self.conn.config.autoack_slice > 0  # 0: off (rolling upgrades, autoack.py)
+        credited = no_ack and self.conn.config.autoack_credit > 0  # 0: off (rolling upgrades, autoack.py)
         if credited:
             arguments[AUTOACK_CREDIT] = MIN_SLICE
         command = self._command(Consume, self.conn.vhost, queue, method.consumer_tag, no_ack,
@@ -472,7 +472,7 @@ class Channel:
         def consuming(tag):
             self._consumers[tag] = no_ack
             if credited:
-                self._autoack[tag] = AutoAckCredit(self.conn.config.autoack_slice, self.conn.write_high)
+                self._autoack[tag] = AutoAckCredit(self.conn.config.autoack_credit, self.conn.write_high)
             self._window.add_consumer(tag, limit)
             return m.BasicConsumeOk(consumer_tag=tag)
 
