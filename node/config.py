@@ -111,6 +111,7 @@ class Config:
     # 0 (the default) turns it off: it cost ~12% on the publish->delivery round trip of an auto-ack
     # consumer (docs/benchmarks.md, issue 31), cause not located yet; and it must stay 0 during a
     # rolling upgrade from a version without it (replicas would differ).  2048 is the tested setting.
+    # With queue groups 0 means 2048 (``autoack_credit``, issue 34).
     autoack_slice: int = 0
     # Bytes the node holds for clients: message bodies in memory (cache and write-behind), client
     # write buffers, parked auto-ack deliveries, publishes being received (node/broker.py
