@@ -239,9 +239,27 @@ async def node_totals(broker: Any, stats: dict[str, int], bodies: dict[str, int]
     if host is None:
         return stats, bodies
     stats, bodies = dict(stats), dict(bodies)
-    for worker_stats, worker_bodies in (await host.figures.ask(None, STATS)).values():
+    for worker_stats, worker_bodies, *_rest in (await host.figures.ask(None, STATS)).values():
         for key, value in worker_stats.items():
             stats[key] = stats.get(key, 0) + value
         for key, value in worker_bodies.items():
             bodies[key] = bodies.get(key, 0) + value
     return stats, bodies
+
+
+async def held_totals(broker: Any, stats: dict[str, int],
+                      dedup: list[tuple[str, str, int]]) -> tuple[dict[str, int], list[tuple[str, str, int]]]:
+    """The node's message counters summed over every group's process (as :func:`node_totals`), and
+    ``dedup`` (queries.dedup_queues of the main process: a queue group's queue is a stub there, its
+    cache empty) with the entries of each queue's own group.  One group: as given."""
+    host = broker.group_host
+    if host is None:
+        return stats, dedup
+    stats = dict(stats)
+    theirs: dict[tuple[str, str], int] = {}
+    for worker_stats, _bodies, *rest in (await host.figures.ask(None, STATS)).values():
+        for key, value in worker_stats.items():
+            stats[key] = stats.get(key, 0) + value
+        for vhost, name, entries in (rest[0] if rest else []):
+            theirs[(vhost, name)] = entries
+    return stats, [(v, n, theirs.get((v, n), e)) for v, n, e in dedup]

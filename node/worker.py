@@ -26,6 +26,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from raftmq.store.core import queries as Q
 from raftmq.store.disk.sealed import EXIT_STORE_DAMAGED, StoreDamaged
 from raftmq.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
 
@@ -120,7 +121,10 @@ class WorkerBroker(Broker):
                 self.report(force=True)
             elif kind == FIGURES_ASK:  # the main process reads queues of this group (node/group_figures.py)
                 if item[3] == FIGURES_STATS:
-                    answer = {self.config.group: (dict(self.machine.stats), bodies_status(self))}
+                    m = self.machine
+                    dedup = [(v, n, e) for v, n, e in Q.dedup_queues(m)
+                             if getattr(m.vhosts[v].queues.get(n), "group", None) == m.group]
+                    answer = {self.config.group: (dict(m.stats), bodies_status(self), dedup)}
                 else:
                     answer = figures_answer(self.machine, item[3], item[2])
                 self._send((FIGURES_ANSWER, item[1], answer))

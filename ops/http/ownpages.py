@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from raftmq.node.group_figures import held_totals
 from raftmq.store.core import queries as Q
 from raftmq.store.disk import history as EV
 
@@ -55,7 +56,8 @@ async def list_sessions(request: web.Request) -> web.Response:
 async def held(request: web.Request) -> web.Response:
     broker, op = context(request).broker, operator(request)
     machine = broker.machine
-    stats = Q.message_stats(machine)
+    # Issue 34: counters of every group's process, dedup caches of queues in queue groups.
+    stats, dedup = await held_totals(broker, Q.message_stats(machine), Q.dedup_queues(machine))
     exchanges = []
     for vhost in Q.vhost_names(machine):
         if not op.may_see_vhost(vhost):
@@ -63,7 +65,7 @@ async def held(request: web.Request) -> web.Response:
         for exchange in Q.exchanges(machine, vhost):
             if exchange.type in ("x-delayed-message", "x-message-deduplication"):
                 exchanges.append(exchange_view(exchange, plugins=True))
-    queues = [{"vhost": v, "name": n, "cache_entries": entries} for v, n, entries in Q.dedup_queues(machine)
+    queues = [{"vhost": v, "name": n, "cache_entries": entries} for v, n, entries in dedup
               if op.may_see_vhost(v)]
     return reply({
         # Held now (every vhost: the machine's count, as /api/overview's queue_totals.messages_delayed).
