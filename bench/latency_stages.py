@@ -38,7 +38,7 @@ TIME_LIMIT = 60.0  # seconds of round trips per placement, at most
 TRACE_EVENTS = 200_000  # ring per node: ~20 events per round trip on the busiest node
 
 
-def roundtrips(url: str, queue: str, count: int, size: int = 256) -> list[ClientTrip]:
+def roundtrips(url: str, queue: str, count: int, size: int = 256, arguments: dict | None = None) -> list[ClientTrip]:
     """``count`` lone round trips (see the module docstring), stamped with CLOCK_MONOTONIC."""
     body = b"x" * size
     properties = pika.BasicProperties(delivery_mode=2)
@@ -76,7 +76,7 @@ def roundtrips(url: str, queue: str, count: int, size: int = 256) -> list[Client
     def on_channel(channel) -> None:
         box.append(channel)
         channel.confirm_delivery(on_confirm, callback=lambda _frame: channel.queue_declare(
-            queue, durable=True, callback=lambda _f: channel.basic_consume(
+            queue, durable=True, arguments=arguments, callback=lambda _f: channel.basic_consume(
                 queue, on_message, auto_ack=True, callback=on_consuming)))
 
     connection = pika.SelectConnection(pika.URLParameters(url),
@@ -109,9 +109,11 @@ def collect(cluster: Cluster, timeout: float = 15.0) -> dict[str, NodeEvents]:
     return found
 
 
-def measure(cluster: Cluster, node, count: int, size: int = 256) -> tuple[Breakdown, list[dict]]:
-    """Round trips through ``node``, then the breakdown of them from every node's ring."""
-    trips = roundtrips(node.url, f"stages-{uuid.uuid4().hex[:8]}", count, size)
+def measure(cluster: Cluster, node, count: int, size: int = 256,
+            arguments: dict | None = None) -> tuple[Breakdown, list[dict]]:
+    """Round trips through ``node``, then the breakdown of them from every node's ring
+    (``arguments``: the queue's, e.g. ``x-queue-group``)."""
+    trips = roundtrips(node.url, f"stages-{uuid.uuid4().hex[:8]}", count, size, arguments)
     rings = collect(cluster)
     joined = [join_trip(trip, node.node_id, rings) for trip in trips]
     return breakdown(joined), joined

@@ -260,12 +260,17 @@ class Broker:
             await self.group_host.start()
         if self.config.group:
             # A queue group's worker: the main process sends what the groups need (node resets to
-            # every group, members and vhosts through the metadata group, forwarded).
+            # every group, members and vhosts through the metadata group, forwarded).  Its own
+            # group's event chain is its to start, as the main process does for the metadata
+            # group below (issue 36; without it a queue group's history had no chain at all).
+            if self.config.clustered and self.events is not None and not self.machine.chain_on:
+                self.submit(AuditChainOn(None, None))
             self._tasks.append(asyncio.create_task(self._tick_loop()))
             if self.config.clustered:
                 self._tasks.append(asyncio.create_task(self._cluster_watch_loop()))
-            # Its body store's scrubber: it also retries the repair of damaged bodies a read found
-            # (a digest's read repairs nothing; without it a damaged body stayed, seen in a chaos run).
+            # Its alarm checks (reported to the main process, node/worker.py) and its body store's
+            # scrubber (issue 29: damage found before a read meets it) are its own too.
+            self._tasks.append(asyncio.create_task(self._alarm_loop()))
             self.scrubber.start()
             return
         if self.config.clustered and self.events is not None and not self.machine.chain_on:
@@ -622,6 +627,8 @@ class Broker:
             held_bytes = getattr(endpoint, "held_bytes", None)
             if held_bytes is not None:
                 held += held_bytes()
+        if self.group_host is not None:  # issue 34: the queue groups' workers' bodies too
+            held += self.group_host.workers_held()
         return held
 
     def disk_free(self) -> int:
@@ -635,6 +642,10 @@ class Broker:
                 continue
             avail = st.f_bavail * st.f_frsize
             free = avail if free is None else min(free, avail)
+        if self.group_host is not None:  # issue 34: where the queue groups' workers write too
+            theirs = self.group_host.workers_disk_free()
+            if theirs is not None:
+                free = theirs if free is None else min(free, theirs)
         return self.config.disk_free_limit + 1 if free is None else free
 
     def check_alarms(self) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
+GROUPS_AUTOACK_SLICE = 2048  # Config.autoack_credit with queue groups (the tested setting, docs/benchmarks.md)
+
 
 @dataclass
 class UserConfig:
@@ -109,6 +111,7 @@ class Config:
     # 0 (the default) turns it off: it cost ~12% on the publish->delivery round trip of an auto-ack
     # consumer (docs/benchmarks.md, issue 31), cause not located yet; and it must stay 0 during a
     # rolling upgrade from a version without it (replicas would differ).  2048 is the tested setting.
+    # With queue groups 0 means 2048 (``autoack_credit``, issue 34).
     autoack_slice: int = 0
     # Bytes the node holds for clients: message bodies in memory (cache and write-behind), client
     # write buffers, parked auto-ack deliveries, publishes being received (node/broker.py
@@ -258,6 +261,17 @@ class Config:
 
     def resolved_data_dir(self) -> str:
         return self.data_dir or os.path.join("data", self.node_id)
+
+    @property
+    def autoack_credit(self) -> int:
+        """The auto-ack credit slice in effect (node/amqp091/autoack.py): ``autoack_slice``; with
+        queue groups 2048 when it is 0.  There the stop through the log (Op.FLOW) reaches a queue
+        group's worker behind the publishes already in its log, so an auto-ack consumer that stopped
+        reading was assigned a whole burst (2,410 of 3,200 x 64 KiB, against 128 with one group);
+        and a cluster with groups has no older replica to differ from (the rolling-upgrade reason)."""
+        if self.autoack_slice or self.raft_groups <= 1:
+            return self.autoack_slice
+        return GROUPS_AUTOACK_SLICE
 
     def for_group(self, group: int) -> Config:
         """This node's configuration for the worker process of queue group ``group``: its own data

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import pickle
+import signal
 import socket
 import struct
 import subprocess
@@ -43,6 +44,8 @@ from raftmq.store.core.commands import (
 )
 from raftmq.store.core.groups import GroupReport
 
+from .group_figures import ANSWER as FIGURES_ANSWER
+from .group_figures import FigureAsker
 from .group_link import GroupLink
 from .groups import GroupRouter, ReplyJoin, outbox_messages, typed_replies
 from .tx_forward import Report, TxForwarder
@@ -71,6 +74,7 @@ class Worker:
     msg_applied: dict[int, int] = field(default_factory=dict)  # source group -> seq applied there
     throttled: bool = False
     progress_at: float = 0.0
+    resources: tuple[int, int] | None = None  # (memory held, disk free) as it last reported them
 
 
 class GroupHost:
@@ -91,12 +95,19 @@ class GroupHost:
         self._task: asyncio.Task | None = None
         self.tx = TxForwarder()  # transactions across groups (node/tx_forward.py)
         self.tx_reports: dict[int, Report] = {}  # each worker's last "x" report
+        self.lost: int | None = None  # the queue group whose worker went first (it stops the node)
+        # Reads of queues placed in queue groups ask their workers (node/group_figures.py).
+        self.figures = FigureAsker(lambda: {g: w.link.send for g, w in self.workers.items()})
 
     # ------------------------------------------------------------------ workers
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         config = self.broker.config
+        # SIGUSR1 (digest.json) is passed on to the workers: ignored until a handler is installed
+        # (node/status.py), here and, inherited across exec, in each worker while it starts.
+        if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         for group in range(1, self.count):
             ours, theirs = socket.socketpair()
             process = subprocess.Popen([sys.executable, "-m", "raftmq.node.worker", str(theirs.fileno())],
@@ -131,6 +142,24 @@ class GroupHost:
                 worker.process.kill()
                 worker.process.wait()
 
+    def workers_held(self) -> int:
+        """Bytes the workers hold for clients (bodies in memory), as they last reported."""
+        return sum(w.resources[0] for w in self.workers.values() if w.resources is not None)
+
+    def workers_disk_free(self) -> int | None:
+        """The least disk space free where a worker writes, as they last reported (None: no report)."""
+        free = [w.resources[1] for w in self.workers.values() if w.resources is not None]
+        return min(free) if free else None
+
+    @property
+    def exit_status(self) -> int | None:
+        """The exit status of the worker whose loss stopped this node, when it failed (> 0): the
+        node exits with it, so that a supervisor sees why (70: a journal it could not write,
+        raft/journal.py) as with one group.  Known once :meth:`stop` has waited for the workers."""
+        worker = self.workers.get(self.lost) if self.lost is not None else None
+        code = worker.process.returncode if worker is not None else None
+        return code if code is not None and code > 0 else None
+
     def _worker_lost(self, group: int) -> None:
         if self._stopping:
             return
@@ -139,6 +168,12 @@ class GroupHost:
         # A node is all its processes: without a group's worker it cannot serve that group's
         # queues, so it stops (the cluster's other members take its place; a supervisor restarts it).
         log.critical("queue group %d: its worker is gone (exit code %s): stopping this node", group, code)
+        if self.lost is None:
+            self.lost = group
+            # Answer every client now, as a node whose own log fails does (541, node/broker.py
+            # _on_disk_failure): a publisher waiting for a confirm from that group gets an answer,
+            # not the 320 "broker shutdown" of a clean stop.
+            self.broker.close_all(541, f"INTERNAL_ERROR - queue group {group} of this node failed and the node is stopping")
         os.kill(os.getpid(), 15)
 
     # ------------------------------------------------------------------ commands and outputs
@@ -190,6 +225,11 @@ class GroupHost:
             elif kind == "t":
                 worker.throttled = item[1]
                 self.broker._on_log_throttle(self.broker.log_throttled)
+            elif kind == "m":  # the worker's (memory held, disk free): node/worker.py check_alarms
+                worker.resources = (item[1], item[2])
+                self.broker.check_alarms()
+            elif kind == FIGURES_ANSWER:
+                self.figures.answered(group, item[1], item[2])
 
     # ------------------------------------------------------------------ the forwarder
 

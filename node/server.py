@@ -109,7 +109,8 @@ def tls_context(config: Config) -> ssl.SSLContext:
 Service = Callable[[Broker], Callable[[], None]]
 
 
-async def serve(config: Config, ready: asyncio.Event | None = None, services: Sequence[Service] = ()) -> None:
+async def serve(config: Config, ready: asyncio.Event | None = None, services: Sequence[Service] = ()) -> int | None:
+    """Run the node until SIGTERM/SIGINT; returns the exit status it must leave with (None: 0)."""
     broker = Broker(config)
     await broker.start()
     # status.json and digest.json (node/status.py) beside the broker: started here, so that the
@@ -151,6 +152,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None, services: Se
         status.cancel()
         await asyncio.gather(status, return_exceptions=True)
         await broker.stop()
+    # Issue 34: stopped because a queue group's worker failed: the node leaves with its status.
+    return broker.group_host.exit_status if broker.group_host is not None else None
 
 GC_THRESHOLDS = (50_000, 20, 20)  # see tune_gc
 
@@ -186,6 +189,10 @@ def use_batch_scheduling() -> None:
 
 
 def run(config: Config, services: Sequence[Service] = ()) -> None:
+    # SIGUSR1 asks for digest.json (node/status.py): ignored until the status loop can answer it,
+    # rather than ending a node still starting (its default action); the queue groups' workers
+    # inherit the ignored disposition while they start (issue 34, node/worker.py).
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     tune_gc()
     old_soft, soft = raise_nofile_limit()  # issue 31: every socket is a descriptor (node/descriptors.py)
     log.info("file descriptor limit %d (raised from %d); %d kept free of HTTP for AMQP logins",
@@ -205,10 +212,12 @@ def run(config: Config, services: Sequence[Service] = ()) -> None:
         except ImportError:
             log.info("uvloop not available; using the default asyncio loop")
     try:
-        asyncio.run(serve(config, services=services))
+        code = asyncio.run(serve(config, services=services))
     except FormatTooNew as exc:  # its data was written by a newer raftmq (raftmq/versions.py)
         log.critical("stopping: %s", exc)
         raise SystemExit(EXIT_FORMAT_TOO_NEW) from exc
     except StoreDamaged as exc:  # its state or audit history failed their checksums (store/disk/sealed.py)
         log.critical("stopping: %s", exc)
         raise SystemExit(EXIT_STORE_DAMAGED) from exc
+    if code:
+        raise SystemExit(code)

@@ -26,17 +26,27 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from raftmq.store.core import queries as Q
 from raftmq.store.core.commands import OUT_GROUP_REPORT
 from raftmq.store.core.groups import GroupReport
 from raftmq.store.core.tx_groups import participant_report
+from raftmq.store.disk.sealed import EXIT_STORE_DAMAGED, StoreDamaged
+from raftmq.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
 
 from .broker import Broker
 from .config import Config
+from .group_figures import ANSWER as FIGURES_ANSWER
+from .group_figures import ASK as FIGURES_ASK
+from .group_figures import STATS as FIGURES_STATS
+from .group_figures import answer as figures_answer
 from .group_link import GroupLink
 from .groups import REPORT_GONE, outbox_messages, plain_replies
-from .status import status_loop
+from .status import bodies_status, status_loop
 
 log = logging.getLogger(__name__)
+
+RESOURCES = "m"  # the link frame reporting a worker's (memory held, disk free) to its main process
+RESOURCE_REPORT_STEP = 256 << 10  # bytes either must move by before it is reported again
 
 
 
@@ -47,12 +57,23 @@ class WorkerBroker(Broker):
         self._send = send
         self._report: GroupReport | None = None  # the last released batch's (store/core/groups.py)
         self._last_tx: tuple = (0, {})
+        self._resources_sent: tuple[int, int] | None = None
         super().__init__(config, boot=boot)
         prefix = boot + "."
         self._prefix = prefix
         # Deliveries for this node's connections get their bodies here (fill_bodies): the main
         # process has no access to this group's body store.
         self.applier.is_local = lambda conn: conn is not None and conn.startswith(prefix)
+
+    def node_of_raft(self, raft_address: str | None) -> str | None:
+        """The node whose replica of this group is at ``raft_address``: the group's own Raft
+        addresses (the members' moved by ``group`` port steps, Config.for_group), not the
+        replicated member list's (the metadata group's addresses), which status.json's
+        ``leader_node`` would otherwise never match."""
+        for member in self.config.cluster:
+            if member.raft == raft_address:
+                return member.node_id
+        return super().node_of_raft(raft_address)
 
     def _on_outputs(self, outputs: list) -> None:
         prefix = self._prefix
@@ -64,6 +85,7 @@ class WorkerBroker(Broker):
             self._report = last[2]
             self.report()
         self.report_tx()
+        self.maybe_check_alarms()  # what it holds grew: the main process's alarms count it (check_alarms)
 
     def report(self) -> None:
         """The group's outbox positions as of the last released batch (``GroupReport``, with the
@@ -87,6 +109,20 @@ class WorkerBroker(Broker):
             self._last_tx = tx
             self._send(("x", tx))
 
+    def check_alarms(self) -> None:
+        """The worker has no connections to block: it reports what it holds and the disk space
+        where it writes to the main process, which sums them with its own (a node's memory and
+        disk alarms cover all its processes, node/group_host.py ``resources``); sent when either
+        moved by more than RESOURCE_REPORT_STEP or crossed a limit."""
+        held, free = self.memory_held(), self.disk_free()
+        last = self._resources_sent
+        config = self.config
+        if last is None or abs(held - last[0]) > RESOURCE_REPORT_STEP or abs(free - last[1]) > RESOURCE_REPORT_STEP \
+                or (held > config.memory_high_watermark) != (last[0] > config.memory_high_watermark) \
+                or (free < config.disk_free_limit) != (last[1] < config.disk_free_limit):
+            self._resources_sent = (held, free)
+            self._send((RESOURCES, held, free))
+
     def _on_throttle(self, on: bool) -> None:
         super()._on_throttle(on)
         self._send(("t", on))
@@ -101,6 +137,15 @@ class WorkerBroker(Broker):
             elif kind == "report":
                 self.report()
                 self.report_tx(force=True)
+            elif kind == FIGURES_ASK:  # the main process reads queues of this group (node/group_figures.py)
+                if item[3] == FIGURES_STATS:
+                    m = self.machine
+                    dedup = [(v, n, e) for v, n, e in Q.dedup_queues(m)
+                             if getattr(m.vhosts[v].queues.get(n), "group", None) == m.group]
+                    answer = {self.config.group: (dict(m.stats), bodies_status(self), dedup)}
+                else:
+                    answer = figures_answer(self.machine, item[3], item[2])
+                self._send((FIGURES_ANSWER, item[1], answer))
 
 
 async def serve_worker(config: Config, boot: str, sock: socket.socket) -> None:
@@ -148,6 +193,13 @@ def _read_exactly(sock: socket.socket, size: int) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # The main process passes SIGUSR1 (write digest.json, node/status.py) on to its workers at any
+    # time, also while a worker is still starting (opening its stores, installing a snapshot)
+    # and has no handler yet: SIGUSR1's default action would end it, and with it the node (seen in
+    # tests/cluster/test_replication.py with 3 groups: exit code -10 on a returning follower).
+    # Ignored until status_loop installs the handler (the main process starts it with SIGUSR1
+    # ignored already, node/group_host.py: this covers a worker started otherwise).
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     args = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(args[0]))
     sock.setblocking(True)
@@ -167,7 +219,14 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError:
             pass
     sock.setblocking(False)
-    asyncio.run(serve_worker(config, boot, sock))
+    try:
+        asyncio.run(serve_worker(config, boot, sock))
+    except FormatTooNew as exc:  # as node/server.py run(): the exit status says why (the node exits with it)
+        log.critical("stopping: %s", exc)
+        raise SystemExit(EXIT_FORMAT_TOO_NEW) from exc
+    except StoreDamaged as exc:
+        log.critical("stopping: %s", exc)
+        raise SystemExit(EXIT_STORE_DAMAGED) from exc
 
 
 if __name__ == "__main__":

@@ -16,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 from concurrent import futures
 from typing import TYPE_CHECKING
 
 import grpc
 
+from raftmq.node.group_figures import consumer_infos, queue_infos
 from raftmq.raft.log import NotReplicated
 from raftmq.store.core import queries as Q
 from raftmq.store.core.limits import SCOPES, check_limits
@@ -92,10 +94,12 @@ class AdminService(pb_grpc.AdminServicer):
 
     async def _list_queues(self):
         machine = self.broker.machine
+        queues = [q for vhost in Q.vhost_names(machine) for q in Q.queues(machine, vhost)]
+        queues, _figures = await queue_infos(self.broker, queues)  # issue 34: queue groups' figures
         out = [pb.QueueInfo(vhost=q.vhost, name=q.name, durable=q.durable, exclusive=q.exclusive_owner is not None,
                             auto_delete=q.auto_delete, messages_ready=q.messages_ready,
                             messages_unacked=q.messages_unacknowledged, consumers=q.consumers)
-               for vhost in Q.vhost_names(machine) for q in Q.queues(machine, vhost)]
+               for q in queues]
         return pb.QueueList(queues=out)
 
     def ListExchanges(self, request, context):  # noqa: N802
@@ -129,7 +133,7 @@ class AdminService(pb_grpc.AdminServicer):
         return pb.ConsumerList(consumers=[
             pb.ConsumerInfo(vhost=c.vhost, queue=c.queue, tag=c.tag, connection=c.connection, channel=c.channel,
                             prefetch=c.prefetch, unacked=c.unacked, ack_required=not c.no_ack)
-            for c in Q.consumers(self.broker.machine)])
+            for c in await consumer_infos(self.broker)])  # issue 34: queue groups' consumers too
 
     # ------------------------------------------------------------------ changes (through the log)
 
@@ -189,6 +193,13 @@ class AdminService(pb_grpc.AdminServicer):
             # Runs in the gRPC worker thread: the copy reads through its own LMDB transaction,
             # so the broker and the history writer go on meanwhile.
             info = store.snapshot(request.path)
+            if self.broker.group_host is not None:  # issue 34: each queue group's history beside it
+                from raftmq.store.disk.history import snapshot
+
+                from .group_dirs import queue_group_histories
+
+                for group, events in queue_group_histories(self.broker.config.resolved_data_dir()):
+                    snapshot(events, os.path.join(request.path, "groups", f"g{group}"))
         except (ValueError, OSError) as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return pb.SnapshotReply(path=request.path, raft_index=info.raft_index or 0, first_seq=info.first_seq,

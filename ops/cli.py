@@ -66,13 +66,24 @@ def _snapshot(args: argparse.Namespace) -> int:
 
     from raftmq.store.disk.history import snapshot
 
+    from .group_dirs import queue_group_histories
+
     source = os.path.join(args.data_dir, "events")
     if not os.path.exists(os.path.join(source, "data.mdb")):
         print(f"raftmq snapshot: {source} holds no history (is audit_retention set?)", file=sys.stderr)
         return 2
     info = snapshot(source, args.out)
-    print(json.dumps({"snapshot": args.out, **dataclasses.asdict(info)}))
+    out = {"snapshot": args.out, **dataclasses.asdict(info)}
+    # Issue 34: each queue group keeps its own history (groups/g<N>/events, its own sequence);
+    # its snapshot goes to <out>/groups/g<N>, beside the metadata group's.
+    groups = {}
+    for group, events in queue_group_histories(args.data_dir):
+        groups[str(group)] = dataclasses.asdict(snapshot(events, os.path.join(args.out, "groups", f"g{group}")))
+    if groups:
+        out["groups"] = groups
+    print(json.dumps(out))
     return 0
+
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -146,7 +157,20 @@ def _audit(args: argparse.Namespace) -> int:
                     return 2
                 setattr(args, name, given[0] if given else None)
 
-        return verify_chain(args)
+        code = verify_chain(args)
+        if getattr(args, "against", None) or getattr(args, "peer", None):
+            return code  # one history against another: the metadata group's (or the one given)
+        # Issue 34: alone, a node's data directory (or a snapshot of it) is every group's history,
+        # each its own chain: each is verified and printed; the worst exit status counts.
+        import copy
+
+        from .group_dirs import queue_group_histories
+
+        for _group, events in queue_group_histories(args.snapshot or args.data_dir):
+            one = copy.copy(args)
+            one.snapshot, one.data_dir = events, None
+            code = max(code, verify_chain(one))
+        return code
     try:
         from raftmq.spark.report import run
     except ImportError as exc:

@@ -8,6 +8,11 @@ Removing: ``raftmq cluster remove --raft HOST:PORT``; the leader then releases t
 connections (unacked messages return to their queues) and drops it from known-hosts.
 With Raft groups (issue 34), ``status`` shows every group's leader and replicas and ``rebalance``
 spreads the groups' leaders over the live members (node/group_leaders.py).
+
+With queue groups (issue 34, ``raft_groups`` > 1) every group is a Raft group of its own, on the
+members' Raft ports moved by ``group x raft_group_port_step`` (Config.for_group): ``add`` and
+``remove`` change the metadata group, then each queue group the same way, so that the new node's
+workers take part in their groups (and a removed node's leave them).
 """
 
 from __future__ import annotations
@@ -85,7 +90,17 @@ def change(config: Config, action: str, raft_address: str, via: str | None = Non
     result = result.decode() if isinstance(result, bytes) else str(result)
     if not result.startswith("SUCCESS"):
         raise SystemExit(f"{action} {raft_address} failed: {result}")
+    if config.group == 0:
+        for group in range(1, config.raft_groups):
+            change(config.for_group(group), action, group_address(config, raft_address, group),
+                   group_address(config, via, group) if via else None, timeout)
     return result
+
+
+def group_address(config: Config, raft_address: str, group: int) -> str:
+    """A member's Raft address in queue group ``group`` (Config.for_group's port step)."""
+    host, port = raft_address.rsplit(":", 1)
+    return f"{host}:{int(port) + group * config.raft_group_port_step}"
 
 
 def print_json(data) -> None:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from raftmq.node.amqp10.limits import KINDS
+from raftmq.node.group_figures import depth_with_figures
 from raftmq.store.core import queries as Q
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class BrokerCollector:
     def collect(self):
         return (family for family in self.collect_in_steps() if family is not PAUSE)
 
-    def collect_in_steps(self):
+    def collect_in_steps(self, figures: dict | None = None, totals: tuple[dict, dict] | None = None):
         """The families, with PAUSE between every QUEUE_STEP queues: ops/metrics_server.py collects on
         the event loop (the state is the loop's) and lets it run there; 60,000 queues in one go held
         it for ~280 ms.  Queues and vhosts are listed first, so a change during a pause costs a stale
@@ -60,7 +61,9 @@ class BrokerCollector:
         broker = self.broker
         machine = broker.machine
         node = broker.config.node_id
-        for key, value in Q.message_stats(machine).items():
+        # totals: issue 34, the message counters and body figures of every group's process summed
+        # (node/group_figures.py node_totals); None with one group.
+        for key, value in (totals[0] if totals else Q.message_stats(machine)).items():
             family = CounterMetricFamily(f"raftmq_messages_{key}", f"messages {key.replace('_', ' ')}",
                                          labels=["node"])
             family.add_metric([node], value)
@@ -76,6 +79,8 @@ class BrokerCollector:
                                     labels=["node", "vhost", "queue"])
         consumers = GaugeMetricFamily("raftmq_queue_consumers", "consumers", labels=["node", "vhost", "queue"])
         for counted, queue in enumerate(Q.queue_depths(machine), 1):
+            if figures:  # issue 34: a queue group's queue, as its worker has it (node/group_figures.py)
+                queue = depth_with_figures(queue, figures.get(queue.qid))
             labels = [node, queue.vhost, queue.name]
             ready.add_metric(labels, queue.messages_ready)
             unacked.add_metric(labels, queue.messages_unacknowledged)
@@ -114,7 +119,7 @@ class BrokerCollector:
         yield _gauge("raftmq_sessions", "AMQP 0-10 sessions in the cluster", node, Q.counters(machine).sessions)
         yield _gauge("raftmq_resource_alarm", "1 while a resource alarm blocks publishers", node,
                      1 if broker.alarm else 0)
-        yield from _body_metrics(broker, node)
+        yield from _body_metrics(broker, node, totals[1] if totals else None)
         yield from _listener_metrics(node)
         limited = CounterMetricFamily("raftmq_limit_refusals", "this node's clients' queues, connections and "
                                       "channels refused by a vhost or user limit (node/limits.py)",
@@ -216,28 +221,37 @@ def _group_metrics(broker: Broker, node: str):
     yield age
 
 
-def _body_metrics(broker: Broker, node: str):
-    """The node's message bodies (store/disk/bodies.py): memory held, cache traffic, disk traffic."""
+def _body_metrics(broker: Broker, node: str, summed: dict | None = None):
+    """The node's message bodies (store/disk/bodies.py): memory held, cache traffic, disk traffic.
+    ``summed``: with queue groups, node/status.py bodies_status of every process added up (each
+    group has a body store and a cache of its own: the limit is theirs together)."""
     bodies = broker.bodies
+    b = summed or {"body_held_bytes": bodies.held_bytes, "body_cache_bytes": bodies.cache.bytes,
+                   "body_cache_limit": bodies.cache.limit, "body_cache_hits": bodies.cache.hits,
+                   "body_cache_misses": bodies.cache.misses, "body_cache_loaded": bodies.cache.loaded,
+                   "bodies_written": bodies.stats.written, "bodies_deleted": bodies.stats.deleted,
+                   "bodies_fetched": bodies.stats.fetched, "bodies_lost": bodies.stats.lost,
+                   "bodies_damaged": bodies.damaged, "bodies_repaired": bodies.stats.repaired,
+                   "bodies_refused": bodies.stats.refused}
     yield _gauge("raftmq_body_memory_bytes", "message body bytes held in memory (cache and not yet written)",
-                 node, bodies.held_bytes)
-    yield _gauge("raftmq_body_cache_bytes", "message body bytes in the body cache", node, bodies.cache.bytes)
-    yield _gauge("raftmq_body_cache_limit_bytes", "body_cache_bytes", node, bodies.cache.limit)
-    counters = (("raftmq_body_cache_hits", "deliveries whose body was in memory", bodies.cache.hits),
-                ("raftmq_body_cache_misses", "deliveries whose body was read from disk alone", bodies.cache.misses),
-                ("raftmq_bodies_read", "bodies read from disk (misses and read-ahead)", bodies.cache.loaded),
-                ("raftmq_bodies_written", "bodies written to disk", bodies.stats.written),
-                ("raftmq_bodies_deleted", "bodies deleted from disk", bodies.stats.deleted),
+                 node, b["body_held_bytes"])
+    yield _gauge("raftmq_body_cache_bytes", "message body bytes in the body cache", node, b["body_cache_bytes"])
+    yield _gauge("raftmq_body_cache_limit_bytes", "body_cache_bytes", node, b["body_cache_limit"])
+    counters = (("raftmq_body_cache_hits", "deliveries whose body was in memory", b["body_cache_hits"]),
+                ("raftmq_body_cache_misses", "deliveries whose body was read from disk alone", b["body_cache_misses"]),
+                ("raftmq_bodies_read", "bodies read from disk (misses and read-ahead)", b["body_cache_loaded"]),
+                ("raftmq_bodies_written", "bodies written to disk", b["bodies_written"]),
+                ("raftmq_bodies_deleted", "bodies deleted from disk", b["bodies_deleted"]),
                 ("raftmq_bodies_fetched", "bodies fetched from other members after a snapshot install",
-                 bodies.stats.fetched),
+                 b["bodies_fetched"]),
                 ("raftmq_bodies_lost", "deliveries or copies whose body this node lacked (never expected)",
-                 bodies.stats.lost),
+                 b["bodies_lost"]),
                 ("raftmq_bodies_damaged", "stored bodies found damaged (checksum mismatch or unreadable)",
-                 bodies.damaged),
+                 b["bodies_damaged"]),
                 ("raftmq_bodies_repaired", "damaged bodies replaced by an intact copy from a member",
-                 bodies.stats.repaired),
+                 b["bodies_repaired"]),
                 ("raftmq_bodies_refused", "deliveries not sent: body damaged and not repaired",
-                 bodies.stats.refused))
+                 b["bodies_refused"]))
     for name, doc, value in counters:
         family = CounterMetricFamily(name, doc, labels=["node"])
         family.add_metric([node], value)

@@ -43,6 +43,9 @@ from prometheus_client.metrics_core import Metric
 
 from raftmq.node.config import Config
 from raftmq.node.descriptors import DescriptorReserve, listener_stats
+from raftmq.node.group_figures import node_totals
+from raftmq.node.status import bodies_status
+from raftmq.store.core import queries as Q
 
 from .http.listener import HttpListener
 from .metrics import PAUSE, BrokerCollector
@@ -102,7 +105,13 @@ class MetricsApp:
         compress = gzip_accepted(request.headers.get("Accept-Encoding", ""))
         async with self.turn:
             families = []
-            for family in self.collector.collect_in_steps():
+            host = self.collector.broker.group_host  # issue 34: queue groups' queues from their workers
+            figures = await host.figures.ask(None) if host is not None else None
+            totals = None
+            if host is not None:
+                broker = self.collector.broker
+                totals = await node_totals(broker, Q.message_stats(broker.machine), bodies_status(broker))
+            for family in self.collector.collect_in_steps(figures, totals):
                 if family is PAUSE:
                     await asyncio.sleep(0)  # let the loop run between chunks of queues
                 else:

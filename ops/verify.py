@@ -29,6 +29,7 @@ import importlib
 import json
 import os
 import pickle
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,20 +61,27 @@ class Target:
 
 
 def targets(data_dir: str) -> list[Target]:
-    """The stores found in ``data_dir`` (single node or cluster node), each with its checker."""
+    """The stores found in ``data_dir`` (single node or cluster node), each with its checker, and
+    those of its queue groups (issue 34: ``groups/g<N>``, each worker's own stores, named
+    ``g<N>/state`` etc.)."""
     found: list[Target] = []
 
-    def add(store: str, sub: str, marker: str | None, module: str, name: str) -> None:
-        path = os.path.join(data_dir, sub)
+    def add(base: str, prefix: str, store: str, sub: str, marker: str | None, module: str, name: str) -> None:
+        path = os.path.join(base, sub)
         if not os.path.exists(os.path.join(path, marker) if marker else path):
             return
-        found.append(Target(store, path, _checker(module, name), f"{module}.{name}"))
+        found.append(Target(prefix + store, path, _checker(module, name), f"{module}.{name}"))
 
-    add("state", "state", "data.mdb", "raftmq.store.disk.durable", "verify_state")
-    add("events", "events", "data.mdb", "raftmq.store.disk.history", "verify_history")
-    add("journal", os.path.join("raft", "journal"), None, "raftmq.raft.journal", "verify_journal")
-    add("snapshot", os.path.join("raft", "snapshot.lmdb"), None, "raftmq.store.disk.snapshot", "verify_snapshot")
-    add("bodies", "bodies", "data.mdb", "raftmq.store.disk.body_store", "verify_body_store")
+    groups_dir = os.path.join(data_dir, "groups")
+    groups = sorted((int(n[1:]) for n in os.listdir(groups_dir) if re.fullmatch(r"g[1-9][0-9]*", n))
+                    if os.path.isdir(groups_dir) else [])
+    for base, prefix in [(data_dir, "")] + [(os.path.join(groups_dir, f"g{g}"), f"g{g}/") for g in groups]:
+        add(base, prefix, "state", "state", "data.mdb", "raftmq.store.disk.durable", "verify_state")
+        add(base, prefix, "events", "events", "data.mdb", "raftmq.store.disk.history", "verify_history")
+        add(base, prefix, "journal", os.path.join("raft", "journal"), None, "raftmq.raft.journal", "verify_journal")
+        add(base, prefix, "snapshot", os.path.join("raft", "snapshot.lmdb"), None, "raftmq.store.disk.snapshot",
+            "verify_snapshot")
+        add(base, prefix, "bodies", "bodies", "data.mdb", "raftmq.store.disk.body_store", "verify_body_store")
     return found
 
 

@@ -141,6 +141,10 @@ class Channel:
         self._publish_seq = 0
         self._unconfirmed = 0  # publishes submitted whose outcome has not come back
         self._confirms: list[tuple[int, bool]] = []  # (seq, ack?) waiting for flush
+        # Every confirm up to this sequence number was sent; outcomes that came before an earlier
+        # publish's (queue groups, issue 34) wait in _confirms_held until it comes (flush_confirms).
+        self._answered_through = 0
+        self._confirms_held: dict[int, bool] = {}
         # Transactions.
         self.tx_mode = False
         self._tx_ops: list[list] = []
@@ -458,7 +462,7 @@ class Channel:
         no_ack = bool(method.no_ack)
         arguments = to_plain(method.arguments or {})
         arguments.pop(AUTOACK_CREDIT, None)  # the node's own (autoack.py), never a client's
-        credited = no_ack and self.conn.config.autoack_slice > 0  # 0: off (rolling upgrades, autoack.py)
+        credited = no_ack and self.conn.config.autoack_credit > 0  # 0: off (rolling upgrades, autoack.py)
         if credited:
             arguments[AUTOACK_CREDIT] = MIN_SLICE
         command = self._command(Consume, self.conn.vhost, queue, method.consumer_tag, no_ack,
@@ -468,7 +472,7 @@ class Channel:
         def consuming(tag):
             self._consumers[tag] = no_ack
             if credited:
-                self._autoack[tag] = AutoAckCredit(self.conn.config.autoack_slice, self.conn.write_high)
+                self._autoack[tag] = AutoAckCredit(self.conn.config.autoack_credit, self.conn.write_high)
             self._window.add_consumer(tag, limit)
             return m.BasicConsumeOk(consumer_tag=tag)
 
@@ -613,26 +617,83 @@ class Channel:
                           routing_key=method.routing_key),
             props, body, self.conn.frame_max)
 
+    @property
+    def consumer_count(self) -> int:
+        """The consumers this channel started and has not cancelled (the front end's count: with
+        queue groups a consumer lives in its queue's group, not in the node's view; issue 34)."""
+        return len(self._consumers)
+
     def flush_confirms(self) -> None:
         """Send the confirms gathered from one output batch.
 
         Outcomes arrive in publish order (the log's order), so a run of acks is one basic.ack with
-        multiple=true for its last sequence number; nacks go one by one.
+        multiple=true for its last sequence number; nacks go one by one.  With queue groups (issue
+        34) a publish's outcome comes when its groups applied it, so one channel's outcomes may
+        arrive out of order (a publish to a busy group after a later one to another group): an
+        outcome that is not the next in order waits until the earlier ones came.  A multiple ack
+        then never covers a publish no group has committed yet, and the client sees its confirms in
+        order, as with one group.  (RabbitMQ allows acks out of order; holding them costs a later
+        publish no more than the multiple ack would have.)
         """
         confirms = self._confirms
+        if self._confirms_held:
+            self._flush_held_confirms()
+            return
         write, number = self.conn.write, self.number
+        through = self._answered_through
         run_start = None
+        n = len(confirms)
         for i, (seq, acked) in enumerate(confirms):
+            if seq != through + 1:  # out of order (queue groups): the rest waits for what is missing
+                if run_start is not None:
+                    write(encode_method_frame(number, m.BasicAck(delivery_tag=through, multiple=through > run_start)))
+                self._answered_through = through
+                del confirms[:i]
+                self._flush_held_confirms()
+                return
+            through = seq
             if acked:
                 if run_start is None:
                     run_start = seq
-                if i + 1 < len(confirms) and confirms[i + 1][1]:
+                if i + 1 < n and confirms[i + 1][1]:
                     continue
                 write(encode_method_frame(number, m.BasicAck(delivery_tag=seq, multiple=seq > run_start)))
                 run_start = None
             else:
                 write(encode_method_frame(number, m.BasicNack(delivery_tag=seq, multiple=False, requeue=False)))
+        self._answered_through = through
         confirms.clear()
+
+    def _flush_held_confirms(self) -> None:
+        """flush_confirms once an outcome came out of order: the outcomes not next in order are
+        held, and sent (a run of acks as one multiple ack) once those before them came."""
+        confirms = self._confirms
+        held = self._confirms_held
+        through = self._answered_through
+        ordered = []
+        for seq, acked in confirms:
+            if seq != through + 1:  # an earlier publish's outcome is still to come
+                held[seq] = acked
+                continue
+            ordered.append((seq, acked))
+            through = seq
+            while held and through + 1 in held:
+                through += 1
+                ordered.append((through, held.pop(through)))
+        self._answered_through = through
+        confirms.clear()
+        write, number = self.conn.write, self.number
+        run_start = None
+        for i, (seq, acked) in enumerate(ordered):
+            if acked:
+                if run_start is None:
+                    run_start = seq
+                if i + 1 < len(ordered) and ordered[i + 1][1]:
+                    continue
+                write(encode_method_frame(number, m.BasicAck(delivery_tag=seq, multiple=seq > run_start)))
+                run_start = None
+            else:
+                write(encode_method_frame(number, m.BasicNack(delivery_tag=seq, multiple=False, requeue=False)))
 
     def _basic_get(self, method: m.BasicGet) -> None:
         queue = self._queue_name(method.queue, method)

@@ -109,7 +109,12 @@ def channel_rows(broker: Broker, endpoints: list[tuple[str, Any]]) -> list[dict]
     for conn_id, endpoint in endpoints:
         name = connection_name(endpoint, broker.config)
         peer_host, _, peer_port = getattr(endpoint, "peer", "?:0").rpartition(":")
+        front = getattr(endpoint, "channels", None) if broker.group_host is not None else None
         for ch in Q.channels(broker.machine, conn_id):
+            if front is not None:  # issue 34: consumers of queue groups' queues are not in the view
+                counted = getattr(front.get(ch.number), "consumer_count", None)
+                if counted is not None:
+                    ch = ch._replace(consumers=max(ch.consumers, counted))
             rows.append({
                 "name": f"{name} ({ch.number})",
                 "number": ch.number,

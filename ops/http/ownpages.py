@@ -19,10 +19,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from raftmq.node.group_figures import held_totals
 from raftmq.store.core import queries as Q
 from raftmq.store.disk import history as EV
 
@@ -55,7 +57,8 @@ async def list_sessions(request: web.Request) -> web.Response:
 async def held(request: web.Request) -> web.Response:
     broker, op = context(request).broker, operator(request)
     machine = broker.machine
-    stats = Q.message_stats(machine)
+    # Issue 34: counters of every group's process, dedup caches of queues in queue groups.
+    stats, dedup = await held_totals(broker, Q.message_stats(machine), Q.dedup_queues(machine))
     exchanges = []
     for vhost in Q.vhost_names(machine):
         if not op.may_see_vhost(vhost):
@@ -63,7 +66,7 @@ async def held(request: web.Request) -> web.Response:
         for exchange in Q.exchanges(machine, vhost):
             if exchange.type in ("x-delayed-message", "x-message-deduplication"):
                 exchanges.append(exchange_view(exchange, plugins=True))
-    queues = [{"vhost": v, "name": n, "cache_entries": entries} for v, n, entries in Q.dedup_queues(machine)
+    queues = [{"vhost": v, "name": n, "cache_entries": entries} for v, n, entries in dedup
               if op.may_see_vhost(v)]
     return reply({
         # Held now (every vhost: the machine's count, as /api/overview's queue_totals.messages_delayed).
@@ -77,14 +80,33 @@ async def held(request: web.Request) -> web.Response:
 
 def _latest_events(store: EventStore, vhost: str, queue: str, limit: int) -> tuple[list[list], int | None]:
     """In a worker thread: the queue's events among the newest SCAN, newest first, verified."""
+    return _latest_in(store.env, store.path, vhost, queue, limit)
+
+
+def _group_latest_events(path: str, vhost: str, queue: str, limit: int) -> tuple[list[list], int | None, int, int]:
+    """In a worker thread: ``_latest_events`` in a queue group's history (issue 34: a queue's
+    events are in its group's, ``<data>/groups/g<N>/events``, written by that group's worker and
+    read here through LMDB's reader lock), with its first and last sequence numbers."""
+    env = EV.open_history(path)
+    try:
+        found, oldest = _latest_in(env, path, vhost, queue, limit)
+        with env.begin() as txn:
+            tables = EV.open_tables(env, create=False, txn=txn)
+            info = EV.info(txn, tables, EV.checker(txn, tables, path))
+        return found, oldest, info.first_seq, info.last_seq
+    finally:
+        env.close()
+
+
+def _latest_in(env, path: str, vhost: str, queue: str, limit: int) -> tuple[list[list], int | None]:
     found: list[list] = []
     oldest = None
-    with store.env.begin() as txn:
-        tables = EV.open_tables(store.env, create=False, txn=txn)
+    with env.begin() as txn:
+        tables = EV.open_tables(env, create=False, txn=txn)
         db = tables.get("events")
         if db is None:
             return [], None
-        check = EV.checker(txn, tables, store.path)
+        check = EV.checker(txn, tables, path)
         cursor = txn.cursor(db=db)
         if not cursor.last():
             return [], None
@@ -116,12 +138,30 @@ async def queue_events(request: web.Request) -> web.Response:
     if store is None:
         raise HttpError(404, "history_off", "this node keeps no audit history (audit_retention is none)")
     loop = asyncio.get_running_loop()
-    found, oldest = await loop.run_in_executor(None, _latest_events, store, vhost, name, limit)
+    broker = context(request).broker
+    group = _queue_group(broker, vhost, name)
+    history = os.path.join(broker.config.resolved_data_dir(), "groups", f"g{group}", "events") if group else None
+    if history is not None and os.path.exists(os.path.join(history, "data.mdb")):
+        found, oldest, first_seq, last_seq = await loop.run_in_executor(
+            None, _group_latest_events, history, vhost, name, limit)
+    else:
+        found, oldest = await loop.run_in_executor(None, _latest_events, store, vhost, name, limit)
+        first_seq, last_seq = store.first_seq, store.last_seq
     fields = EV.EVENT_FIELDS
     events = [dict(zip(fields, record, strict=False)) | {"kind": EV.KIND_NAMES.get(record[2], str(record[2]))}
               for record in found]
     return reply({"vhost": vhost, "queue": name, "events": events, "scanned_to": oldest,
-                  "first_seq": store.first_seq, "last_seq": store.last_seq})
+                  "first_seq": first_seq, "last_seq": last_seq})
+
+
+def _queue_group(broker, vhost: str, name: str) -> int:
+    """The queue group holding the queue's messages (and events), 0 for the metadata group's or
+    an unknown queue, or with one group."""
+    if broker.group_host is None:
+        return 0
+    v = broker.machine.vhosts.get(vhost)
+    q = v.queues.get(name) if v is not None else None
+    return q.group if q is not None else 0
 
 
 def add_routes(app: web.Application) -> None:

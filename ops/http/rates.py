@@ -12,6 +12,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
+from raftmq.node.group_figures import node_totals
 from raftmq.store.core import queries as Q
 
 if TYPE_CHECKING:
@@ -41,23 +42,38 @@ class Rates:
         self._stats: list[tuple[float, dict[str, int]]] = []
         self._queues: list[tuple[float, dict[int, tuple[int, ...]]]] = []
 
-    def sample(self) -> None:
+    def sample(self, figures: dict | None = None, stats: dict[str, int] | None = None) -> None:
+        """``figures``, ``stats``: with queue groups, the workers' queue figures and the node's
+        summed counters (node/group_figures.py); None with one group."""
         now = time.monotonic()
         machine = self.broker.machine
-        self._stats = [*self._stats[-1:], (now, Q.message_stats(machine))]
+        self._stats = [*self._stats[-1:], (now, stats if stats is not None else Q.message_stats(machine))]
         counts = Q.all_queue_counts(machine)
         depths = {q.qid: (q.messages_ready + q.messages_unacknowledged, q.messages_ready, q.messages_unacknowledged,
                           q.published, *counts.get(q.qid, (0, 0))) for q in Q.queue_depths(machine)}
+        if figures:
+            for qid, f in figures.items():
+                if qid in depths:
+                    depths[qid] = (f.messages_ready + f.messages_unacknowledged, f.messages_ready,
+                                   f.messages_unacknowledged, f.published, f.delivered, f.acked)
         self._queues = [*self._queues[-1:], (now, depths)]
 
     async def run(self) -> None:
         while True:
-            self.sample()
+            host = getattr(self.broker, "group_host", None)
+            if host is None:
+                self.sample()
+            else:  # issue 34: queues of queue groups and the counters of every group's process
+                figures = await host.figures.ask(None)
+                stats, _bodies = await node_totals(self.broker, Q.message_stats(self.broker.machine), {})
+                self.sample(figures, stats)
             await asyncio.sleep(SAMPLE_INTERVAL)
 
     def message_stats(self) -> dict:
-        """Overview ``message_stats``: totals since this node started applying, with rates."""
-        current = Q.message_stats(self.broker.machine)
+        """Overview ``message_stats``: totals since this node started applying, with rates (with
+        queue groups, every group's as last sampled)."""
+        current = (self._stats[-1][1] if getattr(self.broker, "group_host", None) is not None and self._stats
+                   else Q.message_stats(self.broker.machine))
         out: dict = {}
         for name, counter in MESSAGE_STATS.items():
             out[name] = current.get(counter, 0)

@@ -12,6 +12,7 @@ import base64
 
 from aiohttp import web
 
+from raftmq.node.group_figures import consumer_infos, queue_infos
 from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
 from raftmq.store.core import queries as Q
 from raftmq.store.core.commands import ROUTED
@@ -55,7 +56,8 @@ async def list_queues(request: web.Request) -> web.Response:
     ctx = context(request)
     machine = ctx.broker.machine
     queues = [q for v in _visible_vhosts(request, _vhost_arg(request)) for q in sorted(Q.queues(machine, v), key=by_name)]
-    return columns(request, queues, lambda q: queue_view(ctx.broker, q, ctx.rates))
+    queues, figures = await queue_infos(ctx.broker, queues)  # queue groups' queues: their workers' figures
+    return columns(request, queues, lambda q: queue_view(ctx.broker, q, ctx.rates, figures.get(q.qid)))
 
 
 def _queue(request: web.Request) -> tuple[str, Q.QueueInfo]:
@@ -70,8 +72,9 @@ def _queue(request: web.Request) -> tuple[str, Q.QueueInfo]:
 async def get_queue(request: web.Request) -> web.Response:
     vhost, queue = _queue(request)
     ctx = context(request)
-    view = queue_view(ctx.broker, queue, ctx.rates)
-    view["consumer_details"] = [_consumer_view(c) for c in Q.consumers(ctx.broker.machine, vhost, queue.name)]
+    (queue,), figures = await queue_infos(ctx.broker, [queue])  # a queue group's queue: its worker's figures
+    view = queue_view(ctx.broker, queue, ctx.rates, figures.get(queue.qid))
+    view["consumer_details"] = [_consumer_view(c) for c in await consumer_infos(ctx.broker, vhost, queue.name)]
     return reply(view)
 
 
@@ -392,8 +395,9 @@ def _consumer_view(consumer: Q.ConsumerInfo) -> dict:
 
 
 async def list_consumers(request: web.Request) -> web.Response:
-    machine = context(request).broker.machine
-    rows = [_consumer_view(c) for v in _visible_vhosts(request, _vhost_arg(request)) for c in Q.consumers(machine, v)]
+    broker = context(request).broker
+    rows = [_consumer_view(c) for v in _visible_vhosts(request, _vhost_arg(request))
+            for c in await consumer_infos(broker, v)]  # issue 34: queue groups' consumers too
     return columns(request, rows)
 
 

@@ -17,6 +17,7 @@ import time
 
 from aiohttp import web
 
+from raftmq.node.group_figures import vhost_infos
 from raftmq.node.group_status import group_views
 from raftmq.protocol.amqp091.properties import BasicProperties, encode_properties
 from raftmq.store.core import queries as Q
@@ -59,6 +60,7 @@ async def overview(request: web.Request) -> web.Response:
     ctx, op = context(request), operator(request)
     broker = ctx.broker
     vhosts = [v for v in Q.vhosts(broker.machine) if op.may_see_vhost(v.name)]
+    vhosts = await vhost_infos(broker, vhosts)  # issue 34: with the queue groups' messages
     ready = sum(v.messages_ready for v in vhosts)
     unacked = sum(v.messages_unacknowledged for v in vhosts)
     connections, _missing = await _cluster_rows(request, "connections")

@@ -20,6 +20,7 @@ import re
 from aiohttp import web
 
 from raftmq.node.auth import HASH_SCHEME, RABBIT_HASHES, hash_password
+from raftmq.node.group_figures import vhost_infos
 from raftmq.store.core import queries as Q
 from raftmq.store.core.users import overlaid
 
@@ -238,7 +239,8 @@ def _vhost_view(broker, vhost: Q.VhostInfo) -> dict:
 
 async def list_vhosts(request: web.Request) -> web.Response:
     broker, op = context(request).broker, operator(request)
-    rows = [_vhost_view(broker, v) for v in sorted(Q.vhosts(broker.machine), key=by_name) if op.may_see_vhost(v.name)]
+    visible = [v for v in sorted(Q.vhosts(broker.machine), key=by_name) if op.may_see_vhost(v.name)]
+    rows = [_vhost_view(broker, v) for v in await vhost_infos(broker, visible)]  # issue 34: queue groups' too
     return columns(request, rows)
 
 
@@ -249,6 +251,7 @@ async def get_vhost(request: web.Request) -> web.Response:
     vhost = Q.vhost(broker.machine, name)
     if vhost is None:  # (require_vhost answered 404 already)
         raise not_found()
+    (vhost,) = await vhost_infos(broker, [vhost])  # issue 34: with the queue groups' messages
     return reply(_vhost_view(broker, vhost))
 
 

@@ -16,6 +16,7 @@ from raftmq.store.core.queries import queue_counts
 
 if TYPE_CHECKING:
     from raftmq.node.broker import Broker
+    from raftmq.node.group_figures import Figures
     from raftmq.store.core.queries import BindingInfo, ExchangeInfo, QueueInfo, VhostInfo
 
     from .rates import Rates
@@ -29,7 +30,8 @@ def node_name(broker: Broker, node_id: str | None = None) -> str:
     return f"raftmq@{node_id or broker.config.node_id}"
 
 
-def queue_view(broker: Broker, queue: QueueInfo, rates: Rates) -> dict:
+def queue_view(broker: Broker, queue: QueueInfo, rates: Rates, figures: Figures | None = None) -> dict:
+    """``figures``: a queue group's queue's counts from its worker (issue 34, node/group_figures.py)."""
     ready, unacked = queue.messages_ready, queue.messages_unacknowledged
     exclusive = queue.exclusive_owner is not None
     view = {
@@ -60,15 +62,16 @@ def queue_view(broker: Broker, queue: QueueInfo, rates: Rates) -> dict:
         # RabbitMQ's per-queue message_stats (KEDA's MessageRate reads publish_details): publishes
         # since the queue was declared; deliveries (deliver + get) and acks counted by the machine
         # per queue since this node started applying (store/core/machine.py queue_counts).
-        "message_stats": _message_stats(broker, queue, rates),
+        "message_stats": _message_stats(broker, queue, rates, figures),
     }
     if exclusive:
         view["owner_pid_details"] = {"name": queue.exclusive_owner}  # the owning connection
     return view
 
 
-def _message_stats(broker: Broker, queue: QueueInfo, rates: Rates) -> dict:
-    delivered, acked = queue_counts(broker.machine, queue.qid)
+def _message_stats(broker: Broker, queue: QueueInfo, rates: Rates, figures: Figures | None = None) -> dict:
+    delivered, acked = (figures.delivered, figures.acked) if figures is not None else \
+        queue_counts(broker.machine, queue.qid)
     return {"publish": queue.published, "publish_details": {"rate": rates.queue_rate(queue, "publish")},
             "deliver_get": delivered, "deliver_get_details": {"rate": rates.queue_rate(queue, "deliver_get")},
             "ack": acked, "ack_details": {"rate": rates.queue_rate(queue, "ack")}}

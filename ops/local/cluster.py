@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,6 +48,30 @@ class Cluster:
                        command_prefix=network.prefix(i) if network else None)
             for i, (node_id, amqp, _raft) in enumerate(self.members)
         ]
+
+    @property
+    def groups(self) -> int:
+        """How many Raft groups each node runs (issue 34): ``raft_groups`` in the extra config,
+        else RAFTMQ_RAFT_GROUPS (the nodes inherit the environment), else 1."""
+        found = re.search(r"^\s*raft_groups\s*=\s*(\d+)", self.extra_config, re.MULTILINE)
+        return int(found.group(1) if found else os.environ.get("RAFTMQ_RAFT_GROUPS") or 1)
+
+    @property
+    def queue_group(self) -> int:
+        """The group a test's queues go in when pinned with :meth:`queue_arguments`: the first
+        queue group when there are several, else the only one."""
+        return 1 if self.groups > 1 else 0
+
+    def queue_arguments(self, **arguments: object) -> dict:
+        """Queue arguments placing a queue in :attr:`queue_group` (``x-queue-group``, issue 34;
+        nothing with one group), so that a test knows whose journal, bodies and status to look at."""
+        return {**arguments, "x-queue-group": 1} if self.groups > 1 else dict(arguments)
+
+    @staticmethod
+    def group_dir(node: RaftmqNode, group: int = 0) -> Path:
+        """A group's data directory on ``node``: the node's own for group 0 (the metadata group,
+        or the only one), ``groups/g<N>`` for queue group N (its worker's, node/worker.py)."""
+        return node.data_dir if group == 0 else node.data_dir / "groups" / f"g{group}"
 
     def _write_config(self, path: Path, members: list[tuple[str, int, int]]) -> Path:
         lines = ['cluster_secret = "test-secret-not-for-production"', self.extra_config, ""]
@@ -142,38 +167,51 @@ class Cluster:
 
     # ------------------------------------------------------------------ status
 
-    def status(self, node: RaftmqNode) -> dict | None:
+    def status(self, node: RaftmqNode, group: int = 0) -> dict | None:
+        """``status.json`` of the node (``group`` 0) or of its queue group ``group``'s worker."""
         try:
-            return json.loads((node.data_dir / "status.json").read_text())
+            return json.loads((self.group_dir(node, group) / "status.json").read_text())
         except (OSError, ValueError):
             return None
 
-    def fresh_status(self, node: RaftmqNode, timeout: float = 5.0) -> dict | None:
-        """A status written after now by the node's current process."""
+    def fresh_status(self, node: RaftmqNode, timeout: float = 5.0, group: int = 0) -> dict | None:
+        """A status written after now by the node's current process (for a queue group: by the
+        worker of the node's current process, whose status carries the node's boot stamp)."""
         start = time.time()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            st = self.status(node)
-            if st and st.get("pid") == node.pid and st["time"] >= start:
+            st = self.status(node, group)
+            if st and st["time"] >= start and self._current(node, st, group):
                 return st
             time.sleep(0.1)
         return None
 
-    def leader(self, timeout: float = 10.0, exclude: RaftmqNode | None = None) -> RaftmqNode:
-        """The node that every live node agrees is the leader (and that says so itself)."""
+    def _current(self, node: RaftmqNode, st: dict | None, group: int) -> bool:
+        """Whether ``st`` (a status of ``group`` on ``node``) comes from the node's current process
+        (for a queue group, from the worker of it: the same boot stamp)."""
+        if not st:
+            return False
+        if group == 0:
+            return st.get("pid") == node.pid
+        main = self.status(node)
+        return bool(main) and main.get("pid") == node.pid and main.get("boot") == st.get("boot")
+
+    def leader(self, timeout: float = 10.0, exclude: RaftmqNode | None = None, group: int = 0) -> RaftmqNode:
+        """The node that every live node agrees is the leader (and that says so itself) of
+        ``group`` (issue 34: 0 is the metadata group, or the only one)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             live = [n for n in self.nodes if n.is_alive() and n is not exclude]
-            statuses = {n.node_id: self.status(n) for n in live}
+            statuses = {n.node_id: self.status(n, group) for n in live}
             leaders = [n for n in live if (statuses[n.node_id] or {}).get("role") == "leader"
-                       and (statuses[n.node_id] or {}).get("pid") == n.pid]
+                       and self._current(n, statuses[n.node_id], group)]
             if len(leaders) == 1:
                 agreed = [s.get("leader_node") for s in statuses.values() if s and s.get("ready")]
                 if len(agreed) > len(self.nodes) // 2 and all(a == leaders[0].node_id for a in agreed):
                     return leaders[0]
             time.sleep(0.05)
-        raise ClusterError(f"no agreed leader within {timeout}s: "
-                           f"{ {n.node_id: self.status(n) for n in self.nodes} }")
+        raise ClusterError(f"no agreed leader of group {group} within {timeout}s: "
+                           f"{ {n.node_id: self.status(n, group) for n in self.nodes} }")
 
     wait_leader = leader
 
@@ -181,13 +219,15 @@ class Cluster:
         leader = self.leader()
         return [n for n in self.nodes if n is not leader and n.is_alive()]
 
-    def wait_applied_equal(self, timeout: float = 20.0, nodes: list[RaftmqNode] | None = None) -> int:
-        """Wait until the given (default: live) nodes have applied the same Raft index, twice in a row."""
+    def wait_applied_equal(self, timeout: float = 20.0, nodes: list[RaftmqNode] | None = None,
+                           group: int = 0) -> int:
+        """Wait until the given (default: live) nodes have applied the same Raft index of ``group``,
+        twice in a row."""
         nodes = nodes or [n for n in self.nodes if n.is_alive()]
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
-            indexes = {n.node_id: (self.status(n) or {}).get("raft_applied") for n in nodes}
+            indexes = {n.node_id: (self.status(n, group) or {}).get("raft_applied") for n in nodes}
             values = set(indexes.values())
             if len(values) == 1 and None not in values:
                 value = values.pop()
@@ -199,23 +239,30 @@ class Cluster:
             time.sleep(0.6)
         raise ClusterError(f"applied indexes did not converge: {indexes}")
 
-    def wait_caught_up(self, node: RaftmqNode, timeout: float = 30.0) -> None:
+    def wait_caught_up(self, node: RaftmqNode, timeout: float = 30.0, group: int = 0) -> None:
         """Wait until ``node`` is ready and has applied what the leader had committed when asked
-        (works under continuous load, unlike :meth:`wait_applied_equal`)."""
-        leader = self.leader(timeout=timeout)
-        target = (self.fresh_status(leader) or {}).get("commit_index") or 0
+        (works under continuous load, unlike :meth:`wait_applied_equal`); for a queue group, what
+        the highest commit index of the live nodes' replicas of it was."""
+        if group == 0:
+            leader = self.leader(timeout=timeout)
+            target = (self.fresh_status(leader) or {}).get("commit_index") or 0
+        else:
+            target = max((self.fresh_status(n, group=group) or {}).get("commit_index") or 0
+                         for n in self.nodes if n.is_alive())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            st = self.status(node) or {}
-            if st.get("pid") == node.pid and st.get("ready") and (st.get("raft_applied") or 0) >= target:
+            st = self.fresh_status(node, timeout=1.0, group=group) or {}
+            if st.get("ready") and (st.get("raft_applied") or 0) >= target:
                 return
             time.sleep(0.1)
-        raise ClusterError(f"{node.node_id} did not catch up to {target}: {self.status(node)}")
+        raise ClusterError(f"{node.node_id} did not catch up to {target} in group {group}: {self.status(node, group)}")
 
     def digests(self, nodes: list[RaftmqNode] | None = None, timeout: float = 10.0,
-                path: str = "digest.json") -> dict[str, tuple[int, str]]:
+                path: str = "digest.json", group: int | None = None) -> dict[str, tuple[int, str]]:
         """Each node's state digest (SIGUSR1, then ``path`` under its data directory: a queue
-        group's is ``groups/g<N>/digest.json``, issue 34)."""
+        group's is ``groups/g<N>/digest.json``, issue 34, or name it by ``group``)."""
+        if group:
+            path = f"groups/g{group}/digest.json"
         nodes = nodes or [n for n in self.nodes if n.is_alive()]
         start = time.time()
         for n in nodes:
@@ -234,6 +281,27 @@ class Cluster:
         if len(out) < len(nodes):
             raise ClusterError(f"digests missing: got {sorted(out)}")
         return out
+
+    def all_digests(self, nodes: list[RaftmqNode] | None = None,
+                    timeout: float = 10.0) -> dict[int, dict[str, tuple[int, str]]]:
+        """:meth:`digests` of every group (one SIGUSR1 each time: the main process passes it on
+        to its workers), by group number."""
+        return {group: self.digests(nodes, timeout, group=group) for group in range(self.groups)}
+
+    def wait_digests_equal(self, timeout: float = 20.0, nodes: list[RaftmqNode] | None = None) -> dict:
+        """Wait until every group's replicas on the given (default: live) nodes have one digest
+        each (a queue group's followers apply a moment after its leader); return the digests."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                found = self.all_digests(nodes)
+            except ClusterError:
+                found = {}
+            if found and all(len({d for _index, d in by_node.values()}) == 1 for by_node in found.values()):
+                return found
+            if time.monotonic() > deadline:
+                raise ClusterError(f"replicas differ: {found}")
+            time.sleep(0.5)
 
     # ------------------------------------------------------------------ clients
 

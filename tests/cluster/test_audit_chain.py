@@ -10,12 +10,18 @@ history), and traffic goes on.  Then, with the nodes stopped:
   chain continued from the head the snapshot carried), and the last head is the same everywhere;
 - an event edited in one node's LMDB file (sealed again, so the CRC check of ``raftmq verify`` sees
   nothing) and an event deleted from another's are each named by seq and table, exit status 1.
+
+With queue groups (issue 34, ``RAFTMQ_RAFT_GROUPS=3``) each group keeps its own history and chain
+(``groups/g<N>/events``, its worker's): the queues are placed in queue group 1 (``x-queue-group``),
+whose history holds their events and is the one checked above; every other group's history is
+verified too (each node's against the next node's).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lmdb
@@ -39,7 +45,7 @@ def traffic(cluster: Cluster, node, queue: str, count: int) -> None:
     """``count`` confirmed publishes (one Raft entry each) and as many acked deliveries."""
     conn = cluster.connection(node)
     ch = conn.channel()
-    ch.queue_declare(queue, durable=True)
+    ch.queue_declare(queue, durable=True, arguments=cluster.queue_arguments())
     ch.confirm_delivery()
     for i in range(count):
         ch.basic_publish("", queue, b"audited-%d" % i, pika.BasicProperties(delivery_mode=2), mandatory=True)
@@ -78,23 +84,53 @@ def delete(events_dir: Path, seq: int) -> None:
         env.close()
 
 
+def wait_history(cluster: Cluster, node, group: int, timeout: float = 15.0) -> None:
+    """``RaftmqNode.wait_history`` for any group: until the group's audit writer on ``node`` wrote
+    every event the group applied there, twice in a row."""
+    if group == 0:
+        node.wait_history(timeout)
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = cluster.fresh_status(node, group=group, timeout=2.0) or {}
+        if st.get("audit_last_seq") is not None and st.get("audit_last_seq") == st.get("event_seq"):
+            time.sleep(0.6)
+            again = cluster.fresh_status(node, group=group, timeout=2.0) or {}
+            if again.get("audit_last_seq") == again.get("event_seq") == st["event_seq"]:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"group {group}'s audit history on {node.node_id} did not catch up: "
+                       f"{cluster.status(node, group)}")
+
+
 def test_chain_survives_a_snapshot_install_and_names_an_edited_and_a_deleted_event(tmp_path):
     with Cluster(3, tmp_path, extra_config=CONFIG) as cluster:
+        group = cluster.queue_group
         leader = cluster.leader()
         lagging = next(n for n in cluster.nodes if n is not leader)
         traffic(cluster, leader, "before", 20)
-        cluster.wait_applied_equal()
+        cluster.wait_applied_equal(group=group)
         lagging.kill9()
         traffic(cluster, leader, "while-down", 120)  # > snapshot_entries: the others compact
         lagging.start()
         cluster.wait_caught_up(lagging)
+        cluster.wait_caught_up(lagging, group=group)
         traffic(cluster, leader, "after", 40)
-        cluster.wait_applied_equal()
+        for g in range(cluster.groups):
+            cluster.wait_applied_equal(group=g)
         for node in cluster.nodes:
-            node.wait_history()
+            for g in range(cluster.groups):
+                wait_history(cluster, node, g)
         cluster.stop()
 
-    histories = {n.node_id: n.data_dir / "events" for n in cluster.nodes}
+    for other_group in range(cluster.groups):
+        if other_group == group:
+            continue
+        paths = [cluster.group_dir(n, other_group) / "events" for n in cluster.nodes]
+        for path, next_path in zip(paths, paths[1:] + paths[:1], strict=True):
+            done = audit_verify(path, next_path)
+            assert done.returncode == 0, (other_group, path, done.stdout, done.stderr)
+    histories = {n.node_id: cluster.group_dir(n, group) / "events" for n in cluster.nodes}
     assert EV.history_info(str(histories[lagging.node_id])).gaps, "the follower did not install a snapshot"
     heads = {node: list(EV.read_table(str(path), E.CHAIN_TABLE))[-1][4] for node, path in histories.items()}
     assert len(set(heads.values())) == 1, heads  # one head everywhere, the installed node's too

@@ -1,7 +1,11 @@
 """Message bodies on disk in a cluster (issue 18; store/disk/bodies.py, docs/design.md "Message bodies
 on disk"): a backlog several times the body cache survives kill -9 of the leader and of the whole
 cluster, and a follower that was down while it grew catches up by snapshot, fetches the bodies it
-lacks from the others, and delivers the same bytes."""
+lacks from the others, and delivers the same bytes.
+
+With queue groups (issue 34, ``RAFTMQ_RAFT_GROUPS=3``) the queues are placed in queue group 1
+(``x-queue-group``): the bodies, snapshots and figures checked are that group's (its worker's
+``groups/g1``), and every group's replicas are compared."""
 
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ def body(i: int) -> bytes:
 def publish_backlog(cluster, node, queue: str, first: int, count: int) -> None:
     conn = cluster.connection(node)
     ch = conn.channel()
-    ch.queue_declare(queue, durable=True)
+    ch.queue_declare(queue, durable=True, arguments=cluster.queue_arguments())
     ch.confirm_delivery()
     for i in range(first, first + count):
         ch.basic_publish("", queue, body(i), pika.BasicProperties(delivery_mode=2), mandatory=True)
@@ -47,20 +51,22 @@ def consume_all(cluster, node, queue: str, expected: int) -> list[bytes]:
     return got
 
 
-def digests(cluster) -> dict[str, dict]:
-    cluster.digests()  # each live node writes digest.json (model and bodies)
+def digests(cluster, group: int) -> dict[str, dict]:
+    cluster.digests(group=group)  # each live node writes digest.json (model and bodies) of every group
     out = {}
     for node in cluster.nodes:
         if node.is_alive():
-            out[node.node_id] = json.loads((node.data_dir / "digest.json").read_text())
+            out[node.node_id] = json.loads((cluster.group_dir(node, group) / "digest.json").read_text())
     return out
 
 
 def assert_same_model_and_bodies(cluster) -> None:
-    cluster.wait_applied_equal()
-    found = digests(cluster)
-    assert len({d["model_digest"] for d in found.values()}) == 1, found
-    assert len({d["bodies_digest"] for d in found.values()}) == 1, found
+    """Every group's replicas hold the same model and the same bodies."""
+    for group in range(cluster.groups):
+        cluster.wait_applied_equal(group=group)
+        found = digests(cluster, group)
+        assert len({d["model_digest"] for d in found.values()}) == 1, (group, found)
+        assert len({d["bodies_digest"] for d in found.values()}) == 1, (group, found)
 
 
 def test_a_backlog_larger_than_the_cache_survives_leader_and_full_cluster_kills(tmp_path):
@@ -68,8 +74,9 @@ def test_a_backlog_larger_than_the_cache_survives_leader_and_full_cluster_kills(
         leader = cluster.leader()
         client_node = next(n for n in cluster.nodes if n is not leader)
         publish_backlog(cluster, client_node, "backlog", 0, COUNT)
+        group = cluster.queue_group
         for node in cluster.nodes:
-            status = cluster.fresh_status(node)
+            status = cluster.fresh_status(node, group=group)
             # The bodies are on disk: what each node holds for them is bounded by its cache and
             # write-behind, not by the 1.6 MB queued (the model keeps only their sizes).
             assert status["body_held_bytes"] <= CACHE + (64 << 10), status
@@ -88,7 +95,7 @@ def test_a_backlog_larger_than_the_cache_survives_leader_and_full_cluster_kills(
 
         got = consume_all(cluster, client_node, "backlog", COUNT + 50)
         assert got == [body(i) for i in range(COUNT + 50)]  # none lost, none corrupt, in order
-        status = cluster.fresh_status(client_node)
+        status = cluster.fresh_status(client_node, group=group)
         assert status["body_cache_misses"] + status["body_cache_loaded"] > 0, status  # read back from disk
         assert status["bodies_lost"] == 0
 
@@ -97,17 +104,18 @@ def test_a_follower_down_while_the_backlog_grew_fetches_the_bodies_and_delivers_
     with Cluster(3, tmp_path, extra_config=CONFIG) as cluster:
         leader = cluster.leader()
         lagging = next(n for n in cluster.nodes if n is not leader)
+        group = cluster.queue_group
         lagging.kill9()
         publish_backlog(cluster, leader, "grown", 0, COUNT)  # one entry per confirm: > 50 entries
         time.sleep(2.5)  # let the others compact their logs (snapshot_seconds = 1)
-        assert cluster.fresh_status(leader)["journal_entries"] < COUNT
-        snapshot = leader.data_dir / "raft" / "snapshot.lmdb"
+        assert cluster.fresh_status(leader, group=group)["journal_entries"] < COUNT
+        snapshot = cluster.group_dir(leader, group) / "raft" / "snapshot.lmdb"
         if snapshot.exists():  # the snapshot holds the model, not the 1.6 MB of bodies
             assert snapshot.stat().st_size < COUNT * BODY / 4
 
         lagging.start()
         assert_same_model_and_bodies(cluster)
-        status = cluster.fresh_status(lagging)
+        status = cluster.fresh_status(lagging, group=group)
         assert status["bodies_fetched"] > 0, status  # it installed a snapshot and fetched what it lacked
         assert status["bodies_lost"] == 0
 

@@ -5,6 +5,11 @@ tick; the failed records were already off the buffer, the leader stayed leader, 
 waited for confirms that never came. Now the node stops (exit status 70); the cluster elects
 another leader, the publisher's connection ends (an answer: it may republish), and after space is
 freed the node restarts, catches up, and nothing confirmed is lost.
+
+With queue groups (issue 34, ``RAFTMQ_RAFT_GROUPS=3``) every group's journal directory is a tmpfs;
+the test's only queue is placed in queue group 1 (the group with the fewest queues, ties to the
+lowest: store/core/groups.py ``place``), so the journal filled is that group's on the node leading
+it, and a worker that cannot write its journal stops its node (a node is all its processes).
 """
 
 from __future__ import annotations
@@ -34,16 +39,18 @@ def test_leader_whose_journal_disk_is_full_stops_and_loses_nothing(tmp_path) -> 
     mounts = []
     try:
         for node in cluster.nodes:
-            mount = node.data_dir / "raft"
-            mount.mkdir(parents=True)
-            done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(mount)],
-                                  capture_output=True, text=True)
-            if done.returncode != 0:
-                pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-            mounts.append(mount)
+            for group in range(cluster.groups):
+                mount = cluster.group_dir(node, group) / "raft"
+                mount.mkdir(parents=True)
+                done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(mount)],
+                                      capture_output=True, text=True)
+                if done.returncode != 0:
+                    pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+                mounts.append(mount)
         cluster.start()
-        leader = cluster.leader()
-        ballast = fill(leader.data_dir / "raft", 8 * MiB)
+        group = cluster.queue_group
+        leader = cluster.leader(group=group)
+        ballast = fill(cluster.group_dir(leader, group) / "raft", 8 * MiB)
         queue = uniq("jfull")
         pub = RawPublisher(leader, queue, durable=True, confirms=True)
         pub.run(max_messages=2000, seconds=60, window=64, until=lambda p: p.ended or p.closed is not None)
@@ -55,16 +62,16 @@ def test_leader_whose_journal_disk_is_full_stops_and_loses_nothing(tmp_path) -> 
         assert leader.proc.returncode == 70
         assert "Raft journal: flush failed" in leader.log_tail(400)
 
-        new_leader = cluster.leader(exclude=leader)
+        new_leader = cluster.leader(exclude=leader, group=group)
         got = stored_seqs(new_leader, queue)
         assert set(confirmed) <= set(got), f"confirmed but lost: {sorted(set(confirmed) - set(got))[:10]}"
 
         ballast.unlink()
         leader.start()
         cluster.wait_caught_up(leader)
-        cluster.wait_applied_equal()
-        digests = cluster.digests()
-        assert len({d for _, d in digests.values()}) == 1, digests
+        cluster.wait_caught_up(leader, group=group)
+        cluster.wait_applied_equal(group=group)
+        cluster.wait_digests_equal()  # every group's replicas identical
     finally:
         cluster.stop()
         for mount in mounts:

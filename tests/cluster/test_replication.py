@@ -1,4 +1,8 @@
-"""Three real node processes replicating through Raft: confirms, cross-node consumers, failover."""
+"""Three real node processes replicating through Raft: confirms, cross-node consumers, failover.
+
+With queue groups (issue 34, ``RAFTMQ_RAFT_GROUPS=3``) the tests that look at a log's journal,
+batches or compaction place their queue in queue group 1 (``x-queue-group``) and read that group's
+status (its worker's ``groups/g1/status.json``); replicas are compared in every group."""
 
 from __future__ import annotations
 
@@ -44,10 +48,15 @@ def drain(ch, queue: str, timeout: float = 3.0) -> list[bytes]:
 
 
 def assert_replicas_identical(cluster) -> dict:
-    """Every node has applied the same entries into the same state (the state digest command)."""
-    digests = cluster.digests()
-    assert len({d for _, d in digests.values()}) == 1, digests
-    return digests
+    """Every node has applied the same entries into the same state (the state digest command), in
+    every group (issue 34: a queue group's replicas are compared once they applied the same index);
+    returns the digests of group 0."""
+    for group in range(1, cluster.groups):
+        cluster.wait_applied_equal(group=group)
+    found = cluster.all_digests()
+    for group, digests in found.items():
+        assert len({d for _, d in digests.values()}) == 1, (group, digests)
+    return found[0]
 
 
 def kill_a_follower(cluster) -> tuple:
@@ -117,10 +126,11 @@ def test_pipelined_confirmed_publishes_wait_for_company_and_all_arrive_in_order(
         follower = cluster.followers()[0]
         conn = cluster.connection(follower)
         ch = conn.channel()
-        ch.queue_declare("pipelined", durable=True)
-        before = cluster.fresh_status(follower)["batches_proposed"]
+        group = cluster.queue_group  # issue 34: the queue's group proposes its publishes
+        ch.queue_declare("pipelined", durable=True, arguments=cluster.queue_arguments())
+        before = cluster.fresh_status(follower, group=group)["batches_proposed"]
         assert asyncio.run(pipelined(follower.url)) == count
-        batches = cluster.fresh_status(follower)["batches_proposed"] - before
+        batches = cluster.fresh_status(follower, group=group)["batches_proposed"] - before
         # ~60 bytes a command: a 16 KiB batch holds ~270, so ~12 batches; every small batch
         # proposed at once (no waiting) would be one per Raft round trip, well over a hundred.
         assert batches <= 40, batches
@@ -225,17 +235,19 @@ def test_lagging_follower_catches_up_through_a_snapshot(tmp_path):
         leader, lagging = kill_a_follower(cluster)
         conn = cluster.connection(leader)
         ch = conn.channel()
-        ch.queue_declare("snap", durable=True)
-        ch.queue_declare("snap-transient", durable=False)
+        group = cluster.queue_group  # issue 34: both queues in one queue group, whose log is compacted
+        ch.queue_declare("snap", durable=True, arguments=cluster.queue_arguments())
+        ch.queue_declare("snap-transient", durable=False, arguments=cluster.queue_arguments())
         confirmed = [f"s{i}".encode() for i in range(300)]
         publish_confirmed(ch, "snap", confirmed)  # one batch per confirm round trip: > 50 entries
         for i in range(20):
             ch.basic_publish("", "snap-transient", f"t{i}".encode())
         time.sleep(2.5)  # give the leader time to compact (snapshot_seconds = 1)
-        st = cluster.fresh_status(leader)
+        st = cluster.fresh_status(leader, group=group)
         assert st["journal_entries"] < 300, st  # the log was compacted
         lagging.start()
         cluster.wait_applied_equal()
+        cluster.wait_applied_equal(group=group)
         assert_replicas_identical(cluster)
         lconn = cluster.connection(lagging)
         lch = lconn.channel()
@@ -259,13 +271,15 @@ def test_a_follower_behind_is_sent_entries_the_leader_no_longer_keeps_in_memory(
     stayed = [n for n in cluster.nodes if n is not lagging]
     conn = cluster.connection(leader)
     ch = conn.channel()
-    ch.queue_declare("behind", durable=True)
+    group = cluster.queue_group  # issue 34: the entries are in the queue's group's journal
+    ch.queue_declare("behind", durable=True, arguments=cluster.queue_arguments())
     bodies = [f"b{i}".encode() for i in range(300)]
     publish_confirmed(ch, "behind", bodies)  # one Raft entry per confirm round trip: ~300 entries
-    reads_before = sum(cluster.fresh_status(n)["journal_reads"] for n in stayed)
+    reads_before = sum(cluster.fresh_status(n, group=group)["journal_reads"] for n in stayed)
     lagging.start()
     cluster.wait_applied_equal()
-    assert sum(cluster.fresh_status(n)["journal_reads"] for n in stayed) - reads_before >= 200
+    cluster.wait_applied_equal(group=group)
+    assert sum(cluster.fresh_status(n, group=group)["journal_reads"] for n in stayed) - reads_before >= 200
     assert_replicas_identical(cluster)
     lconn = cluster.connection(lagging)
     assert drain(lconn.channel(), "behind") == bodies
@@ -282,14 +296,15 @@ def test_the_log_is_compacted_by_size_when_entries_are_large(tmp_path):
         leader = cluster.leader()
         conn = cluster.connection(leader)
         ch = conn.channel()
-        ch.queue_declare("big", durable=True)
+        group = cluster.queue_group  # issue 34: the large entries are in the queue's group's journal
+        ch.queue_declare("big", durable=True, arguments=cluster.queue_arguments())
         bodies = [bytes([i]) * 65536 for i in range(60)]  # ~3.9 MB: ~4x snapshot_bytes
         publish_confirmed(ch, "big", bodies)
-        cluster.wait_applied_equal()
+        cluster.wait_applied_equal(group=group)
         deadline = time.monotonic() + 20
         sizes = {}
         while time.monotonic() < deadline:
-            sizes = {n.node_id: cluster.fresh_status(n)["journal_bytes"] for n in cluster.nodes}
+            sizes = {n.node_id: cluster.fresh_status(n, group=group)["journal_bytes"] for n in cluster.nodes}
             if max(sizes.values()) < 1_000_000:
                 break
             time.sleep(0.2)

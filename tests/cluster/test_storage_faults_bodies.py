@@ -4,7 +4,11 @@ stored body carries a CRC32C), replaced from a peer before they are delivered, a
 that follower gets every body intact, in order, none missing.
 
 The issue's measurement (12,000 x 4 KiB, 2,992 delivered damaged) scaled to 3,000 messages to keep
-the test well under a minute on a shared two-core machine."""
+the test well under a minute on a shared two-core machine.
+
+With queue groups (issue 34, ``RAFTMQ_RAFT_GROUPS=3``) the queue is placed in queue group 1
+(``x-queue-group``): its bodies are in that group's body store (``groups/g1/bodies``, its worker's),
+which is damaged, and that worker's status counts the damage and the repairs."""
 
 from __future__ import annotations
 
@@ -60,7 +64,7 @@ def flip_bytes(path, seed: int) -> int:
 def publish(cluster, node, queue: str) -> None:
     conn = cluster.connection(node)
     ch = conn.channel()
-    ch.queue_declare(queue, durable=True)
+    ch.queue_declare(queue, durable=True, arguments=cluster.queue_arguments())
     ch.confirm_delivery()
     for i in range(COUNT):
         ch.basic_publish("", queue, body(i), pika.BasicProperties(delivery_mode=2), mandatory=True)
@@ -88,14 +92,16 @@ def consume(cluster, node, queue: str, inactivity: float = 15.0) -> list[bytes]:
 
 
 def wait_compacted(cluster, node, timeout: float = 30.0) -> None:
-    """Until ``node``'s journal no longer holds the publishes: their bodies are only in bodies/."""
+    """Until ``node``'s journal (of the queue's group) no longer holds the publishes: their bodies
+    are only in bodies/."""
     deadline = time.monotonic() + timeout
+    group = cluster.queue_group
     while time.monotonic() < deadline:
-        status = cluster.fresh_status(node)
+        status = cluster.fresh_status(node, group=group)
         if status and status["journal_entries"] < 100 and status["bodies_written"] >= COUNT:
             return
         time.sleep(0.5)
-    raise AssertionError(f"{node.node_id} did not compact its journal: {cluster.fresh_status(node)}")
+    raise AssertionError(f"{node.node_id} did not compact its journal: {cluster.fresh_status(node, group=group)}")
 
 
 def damaged_follower(cluster, seed: int):
@@ -103,13 +109,15 @@ def damaged_follower(cluster, seed: int):
     it again.  Returns the follower and how many bytes were flipped."""
     leader = cluster.leader()
     follower = next(n for n in cluster.nodes if n is not leader)
+    group = cluster.queue_group
     publish(cluster, leader, "q")
-    cluster.wait_applied_equal()
+    cluster.wait_applied_equal(group=group)
     wait_compacted(cluster, follower)
     follower.terminate()
-    flipped = flip_bytes(follower.data_dir / "bodies" / "data.mdb", seed=seed)
+    flipped = flip_bytes(cluster.group_dir(follower, group) / "bodies" / "data.mdb", seed=seed)
     follower.start()
     cluster.wait_caught_up(follower)
+    cluster.wait_caught_up(follower, group=group)
     return follower, flipped
 
 
@@ -123,7 +131,7 @@ def test_bit_flips_in_a_followers_body_store_are_repaired_from_a_peer_never_deli
         got = consume(cluster, follower, "q")
         numbers = [intact(data) for data in got]
         damaged = sum(1 for n in numbers if n is None)
-        status = cluster.fresh_status(follower)
+        status = cluster.fresh_status(follower, group=cluster.queue_group)
         print(f"flipped {flipped} bytes; delivered {len(got)} of {COUNT}, {damaged} damaged; "
               f"bodies_damaged={status.get('bodies_damaged')} bodies_repaired={status.get('bodies_repaired')}")
         assert damaged == 0, f"{damaged} of {len(got)} bodies delivered damaged"
@@ -140,9 +148,9 @@ def test_the_scrubber_repairs_a_followers_damaged_bodies_before_anyone_reads_the
     with Cluster(3, tmp_path, extra_config=CONFIG + f"\nscrub_bytes_per_second = {64 << 20}") as cluster:
         follower, flipped = damaged_follower(cluster, seed=7)
         deadline = time.monotonic() + 40
-        status = cluster.fresh_status(follower)
+        status = cluster.fresh_status(follower, group=cluster.queue_group)
         while time.monotonic() < deadline:
-            status = cluster.fresh_status(follower)
+            status = cluster.fresh_status(follower, group=cluster.queue_group)
             if status["body_scrub_bytes"] >= COUNT * BODY * 0.5 and status["bodies_damaged"] \
                     and status["bodies_repaired"] == status["bodies_damaged"]:
                 break
@@ -155,4 +163,4 @@ def test_the_scrubber_repairs_a_followers_damaged_bodies_before_anyone_reads_the
 
         got = consume(cluster, follower, "q")
         assert [intact(data) for data in got] == list(range(COUNT))
-        assert cluster.fresh_status(follower)["bodies_refused"] == 0
+        assert cluster.fresh_status(follower, group=cluster.queue_group)["bodies_refused"] == 0

@@ -6,6 +6,10 @@ a persistent publish with confirms (0-9-1 publisher confirms, RabbitMQ's extensi
 basic.ack) delivered to a consumer on the same channel -- is followed through every stage of the
 chain, on a follower (forward to the leader, commit index back) and on the leader; the client's
 stamps and the nodes' share one clock (the chain is in order); and a node writes its ring at stop.
+
+With queue groups (issue 34, ``RAFTMQ_RAFT_GROUPS=3``) the round trips' queue is placed in the
+metadata group (``x-queue-group: 0``), whose log is the main process's: the tracer does not follow
+a message through a queue group's worker (its ring and the hop to it are not traced yet).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ def test_every_stage_is_observed_for_round_trips_on_a_follower_and_on_the_leader
         leader = cluster.leader()
         follower = next(n for n in cluster.nodes if n is not leader)
         for node, skipped in ((follower, set()), (leader, {"o_forward", "l_cmd_recv", "l_ae_commit", "o_ae_commit"})):
-            result, joined = measure(cluster, node, TRIPS)
+            result, joined = measure(cluster, node, TRIPS,
+                                     arguments={"x-queue-group": 0} if cluster.groups > 1 else None)
             assert result.trips == TRIPS
             assert result.joined >= TRIPS - 2, (node.node_id, [sorted(set(chain(p)) - set(p)) for p in joined])
             for points in joined:

@@ -5,6 +5,10 @@ history's last chain record (node/broker.py).  Real traffic (pika, confirms, ack
 a restart; ``raftmq audit verify --data-dir`` on the *running* node (read in one LMDB read
 transaction) finds the chain continuous across the restart, and after a stop an event edited and
 sealed again is named.
+
+With queue groups (issue 34, ``RAFTMQ_RAFT_GROUPS=3``) the queues are placed in queue group 1, whose
+own history and chain (``groups/g1/events``) hold their events and are the ones edited; ``raftmq
+audit verify --data-dir`` verifies every group's history, one line each.
 """
 
 from __future__ import annotations
@@ -20,13 +24,14 @@ from raftmq.store.disk import history as EV
 from raftmq.store.disk.sealed import seal, unseal
 from tests.integration.helpers import consume_acked
 from tests.support.cli import raftmq
+from tests.support.groups import GROUPS, group_dir, queue_arguments, wait_histories
 
 
 def traffic(node: RaftmqNode, queue: str, count: int) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(node.url))
     ch = conn.channel()
     ch.confirm_delivery()
-    ch.queue_declare(queue, durable=True)
+    ch.queue_declare(queue, durable=True, arguments=queue_arguments())
     for i in range(count):
         ch.basic_publish("", queue, b"chained-%d" % i, pika.BasicProperties(delivery_mode=2))
     assert len(consume_acked(ch, queue, count)) == count
@@ -38,15 +43,16 @@ def test_a_single_node_continues_its_chain_across_a_restart(tmp_path, broker):
         pytest.skip("raftmq's audit history")
     with RaftmqNode(tmp_path / "n", env={"RAFTMQ_AUDIT_RETENTION": "metadata"}) as node:
         traffic(node, "before", 30)
-        node.wait_history()
+        wait_histories(node)
         node.terminate()
         node.start()
         traffic(node, "after", 30)
-        node.wait_history()
+        wait_histories(node)
         done = raftmq("audit", "verify", "--data-dir", str(node.data_dir), timeout=120)
         assert done.returncode == 0, (done.stdout, done.stderr)
         assert done.stdout.startswith(f"intact: {node.data_dir / 'events'}: ") and " 0 snapshot gaps" in done.stdout
-    events = node.data_dir / "events"
+        assert done.stdout.count("intact: ") == GROUPS and "NOT INTACT" not in done.stdout, done.stdout
+    events = group_dir(node) / "events"  # the queue's group's history (the node's own with one group)
     chain = list(EV.read_table(str(events), E.CHAIN_TABLE))
     after = [r for r in EV.read_events(str(events)) if r[4] == "after"]
     assert after and chain[0][0] < after[0][0]  # batches on both sides of the restart, one chain
@@ -64,8 +70,9 @@ def test_a_single_node_continues_its_chain_across_a_restart(tmp_path, broker):
         env.close()
     done = raftmq("audit", "verify", "--data-dir", str(node.data_dir), timeout=120)
     assert done.returncode == 1
-    assert done.stdout.startswith(f"NOT INTACT: {events}: first bad event: seq {seq} (events): the record is not "
-                                  "the one written"), done.stdout
+    assert f"NOT INTACT: {events}: first bad event: seq {seq} (events): the record is not the one written" \
+        in done.stdout, done.stdout
+    assert done.stdout.count("NOT INTACT") == 1, done.stdout  # the other groups' histories are intact
 
 
 def test_verify_against_a_running_peer_names_an_event_rewritten_with_its_chain(tmp_path, broker):
@@ -80,7 +87,7 @@ def test_verify_against_a_running_peer_names_an_event_rewritten_with_its_chain(t
     with RaftmqNode(tmp_path / "n", env={"RAFTMQ_AUDIT_RETENTION": "metadata"},
                     extra_args=["--http-port", str(http_port)]) as node:
         traffic(node, "watched", 20)
-        node.wait_history()
+        wait_histories(node)
         snap = tmp_path / "snap"
         assert raftmq("snapshot", "--data-dir", str(node.data_dir), "--out", str(snap)).returncode == 0
         peer = f"127.0.0.1:{http_port}"

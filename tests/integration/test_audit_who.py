@@ -2,14 +2,20 @@
 change appear in a real node's history with the user and address (read back with the history
 reader, store/disk/history.py); per-message events name the connection whose principal the
 ``connections`` table holds.  The scenario is tests/support/audit_who.py (pika and the HTTP API).
+
+With queue groups (issue 34, ``RAFTMQ_RAFT_GROUPS=3``) the events are read from every group's
+history of the snapshot, merged by time (``_events``).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from raftmq.store.disk import history as EV
 from tests.support import audit_who
+from tests.support.groups import GROUPS
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +26,13 @@ def who(tmp_path_factory, broker_kind):
 
 
 def _events(who) -> list[list]:
-    return list(EV.read_events(who.snapshot))
+    """Every event of the node's snapshot: with queue groups (issue 34) the metadata group's (the
+    connections' notes, the metadata) and each queue group's (its queues' messages), from
+    ``<snapshot>/groups/g<N>``, merged by time (then group, then each group's own sequence): a
+    connection's events span the groups."""
+    histories = [Path(who.snapshot)] + [Path(who.snapshot) / "groups" / f"g{g}" for g in range(1, GROUPS)]
+    merged = [(e[1], group, e[0], e) for group, history in enumerate(histories) for e in EV.read_events(str(history))]
+    return [e for *_key, e in sorted(merged, key=lambda item: item[:3])]
 
 
 def _kind(events: list[list], name: str) -> list[list]:

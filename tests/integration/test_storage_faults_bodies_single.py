@@ -1,7 +1,10 @@
 """A damaged body on a single node (issue 29; store/disk/bodies.py "Damaged bodies"): with no member to
 fetch an intact copy from, its delivery is refused loudly -- not sent (neither damaged nor empty),
 logged at ERROR with the message id and queue, counted -- and the message stays queued: not acked,
-not lost, back in its queue when the consumer goes."""
+not lost, back in its queue when the consumer goes.
+
+With queue groups (issue 34, ``RAFTMQ_RAFT_GROUPS=3``) the queue is placed in queue group 1: its
+worker's body store is damaged and its status.json counts; the metrics sum every group's."""
 
 from __future__ import annotations
 
@@ -9,8 +12,9 @@ import pika
 import pytest
 
 from raftmq.ops.local.node import RaftmqNode, free_port
-from tests.integration.helpers import fresh_status, message_count
+from tests.integration.helpers import message_count
 from tests.integration.test_metrics import scrape, value
+from tests.support.groups import group_dir, group_status, queue_arguments
 
 BODY = 4096
 COUNT = 120
@@ -56,14 +60,14 @@ def test_a_damaged_body_is_not_delivered_and_the_message_stays_queued(node):
     the log names the message and queue at ERROR."""
     conn = pika.BlockingConnection(pika.URLParameters(node.url))
     ch = conn.channel()
-    ch.queue_declare("q")
+    ch.queue_declare("q", arguments=queue_arguments())  # issue 34: its group's body store is damaged
     for i in range(COUNT):
         ch.basic_publish("", "q", body(i), pika.BasicProperties(delivery_mode=1))
     message_count(ch, "q")  # a round trip: every publish before it was applied
-    assert fresh_status(node)["bodies_written"] > DAMAGED
+    assert group_status(node)["bodies_written"] > DAMAGED
 
     # Damage the stored body while the node runs (its memory map sees the file's pages).
-    path = node.data_dir / "bodies" / "data.mdb"
+    path = group_dir(node) / "bodies" / "data.mdb"
     data = bytearray(path.read_bytes())
     at = data.find(body(DAMAGED))
     assert at >= 0 and data.find(body(DAMAGED), at + 1) < 0
@@ -83,7 +87,7 @@ def test_a_damaged_body_is_not_delivered_and_the_message_stays_queued(node):
     assert consume(ch, "q", inactivity=2) == []  # refused again: never sent damaged
     conn.close()
 
-    st = fresh_status(node)
+    st = group_status(node)
     assert st["bodies_damaged"] == 1 and st["bodies_refused"] >= 2 and st["bodies_repaired"] == 0, st
     samples = scrape(node.metrics_port)
     assert value(samples, "raftmq_bodies_damaged_total") == 1

@@ -22,6 +22,7 @@ import pika.exceptions as pex
 
 from raftmq.ops.local.node import RaftmqNode, free_port
 from tests.support.cli import raftmq
+from tests.support.groups import wait_histories
 from tests.support.http_api import call, path
 
 ALICE, PASSWORD = "alice", "alice-pw"
@@ -104,7 +105,7 @@ def run(base: Path) -> WhoScenario:
                       "set-user-limits", ALICE, '{"max-channels": 7}')
         assert done.returncode == 0, done.stderr
 
-        node.wait_history()
+        wait_histories(node)  # every group's (issue 34: a queue's events are in its group's)
         out = base / "snapshot"
         done = raftmq("snapshot", "--data-dir", str(node.data_dir), "--out", str(out))
         assert done.returncode == 0, done.stderr

@@ -1,0 +1,28 @@
+"""Where a node's queue groups keep their stores (issue 34): ``<data>/groups/g<N>``, the data
+directory of queue group N's worker (node/config.py ``Config.for_group``); a history snapshot keeps
+each queue group's history in ``<snapshot>/groups/g<N>``.  For the operations tools that read them
+(raftmq snapshot, raftmq audit verify, the admin service's snapshot)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+_GROUP = re.compile(r"g[1-9][0-9]*")
+
+
+def queue_group_histories(base: str) -> list[tuple[int, str]]:
+    """(group, history directory) of the queue groups under ``base`` (a node's data directory, whose
+    groups keep ``groups/g<N>/events``, or a history snapshot, ``groups/g<N>`` itself) that keep a
+    history, in group order."""
+    groups = os.path.join(base, "groups")
+    if not os.path.isdir(groups):
+        return []
+    found = []
+    for name in os.listdir(groups):
+        if _GROUP.fullmatch(name):
+            for events in (os.path.join(groups, name, "events"), os.path.join(groups, name)):
+                if os.path.exists(os.path.join(events, "data.mdb")):
+                    found.append((int(name[1:]), events))
+                    break
+    return sorted(found)
