@@ -16,6 +16,7 @@ from raftmq.client.amqp010 import Connection
 from raftmq.ops.local.cluster import Cluster
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER, FrameReader, encode_assembly
+from tests.support.groups import kill_leaders
 
 pytestmark = pytest.mark.cluster
 
@@ -55,19 +56,9 @@ def test_exactly_once_across_repeated_leader_kills(tmp_path):
         # A follower first: the clients start with a connection.redirect to the leader.
         hosts = [f"127.0.0.1:{n.port}" for n in sorted(cluster.nodes, key=lambda n: n is leader)]
 
-        async def chaos() -> int:
-            kills = 0
-            for _ in range(3):
-                await asyncio.sleep(1.0)
-                leader = await asyncio.to_thread(cluster.leader)
-                leader.kill9()
-                kills += 1
-                await asyncio.sleep(0.8)
-                await asyncio.to_thread(leader.start)
-            return kills
-
         async def run():
-            return await asyncio.wait_for(asyncio.gather(produce(hosts), consume(hosts), chaos()), 240)
+            return await asyncio.wait_for(asyncio.gather(produce(hosts), consume(hosts),
+                                                         kill_leaders(cluster, 3, 1.0, 0.8)), 240)
 
         producer_reconnects, (got, consumer_reconnects), kills = asyncio.run(run())
         assert kills == 3

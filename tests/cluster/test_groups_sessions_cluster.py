@@ -16,6 +16,7 @@ import pytest
 from raftmq.client.amqp010 import Connection
 from raftmq.ops.local.cluster import Cluster
 from tests.cluster.test_groups_cluster import wait_group_digests_equal
+from tests.support.groups import kill_leaders
 
 pytestmark = pytest.mark.cluster
 
@@ -55,19 +56,9 @@ def test_sessions_on_a_queue_group_queue_are_exactly_once_across_metadata_leader
         conn.close()
         hosts = [f"127.0.0.1:{n.port}" for n in sorted(cluster.nodes, key=lambda n: n is leader)]
 
-        async def chaos() -> int:
-            kills = 0
-            for _ in range(2):
-                await asyncio.sleep(1.5)
-                node = await asyncio.to_thread(cluster.leader)
-                node.kill9()
-                kills += 1
-                await asyncio.sleep(1.0)
-                await asyncio.to_thread(node.start)
-            return kills
-
         async def run():
-            return await asyncio.wait_for(asyncio.gather(produce(hosts), consume(hosts), chaos()), 300)
+            return await asyncio.wait_for(asyncio.gather(produce(hosts), consume(hosts),
+                                                         kill_leaders(cluster, 2, 1.5, 1.0)), 300)
 
         producer_reconnects, (got, consumer_reconnects), kills = asyncio.run(run())
         assert kills == 2

@@ -83,6 +83,16 @@ def fresh_node(broker_kind: str, tmp_path) -> Iterator[RaftmqNode]:
         yield node
 
 
+@pytest.fixture
+def groups_node(broker_kind: str, tmp_path) -> Iterator[RaftmqNode]:
+    """A private raftmq node with three Raft groups (issue 34: the metadata group and two queue
+    groups in workers), whatever RAFTMQ_RAFT_GROUPS says (raftmq only)."""
+    if broker_kind == "rabbitmq":
+        pytest.skip("raftmq's queue groups")
+    with RaftmqNode(tmp_path / "node", env={"RAFTMQ_RAFT_GROUPS": "3"}) as node:
+        yield node
+
+
 @pytest.fixture(autouse=True)
 def _broker_process_survives(request: pytest.FixtureRequest) -> Iterator[None]:
     """Whatever a test sent, the shared raftmq process must still be running afterwards."""

@@ -21,21 +21,12 @@ import pytest
 
 from raftmq.ops.local.node import RaftmqNode
 from tests.integration.helpers import consume_acked, wait_until
-
-GROUPS = {"RAFTMQ_RAFT_GROUPS": "3"}
+from tests.support.groups import channel
 
 
 @pytest.fixture
-def node(tmp_path, broker_kind):
-    if broker_kind == "rabbitmq":
-        pytest.skip("raftmq's queue groups")
-    with RaftmqNode(tmp_path / "node", env=GROUPS) as n:
-        yield n
-
-
-def channel(node: RaftmqNode):
-    conn = pika.BlockingConnection(pika.URLParameters(node.url))
-    return conn, conn.channel()
+def node(groups_node):
+    return groups_node
 
 
 def group_status(node: RaftmqNode, group: int) -> dict:

@@ -27,28 +27,19 @@ import pika
 import pytest
 
 from raftmq.client.amqp010 import Connection
-from raftmq.ops.local.node import RaftmqNode
 from tests.integration.helpers import uniq, wait_until
+from tests.support.groups import channel
 
 proton = pytest.importorskip("proton")
 from proton import Delivery, Message  # noqa: E402
 from proton.utils import BlockingConnection  # noqa: E402
 
-GROUPS = {"RAFTMQ_RAFT_GROUPS": "3"}
 TIMEOUT = 10
 
 
 @pytest.fixture
-def node(tmp_path, broker_kind):
-    if broker_kind == "rabbitmq":
-        pytest.skip("raftmq's queue groups")
-    with RaftmqNode(tmp_path / "node", env=GROUPS) as n:
-        yield n
-
-
-def channel(node: RaftmqNode):
-    conn = pika.BlockingConnection(pika.URLParameters(node.url))
-    return conn, conn.channel()
+def node(groups_node):
+    return groups_node
 
 
 def declare(ch, group: int, **arguments) -> str:

@@ -60,3 +60,27 @@ def wait_histories(node: Any, timeout: float = 15.0) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"group {group}'s audit history did not catch up: {st}")
             time.sleep(0.1)
+
+
+def channel(node: Any) -> tuple[Any, Any]:
+    """A pika connection to ``node`` and a channel on it."""
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(node.url))
+    return conn, conn.channel()
+
+
+async def kill_leaders(cluster: Any, kills: int, before: float, down: float) -> int:
+    """kill -9 of the cluster's (metadata group's) leader ``kills`` times, ``before`` s after the
+    previous one came back, restarting it after ``down`` s; returns the kills made."""
+    import asyncio
+
+    made = 0
+    for _ in range(kills):
+        await asyncio.sleep(before)
+        node = await asyncio.to_thread(cluster.leader)
+        node.kill9()
+        made += 1
+        await asyncio.sleep(down)
+        await asyncio.to_thread(node.start)
+    return made
