@@ -21,6 +21,7 @@ from raftmq.protocol.amqp091.errors import AMQPError
 from raftmq.protocol.amqp091.frames import WholePublish, encode_content, encode_delivery, encode_method_frame
 from raftmq.protocol.amqp091.properties import decode_content_header, peek_properties
 from raftmq.store.core.commands import (
+    NOT_HERE,
     OK,
     REJECTED,
     UNROUTABLE,
@@ -604,7 +605,10 @@ class Channel:
         confirm (RabbitMQ sends basic.return before the basic.ack of the same message)."""
         if seq:
             self._unconfirmed -= 1
-        self._fill(slot, self._return_frames(mandatory_method, props, body) if outcome == UNROUTABLE else None,
+        # (NOT_HERE: queue groups, a lone group routed it nowhere of its own -- the view it was
+        # routed with was older than the queue -- so it was stored nowhere: unroutable)
+        self._fill(slot, self._return_frames(mandatory_method, props, body)
+                   if outcome in (UNROUTABLE, NOT_HERE) else None,
                    (seq, outcome != REJECTED) if seq else None)
 
     def _send_return(self, method, props: bytes, body: bytes) -> None:
@@ -892,7 +896,7 @@ class Channel:
 
         def committed(outcomes):
             for outcome, returned in zip(outcomes, returns, strict=False):
-                if outcome == UNROUTABLE and returned is not None:
+                if outcome in (UNROUTABLE, NOT_HERE) and returned is not None:
                     self._send_return(*returned)
             return m.TxCommitOk()
 
