@@ -49,7 +49,7 @@ from raftmq.store.core.commands import (
     TxBegin,
     TxCommit,
 )
-from raftmq.store.core.exchange_types import LOCAL_RANDOM, PLUGIN_TYPES
+from raftmq.store.core.exchange_types import PLUGIN_TYPES
 from raftmq.store.core.group_sessions import SUBSCRIPTION_OPS, merge_attached, transfer_group
 from raftmq.store.core.groups import META_GROUP, META_OPS, GroupEcho, GroupPending
 from raftmq.store.core.model import Message
@@ -74,20 +74,11 @@ _SESSION_LIFE = frozenset((Op.SESSION_ATTACH, Op.SESSION_DETACH, Op.SESSION_TIME
 # change, a queue's group deleting it.
 _MAY_PEND = META_OPS | {Op.QUEUE_DELETE}
 
-REPORT_GONE = 256  # outbox entries a worker's report carries at most (the forwarder asks again)
 REPORT_BYTES = 4 << 20  # message-outbox body bytes a report carries at most
 
 SESSION_TX_NOT_ACROSS = Refused(ERR, 540, "NOT_IMPLEMENTED - a 0-10 or 1.0 transaction on queues of several "
                                            "groups (issue 34)")
 ROUTES_REMEMBERED = 4096  # publish routes kept at most (forgotten all at once beyond)
-
-
-class _DependsOnMessage(Exception):
-    """A route that reads the message's headers: not remembered."""
-
-
-def _needs_headers() -> dict:
-    raise _DependsOnMessage
 
 
 class GroupRouter:
@@ -229,23 +220,12 @@ class GroupRouter:
             # (a deduplicating or delayed exchange: the metadata group holds its cache and its
             # held messages, and sends the copies on through its message outbox)
             return [META_GROUP]
-        if exchange.name == "":
-            queue = vhost.queues.get(command.routing_key)
-            found = [queue] if queue is not None else []
-            static = True
-        else:
-            matched: dict[int, Any] = {}
-            visited: dict[str, None] = {}
-            try:
-                m.topology.route_into(vhost, exchange, command.routing_key, _needs_headers, matched, visited)
-                found = list(matched.values())
-                static = not any(vhost.exchanges[name].type == LOCAL_RANDOM for name in visited
-                                 if name in vhost.exchanges)
-            except _DependsOnMessage:
-                probe = Message(0, command.exchange, command.routing_key, command.properties, 0, False, 0, 0, 0,
-                                command.properties_format)
-                found = m.topology.route(vhost, exchange, command.routing_key, probe)
-                static = False
+        found = m.topology.route_static(vhost, exchange, command.routing_key)
+        static = found is not None
+        if found is None:
+            probe = Message(0, command.exchange, command.routing_key, command.properties, 0, False, 0, 0, 0,
+                            command.properties_format)
+            found = m.topology.route(vhost, exchange, command.routing_key, probe)
         groups = sorted({queue.group for queue in found}) or [META_GROUP]
         if static:
             if len(self._routes) >= ROUTES_REMEMBERED:
@@ -373,10 +353,10 @@ def gone_entries(meta: StateMachine, group: StateMachine, limit: int = 256) -> l
             for seq, qid, conn, token in list(group.gone_outbox)[:limit] if seq > after]
 
 
-def outbox_messages(entries: Any, bodies: Any, group: int, limit: int = REPORT_GONE,
-                    max_bytes: int = REPORT_BYTES) -> list:
-    """Message outbox ``entries`` as the forwarder sends them on: (target, seq, qids, fields,
-    body), bounded in count and body bytes (the rest goes with a later report)."""
+def outbox_messages(entries: Any, bodies: Any, group: int, max_bytes: int = REPORT_BYTES) -> list:
+    """Message outbox ``entries`` (a ``GroupReport``'s, bounded in count) as the forwarder sends
+    them on: (target, seq, qids, fields, body), bounded in body bytes too (the rest goes with a
+    later report)."""
     out, size = [], 0
     for target, seq, qids, message, expiration in entries:
         body = bodies.for_send(message.id)
@@ -387,7 +367,7 @@ def outbox_messages(entries: Any, bodies: Any, group: int, limit: int = REPORT_G
                                         message.persistent, message.priority, expiration, message.format,
                                         message.published_at), body))
         size += len(body)
-        if len(out) >= limit or size >= max_bytes:
+        if size >= max_bytes:
             break
     return out
 

@@ -40,7 +40,7 @@ from .group_figures import ASK as FIGURES_ASK
 from .group_figures import STATS as FIGURES_STATS
 from .group_figures import answer as figures_answer
 from .group_link import GroupLink
-from .groups import REPORT_GONE, outbox_messages, plain_replies
+from .groups import outbox_messages, plain_replies
 from .status import bodies_status, status_loop
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class WorkerBroker(Broker):
         if last[1] == OUT_GROUP_REPORT and last[0] is None:  # (apply puts it last: store/core/groups.py)
             self._report = last[2]
             self.report()
-        self.report_tx()
+            self.report_tx()  # (its part in transactions is in the report: it moves only with one)
         self.maybe_check_alarms()  # what it holds grew: the main process's alarms count it (check_alarms)
 
     def report(self) -> None:
@@ -95,7 +95,7 @@ class WorkerBroker(Broker):
         report = self._report
         if report is None:  # nothing released since the start: the state on disk is the machine's
             report = self.machine.groups.current_report()
-        self._send(("r", report.meta_applied, report.gone[:REPORT_GONE],
+        self._send(("r", report.meta_applied, report.gone,
                     outbox_messages(report.msgs, self.bodies, self.machine.group), dict(report.msg_applied)))
 
     def report_tx(self, force: bool = False) -> None:

@@ -69,6 +69,7 @@ from .commands import (
 )
 from .entries import Message
 from .errors import CommandError
+from .tx_groups import participant_report
 
 
 class GroupPending(NamedTuple):
@@ -190,8 +191,6 @@ class Groups:
         outputs.append((None, OUT_GROUP_REPORT, self.current_report()))
 
     def current_report(self) -> GroupReport:
-        from .tx_groups import participant_report
-
         m = self.m
         gone, msgs = m.gone_outbox, m.msg_outbox
         return GroupReport(m.meta_seq, m.meta_applied, list(islice(gone, REPORT_ENTRIES)),

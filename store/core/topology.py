@@ -56,6 +56,14 @@ def _b(flag: bool) -> str:
     return "true" if flag else "false"
 
 
+class _DependsOnMessage(Exception):
+    """A route that reads the message's headers (``Topology.route_static``)."""
+
+
+def _headers_needed() -> dict:
+    raise _DependsOnMessage
+
+
 class Topology:
     def __init__(self, machine: StateMachine) -> None:
         self.m = machine
@@ -529,6 +537,24 @@ class Topology:
         found: dict[int, Queue] = {}
         visited: dict[str, None] = {}
         self.route_into(vhost, exchange, routing_key, headers, found, visited, message.id)
+        return list(found.values())
+
+    def route_static(self, vhost: VHost, exchange: Exchange, routing_key: str) -> list[Queue] | None:
+        """The queues ``route`` gives every message published with ``routing_key``, or None when
+        the route depends on the message: a headers match on the way, or a local-random exchange
+        (its pick is by message id).  For callers that remember routes (node/groups.py)."""
+        if exchange.name == "":
+            queue = vhost.queues.get(routing_key)
+            return [queue] if queue is not None else []
+        found: dict[int, Queue] = {}
+        visited: dict[str, None] = {}
+        try:
+            self.route_into(vhost, exchange, routing_key, _headers_needed, found, visited)
+        except _DependsOnMessage:
+            return None
+        exchanges = vhost.exchanges
+        if any(exchanges[name].type == LOCAL_RANDOM for name in visited if name in exchanges):
+            return None
         return list(found.values())
 
     def route_into(self, vhost, exchange, routing_key, headers, found, visited, message_id: int = 0) -> None:
