@@ -294,16 +294,19 @@ ALLOC_CONSTANT = 256 * 1024
 
 
 def bounded(fn, *args):
-    """Run ``fn(*args)``: (result or exception, seconds, peak bytes allocated)."""
+    """Run ``fn(*args)``: (result or exception, CPU seconds of this thread, peak bytes allocated).
+
+    CPU time, not wall time: the bound is about the decoder's work, and a loaded machine (the suite
+    on two xdist workers beside other processes) stretched a 0.2 s decode past 0.5 s of wall time."""
     import time
     import tracemalloc
     tracemalloc.start()
-    started = time.perf_counter()
+    started = time.thread_time()
     try:
         outcome = fn(*args)
     except Exception as exc:  # noqa: BLE001 - returned for the caller to judge
         outcome = exc
-    elapsed = time.perf_counter() - started
+    elapsed = time.thread_time() - started
     _size, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return outcome, elapsed, peak
