@@ -10,6 +10,7 @@ import signal
 import ssl
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from raftmq.node.config import Config
 from raftmq.protocol.amqp010.frames import PROTOCOL_HEADER as AMQP010_HEADER
@@ -109,6 +110,22 @@ def tls_context(config: Config) -> ssl.SSLContext:
 Service = Callable[[Broker], Callable[[], None]]
 
 
+@dataclass
+class ListeningService:
+    """A service's stop function with the task that opens its port (the HTTP API, /metrics).
+
+    :func:`serve` opens the AMQP port only once every such task is done, so a node that answers
+    AMQP has its other ports open too: a test (or a supervisor) that waited for AMQP and then
+    called the HTTP API found it refused on a loaded machine, the API's listener still starting.
+    A service that failed to open its port has logged why; the node starts without it, as before."""
+
+    stop: Callable[[], None]
+    listening: asyncio.Future[None]
+
+    def __call__(self) -> None:
+        self.stop()
+
+
 async def serve(config: Config, ready: asyncio.Event | None = None, services: Sequence[Service] = ()) -> int | None:
     """Run the node until SIGTERM/SIGINT; returns the exit status it must leave with (None: 0)."""
     broker = Broker(config)
@@ -117,6 +134,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None, services: Se
     # broker, which status.py reads, does not import it.
     status = asyncio.create_task(status_loop(broker, config.resolved_data_dir()))
     stops = [start(broker) for start in services]
+    await asyncio.gather(*(s.listening for s in stops if isinstance(s, ListeningService)), return_exceptions=True)
     loop = asyncio.get_running_loop()
     servers = [await loop.create_server(lambda: HeaderSniffer(broker), config.host, config.port,
                                         reuse_address=True, backlog=1024)]

@@ -44,6 +44,7 @@ from prometheus_client.metrics_core import Metric
 from raftmq.node.config import Config
 from raftmq.node.descriptors import DescriptorReserve, listener_stats
 from raftmq.node.group_figures import node_totals
+from raftmq.node.server import ListeningService
 from raftmq.node.status import bodies_status
 from raftmq.store.core import queries as Q
 
@@ -166,4 +167,4 @@ def serve_metrics(broker: Broker) -> Callable[[], None]:
         loop.create_task(runner.cleanup())
         handler.pool.shutdown(wait=False)
 
-    return stop
+    return ListeningService(stop, started)

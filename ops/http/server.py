@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from raftmq.node.descriptors import DescriptorReserve
+from raftmq.node.server import ListeningService
 
 from ..control import Control
 from ..operator import Gatekeeper
@@ -140,4 +141,4 @@ def serve_http(broker: Broker) -> Callable[[], None]:
             server.close()
         loop.create_task(runner.cleanup())
 
-    return stop
+    return ListeningService(stop, started)
