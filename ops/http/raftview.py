@@ -31,13 +31,21 @@ if TYPE_CHECKING:
     from raftmq.node.broker import Broker
 
 
+def leader_name(broker: Broker, seen: str) -> str:
+    """A leader in the history, as RabbitMQ names nodes.  A change seen before this node had applied
+    the member list names the leader by its Raft address (node/leaders.py): it is named by its node
+    id once the members are known (the Cluster page showed raftmq@127.0.0.1:<port> for a change a
+    loaded follower saw early)."""
+    return node_name(broker, broker.node_of_raft(seen) or seen)
+
+
 def cluster_view(broker: Broker) -> dict:
     """The body of /api/raftmq/cluster: members (as /api/nodes), this node's counters and its leader history."""
     raft = broker.log.raft_status()
     members = [{"name": n["name"], "running": n["running"], "raft": n["raft"]} for n in node_members(broker)]
     leader = next((m["name"] for m in members if m["raft"].get("leader")), None)
-    changes = [{"time": int(c.at * 1000), "term": c.term, "leader": node_name(broker, c.leader),
-                "previous": node_name(broker, c.previous) if c.previous else None}
+    changes = [{"time": int(c.at * 1000), "term": c.term, "leader": leader_name(broker, c.leader),
+                "previous": leader_name(broker, c.previous) if c.previous else None}
                for c in broker.leader_history.recent()]
     view: dict = {
         "node": node_name(broker),
