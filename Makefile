@@ -39,12 +39,12 @@ test-cluster: $(STAMP)
 # Issue 34's check: the integration, cluster and chaos tests with three Raft groups per node (not
 # green yet; the chaos backend reads RAFTMQ_RAFT_GROUPS too, tests/chaos are skipped without root).
 test-groups: $(STAMP)
-	RAFTMQ_RAFT_GROUPS=3 $(BIN)/python -m pytest -q tests/integration tests/cluster tests/chaos
+	RAFTMQ_RAFT_GROUPS=3 $(BIN)/python -m pytest -q -n 2 --dist loadgroup tests/integration tests/cluster tests/chaos
 
 test: $(STAMP) system-packages
 	$(BIN)/ruff check .
 	$(BIN)/python -m mypy
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
