@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
@@ -32,6 +33,25 @@ def _ephemeral_low() -> int:
         return 32_768
 
 
+GROUP_PORT_MARGIN = 1_000  # a queue group's Raft port is its member's + g x raft_group_port_step (100)
+
+
+def listen_range(env: Mapping[str, str]) -> tuple[int, int]:
+    """The ports :func:`free_port` draws from: below the ephemeral range, and under pytest-xdist
+    (``make test`` runs two workers) a slice of its own per worker.  Two processes each keep their
+    own record of what they handed out, so without slices both could hand out the same port while
+    neither had bound it yet, or while a test restarted its node.  Each slice ends
+    ``GROUP_PORT_MARGIN`` early, for the queue groups' ports above a member's."""
+    low, high = _LISTEN_PORTS[0], min(_LISTEN_PORTS[1], _ephemeral_low() - 1)
+    worker = env.get("PYTEST_XDIST_WORKER", "")
+    count = env.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1:
+        span = (high - low + 1) // int(count)
+        low += int(worker[2:]) % int(count) * span
+        high = low + span - 1 - GROUP_PORT_MARGIN
+    return low, high
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free on ``host`` a moment ago, for a server started later.
 
@@ -39,9 +59,9 @@ def free_port(host: str = "127.0.0.1") -> int:
     gives) can be taken in the meantime as the local port of any outgoing connection -- a node's
     Raft links, a client -- and the server then fails with "address already in use" (seen in
     bench/failover.py).  Ports below it are only ever taken by explicit binds; none is handed out
-    twice by one process.
+    twice by one process, and pytest-xdist's workers draw from disjoint slices (:func:`listen_range`).
     """
-    low, high = _LISTEN_PORTS[0], min(_LISTEN_PORTS[1], _ephemeral_low() - 1)
+    low, high = listen_range(os.environ)
     for _ in range(200):
         port = random.randint(low, high)
         if port in _handed_out:
