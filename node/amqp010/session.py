@@ -4,13 +4,21 @@ The session layer here is thin because its state lives in the replicated state m
 (``store/core/sessions.py``): this object numbers the client's commands, wraps each in
 ``SESSION_COMMAND`` so that apply executes it once, reports completion once apply answered, and
 writes the transfers the state machine assigns (with their replicated ids) to the client.
+
+With queue groups (issue 34) a session command goes to every group, and a metadata command (a
+declare, a bind) reaches the queue groups only once the metadata group forwarded it: a transfer a
+client pipelines behind exchange.bind to a queue of a queue group would reach that group first and
+be routed without the binding.  So, with groups, the commands after such a change wait (*held*, in
+order, counted in flight for execution.sync) until its completion, which comes once every group
+applied it (node/groups.py ReplyJoin); see ``_must_wait``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.store.core import ranges as rs
@@ -68,6 +76,7 @@ if TYPE_CHECKING:
     from ..auth import Principal
     from ..broker import Broker
     from ..core.access import Access
+    from ..writeflow import ReadGate
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +87,17 @@ DETACH_NORMAL, DETACH_BUSY, DETACH_TRANSPORT_BUSY, DETACH_NOT_ATTACHED, DETACH_U
 ACCEPT_EXPLICIT, ACCEPT_NONE = 0, 1
 PRE_ACQUIRED, NOT_ACQUIRED = 0, 1
 NOT_IMPLEMENTED = 540
+# Topology changes (with queue groups: what later commands of the session wait for), and the commands
+# that need not wait behind them: the metadata group executes them, in its log's order.
+_CHANGES = (c.ExchangeDeclare, c.ExchangeDelete, c.ExchangeBind, c.ExchangeUnbind, c.QueueDeclare, c.QueueDelete)
+_META_ORDERED = (c.ExchangeDeclare, c.ExchangeDelete, c.ExchangeBind, c.ExchangeUnbind, c.QueueDeclare,
+                 c.ExchangeQuery, c.ExchangeBound)
+HELD_COMMAND_BYTES = 64  # what a held command other than a transfer counts against the bound
+HELD_MAX = 1 << 20  # bytes of held commands beyond which the connection stops reading until released
+
+
+def _held_size(command) -> int:
+    return HELD_COMMAND_BYTES + len(command.body or b"") if isinstance(command, c.MessageTransfer) else HELD_COMMAND_BYTES
 UNAUTHORIZED_ACCESS = 403  # execution error-code unauthorized-access (spec 0-10 class execution)
 
 
@@ -92,6 +112,8 @@ class SessionHost(Protocol):
     vhost: str
     counts: list[int]  # [published, delivered]
     completion_due: dict[int, ServerSession]  # sessions whose session.completed is due
+    transport: Any  # paused while a session holds too much behind a topology change (_hold)
+    reading: ReadGate  # why else reading is paused
 
     def send(self, channel: int, method) -> None: ...
 
@@ -134,6 +156,12 @@ class ServerSession:
         self.subscribed_here: set[str] | None = None
         self.tx_ops: list[list] | None = None  # buffered work of the open transaction (tx.select)
         self.tx_broken = False  # the transaction was open on another node that failed
+        # Commands held behind a topology change (queue groups: _must_wait).
+        self._groups = conn.broker.config.raft_groups > 1
+        self._changing = 0  # changes submitted whose completion has not come
+        self._deleting = 0  # of which queue.deletes
+        self._held: deque[tuple[int, object]] | None = None  # (command id, command)
+        self._held_bytes = 0
 
     # ------------------------------------------------------------------ attach / detach
 
@@ -180,6 +208,8 @@ class ServerSession:
                 self.on_command(item)
 
     def detach(self) -> None:
+        if self._held is not None:
+            self._drop_held()
         self.conn.submit(SessionDetach(self.conn.conn_id, None, self.channel))
         self.conn.send(self.channel, c.SessionDetached(name=self.name, code=DETACH_NORMAL))
         self.attached = False
@@ -276,6 +306,12 @@ class ServerSession:
         if refusal is not None:
             self._exception(command_id, command, *refusal)
             return
+        if (self._changing or self._held is not None) and self._hold(command_id, command):
+            return
+        self._execute(command_id, command)
+
+    def _execute(self, command_id: int, command) -> None:
+        """A checked command, in its turn: buffered (a transaction's), or submitted."""
         if isinstance(command, (c.TxSelect, c.TxCommit, c.TxRollback)):
             self._tx(command_id, command)
             return
@@ -338,10 +374,73 @@ class ServerSession:
             settled = [tuple(r) for op in operations if op.op == Op.MESSAGE_SETTLE for r in op.ranges]
             self._submit(command_id, command, TxCommit(None, None, None, operations), settled)
 
+    # ------------------------------------------------------------------ order behind a topology change
+
+    def _must_wait(self, command) -> bool:
+        """Whether ``command`` waits for the changes in flight (``_changing`` > 0): every command but
+        one the metadata group executes in order after them -- and that one too behind a
+        queue.delete (it goes to the queue's group first; a redeclare must find the queue gone)."""
+        return not isinstance(command, _META_ORDERED) or self._deleting > 0
+
+    def _hold(self, command_id: int, command) -> bool:
+        """Hold ``command`` if it must wait or something is held already (held commands run in
+        order).  A held command is in flight (an execution.sync after it waits for it).  Bounded:
+        beyond ``HELD_MAX`` bytes the connection stops reading until the change completes."""
+        held = self._held
+        if held is None:
+            if not self._must_wait(command):
+                return False
+            held = self._held = deque()
+        held.append((command_id, command))
+        self.in_flight.add(command_id)
+        self._held_bytes += _held_size(command)
+        if self._held_bytes > HELD_MAX:
+            self.conn.transport.pause_reading()  # (again after any resume: once per read at most)
+        return True
+
+    def _changed(self, is_delete: bool) -> None:
+        """A change's completion came (every group applied it): what was held behind it goes on."""
+        self._changing -= 1
+        if is_delete:
+            self._deleting -= 1
+        held = self._held
+        if held is None:
+            return
+        self._held = None  # while a command runs it is not held again (it need not wait)
+        while held and self.attached:
+            command_id, command = held[0]
+            if self._changing and self._must_wait(command):
+                break
+            held.popleft()
+            self.in_flight.discard(command_id)
+            self._execute(command_id, command)
+        if held and self.attached:
+            self._held = held
+            self._held_bytes = sum(_held_size(cmd) for _id, cmd in held)
+        else:
+            self._drop_held()
+        self._settle_syncs()
+
+    def _drop_held(self) -> None:
+        """Nothing is held any more (released, or the session ended): read again if the bound
+        stopped the connection and nothing else does."""
+        self._held = None
+        if self._held_bytes > HELD_MAX and not self.conn.reading.paused:
+            self.conn.transport.resume_reading()
+        self._held_bytes = 0
+
     def _submit(self, command_id: int, command, inner: Command, settled: list | None = None) -> None:
         self.in_flight.add(command_id)
         wrapped = SessionCommand(self.conn.conn_id, None, self.channel, command_id, inner)
         sync = command.sync
+        if self._groups and isinstance(command, _CHANGES) and not getattr(command, "passive", False):
+            self._changing += 1
+            is_delete = isinstance(command, c.QueueDelete)
+            self._deleting += is_delete
+            self.conn.request(self, wrapped, lambda value: (self._applied(command_id, sync, None, value, command),
+                                                            self._changed(is_delete)),
+                              on_error=lambda code, text: self._failed(command_id, command, code, text))
+            return
         deferrable = False
         if inner.op == Op.MESSAGE_SETTLE:
             settled = [tuple(r) for r in command.transfers]
@@ -477,6 +576,8 @@ class ServerSession:
 
     def _exception(self, command_id: int, command, code: int, text: str, destroy: bool = True) -> None:
         """3.4.1.3: report the error, destroy the session state, detach."""
+        if self._held is not None:
+            self._drop_held()
         if destroy:
             conn_id = self.conn.conn_id
             self.conn.submit(SessionTimeout(conn_id, None, self.channel, 0))

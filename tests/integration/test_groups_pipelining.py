@@ -10,14 +10,22 @@ view of the metadata group, and the queue lives in a queue group that learns of 
 the declare was refused 404 and the publishes reached only the queue's stub in the metadata group.
 
 One node with three groups (the ``groups_node`` fixture: the metadata group and two queue groups in
-workers) for the module's one test, which runs each scenario on its own channel.
+workers) per test: 0-9-1's scenarios on a channel each; then 0-10 and 1.0 (node/amqp010/session.py
+holds a session's commands behind a change the same way; a 1.0 dynamic receiver's declare and
+subscription go to the metadata group).
 """
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import uuid
 
+import pika
+import pytest
+
+from raftmq.client.amqp010 import Connection
+from raftmq.client.amqp010 import c as codec
 from tests.integration import rawamqp as r
 
 EXCHANGE_DECLARE, EXCHANGE_DECLARE_OK = (40, 10), (40, 11)
@@ -147,3 +155,56 @@ def test_pipelined_behind_declares_binds_and_deletes(groups_node):
         events = answers(c, 5, BASIC_DELIVER)
         assert [method for method, _ in events] == [r.QUEUE_DECLARE_OK, r.BASIC_CONSUME_OK, BASIC_DELIVER]
         assert events[2][1] == b"consumed"
+
+
+def test_amqp010_transfer_behind_a_bind_and_amqp10_dynamic_receiver(groups_node):
+    """0-10 and 1.0 on the same node with groups.
+
+    0-10: a session sends exchange.declare, exchange.bind of a queue placed in queue group 2 (by a
+    0-9-1 client) and a message.transfer through the exchange without waiting (0-10 spec 3.4:
+    commands are executed in order; execution.sync only asks for completion): the transfer is
+    completed and the message is in the queue (before, group 2 applied the transfer before the
+    forwarded binding and it was routed nowhere, completed and lost).  Also queue.declare + a
+    transfer to it, pipelined (a session's queue lives in the metadata group).
+
+    1.0: a receiver with a dynamic source (1.0 spec 3.5.3: the node creates the queue), whose
+    declare and subscription the front end sends back to back: a message a 1.0 sender sends to the
+    returned address arrives.
+    """
+    proton = pytest.importorskip("proton")
+    from proton.utils import BlockingConnection
+
+    run = uuid.uuid4().hex[:8]
+    setup = pika.BlockingConnection(pika.URLParameters(groups_node.url))
+    try:
+        ch = setup.channel()
+        bound, declared, exchange = f"pipe10-{run}-b", f"pipe10-{run}-d", f"pipe10-{run}-x"
+        ch.queue_declare(bound, arguments={"x-queue-group": 2})
+
+        async def session_pipelines() -> None:
+            client = await Connection.connect([f"127.0.0.1:{groups_node.port}"])
+            session = await client.session(f"pipe-{run}".encode(), timeout=60)
+            session.send(codec.ExchangeDeclare(exchange=exchange, type="direct"))
+            session.send(codec.ExchangeBind(queue=bound, exchange=exchange, binding_key="k"))
+            through = session.publish_nowait(exchange, "k", b"behind the bind", sync=True)
+            session.send(codec.QueueDeclare(queue=declared))
+            direct = session.publish_nowait("", declared, b"behind the declare", sync=True)
+            await asyncio.wait_for(asyncio.gather(through, direct), TIMEOUT)
+            await client.close()
+
+        asyncio.run(asyncio.wait_for(session_pipelines(), 2 * TIMEOUT))
+        assert ch.basic_get(bound, auto_ack=True)[2] == b"behind the bind"
+        assert ch.basic_get(declared, auto_ack=True)[2] == b"behind the declare"
+    finally:
+        setup.close()
+
+    amqp = BlockingConnection(f"amqp://guest:guest@127.0.0.1:{groups_node.port}", timeout=TIMEOUT)
+    try:
+        receiver = amqp.create_receiver(None, dynamic=True)
+        address = receiver.link.remote_source.address
+        assert address
+        amqp.create_sender(address).send(proton.Message(body="to the dynamic queue"))
+        assert receiver.receive(timeout=TIMEOUT).body == "to the dynamic queue"
+        receiver.accept()
+    finally:
+        amqp.close()
