@@ -181,6 +181,8 @@ class Channel:
         self._held: deque[tuple] | None = None  # (handler, method) or (None, publish arguments)
         self._held_bytes = 0
         self._held_full = False  # the connection was told to stop reading (hold_full)
+        # _changing or _held: one attribute read per method and publish while neither (the rule)
+        self._gated = False
 
     # ------------------------------------------------------------------ state
 
@@ -227,6 +229,7 @@ class Channel:
         self._authorize(command)
         if change:
             self._changing += 1
+            self._gated = True
             if change == QUEUE_DELETE:
                 self._deleting += 1
         if no_wait:
@@ -260,6 +263,7 @@ class Channel:
         self._replies.clear()
         self._changing = self._deleting = 0  # (no reply reaches a channel closing by the server)
         held, self._held = self._held, None
+        self._gated = False
         self.conn.write(encode_method_frame(self.number, m.ChannelClose(
             reply_code=code, reply_text=text[:255], class_id=class_id, method_id=method_id)))
         # The core closes its side of the channel itself when the error came from apply; when the
@@ -313,7 +317,7 @@ class Channel:
         changes are answered -- TCP pushes back, as for the log's backlog."""
         held = self._held
         if held is None:
-            if type(item) is m.BasicPublish or not self._must_wait(handler, item):
+            if not self._changing or type(item) is m.BasicPublish or not self._must_wait(handler, item):
                 return False
             held = self._held = deque()
         elif type(item) is m.BasicPublish:
@@ -334,6 +338,8 @@ class Channel:
             self._deleting -= 1
         if self._held is not None and self.state == OPEN:
             self._release()
+        else:
+            self._gated = self._changing > 0 or self._held is not None
 
     def _release(self) -> None:
         """Run the held input in order until the next item that must still wait (behind a change
@@ -361,6 +367,7 @@ class Channel:
             self._held = held
         else:
             self._held_bytes = 0
+        self._gated = self._changing > 0 or self._held is not None
         if self._held_full and self._held_bytes <= self.conn.write_high // 2:
             self._held_full = False
             self.conn.hold_released(self.number)
@@ -409,7 +416,7 @@ class Channel:
         if self.state == OPENING and not isinstance(method, m.ChannelOpen):
             raise ConnectionException(504, "CHANNEL_ERROR - channel not yet open",
                                       method.CLASS_ID, method.METHOD_ID)
-        if (self._changing or self._held is not None) and self._hold(handler, method):
+        if self._gated and self._hold(handler, method):
             return
         try:
             handler(self, method)
@@ -676,8 +683,7 @@ class Channel:
                         method: m.BasicPublish | None) -> None:
         """Check a complete publish and hand it to the broker (``method`` is rebuilt for a return
         when the fused path had none)."""
-        if (self._changing or self._held is not None) and self._hold(
-                None, (exchange, routing_key, mandatory, props, body, method)):
+        if self._gated and self._hold(None, (exchange, routing_key, mandatory, props, body, method)):
             return  # behind a topology change of this channel (_must_wait)
         conn = self.conn
         vhost = conn.vhost
