@@ -161,8 +161,8 @@ def test_amqp010_transfer_behind_a_bind_and_amqp10_dynamic_receiver(groups_node)
     """0-10 and 1.0 on the same node with groups.
 
     0-10: a session sends exchange.declare, exchange.bind of a queue placed in queue group 2 (by a
-    0-9-1 client) and a message.transfer through the exchange without waiting (0-10 spec 3.4:
-    commands are executed in order; execution.sync only asks for completion): the transfer is
+    0-9-1 client) and a message.transfer through the exchange without waiting (0-10 spec 5.8:
+    "the receiving peer MUST execute each command in order"): the transfer is
     completed and the message is in the queue (before, group 2 applied the transfer before the
     forwarded binding and it was routed nowhere, completed and lost).  Also queue.declare + a
     transfer to it, pipelined (a session's queue lives in the metadata group).
