@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from raftmq.protocol.amqp010 import codec as c
@@ -87,6 +88,7 @@ DETACH_NORMAL, DETACH_BUSY, DETACH_TRANSPORT_BUSY, DETACH_NOT_ATTACHED, DETACH_U
 ACCEPT_EXPLICIT, ACCEPT_NONE = 0, 1
 PRE_ACQUIRED, NOT_ACQUIRED = 0, 1
 NOT_IMPLEMENTED = 540
+UNAUTHORIZED_ACCESS = 403  # execution error-code unauthorized-access (spec 0-10 class execution)
 # Topology changes (with queue groups: what later commands of the session wait for), and the commands
 # that need not wait behind them: the metadata group executes them, in its log's order.
 _CHANGES = (c.ExchangeDeclare, c.ExchangeDelete, c.ExchangeBind, c.ExchangeUnbind, c.QueueDeclare, c.QueueDelete)
@@ -97,8 +99,21 @@ HELD_MAX = 1 << 20  # bytes of held commands beyond which the connection stops r
 
 
 def _held_size(command) -> int:
+    """What a held command counts against the bound (a transfer: its body too)."""
     return HELD_COMMAND_BYTES + len(command.body or b"") if isinstance(command, c.MessageTransfer) else HELD_COMMAND_BYTES
-UNAUTHORIZED_ACCESS = 403  # execution error-code unauthorized-access (spec 0-10 class execution)
+
+
+@dataclass(slots=True)
+class _Order:
+    """A session's commands held behind its topology changes (``ServerSession._hold``), in one
+    object: a session's own attributes stay within CPython 3.11's 30 shared keys (beyond them every
+    attribute read of it is slower; see node/amqp091/channel.py ``_Order``)."""
+
+    changing: int = 0  # changes submitted whose completion has not come
+    deleting: int = 0  # of which queue.deletes
+    held: deque[tuple[int, Any]] | None = None  # (command id, command), in order
+    held_bytes: int = 0
+    paused: bool = False  # the bound stopped the connection's reading
 
 
 class SessionHost(Protocol):
@@ -158,10 +173,8 @@ class ServerSession:
         self.tx_broken = False  # the transaction was open on another node that failed
         # Commands held behind a topology change (queue groups: _must_wait).
         self._groups = conn.broker.config.raft_groups > 1
-        self._changing = 0  # changes submitted whose completion has not come
-        self._deleting = 0  # of which queue.deletes
-        self._held: deque[tuple[int, object]] | None = None  # (command id, command)
-        self._held_bytes = 0
+        self._order = _Order()
+        self._gated = False  # changes in flight or commands held: one attribute read per command
 
     # ------------------------------------------------------------------ attach / detach
 
@@ -208,7 +221,7 @@ class ServerSession:
                 self.on_command(item)
 
     def detach(self) -> None:
-        if self._held is not None:
+        if self._order.held is not None:
             self._drop_held()
         self.conn.submit(SessionDetach(self.conn.conn_id, None, self.channel))
         self.conn.send(self.channel, c.SessionDetached(name=self.name, code=DETACH_NORMAL))
@@ -306,7 +319,7 @@ class ServerSession:
         if refusal is not None:
             self._exception(command_id, command, *refusal)
             return
-        if (self._changing or self._held is not None) and self._hold(command_id, command):
+        if self._gated and self._hold(command_id, command):
             return
         self._execute(command_id, command)
 
@@ -377,66 +390,77 @@ class ServerSession:
     # ------------------------------------------------------------------ order behind a topology change
 
     def _must_wait(self, command) -> bool:
-        """Whether ``command`` waits for the changes in flight (``_changing`` > 0): every command but
-        one the metadata group executes in order after them -- and that one too behind a
-        queue.delete (it goes to the queue's group first; a redeclare must find the queue gone)."""
-        return not isinstance(command, _META_ORDERED) or self._deleting > 0
+        """Whether ``command`` waits for the changes in flight: every command but one the metadata
+        group executes in order after them -- and that one too behind a queue.delete (it goes to
+        the queue's group first; a redeclare must find the queue gone)."""
+        return not isinstance(command, _META_ORDERED) or self._order.deleting > 0
 
     def _hold(self, command_id: int, command) -> bool:
         """Hold ``command`` if it must wait or something is held already (held commands run in
         order).  A held command is in flight (an execution.sync after it waits for it).  Bounded:
         beyond ``HELD_MAX`` bytes the connection stops reading until the change completes."""
-        held = self._held
+        order = self._order
+        held = order.held
         if held is None:
-            if not self._must_wait(command):
+            if not order.changing or not self._must_wait(command):
                 return False
-            held = self._held = deque()
+            held = order.held = deque()
         held.append((command_id, command))
         self.in_flight.add(command_id)
-        self._held_bytes += _held_size(command)
-        if self._held_bytes > HELD_MAX:
-            self.conn.transport.pause_reading()  # (again after any resume: once per read at most)
+        order.held_bytes += _held_size(command)
+        if order.held_bytes > HELD_MAX:
+            order.paused = True
+            self.conn.transport.pause_reading()  # (again after another reason's resume: once per read)
         return True
 
     def _changed(self, is_delete: bool) -> None:
         """A change's completion came (every group applied it): what was held behind it goes on."""
-        self._changing -= 1
+        order = self._order
+        order.changing -= 1
         if is_delete:
-            self._deleting -= 1
-        held = self._held
-        if held is None:
-            return
-        self._held = None  # while a command runs it is not held again (it need not wait)
-        while held and self.attached:
-            command_id, command = held[0]
-            if self._changing and self._must_wait(command):
-                break
-            held.popleft()
-            self.in_flight.discard(command_id)
-            self._execute(command_id, command)
-        if held and self.attached:
-            self._held = held
-            self._held_bytes = sum(_held_size(cmd) for _id, cmd in held)
-        else:
-            self._drop_held()
-        self._settle_syncs()
+            order.deleting -= 1
+        held = order.held
+        if held is not None:
+            order.held = None  # while a command runs it is not held again (it need not wait)
+            while held and self.attached:
+                command_id, command = held[0]
+                if order.changing and self._must_wait(command):
+                    break
+                held.popleft()
+                order.held_bytes -= _held_size(command)
+                self.in_flight.discard(command_id)
+                self._execute(command_id, command)
+            if held and self.attached:
+                order.held = held
+            else:
+                order.held_bytes = 0
+            if order.paused and order.held_bytes <= HELD_MAX // 2:
+                self._resume_reading()
+            self._settle_syncs()
+        self._gated = order.changing > 0 or order.held is not None
 
     def _drop_held(self) -> None:
-        """Nothing is held any more (released, or the session ended): read again if the bound
-        stopped the connection and nothing else does."""
-        self._held = None
-        if self._held_bytes > HELD_MAX and not self.conn.reading.paused:
+        """The session ended with commands held: they are dropped."""
+        self._order.held = None
+        self._order.held_bytes = 0
+        self._gated = False
+        if self._order.paused:
+            self._resume_reading()
+
+    def _resume_reading(self) -> None:
+        self._order.paused = False
+        if not self.conn.reading.paused:  # (an alarm or the log's backlog keeps it paused)
             self.conn.transport.resume_reading()
-        self._held_bytes = 0
 
     def _submit(self, command_id: int, command, inner: Command, settled: list | None = None) -> None:
         self.in_flight.add(command_id)
         wrapped = SessionCommand(self.conn.conn_id, None, self.channel, command_id, inner)
         sync = command.sync
         if self._groups and isinstance(command, _CHANGES) and not getattr(command, "passive", False):
-            self._changing += 1
+            self._order.changing += 1
+            self._gated = True
             is_delete = isinstance(command, c.QueueDelete)
-            self._deleting += is_delete
+            self._order.deleting += is_delete
             self.conn.request(self, wrapped, lambda value: (self._applied(command_id, sync, None, value, command),
                                                             self._changed(is_delete)),
                               on_error=lambda code, text: self._failed(command_id, command, code, text))
@@ -576,7 +600,7 @@ class ServerSession:
 
     def _exception(self, command_id: int, command, code: int, text: str, destroy: bool = True) -> None:
         """3.4.1.3: report the error, destroy the session state, detach."""
-        if self._held is not None:
+        if self._order.held is not None:
             self._drop_held()
         if destroy:
             conn_id = self.conn.conn_id

@@ -13,7 +13,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from raftmq.node.amqp010.session import ServerSession
+from raftmq.node.amqp010.session import HELD_MAX, ServerSession
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.store.core import ranges as rs
 from raftmq.store.core.commands import Op
@@ -31,7 +31,9 @@ class _Host:
         self.counts, self.completion_due = [0, 0], {}
         self.requests: list[tuple[Any, Any, Any]] = []  # (inner command, on_ok, on_error)
         self.sent: list[Any] = []
-        self.transport = SimpleNamespace(pause_reading=lambda: None, resume_reading=lambda: None)
+        self.reads: list[str] = []
+        self.transport = SimpleNamespace(pause_reading=lambda: self.reads.append("pause"),
+                                         resume_reading=lambda: self.reads.append("resume"))
         self.reading = SimpleNamespace(paused=False)
 
     def send(self, channel: int, method: Any) -> None:
@@ -117,3 +119,19 @@ def test_groups_refused_change_drops_what_is_held():
     assert Op.PUBLISH not in host.ops()
     assert any(isinstance(method, c.ExecutionException) for method in host.sent)
     assert not session.attached
+
+
+def test_groups_held_transfers_are_bounded():
+    """Transfers flooding behind a bind never completed: past HELD_MAX bytes held the connection stops
+    reading; the completion releases them all, in order, and reading resumes."""
+    session, host = attached(3)
+    session.on_command(c.ExchangeBind(queue="q", exchange="ex", binding_key="k"))
+    count = HELD_MAX // 4096 + 2
+    for i in range(count):
+        session.on_command(transfer(b"%06d" % i + b"x" * 4090))
+    assert host.ops() == [Op.QUEUE_BIND]
+    assert host.reads and set(host.reads) == {"pause"}
+    host.answer(Op.QUEUE_BIND)
+    published = [command for command, _ok, _err in host.requests if command.op == Op.PUBLISH]
+    assert [command.body[:6] for command in published] == [b"%06d" % i for i in range(count)]
+    assert host.reads[-1] == "resume"
