@@ -4,13 +4,22 @@ The session layer here is thin because its state lives in the replicated state m
 (``store/core/sessions.py``): this object numbers the client's commands, wraps each in
 ``SESSION_COMMAND`` so that apply executes it once, reports completion once apply answered, and
 writes the transfers the state machine assigns (with their replicated ids) to the client.
+
+With queue groups (issue 34) a session command goes to every group, and a metadata command (a
+declare, a bind) reaches the queue groups only once the metadata group forwarded it: a transfer a
+client pipelines behind exchange.bind to a queue of a queue group would reach that group first and
+be routed without the binding.  So, with groups, the commands after such a change wait (*held*, in
+order, counted in flight for execution.sync) until its completion, which comes once every group
+applied it (node/groups.py ReplyJoin); see ``_must_wait``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from raftmq.protocol.amqp010 import codec as c
 from raftmq.store.core import ranges as rs
@@ -68,6 +77,7 @@ if TYPE_CHECKING:
     from ..auth import Principal
     from ..broker import Broker
     from ..core.access import Access
+    from ..writeflow import ReadGate
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +89,31 @@ ACCEPT_EXPLICIT, ACCEPT_NONE = 0, 1
 PRE_ACQUIRED, NOT_ACQUIRED = 0, 1
 NOT_IMPLEMENTED = 540
 UNAUTHORIZED_ACCESS = 403  # execution error-code unauthorized-access (spec 0-10 class execution)
+# Topology changes (with queue groups: what later commands of the session wait for), and the commands
+# that need not wait behind them: the metadata group executes them, in its log's order.
+_CHANGES = (c.ExchangeDeclare, c.ExchangeDelete, c.ExchangeBind, c.ExchangeUnbind, c.QueueDeclare, c.QueueDelete)
+_META_ORDERED = (c.ExchangeDeclare, c.ExchangeDelete, c.ExchangeBind, c.ExchangeUnbind, c.QueueDeclare,
+                 c.ExchangeQuery, c.ExchangeBound)
+HELD_COMMAND_BYTES = 64  # what a held command other than a transfer counts against the bound
+HELD_MAX = 1 << 20  # bytes of held commands beyond which the connection stops reading until released
+
+
+def _held_size(command) -> int:
+    """What a held command counts against the bound (a transfer: its body too)."""
+    return HELD_COMMAND_BYTES + len(command.body or b"") if isinstance(command, c.MessageTransfer) else HELD_COMMAND_BYTES
+
+
+@dataclass(slots=True)
+class _Order:
+    """A session's commands held behind its topology changes (``ServerSession._hold``), in one
+    object: a session's own attributes stay within CPython 3.11's 30 shared keys (beyond them every
+    attribute read of it is slower; see node/amqp091/channel.py ``_Order``)."""
+
+    changing: int = 0  # changes submitted whose completion has not come
+    deleting: int = 0  # of which queue.deletes
+    held: deque[tuple[int, Any]] | None = None  # (command id, command), in order
+    held_bytes: int = 0
+    paused: bool = False  # the bound stopped the connection's reading
 
 
 class SessionHost(Protocol):
@@ -92,6 +127,8 @@ class SessionHost(Protocol):
     vhost: str
     counts: list[int]  # [published, delivered]
     completion_due: dict[int, ServerSession]  # sessions whose session.completed is due
+    transport: Any  # paused while a session holds too much behind a topology change (_hold)
+    reading: ReadGate  # why else reading is paused
 
     def send(self, channel: int, method) -> None: ...
 
@@ -134,6 +171,10 @@ class ServerSession:
         self.subscribed_here: set[str] | None = None
         self.tx_ops: list[list] | None = None  # buffered work of the open transaction (tx.select)
         self.tx_broken = False  # the transaction was open on another node that failed
+        # Commands held behind a topology change (queue groups: _must_wait).
+        self._groups = conn.broker.config.raft_groups > 1
+        self._order = _Order()
+        self._gated = False  # changes in flight or commands held: one attribute read per command
 
     # ------------------------------------------------------------------ attach / detach
 
@@ -180,6 +221,8 @@ class ServerSession:
                 self.on_command(item)
 
     def detach(self) -> None:
+        if self._order.held is not None:
+            self._drop_held()
         self.conn.submit(SessionDetach(self.conn.conn_id, None, self.channel))
         self.conn.send(self.channel, c.SessionDetached(name=self.name, code=DETACH_NORMAL))
         self.attached = False
@@ -276,6 +319,12 @@ class ServerSession:
         if refusal is not None:
             self._exception(command_id, command, *refusal)
             return
+        if self._gated and self._hold(command_id, command):
+            return
+        self._execute(command_id, command)
+
+    def _execute(self, command_id: int, command) -> None:
+        """A checked command, in its turn: buffered (a transaction's), or submitted."""
         if isinstance(command, (c.TxSelect, c.TxCommit, c.TxRollback)):
             self._tx(command_id, command)
             return
@@ -338,10 +387,84 @@ class ServerSession:
             settled = [tuple(r) for op in operations if op.op == Op.MESSAGE_SETTLE for r in op.ranges]
             self._submit(command_id, command, TxCommit(None, None, None, operations), settled)
 
+    # ------------------------------------------------------------------ order behind a topology change
+
+    def _must_wait(self, command) -> bool:
+        """Whether ``command`` waits for the changes in flight: every command but one the metadata
+        group executes in order after them -- and that one too behind a queue.delete (it goes to
+        the queue's group first; a redeclare must find the queue gone)."""
+        return not isinstance(command, _META_ORDERED) or self._order.deleting > 0
+
+    def _hold(self, command_id: int, command) -> bool:
+        """Hold ``command`` if it must wait or something is held already (held commands run in
+        order).  A held command is in flight (an execution.sync after it waits for it).  Bounded:
+        beyond ``HELD_MAX`` bytes the connection stops reading until the change completes."""
+        order = self._order
+        held = order.held
+        if held is None:
+            if not order.changing or not self._must_wait(command):
+                return False
+            held = order.held = deque()
+        held.append((command_id, command))
+        self.in_flight.add(command_id)
+        order.held_bytes += _held_size(command)
+        if order.held_bytes > HELD_MAX:
+            order.paused = True
+            self.conn.transport.pause_reading()  # (again after another reason's resume: once per read)
+        return True
+
+    def _changed(self, is_delete: bool) -> None:
+        """A change's completion came (every group applied it): what was held behind it goes on."""
+        order = self._order
+        order.changing -= 1
+        if is_delete:
+            order.deleting -= 1
+        held = order.held
+        if held is not None:
+            order.held = None  # while a command runs it is not held again (it need not wait)
+            while held and self.attached:
+                command_id, command = held[0]
+                if order.changing and self._must_wait(command):
+                    break
+                held.popleft()
+                order.held_bytes -= _held_size(command)
+                self.in_flight.discard(command_id)
+                self._execute(command_id, command)
+            if held and self.attached:
+                order.held = held
+            else:
+                order.held_bytes = 0
+            if order.paused and order.held_bytes <= HELD_MAX // 2:
+                self._resume_reading()
+            self._settle_syncs()
+        self._gated = order.changing > 0 or order.held is not None
+
+    def _drop_held(self) -> None:
+        """The session ended with commands held: they are dropped."""
+        self._order.held = None
+        self._order.held_bytes = 0
+        self._gated = False
+        if self._order.paused:
+            self._resume_reading()
+
+    def _resume_reading(self) -> None:
+        self._order.paused = False
+        if not self.conn.reading.paused:  # (an alarm or the log's backlog keeps it paused)
+            self.conn.transport.resume_reading()
+
     def _submit(self, command_id: int, command, inner: Command, settled: list | None = None) -> None:
         self.in_flight.add(command_id)
         wrapped = SessionCommand(self.conn.conn_id, None, self.channel, command_id, inner)
         sync = command.sync
+        if self._groups and isinstance(command, _CHANGES) and not getattr(command, "passive", False):
+            self._order.changing += 1
+            self._gated = True
+            is_delete = isinstance(command, c.QueueDelete)
+            self._order.deleting += is_delete
+            self.conn.request(self, wrapped, lambda value: (self._applied(command_id, sync, None, value, command),
+                                                            self._changed(is_delete)),
+                              on_error=lambda code, text: self._failed(command_id, command, code, text))
+            return
         deferrable = False
         if inner.op == Op.MESSAGE_SETTLE:
             settled = [tuple(r) for r in command.transfers]
@@ -477,6 +600,8 @@ class ServerSession:
 
     def _exception(self, command_id: int, command, code: int, text: str, destroy: bool = True) -> None:
         """3.4.1.3: report the error, destroy the session state, detach."""
+        if self._order.held is not None:
+            self._drop_held()
         if destroy:
             conn_id = self.conn.conn_id
             self.conn.submit(SessionTimeout(conn_id, None, self.channel, 0))

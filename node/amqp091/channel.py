@@ -6,6 +6,15 @@ mandatory publish takes a slot too (filled with its basic.return, or nothing), a
 gathered so far go out ahead of any reply, so returns and confirms precede the reply to every later
 method on the channel, channel.close-ok included, as in RabbitMQ. Delivery tags are this channel's;
 the broker core knows deliveries as (queue id, entry sequence) pairs.
+
+A client may pipeline methods behind a topology change (declare, bind, delete...) without waiting
+for its -ok, and AMQP 0-9-1 processes a channel's methods in order (general 4.7; 4.6: a synchronous
+method's effects are visible after its response).  The log orders the commands themselves, but the
+front end reads the node's *view* of the topology before submitting some of them: which exchange
+exists (a publish's 404, here), and with queue groups (issue 34) which groups a publish, get,
+consume or queue operation goes to.  So such a command waits, *held*, behind a change this channel
+issued until that change's reply came (then the view includes it) -- see "Order behind a topology
+change" below.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import base64
 import os
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from raftmq.protocol.amqp091 import methods as m
@@ -73,10 +83,35 @@ AMPLE_UNCONFIRMED = 8
 
 _new_tuple = tuple.__new__
 
+# Methods whose command goes to the metadata group's log (with queue groups, issue 34), in order with
+# the topology changes before it: they need not wait for an earlier change's reply (node/groups.py).
+_META_METHODS = frozenset((m.ExchangeDeclare, m.ExchangeDelete, m.ExchangeBind, m.ExchangeUnbind, m.QueueDeclare,
+                           m.QueueBind, m.QueueUnbind))
+# What a held method counts against the channel's bound on held input (a publish: its bytes).
+HELD_METHOD_BYTES = 64
+# Kinds of topology change a request is (``Channel._request``): none, one the metadata group orders
+# (a declare, bind...), one it does not (queue.delete goes to the queue's group first).
+NO_CHANGE, META_CHANGE, QUEUE_DELETE = 0, 1, 2
+
 if TYPE_CHECKING:
     from ..broker import Broker
     from ..config import Config
     from ..core.access import Access
+
+
+@dataclass(slots=True)
+class _Order:
+    """A channel's state for keeping its order behind the topology changes it issued (Channel
+    ``_must_wait``), in one object of its own: a channel's attributes stay within CPython 3.11's 30
+    keys of an instance's shared dictionary, beyond which every attribute read of the channel is
+    slower (+50-120 ns per publish measured with them on the channel, bench/channel_hold.py)."""
+
+    groups: bool  # raft_groups > 1
+    changing: int = 0  # topology changes submitted whose reply has not come
+    deleting: int = 0  # of which queue.deletes (with groups not ordered by the metadata group)
+    held: deque[tuple] | None = None  # (handler, method) or (None, publish arguments), in order
+    held_bytes: int = 0
+    held_full: bool = False  # the connection was told to stop reading (hold_full)
 
 
 class ChannelHost(Protocol):
@@ -107,10 +142,19 @@ class ChannelHost(Protocol):
 
     def forget_channel(self, number: int) -> None: ...
 
+    def hold_full(self, number: int) -> None: ...
+
+    def hold_released(self, number: int) -> None: ...
+
 BASIC_CLASS_ID = 60
 
 # Channel states.  CLOSED: close-ok sent to the client; nothing more goes out on this object.
 OPENING, OPEN, CLOSING_BY_SERVER, CLOSING_BY_CLIENT, CLOSED = range(5)
+
+
+def _held_size(handler, item) -> int:
+    """What a held method or publish counts against the bound of held input."""
+    return HELD_METHOD_BYTES if handler is not None else 32 + len(item[3]) + len(item[4])
 
 
 def _server_queue_name() -> str:
@@ -151,6 +195,9 @@ class Channel:
         self._tx_ops: list[list] = []
         self._tx_returns: list[tuple] = []
         self._tx_acked: dict[int, tuple[int, int]] = {}
+        # Order behind a topology change (see the module docstring and _must_wait).
+        self._order = _Order(conn.config.raft_groups > 1)
+        self._gated = False  # changes in flight or input held: one attribute read per method and publish
 
     # ------------------------------------------------------------------ state
 
@@ -190,18 +237,31 @@ class Channel:
     def _reply_local(self, method) -> None:
         self._fill(self._slot(), encode_method_frame(self.number, method))
 
-    def _request(self, command: Command, method, on_ok, no_wait: bool = False) -> None:
+    def _request(self, command: Command, method, on_ok, no_wait: bool = False, change: int = NO_CHANGE) -> None:
         """Authorize and submit ``command``; ``on_ok(value)`` returns the reply method (or None) to
-        send in order."""
+        send in order.  ``change``: the command changes the topology (META_CHANGE, QUEUE_DELETE):
+        what this channel sends after it may wait for its reply (_must_wait), no_wait or not."""
         self._authorize(command)
+        if change:
+            self._order.changing += 1
+            self._gated = True
+            if change == QUEUE_DELETE:
+                self._order.deleting += 1
         if no_wait:
-            self.conn.request(self, command, type(method), lambda value: on_ok(value) and None)
+            def answered(value):
+                on_ok(value)
+                if change:
+                    self._changed(change)
+
+            self.conn.request(self, command, type(method), answered)
             return
         slot = self._slot()
 
         def done(value):
             reply = on_ok(value)
             self._fill(slot, encode_method_frame(self.number, reply) if reply is not None else None)
+            if change:
+                self._changed(change)
 
         self.conn.request(self, command, type(method), done)
 
@@ -216,11 +276,17 @@ class Channel:
         self.state = CLOSING_BY_SERVER
         self._reset_local_state()
         self._replies.clear()
+        order = self._order
+        order.changing = order.deleting = 0  # (no reply reaches a channel closing by the server)
+        held, order.held = order.held, None
+        self._gated = False
         self.conn.write(encode_method_frame(self.number, m.ChannelClose(
             reply_code=code, reply_text=text[:255], class_id=class_id, method_id=method_id)))
         # The core closes its side of the channel itself when the error came from apply; when the
         # error is ours, tell it (idempotent either way).
         self.conn.broker.submit(self._command(ChannelClose))
+        if held:
+            self._drop_held(held)
 
     def fail_from_broker(self, code: int, text: str, method_cls) -> None:
         class_id = method_cls.CLASS_ID if method_cls is not None else 0
@@ -239,6 +305,109 @@ class Channel:
         self._tx_ops.clear()
         self._tx_returns.clear()
         self._tx_acked.clear()
+
+    # ------------------------------------------------------------------ order behind a topology change
+
+    def _must_wait(self, handler, item) -> bool:
+        """Whether a method (``handler`` and the method) or a complete publish (``handler`` None, its
+        ``_submit_publish`` arguments) must wait for the topology changes this channel has
+        submitted and not yet seen answered (``_Order.changing`` > 0).
+
+        With queue groups the router picks a command's groups from the node's view: everything
+        waits except a method that goes to the metadata group (``_META_METHODS``), whose log orders
+        it after the changes before it -- unless a queue.delete is among them (it goes to the
+        queue's group first; a redeclare must find the queue gone).  With one group the log orders
+        every command, and the only read of the view before it is the publish's exchange check: a
+        publish waits when its exchange is not in the view yet (an exchange.declare on its way)."""
+        if self._order.groups:
+            return handler is None or type(item) not in _META_METHODS or self._order.deleting > 0
+        if handler is not None:
+            return False
+        vhost = self.conn.broker.machine.vhosts.get(self.conn.vhost)
+        return vhost is None or item[0] not in vhost.exchanges
+
+    def _hold(self, handler, item) -> bool:
+        """Hold this method or publish if it must wait, or if anything is held already (held input
+        leaves in order).  The held input is bounded: beyond the connection's write_buffer_high
+        (the bound of its parked deliveries) the connection stops reading (``hold_full``) until the
+        changes are answered -- TCP pushes back, as for the log's backlog."""
+        order = self._order
+        held = order.held
+        if held is None:
+            if not order.changing or type(item) is m.BasicPublish or not self._must_wait(handler, item):
+                return False
+            held = order.held = deque()
+        elif type(item) is m.BasicPublish:
+            return False  # its content is assembled now; the complete publish is held (_submit_publish)
+        held.append((handler, item))
+        order.held_bytes += _held_size(handler, item)
+        if not order.held_full and order.held_bytes > self.conn.write_high:
+            order.held_full = True
+            self.conn.hold_full(self.number)
+        return True
+
+    def _changed(self, change: int) -> None:
+        """A topology change of this channel was answered: its reply came from the node's replica of
+        the metadata group (with groups, joined with every queue group's echo: node/groups.py
+        ReplyJoin), so the node's view includes it; what was held behind it goes on."""
+        order = self._order
+        order.changing -= 1
+        if change == QUEUE_DELETE:
+            order.deleting -= 1
+        if order.held is not None and self.state == OPEN:
+            self._release()
+        else:
+            self._gated = order.changing > 0 or order.held is not None
+
+    def _release(self) -> None:
+        """Run the held input in order until the next item that must still wait (behind a change
+        one of the released methods made) or the end."""
+        order = self._order
+        held = order.held
+        assert held is not None
+        order.held = None  # while an item runs: it is not held again (it need not wait)
+        while held:
+            handler, item = held[0]
+            if order.changing and self._must_wait(handler, item):
+                break
+            held.popleft()
+            order.held_bytes -= _held_size(handler, item)
+            if handler is None:
+                self._submit_publish(*item)
+            else:
+                try:
+                    handler(self, item)
+                except ChannelException as exc:
+                    self.fail(exc.code, exc.text, item.CLASS_ID, item.METHOD_ID)
+            if self.state != OPEN:  # closed by the client or by an error: the rest is not run
+                self._drop_held(held)
+                return
+        if held:
+            order.held = held
+        else:
+            order.held_bytes = 0
+        self._gated = order.changing > 0 or order.held is not None
+        if order.held_full and order.held_bytes <= self.conn.write_high // 2:
+            order.held_full = False
+            self.conn.hold_released(self.number)
+
+    def _drop_held(self, held: deque) -> None:
+        """The channel closed with input held: its methods are read as a closing channel reads
+        them (a channel.close crossing ours is answered close-ok), the rest dropped."""
+        order = self._order
+        order.held_bytes = 0
+        self._gated = False
+        if order.held_full:
+            order.held_full = False
+            self.conn.hold_released(self.number)
+        for handler, item in held:
+            if handler is not None and self.state != CLOSED:
+                self.on_method(item)
+
+    @property
+    def held_input_bytes(self) -> int:
+        """Bytes of the input held behind a topology change (counted for the memory alarm)."""
+        return self._order.held_bytes
 
     # ------------------------------------------------------------------ frames
 
@@ -268,6 +437,8 @@ class Channel:
         if self.state == OPENING and not isinstance(method, m.ChannelOpen):
             raise ConnectionException(504, "CHANNEL_ERROR - channel not yet open",
                                       method.CLASS_ID, method.METHOD_ID)
+        if self._gated and self._hold(handler, method):
+            return
         try:
             handler(self, method)
         except ChannelException as exc:
@@ -367,23 +538,24 @@ class Channel:
         alternate = args.get("alternate-exchange")
         if alternate is not None and not isinstance(alternate, str):
             raise ChannelException(406, "PRECONDITION_FAILED - invalid 'alternate-exchange' argument")
-        self._request(command, method, lambda _: m.ExchangeDeclareOk(), method.no_wait)
+        self._request(command, method, lambda _: m.ExchangeDeclareOk(), method.no_wait,
+                      NO_CHANGE if method.passive else META_CHANGE)
 
     def _exchange_delete(self, method: m.ExchangeDelete) -> None:
         command = self._command(ExchangeDelete, self.conn.vhost, method.exchange, bool(method.if_unused))
-        self._request(command, method, lambda _: m.ExchangeDeleteOk(), method.no_wait)
+        self._request(command, method, lambda _: m.ExchangeDeleteOk(), method.no_wait, META_CHANGE)
 
     def _exchange_bind(self, method: m.ExchangeBind) -> None:
         vhost = self.conn.vhost
         command = self._command(ExchangeBind, vhost, method.destination, method.source,
                                 method.routing_key, to_plain(method.arguments or {}))
-        self._request(command, method, lambda _: m.ExchangeBindOk(), method.no_wait)
+        self._request(command, method, lambda _: m.ExchangeBindOk(), method.no_wait, META_CHANGE)
 
     def _exchange_unbind(self, method: m.ExchangeUnbind) -> None:
         vhost = self.conn.vhost
         command = self._command(ExchangeUnbind, vhost, method.destination, method.source,
                                 method.routing_key, to_plain(method.arguments or {}))
-        self._request(command, method, lambda _: m.ExchangeUnbindOk(), method.no_wait)
+        self._request(command, method, lambda _: m.ExchangeUnbindOk(), method.no_wait, META_CHANGE)
 
     # ------------------------------------------------------------------ queue class
 
@@ -410,10 +582,13 @@ class Channel:
 
         def declared(value):
             queue, message_count, consumer_count = value
-            self.last_queue = queue
             return m.QueueDeclareOk(queue=queue, message_count=message_count, consumer_count=consumer_count)
 
-        self._request(command, method, declared, method.no_wait)
+        # The queue a later method names with "" is this one from now on (reference 1.7.2.3,
+        # queue.bind and others: "the last queue declared on the channel"), as if the declare were applied now: a
+        # bind or get pipelined behind it names it (a failed declare closes the channel anyway).
+        self.last_queue = name
+        self._request(command, method, declared, method.no_wait, NO_CHANGE if method.passive else META_CHANGE)
 
     def _queue_bind(self, method: m.QueueBind) -> None:
         queue = self._queue_name(method.queue, method)
@@ -421,14 +596,14 @@ class Channel:
         vhost = self.conn.vhost
         command = self._command(QueueBind, vhost, queue, method.exchange, routing_key,
                                 to_plain(method.arguments or {}))
-        self._request(command, method, lambda _: m.QueueBindOk(), method.no_wait)
+        self._request(command, method, lambda _: m.QueueBindOk(), method.no_wait, META_CHANGE)
 
     def _queue_unbind(self, method: m.QueueUnbind) -> None:
         queue = self._queue_name(method.queue, method)
         vhost = self.conn.vhost
         command = self._command(QueueUnbind, vhost, queue, method.exchange, method.routing_key,
                                 to_plain(method.arguments or {}))
-        self._request(command, method, lambda _: m.QueueUnbindOk())
+        self._request(command, method, lambda _: m.QueueUnbindOk(), change=META_CHANGE)
 
     def _queue_purge(self, method: m.QueuePurge) -> None:
         queue = self._queue_name(method.queue, method)
@@ -439,7 +614,8 @@ class Channel:
         queue = self._queue_name(method.queue, method)
         command = self._command(QueueDelete, self.conn.vhost, queue, bool(method.if_unused),
                                 bool(method.if_empty))
-        self._request(command, method, lambda count: m.QueueDeleteOk(message_count=count), method.no_wait)
+        self._request(command, method, lambda count: m.QueueDeleteOk(message_count=count), method.no_wait,
+                      QUEUE_DELETE)
 
     # ------------------------------------------------------------------ basic class
 
@@ -528,6 +704,8 @@ class Channel:
                         method: m.BasicPublish | None) -> None:
         """Check a complete publish and hand it to the broker (``method`` is rebuilt for a return
         when the fused path had none)."""
+        if self._gated and self._hold(None, (exchange, routing_key, mandatory, props, body, method)):
+            return  # behind a topology change of this channel (_must_wait)
         conn = self.conn
         vhost = conn.vhost
         try:

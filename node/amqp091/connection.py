@@ -110,6 +110,9 @@ class Amqp091Connection(asyncio.Protocol):
         self.blocked_reason: str | None = None
         self.is_publisher = False
         self._reading_paused = False
+        # Channels whose input held behind a topology change passed its bound (channel.py _hold):
+        # reading stops until they release it.
+        self._holding: set[int] = set()
         # Deliveries held while the client's socket is full (writeflow.py).
         self._parking = Parking(stop_after=self.config.write_buffer_high or DEFAULT_HIGH)
         self.write_high = self.config.write_buffer_high or DEFAULT_HIGH  # auto-ack credit (autoack.py)
@@ -244,8 +247,27 @@ class Amqp091Connection(asyncio.Protocol):
         bodies, unparsed input and publishes being assembled."""
         held = self.transport.get_write_buffer_size() + self._parking.owned_bytes + reader_bytes(self.reader)
         for channel in self.channels.values():
-            held += channel.assembling_bytes
+            held += channel.assembling_bytes + channel.held_input_bytes
         return held
+
+    def hold_full(self, number: int) -> None:
+        """Channel ``number`` holds as much input behind a topology change as it may (channel.py
+        ``_hold``): read no more until it released it."""
+        self._holding.add(number)
+        if not self._reading_paused and self.state != CLOSED:
+            self._pause_reading()
+
+    def hold_released(self, number: int) -> None:
+        """Channel ``number`` ran (or dropped) its held input: read again unless something else
+        keeps the connection paused (an alarm, the log's backlog, another channel's held input)."""
+        self._holding.discard(number)
+        if self._holding or not self._reading_paused or self.blocked_reason or self.state == CLOSED:
+            return  # (set_blocked reads again once unblocked)
+        if self.is_publisher and self.broker.flow_throttled:
+            self.broker.pause_for_flow(self)  # read again with the other publishers (resume_flow)
+        else:
+            self._reading_paused = False
+            self.transport.resume_reading()
 
     # ------------------------------------------------------------------ writing
 
@@ -706,14 +728,14 @@ class Amqp091Connection(asyncio.Protocol):
             self.blocked_reason = None
             if notify:
                 self.send_method(0, m.ConnectionUnblocked())
-            if self._reading_paused:
+            if self._reading_paused and not self._holding:
                 self._reading_paused = False
                 self.transport.resume_reading()
         self.flush()
 
     def resume_flow(self) -> None:
         """The broker's backlog is low again (it paused this connection for flow, not an alarm)."""
-        if self._reading_paused and not self.blocked_reason and self.state != CLOSED:
+        if self._reading_paused and not self.blocked_reason and not self._holding and self.state != CLOSED:
             self._reading_paused = False
             self.transport.resume_reading()
 
