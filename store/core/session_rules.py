@@ -29,7 +29,9 @@ if TYPE_CHECKING:
     from .model import ChannelState, Queue, VHost
 
 NOT_FOUND, RESOURCE_LOCKED, NOT_ALLOWED, NOT_IMPLEMENTED, INVALID_ARGUMENT = 404, 405, 530, 540, 542
-QUEUE_ARGS = frozenset((*EQUIVALENCE_ARGS, *LATER_ARGS, "x-queue-type", "x-deduplication-header", NO_LOCAL))
+# x-queue-group: the queue's Raft group (store/core/groups.py PLACEMENT_ARGUMENT; ignored with one group).
+QUEUE_ARGS = frozenset((*EQUIVALENCE_ARGS, *LATER_ARGS, "x-queue-type", "x-deduplication-header", NO_LOCAL,
+                        "x-queue-group"))
 
 
 def check(machine: StateMachine, conn: str, number: int, inner: Command) -> Command:
