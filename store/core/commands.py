@@ -1056,7 +1056,7 @@ class TxPrepare(NamedTuple):
     token: None
     txid: int
     seq: int
-    reply_conn: str
+    reply_conn: str  # the client's connection, or a 0-10 session's key (tx_groups.is_session_key)
     channel: int
     operations: list
     positions: list  # each publish's position among the transaction's (TxBegin's ``index``)

@@ -58,7 +58,7 @@ from .commands import (
     SessionTxSelect,
     SessionWindowCredit,
 )
-from .groups import META_GROUP, META_OPS
+from .groups import META_GROUP, META_OPS, GroupPending
 from .headers import with_delivery_count
 from .model import ChannelState, Consumer, Message, Session
 
@@ -161,6 +161,20 @@ class SessionCommands:
         m.channels.setdefault(conn, {})[number] = ch
         session.detached_at = None
         m.detached_sessions.pop(key, None)
+        value = self.attached(session, resumed)
+        for consumer in ch.consumers.values():
+            m._dirty[consumer.queue.qid] = consumer.queue  # deliveries resume
+        if resumed and m.tx_coord and cmd.token is not None and m.tx_groups.attach_waits(session, cmd):
+            # Issue 34: a 0-10 transaction of this session across groups is deciding; the resume is
+            # answered when it ended (store/core/tx_groups.py), so that the completed set the client
+            # gets says whether its commit happened: a commit the coordinator began is never
+            # replayed as a lost one, nor reported done before it is.
+            return GroupPending(None, 1)
+        return value
+
+    def attached(self, session: Session, resumed: bool) -> SessionAttached:
+        """The attach's answer: the barrier, the unsettled transfers to replay in id order."""
+        ch = session.channel
         replay = []
         for transfer_id, (qid, seq, destination) in sorted(session.transfers.items()):
             item = ch.unacked.get((qid, seq))
@@ -170,8 +184,6 @@ class SessionCommands:
                 if queue.delivery_header and entry.delivery_count > 1:  # as first sent (issue 21)
                     message = with_delivery_count(message, entry.delivery_count - 1)
                 replay.append((transfer_id, destination, qid, seq, message))
-        for consumer in ch.consumers.values():
-            m._dirty[consumer.queue.qid] = consumer.queue  # deliveries resume
         return SessionAttached(resumed, [list(r) for r in session.completed], replay, session.transactional)
 
     def unregister_channel(self, ch: ChannelState) -> None:
@@ -240,8 +252,11 @@ class SessionCommands:
         if rs.contains(session.completed, command_id):
             return Duplicate()
         rs.add(session.completed, command_id, command_id)
-        if m.group_count > 1 and not group_sessions.session_part(m, conn, number, inner):
-            return None  # issue 34: another group executes it; this one keeps the barrier alike
+        if m.group_count > 1:
+            if not group_sessions.session_part(m, conn, number, inner):
+                return None  # issue 34: another group executes it; this one keeps the barrier alike
+            if inner.op == Op.TX_BEGIN:  # issue 34: tx.commit across groups, the coordinator's record
+                return m.tx_groups.begin_session(session, cmd)
         m._caller_owner = session.key
         # Issue 34: a metadata command (forwarded to the queue groups) and a queue.delete (forgotten
         # by every group) keep the session command's token, so that the other groups answer it too
