@@ -45,7 +45,13 @@ from .commands import (
     OUT_TX_STEP,
     REJECTED,
     ROUTED,
+    SETTLE_ACCEPT,
+    SETTLE_REJECT,
+    SETTLE_RELEASE,
+    SETTLE_RELEASE_REDELIVERED,
     UNROUTABLE,
+    GroupEcho,
+    GroupPending,
     MessageSettle,
     Ok,
     Op,
@@ -150,8 +156,6 @@ class TxGroups:
         applied everywhere: ``GroupPending`` now, the outcome as a ``GroupEcho`` from ``ended``
         (the front end's join completes the command then, 0-10 tx.commit: "the commit will not be
         completed until all preceding commands which it affects have been completed")."""
-        from .groups import GroupPending
-
         rec = self._begin(cmd.conn, cmd.channel, cmd.token, cmd.inner)
         rec.session, rec.command_id = session.key, cmd.command_id
         return GroupPending(None, 1)
@@ -208,13 +212,17 @@ class TxGroups:
         ``begin_session`` gave), and the resumes that waited for it.  An aborted commit leaves the
         metadata group's barrier, so that a resume after the client lost the refusal is not told the
         commit completed (the client then replays it, and its lost buffer fails it: nothing was
-        committed)."""
-        from .groups import GroupEcho
-
+        committed).  A committed one is remembered in ``tx_decided``: every resume reports it
+        complete even where another group's barrier entry for it was lost with a leader (that group
+        executes nothing for it, and the joined answer is otherwise the barriers' intersection:
+        the client would replay the commit as lost and report it aborted although it committed)."""
         m = self.m
         session = m.sessions.get(rec.session) if rec.session is not None else None
-        if session is not None and result[0] != OK:
-            rs.remove(session.completed, rec.command_id, rec.command_id)
+        if session is not None:
+            if result[0] != OK:
+                rs.remove(session.completed, rec.command_id, rec.command_id)
+            else:
+                rs.add(m.tx_decided.setdefault(session.key, []), rec.command_id, rec.command_id)
         if rec.reply_token is not None:
             m._out.append((rec.conn, OUT_REPLY, rec.reply_token, Ok(OK, GroupEcho(result)), rec.channel))
         if not rec.waiters:
@@ -366,8 +374,6 @@ def _settle_as(how: int) -> tuple[Op, bool, bool] | None:
     """A 0-10 / 1.0 settlement held by a transaction as a held 0-9-1 one, ``(op, requeue, unsent)``,
     finished as sessions.py ``message_settle`` would: accept an ack, reject a dead-lettering nack,
     release a requeue (without set-redelivered: the delivery not counted)."""
-    from .sessions import SETTLE_ACCEPT, SETTLE_REJECT, SETTLE_RELEASE, SETTLE_RELEASE_REDELIVERED
-
     return {SETTLE_ACCEPT: (Op.ACK, False, False), SETTLE_REJECT: (Op.NACK, False, False),
             SETTLE_RELEASE: (Op.NACK, True, True), SETTLE_RELEASE_REDELIVERED: (Op.NACK, True, False)}.get(how)
 
@@ -413,7 +419,7 @@ def _plain(command: Any) -> tuple:
 
 def digest_items(m: StateMachine) -> tuple:
     """The transaction state as the replicas' digest sees it (store/disk/snapshot.py)."""
-    return (m.tx_next, sorted(m.tx_part_seq.items()), m.tx_prep_applied,
+    return (m.tx_next, sorted(m.tx_part_seq.items()), m.tx_prep_applied, sorted(m.tx_decided.items()),
             [(t, r.conn, r.channel, r.reply_token, r.total,
               sorted((g, p[0], [_plain(c) for c in p[1]], list(p[2])) for g, p in r.parts.items()),
               sorted(r.votes.items()), r.decision, r.error, sorted(r.finished.items()), r.session, r.command_id,

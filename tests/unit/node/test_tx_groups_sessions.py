@@ -287,3 +287,48 @@ def test_a_discharge_whose_settled_delivery_is_gone_refuses_and_applies_nothing(
     assert ready(g, "q2") == ["old"] and q2.unacked_count == 0
     assert no_transaction_left(g)
     g.check_replicas()
+
+
+def test_a_committed_commit_whose_barrier_entry_one_group_lost_is_still_complete_on_resume():
+    """Group 1's copy of the commit's SESSION_COMMAND is lost (a leader change in group 1): the
+    groups' barriers no longer all hold the id, but the metadata group committed it and says so
+    (``tx_decided``): the resume's joined answer reports it complete, so the client does not
+    replay a commit that happened as a lost one.  Once the client says known-completed, the
+    metadata group forgets it.  (The commit's own answer never comes: the join waits for group 1's
+    reply, as for any session command lost in one group; the client fails over and resumes.)"""
+    from raftmq.store.core.commands import SessionKnownCompleted
+
+    g, t1, t2 = setup()
+    t = command(g, 30, the_commit(t1, t2))
+    g.logs[1] = [cmd for cmd in g.logs[1] if cmd.op != Op.SESSION_COMMAND]  # lost in group 1
+    g.run()
+    assert t not in g.replies  # (the join still waits for group 1: the client will fail over)
+    assert ready(g, "q1") == ["new"] and ready(g, "q2") == ["new"] and no_transaction_left(g)
+    assert not contains(next(iter(g.m(1).sessions.values())).completed, 30)
+    a = attach(g, C2, force=True)
+    g.run()
+    status, attached = g.replies[a]
+    assert status == OK and attached.resumed and contains(attached.completed, 30)
+    assert g.m(0).tx_decided
+    g.request(lambda t: SessionKnownCompleted(C2, t, S, [[30, 30]]))
+    g.run()
+    assert not g.m(0).tx_decided
+    g.check_replicas()
+
+
+def test_an_echoed_resume_answer_gets_its_replays_bodies():
+    """The resume answered after a transaction (a ``GroupEcho`` around the ``SessionAttached``)
+    replays unsettled transfers as a direct answer does: store/disk/bodies.py ``fill_bodies``
+    gives each replayed transfer its body."""
+    from raftmq.store.core.commands import GroupEcho, Ok, SessionAttached
+    from raftmq.store.core.model import Message
+    from raftmq.store.disk.bodies import DictBodies, fill_bodies
+
+    message = Message(7, "", "q", b"", 4, True, 0, 0, 0, 0)
+    attached = SessionAttached(True, [[0, 3]], [(2, "d", 1, 5, message)], False, [])
+    outputs = [(C, OUT_REPLY, 9, Ok(OK, GroupEcho(Ok(OK, attached))), S)]
+    bodies = DictBodies()
+    bodies.put([(7, b"body")])
+    fill_bodies(outputs, bodies)
+    echo = outputs[0][3][1]
+    assert isinstance(echo, GroupEcho) and echo.result[1].replay == [(2, "d", 1, 5, message, b"body")]
