@@ -1,6 +1,6 @@
 """Transactions across queue groups (issue 34): a two-phase commit through the groups' logs.
 
-A transaction (0-9-1 tx.commit, a 1.0 discharge) whose operations touch queues of one group is
+A transaction (0-9-1 tx.commit, a 1.0 discharge, a 0-10 tx.commit) whose operations touch queues of one group is
 one ``TxCommit`` in that group's log, applied at once as with one group (store/core/delivery.py
 ``tx_commit``): nothing here runs.  When its operations touch several groups, the router
 (node/groups.py) splits them by group and sends one ``TxBegin`` to the metadata group, which
@@ -12,7 +12,8 @@ groups"):
    sequence number for its group (``tx_part_seq``); the record waits in ``tx_coord``.
 2. ``TxPrepare`` (each participant, applied once and in order by its ``seq``): the participant
    checks its part can commit -- the channel is open here, every acknowledged delivery is held by
-   that channel here -- and if so *holds* it: the deliveries to acknowledge leave the channel
+   that channel here (a 1.0 or 0-10 settlement: every transfer id this group numbered still has
+   its delivery on its session) -- and if so *holds* it: the deliveries to acknowledge leave the channel
    (nothing else can requeue or redeliver them), the publishes (with their bodies) wait in the
    record.  Either way it records its vote in ``tx_held``.
 3. ``TxVote`` (metadata group): the coordinator records each vote; the first refusal decides
@@ -29,6 +30,15 @@ The forwarder (node/tx_forward.py, on the node leading the metadata group) moves
 it reads the coordinator's records and the participants' (reported by their workers) and sends
 whatever the next step is; everything is idempotent, so it resends after a second and a new
 leader of the metadata group picks up where the old one stopped.  Apply uses no clock.
+
+**0-10 sessions** (session 21): a tx.commit is a session command, to every group (a session is a
+replica in each, node/groups.py); for one across groups its inner command is the ``TxBegin``,
+which the metadata group alone executes (``begin_session``): the record keeps the session's key and
+the command id, the participants prepare on the session found by its key (``is_session_key``), and
+the answer is a ``GroupPending`` now and a ``GroupEcho`` from ``TxEnded``.  A resume of the
+session waits for its transactions to end (``attach_waits``), an aborted commit leaves the
+barrier, a committed one stays in ``tx_decided`` until known-completed, so that a resumed client
+is told its commit completed exactly when it did (docs/design.md "Transactions across groups").
 """
 
 from __future__ import annotations
