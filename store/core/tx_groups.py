@@ -106,6 +106,13 @@ class TxCoord:
     command_id: int = -1
     waiters: list = field(default_factory=list)
 
+    def __setstate__(self, state: tuple) -> None:
+        """Unpickled (a snapshot: ``(None, {slot: value})``, object's default for slots): one
+        written before session 21 lacks the last three fields, which keep their defaults."""
+        self.session, self.command_id, self.waiters = None, -1, []
+        for name, value in state[1].items():
+            object.__setattr__(self, name, value)
+
 
 @dataclass(slots=True)
 class TxHeld:

@@ -332,3 +332,30 @@ def test_an_echoed_resume_answer_gets_its_replays_bodies():
     fill_bodies(outputs, bodies)
     echo = outputs[0][3][1]
     assert isinstance(echo, GroupEcho) and echo.result[1].replay == [(2, "d", 1, 5, message, b"body")]
+
+
+def test_a_session_transaction_record_survives_a_snapshot_and_one_from_before_session_21_loads():
+    """The metadata group's record of a 0-10 commit deciding (its session's key, command id and a
+    waiting resume) goes through a snapshot (store/disk/snapshot.py) unchanged: same digest; a
+    record pickled before those fields existed loads with their defaults (TxCoord.__setstate__)."""
+    import pickle
+
+    from raftmq.store.core.machine import StateMachine
+    from raftmq.store.core.tx_groups import TxCoord
+    from raftmq.store.disk.snapshot import digest, export_model, import_model
+
+    g, t1, t2 = setup()
+    command(g, 30, the_commit(t1, t2))
+    step(g, (0, 1, 2))
+    attach(g, C2, force=True)
+    step(g, (0,))
+    rec = next(iter(g.m(0).tx_coord.values()))
+    assert rec.session is not None and rec.command_id == 30 and rec.waiters
+    copy = StateMachine()
+    import_model(copy, export_model(g.m(0)))
+    assert digest(copy) == digest(g.m(0))
+    _none, state = rec.__getstate__()
+    old = {k: v for k, v in state.items() if k not in ("session", "command_id", "waiters")}
+    loaded = pickle.loads(pickle.dumps(TxCoord("c", 1, None, 0, {})))
+    loaded.__setstate__((None, old))
+    assert (loaded.session, loaded.command_id, loaded.waiters) == (None, -1, []) and loaded.parts == rec.parts
