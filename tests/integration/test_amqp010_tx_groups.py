@@ -1,5 +1,5 @@
 """AMQP 0-10 transactions across queue groups (issue 34, session 21): one node with three Raft
-groups (the ``groups_node`` fixture; or a node of its own for the kill), a real 0-10 client
+groups (the ``node`` fixture; or a node of its own for the kill), a real 0-10 client
 (client/amqp010.py) over a real socket, queues placed with ``x-queue-group`` in groups 1 and 2
 (two worker processes), counted with pika.
 
@@ -39,6 +39,16 @@ from tests.support.groups import channel
 TIMEOUT = 10
 
 
+@pytest.fixture(scope="module")
+def node(tmp_path_factory, broker_kind):
+    """One node with three Raft groups for the module (the tests' queues are their own; a worker
+    a test stops is continued before it ends)."""
+    if broker_kind == "rabbitmq":
+        pytest.skip("raftmq's queue groups")
+    with RaftmqNode(tmp_path_factory.mktemp("tx010g") / "node", env={"RAFTMQ_RAFT_GROUPS": "3"}) as n:
+        yield n
+
+
 def run(coro, timeout: float = 60):
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
@@ -71,14 +81,14 @@ async def transactional_work(session, q1: str, q2: str) -> None:
     await session.publish("", q2, b"new")
 
 
-def test_a_commit_over_two_groups_makes_every_transfer_and_accept_happen_together(groups_node):
+def test_a_commit_over_two_groups_makes_every_transfer_and_accept_happen_together(node):
     """tx.select; accept a message of q1 (group 1) and of q2 (group 2), transfer one to each; before
     tx.commit another connection sees neither transfer (and the old messages are acquired, not
     ready); the commit completes, and then both new messages are in their queues and both old ones
     gone for good (not back after the session's connection closed)."""
-    conn, ch = channel(groups_node)
+    conn, ch = channel(node)
     q1, q2 = two_queues(ch)
-    hosts = [f"127.0.0.1:{groups_node.port}"]
+    hosts = [f"127.0.0.1:{node.port}"]
 
     async def scenario() -> None:
         client = await Connection.connect(hosts)
@@ -99,13 +109,13 @@ def test_a_commit_over_two_groups_makes_every_transfer_and_accept_happen_togethe
         conn.close()
 
 
-def test_a_rollback_over_two_groups_discards_every_transfer_and_accept(groups_node):
+def test_a_rollback_over_two_groups_discards_every_transfer_and_accept(node):
     """tx.rollback (L6307ff): the transfers are discarded (neither queue gets a new message) and the
     accepts too: the old messages stay acquired by the session, and come back to their queues when
     it ends; a transaction after the rollback commits normally."""
-    conn, ch = channel(groups_node)
+    conn, ch = channel(node)
     q1, q2 = two_queues(ch)
-    hosts = [f"127.0.0.1:{groups_node.port}"]
+    hosts = [f"127.0.0.1:{node.port}"]
 
     async def scenario() -> None:
         client = await Connection.connect(hosts)
@@ -129,14 +139,14 @@ def test_a_rollback_over_two_groups_discards_every_transfer_and_accept(groups_no
         conn.close()
 
 
-def test_a_part_one_group_cannot_commit_aborts_both_and_the_commit_fails_406(groups_node):
+def test_a_part_one_group_cannot_commit_aborts_both_and_the_commit_fails_406(node):
     """q1 is deleted (another connection) between the accept and tx.commit: group 1 cannot accept
     its message (the delivery is gone) and refuses; every group aborts: q2 gets no new message, its
     old one is not accepted (back in q2 once the session ends), and the commit fails with an
     execution exception 406 precondition-failed, which ends the session (3.4.1.3)."""
-    conn, ch = channel(groups_node)
+    conn, ch = channel(node)
     q1, q2 = two_queues(ch)
-    hosts = [f"127.0.0.1:{groups_node.port}"]
+    hosts = [f"127.0.0.1:{node.port}"]
 
     async def scenario() -> int:
         client = await Connection.connect(hosts)
@@ -157,7 +167,7 @@ def test_a_part_one_group_cannot_commit_aborts_both_and_the_commit_fails_406(gro
         conn.close()
 
 
-def test_a_session_resumed_while_its_commit_is_deciding_learns_it_committed_exactly_once(groups_node):
+def test_a_session_resumed_while_its_commit_is_deciding_learns_it_committed_exactly_once(node):
     """Worker 2 is stopped (SIGSTOP) before tx.commit: the metadata group has begun the commit and
     group 1 prepared, group 2 has not.  The client's transport is cut then; it reconnects and
     re-attaches its session (3.6.2, force) while the transaction is still deciding.  The resume
@@ -165,10 +175,10 @@ def test_a_session_resumed_while_its_commit_is_deciding_learns_it_committed_exac
     commit complete, so the client's tx.commit returns normally: not replayed as lost (the client
     would have rolled it back and reported it aborted although it committed), not applied twice.
     Both queues hold the message once."""
-    conn, ch = channel(groups_node)
+    conn, ch = channel(node)
     q1, q2 = two_queues(ch, old=False)
-    worker2 = json.loads((Path(groups_node.data_dir) / "groups" / "g2" / "status.json").read_text())["pid"]
-    hosts = [f"127.0.0.1:{groups_node.port}"]
+    worker2 = json.loads((Path(node.data_dir) / "groups" / "g2" / "status.json").read_text())["pid"]
+    hosts = [f"127.0.0.1:{node.port}"]
 
     async def scenario() -> int:
         client = await Connection.connect(hosts, stall_timeout=0)
@@ -199,7 +209,7 @@ def test_a_session_resumed_while_its_commit_is_deciding_learns_it_committed_exac
         conn.close()
 
 
-def test_a_session_resumed_while_its_commit_aborts_learns_it_was_not_committed(groups_node):
+def test_a_session_resumed_while_its_commit_aborts_learns_it_was_not_committed(node):
     """The transaction accepts q1's message (group 1) and transfers one to q2 (group 2).  Worker 1
     is stopped (SIGSTOP); another connection deletes q1 (its delete waits in group 1's log, ahead
     of the prepare); tx.commit; the transport is cut and the client re-attaches while the
@@ -208,13 +218,13 @@ def test_a_session_resumed_while_its_commit_aborts_learns_it_was_not_committed(g
     the commit in its completed set, so the client knows the commit did not happen (it replays it
     as lost: TransactionAborted) -- answered at once, the resume would have reported the commit
     complete (every group's barrier held its id) although it aborted.  q2 has no message."""
-    conn, ch = channel(groups_node)
+    conn, ch = channel(node)
     q1, q2 = two_queues(ch, old=False)
     ch.basic_publish("", q1, b"old")
-    worker1 = json.loads((Path(groups_node.data_dir) / "groups" / "g1" / "status.json").read_text())["pid"]
-    hosts = [f"127.0.0.1:{groups_node.port}"]
+    worker1 = json.loads((Path(node.data_dir) / "groups" / "g1" / "status.json").read_text())["pid"]
+    hosts = [f"127.0.0.1:{node.port}"]
     deleted = threading.Event()
-    other_conn, other = channel(groups_node)  # (open before worker 1 stops: a channel opens in every group)
+    other_conn, other = channel(node)  # (open before worker 1 stops: a channel opens in every group)
 
     def delete_q1() -> None:
         other.queue_delete(q1)  # answered once worker 1 continues
