@@ -196,8 +196,9 @@ class SessionAttached(NamedTuple):
 
 
 class GroupPending(NamedTuple):
-    """Issue 34 (store/core/groups.py). A reply's value when ``more`` replies for the same token will come from other groups: the
-    front end answers the client with ``value`` (merged with theirs) once all have come."""
+    """A reply's value when ``more`` replies for the same token will come from other groups: the
+    front end answers the client with ``value`` (merged with theirs) once all have come (issue 34,
+    store/core/groups.py; here with the other reply values so that tx_groups.py can give it)."""
 
     value: Any
     more: int

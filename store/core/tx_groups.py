@@ -1,7 +1,7 @@
 """Transactions across queue groups (issue 34): a two-phase commit through the groups' logs.
 
-A transaction (0-9-1 tx.commit, a 1.0 discharge, a 0-10 tx.commit) whose operations touch queues of one group is
-one ``TxCommit`` in that group's log, applied at once as with one group (store/core/delivery.py
+A transaction (0-9-1 tx.commit, a 1.0 discharge, a 0-10 tx.commit) whose operations touch queues
+of one group is one ``TxCommit`` in that group's log, applied at once as with one group (store/core/delivery.py
 ``tx_commit``): nothing here runs.  When its operations touch several groups, the router
 (node/groups.py) splits them by group and sends one ``TxBegin`` to the metadata group, which
 *coordinates*; every step is a command in some group's log, so every replica of every group sees
@@ -13,9 +13,9 @@ groups"):
 2. ``TxPrepare`` (each participant, applied once and in order by its ``seq``): the participant
    checks its part can commit -- the channel is open here, every acknowledged delivery is held by
    that channel here (a 1.0 or 0-10 settlement: every transfer id this group numbered still has
-   its delivery on its session) -- and if so *holds* it: the deliveries to acknowledge leave the channel
-   (nothing else can requeue or redeliver them), the publishes (with their bodies) wait in the
-   record.  Either way it records its vote in ``tx_held``.
+   its delivery on its session) -- and if so *holds* it: the deliveries to acknowledge leave the
+   channel (nothing else can requeue or redeliver them), the publishes (with their bodies) wait in
+   the record.  Either way it records its vote in ``tx_held``.
 3. ``TxVote`` (metadata group): the coordinator records each vote; the first refusal decides
    abort, the last acceptance commit.  The decision is replicated state of the metadata group.
 4. ``TxFinish`` (each participant that voted, once: it acts only on a record not yet finished):
@@ -398,11 +398,12 @@ def _settle_as(how: int) -> tuple[Op, bool, bool] | None:
 def _settled_transfers(m: StateMachine, session_channel: ChannelState | None, sub: MessageSettle,
                        out: list) -> tuple[int, str] | None:
     """Check a transaction's ``MessageSettle`` (a 0-10 accept; a 1.0 retirement, on the link's core
-    session) in a participant, and add ``[how, channel, [(transfer id, ref)]]`` to ``out``; or the
-    refusal (``how`` as ``_settle_as``).  A transfer id this group does not know is skipped, as one group's ``message_settle``
-    does (settled already, or another group's: the router sent each group its own ids); one it
-    numbered whose delivery is gone from the session (its queue deleted) refuses the part: a
-    transaction across groups commits whole or not at all (docs/design.md, stricter than one group)."""
+    session) in a participant, and add ``[how, channel, [(transfer id, ref)]]`` to ``out`` (``how``
+    as ``_settle_as`` gives it); or return the refusal.  A transfer id this group does not know is
+    skipped, as one group's ``message_settle`` does (settled already, or another group's: the router
+    sent each group its own ids); one it numbered whose delivery is gone from the session (its queue
+    deleted) refuses the part: a transaction across groups commits whole or not at all
+    (docs/design.md, stricter than one group)."""
     ch = session_channel if session_channel is not None else m.channels.get(sub.conn, {}).get(sub.channel)
     if ch is None or ch.session is None:
         return 504, f"session {sub.channel} is not attached"
