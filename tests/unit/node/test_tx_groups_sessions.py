@@ -359,3 +359,21 @@ def test_a_session_transaction_record_survives_a_snapshot_and_one_from_before_se
     loaded = pickle.loads(pickle.dumps(TxCoord("c", 1, None, 0, {})))
     loaded.__setstate__((None, old))
     assert (loaded.session, loaded.command_id, loaded.waiters) == (None, -1, []) and loaded.parts == rec.parts
+
+
+def test_a_session_commit_with_a_part_in_the_metadata_group_commits_there_too():
+    """A queue a 0-10 session declares lives in the metadata group (docs/design.md): a commit
+    over it and q2 (group 2) has the coordinator as a participant too; all three queues'
+    work commits together, once."""
+    g, t1, t2 = setup()
+    g.declare("q0", **{PLACEMENT_ARGUMENT: 0})
+    commit = TxCommit(None, None, None, [publish("q0", b"new-0"), publish("q2", b"new-2"), accept(t1), accept(t2)])
+    routed = g.router.route(SessionCommand(C, 99, S, 30, commit))
+    assert [p[0] for p in routed[0][1].inner.parts] == [0, 1, 2]
+    t = command(g, 30, commit)
+    g.run()
+    assert len(replies_to(g, t)) == 1 and g.replies[t][0] == OK
+    assert ready(g, "q2") == ["new"] and len(g.m(0).vhosts["/"].queues["q0"].ready) == 1
+    assert queue(g, "q1").unacked_count == 0 and queue(g, "q2").unacked_count == 0
+    assert no_transaction_left(g)
+    g.check_replicas()
