@@ -25,6 +25,7 @@ Usage::
 
     python bench/tx_groups.py --count 300 --rounds 3
     python bench/tx_groups.py --nodes 3 --count 200 --rounds 3
+    python bench/tx_groups.py --protocol 010 --count 300 --rounds 3   # a 0-10 session's tx.commit
 """
 
 from __future__ import annotations
@@ -124,6 +125,44 @@ class System:
         conn.close()
         return done / wall, cpu / max(done, 1), done
 
+    def run010(self, count: int, per_queue: int, size: int, limit: float) -> tuple[float, float, int]:
+        """``run`` with an AMQP 0-10 session (client/amqp010.py): transfers in the open transaction,
+        tx.commit waited for (session 21: the two-phase commit inside a session command)."""
+        import asyncio
+
+        from raftmq.client.amqp010 import Connection
+
+        body = b"x" * size
+        pids = self.pids()
+
+        async def load() -> tuple[float, float, int]:
+            client = await Connection.connect([f"127.0.0.1:{self.node.port}"])
+            session = await client.session(timeout=0)
+            await session.tx_select()
+            cpu0, t0 = cpu_seconds(pids), time.perf_counter()
+            done = 0
+            while done < count and time.perf_counter() - t0 < limit:
+                for queue in self.queues:
+                    for _ in range(per_queue):
+                        session.publish_nowait("", queue, body, persistent=True)
+                await session.tx_commit()
+                done += 1
+            wall, cpu = time.perf_counter() - t0, cpu_seconds(pids) - cpu0
+            await client.close()
+            return wall, cpu, done
+
+        wall, cpu, done = asyncio.run(load())
+        conn = pika.BlockingConnection(pika.URLParameters(self.node.url))
+        ch = conn.channel()
+        expected = done * per_queue
+        for queue in self.queues:
+            got = ch.queue_declare(queue, passive=True).method.message_count
+            if got != expected:
+                print(f"  !! {self.name}: {queue} holds {got}, expected {expected}", file=sys.stderr)
+            ch.queue_purge(queue)
+        conn.close()
+        return done / wall, cpu / max(done, 1), done
+
     def stop(self) -> None:
         if self.cluster is not None:
             self.cluster.stop()
@@ -140,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per run at most")
     parser.add_argument("--systems", default="g1,same,cross")
     parser.add_argument("--nodes", type=int, default=1, help="3: each system a 3-node cluster, the client on a follower")
+    parser.add_argument("--protocol", choices=("091", "010"), default="091",
+                        help="010: an AMQP 0-10 session's tx.commit (session 21) instead of pika's")
     args = parser.parse_args(argv)
     specs = {"g1": (1, (0, 0)), "same": (3, (1, 1)), "cross": (3, (1, 2))}
     names = [n for n in args.systems.split(",") if n]
@@ -149,11 +190,13 @@ def main(argv: list[str] | None = None) -> None:
         try:
             for system in systems:
                 system.start()
-                system.run(max(args.count // 10, 10), args.per_queue, args.size, args.time_limit)  # warm-up
+                run = system.run010 if args.protocol == "010" else system.run
+                run(max(args.count // 10, 10), args.per_queue, args.size, args.time_limit)  # warm-up
             for r in range(args.rounds):
                 order = systems[r % len(systems):] + systems[:r % len(systems)]
                 for system in order:
-                    rate, cpu, done = system.run(args.count, args.per_queue, args.size, args.time_limit)
+                    run = system.run010 if args.protocol == "010" else system.run
+                    rate, cpu, done = run(args.count, args.per_queue, args.size, args.time_limit)
                     results[system.name].append((rate, cpu))
                     print(f"round {r + 1} {system.name:6s} {done:5d} tx  {rate:8.1f} commits/s  "
                           f"{cpu * 1e3:7.2f} ms CPU/commit", flush=True)

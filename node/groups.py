@@ -17,9 +17,10 @@ AMQP 0-10 sessions and 1.0 links' core sessions (store/core/group_sessions.py): 
 session command to every group, each executing its part; a 1.0 link's subscription to its queue's
 group, its credit after it, settlements to the groups that numbered the transfers (id mod G).
 
-A 0-9-1 transaction whose operations touch queues of several groups goes to the metadata group as a
-``TxBegin`` for the two-phase commit (store/core/tx_groups.py, node/tx_forward.py); a 0-10 or 1.0
-transaction (a session command) across groups is refused (540).
+A transaction whose operations touch queues of several groups (0-9-1 tx.commit, a 1.0 discharge)
+goes to the metadata group as a ``TxBegin`` for the two-phase commit (store/core/tx_groups.py,
+node/tx_forward.py); a 0-10 tx.commit across groups is a ``SESSION_COMMAND`` around that ``TxBegin``,
+to every group as every session command (the metadata group coordinates, the others keep the id).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 from raftmq.store.core import ranges as rs
 from raftmq.store.core.commands import (
-    ERR,
     OK,
     OUT_REPLY,
     REJECTED,
@@ -76,8 +76,6 @@ _MAY_PEND = META_OPS | {Op.QUEUE_DELETE}
 
 REPORT_BYTES = 4 << 20  # message-outbox body bytes a report carries at most
 
-SESSION_TX_NOT_ACROSS = Refused(ERR, 540, "NOT_IMPLEMENTED - a 0-10 or 1.0 transaction on queues of several "
-                                           "groups (issue 34)")
 ROUTES_REMEMBERED = 4096  # publish routes kept at most (forgotten all at once beyond)
 
 
@@ -152,8 +150,11 @@ class GroupRouter:
                 routed = self._transaction(inner)
                 if isinstance(routed, Refused):
                     return routed
-                if routed[0][1].op == Op.TX_BEGIN:  # (the two-phase commit is 0-9-1's only, for now)
-                    return SESSION_TX_NOT_ACROSS
+                if routed[0][1].op == Op.TX_BEGIN:
+                    # A 0-10 tx.commit across groups: the two-phase commit, its TxBegin in the session
+                    # command (every group keeps the id in its barrier; the metadata group coordinates:
+                    # store/core/tx_groups.py ``begin_session``).
+                    command = command._replace(inner=routed[0][1])
             elif inner.op == Op.MESSAGE_SUBSCRIBE:
                 self._subscribed(command.conn, command.channel, inner)
             return [(group, command) for group in self.every]

@@ -69,7 +69,9 @@ class TxForwarder:
                 mine = held.get(txid)
                 if group not in rec.votes:
                     if applied < seq:
-                        prepare = TxPrepare(None, None, txid, seq, rec.conn, rec.channel, operations, index)
+                        # (a 0-10 session's transaction: prepared on the session, by its key)
+                        party = rec.session if rec.session is not None else rec.conn
+                        prepare = TxPrepare(None, None, txid, seq, party, rec.channel, operations, index)
                         if send(group, prepare, txid, group):
                             preparing.add(group)
                     elif mine is not None:

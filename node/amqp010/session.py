@@ -593,10 +593,15 @@ class ServerSession:
 
     def _failed(self, command_id: int, command, code: int, text: str) -> None:
         """Apply refused the command: it has destroyed the session already, except for the codes
-        that are connection errors in 0-9-1 (HARD_ERRORS: the core leaves those to the front end)."""
+        that are connection errors in 0-9-1 (HARD_ERRORS: the core leaves those to the front end).
+        Issue 34: a tx.commit across queue groups is refused by the metadata group's decision, not
+        by a command that failed at apply, so no group destroyed the session: this end does, in
+        every group (with queue groups, for every refused tx.commit: a group that destroyed it
+        already ignores the repeat)."""
         self.in_flight.discard(command_id)
+        across = isinstance(command, c.TxCommit) and self.conn.broker.config.raft_groups > 1
         self._exception(command_id, command, rules.code_for(command, code, text), text,
-                        destroy=code in HARD_ERRORS)
+                        destroy=code in HARD_ERRORS or across)
 
     def _exception(self, command_id: int, command, code: int, text: str, destroy: bool = True) -> None:
         """3.4.1.3: report the error, destroy the session state, detach."""

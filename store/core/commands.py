@@ -190,6 +190,28 @@ class SessionAttached(NamedTuple):
     completed: list  # the incoming commands already executed, as [lo, hi] ranges
     replay: list  # the unsettled transfers to send again
     transactional: bool
+    # Issue 34: the session's 0-10 commits across groups that committed (the metadata group's
+    # ``tx_decided``): complete whatever the other groups' barriers say (group_sessions.merge_attached).
+    decided: list | tuple = ()
+
+
+class GroupPending(NamedTuple):
+    """A reply's value when ``more`` replies for the same token will come from other groups: the
+    front end answers the client with ``value`` (merged with theirs) once all have come (issue 34,
+    store/core/groups.py; here with the other reply values so that tx_groups.py can give it)."""
+
+    value: Any
+    more: int
+
+
+class GroupEcho(NamedTuple):
+    """A reply's value from a group that applied *another* group's decision for the same client
+    token: a queue group applying a forwarded metadata command (``MetaApply``), the metadata group
+    taking in a queue group's deletion (``QueueGone``).  Marked so that the front end's join counts
+    it against the ``GroupPending`` that announces it, in whatever order the two reach the client's
+    node (each group's replica there applies at its own pace: an echo can come first)."""
+
+    result: Any  # the Ok or Refused it would have been
 
 
 class Duplicate(NamedTuple):
@@ -839,8 +861,11 @@ class MessageFlush(NamedTuple):
     op: Op = Op.MESSAGE_FLUSH
 
 
+SETTLE_ACCEPT, SETTLE_RELEASE, SETTLE_RELEASE_REDELIVERED, SETTLE_REJECT = range(4)  # MessageSettle's ``how``
+
+
 class MessageSettle(NamedTuple):
-    """``how``: store.sessions.SETTLE_ACCEPT, _RELEASE, _RELEASE_REDELIVERED or _REJECT."""
+    """``how``: SETTLE_ACCEPT, _RELEASE, _RELEASE_REDELIVERED or _REJECT (above; also store.sessions')."""
 
     conn: str
     token: int | None
@@ -1056,7 +1081,7 @@ class TxPrepare(NamedTuple):
     token: None
     txid: int
     seq: int
-    reply_conn: str
+    reply_conn: str  # the client's connection, or a 0-10 session's key (tx_groups.is_session_key)
     channel: int
     operations: list
     positions: list  # each publish's position among the transaction's (TxBegin's ``index``)

@@ -130,16 +130,22 @@ def tx_groups(m: StateMachine, operations: list) -> set[int]:
 
 def merge_attached(a: Any, b: Any) -> Any:
     """Two groups' ``SessionAttached`` as one: resumed if any group had the session, complete the
-    commands every group applied (their barriers' intersection), every group's unsettled transfers
-    in id order, transactional if any group says so."""
+    commands every group applied (their barriers' intersection) and the 0-10 commits across groups
+    the metadata group committed (``decided``: the other groups execute nothing for those, so a
+    barrier entry lost in one of them must not make the client replay a commit that happened),
+    every group's unsettled transfers in id order, transactional if any group says so."""
     from .commands import SessionAttached, SessionBusy
 
     if isinstance(a, SessionBusy) or not isinstance(b, SessionAttached):
         return a
     if isinstance(b, SessionBusy) or not isinstance(a, SessionAttached):
         return b
-    return SessionAttached(a.resumed or b.resumed, intersect(a.completed, b.completed),
-                           sorted(a.replay + b.replay, key=lambda r: r[0]), a.transactional or b.transactional)
+    completed = intersect(a.completed, b.completed)
+    decided = a.decided or b.decided  # (the metadata group's alone: store/core/tx_groups.py)
+    for lo, hi in decided:
+        rs.add(completed, lo, hi)
+    return SessionAttached(a.resumed or b.resumed, completed, sorted(a.replay + b.replay, key=lambda r: r[0]),
+                           a.transactional or b.transactional, decided)
 
 
 def intersect(a: list, b: list) -> list[list[int]]:

@@ -50,6 +50,8 @@ from .commands import (
     ExchangeBind,
     ExchangeDeclare,
     GoneTrim,
+    GroupEcho,
+    GroupPending,
     GroupsSet,
     LimitsSet,
     MemberSet,
@@ -71,23 +73,8 @@ from .entries import Message
 from .errors import CommandError
 from .tx_groups import participant_report
 
-
-class GroupPending(NamedTuple):
-    """A reply's value when ``more`` replies for the same token will come from other groups: the
-    front end answers the client with ``value`` (merged with theirs) once all have come."""
-
-    value: Any
-    more: int
-
-
-class GroupEcho(NamedTuple):
-    """A reply's value from a group that applied *another* group's decision for the same client
-    token: a queue group applying a forwarded metadata command (``MetaApply``), the metadata group
-    taking in a queue group's deletion (``QueueGone``).  Marked so that the front end's join counts
-    it against the ``GroupPending`` that announces it, in whatever order the two reach the client's
-    node (each group's replica there applies at its own pace: an echo can come first)."""
-
-    result: Any  # the Ok or Refused it would have been
+# GroupPending and GroupEcho, the groups' reply values, live in commands.py with the other reply
+# values (tx_groups.py gives them, and this module imports it); imported from here as before.
 
 
 class GroupReport(NamedTuple):

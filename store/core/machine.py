@@ -211,6 +211,10 @@ class StateMachine:
         self.tx_coord: dict[int, TxCoord] = {}
         self.tx_prep_applied = 0  # a participant: the last prepare applied
         self.tx_held: dict[int, TxHeld] = {}
+        # The coordinator: session key -> the ids ([lo, hi] ranges) of the session's 0-10 commits
+        # across groups that committed, reported complete to every resume until known-completed
+        # (the other groups' barriers may lack them: they executed nothing for them).
+        self.tx_decided: dict[str, list[list[int]]] = {}
         self.forwarding = False  # applying a MetaApply's command (not state: set and reset inside it)
         self.forwarded_placement: tuple[int, int] | None = None
         self.internal_errors = 0  # commands that raised something other than CommandError (a bug)

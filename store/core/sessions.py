@@ -29,14 +29,18 @@ from . import events as EV
 from . import group_sessions, session_rules
 from . import model as _model
 from . import ranges as rs
-from .commands import (
+from .commands import (  # (SETTLE_*: MessageSettle's ``how``, defined with it; re-exported from here)
     OUT_SESSION_DETACHED,
     OUT_TRANSFER,
+    SETTLE_ACCEPT,
+    SETTLE_REJECT,
+    SETTLE_RELEASE,
     CommandResult,
     Consume,
     Duplicate,
     ExchangeBound,
     ExchangeQuery,
+    GroupPending,
     MessageAcquire,
     MessageFlow,
     MessageFlowMode,
@@ -58,6 +62,9 @@ from .commands import (
     SessionTxSelect,
     SessionWindowCredit,
 )
+from .commands import (
+    SETTLE_RELEASE_REDELIVERED as SETTLE_RELEASE_REDELIVERED,
+)
 from .groups import META_GROUP, META_OPS
 from .headers import with_delivery_count
 from .model import ChannelState, Consumer, Message, Session
@@ -72,7 +79,6 @@ MAX_SESSION_TIMEOUT = 3600  # seconds: a detached session's state is kept at mos
 DURABLE_LINK_PREFIX = b"amqp10-link\x00"
 DEFAULT_DURABLE_LINKS = 256
 UNLIMITED = 0xFFFFFFFF
-SETTLE_ACCEPT, SETTLE_RELEASE, SETTLE_RELEASE_REDELIVERED, SETTLE_REJECT = range(4)
 
 
 RESULT_OPS = frozenset((Op.QUEUE_QUERY, Op.EXCHANGE_QUERY, Op.EXCHANGE_BOUND, Op.MESSAGE_ACQUIRE,
@@ -161,6 +167,20 @@ class SessionCommands:
         m.channels.setdefault(conn, {})[number] = ch
         session.detached_at = None
         m.detached_sessions.pop(key, None)
+        value = self.attached(session, resumed)
+        for consumer in ch.consumers.values():
+            m._dirty[consumer.queue.qid] = consumer.queue  # deliveries resume
+        if resumed and m.tx_coord and cmd.token is not None and m.tx_groups.attach_waits(session, cmd):
+            # Issue 34: a 0-10 transaction of this session across groups is deciding; the resume is
+            # answered when it ended (store/core/tx_groups.py), so that the completed set the client
+            # gets says whether its commit happened: a commit the coordinator began is never
+            # replayed as a lost one, nor reported done before it is.
+            return GroupPending(None, 1)
+        return value
+
+    def attached(self, session: Session, resumed: bool) -> SessionAttached:
+        """The attach's answer: the barrier, the unsettled transfers to replay in id order."""
+        ch = session.channel
         replay = []
         for transfer_id, (qid, seq, destination) in sorted(session.transfers.items()):
             item = ch.unacked.get((qid, seq))
@@ -170,9 +190,9 @@ class SessionCommands:
                 if queue.delivery_header and entry.delivery_count > 1:  # as first sent (issue 21)
                     message = with_delivery_count(message, entry.delivery_count - 1)
                 replay.append((transfer_id, destination, qid, seq, message))
-        for consumer in ch.consumers.values():
-            m._dirty[consumer.queue.qid] = consumer.queue  # deliveries resume
-        return SessionAttached(resumed, [list(r) for r in session.completed], replay, session.transactional)
+        decided = self.m.tx_decided.get(session.key, ()) if self.m.tx_decided else ()
+        return SessionAttached(resumed, [list(r) for r in session.completed], replay, session.transactional,
+                               [list(r) for r in decided])
 
     def unregister_channel(self, ch: ChannelState) -> None:
         m = self.m
@@ -205,6 +225,8 @@ class SessionCommands:
         if m.sessions.pop(session.key, None) is None:
             return
         m.detached_sessions.pop(session.key, None)
+        if m.tx_decided:
+            m.tx_decided.pop(session.key, None)
         ch = session.channel
         self.unregister_channel(ch)
         for consumer in list(ch.consumers.values()):
@@ -240,8 +262,11 @@ class SessionCommands:
         if rs.contains(session.completed, command_id):
             return Duplicate()
         rs.add(session.completed, command_id, command_id)
-        if m.group_count > 1 and not group_sessions.session_part(m, conn, number, inner):
-            return None  # issue 34: another group executes it; this one keeps the barrier alike
+        if m.group_count > 1:
+            if not group_sessions.session_part(m, conn, number, inner):
+                return None  # issue 34: another group executes it; this one keeps the barrier alike
+            if inner.op == Op.TX_BEGIN:  # issue 34: tx.commit across groups, the coordinator's record
+                return m.tx_groups.begin_session(session, cmd)
         m._caller_owner = session.key
         # Issue 34: a metadata command (forwarded to the queue groups) and a queue.delete (forgotten
         # by every group) keep the session command's token, so that the other groups answer it too
@@ -274,6 +299,12 @@ class SessionCommands:
         if ch.session is not None:
             for lo, hi in cmd.ranges:
                 rs.remove(ch.session.completed, lo, hi)
+            decided = m.tx_decided.get(ch.session.key) if m.tx_decided else None
+            if decided is not None:  # issue 34: the client knows these commits completed
+                for lo, hi in cmd.ranges:
+                    rs.remove(decided, lo, hi)
+                if not decided:
+                    del m.tx_decided[ch.session.key]
 
     def message_subscribe(self, cmd: MessageSubscribe) -> str:
         m = self.m

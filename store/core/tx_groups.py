@@ -1,7 +1,7 @@
 """Transactions across queue groups (issue 34): a two-phase commit through the groups' logs.
 
-A transaction (0-9-1 tx.commit, a 1.0 discharge) whose operations touch queues of one group is
-one ``TxCommit`` in that group's log, applied at once as with one group (store/core/delivery.py
+A transaction (0-9-1 tx.commit, a 1.0 discharge, a 0-10 tx.commit) whose operations touch queues
+of one group is one ``TxCommit`` in that group's log, applied at once as with one group (store/core/delivery.py
 ``tx_commit``): nothing here runs.  When its operations touch several groups, the router
 (node/groups.py) splits them by group and sends one ``TxBegin`` to the metadata group, which
 *coordinates*; every step is a command in some group's log, so every replica of every group sees
@@ -12,9 +12,10 @@ groups"):
    sequence number for its group (``tx_part_seq``); the record waits in ``tx_coord``.
 2. ``TxPrepare`` (each participant, applied once and in order by its ``seq``): the participant
    checks its part can commit -- the channel is open here, every acknowledged delivery is held by
-   that channel here -- and if so *holds* it: the deliveries to acknowledge leave the channel
-   (nothing else can requeue or redeliver them), the publishes (with their bodies) wait in the
-   record.  Either way it records its vote in ``tx_held``.
+   that channel here (a 1.0 or 0-10 settlement: every transfer id this group numbered still has
+   its delivery on its session) -- and if so *holds* it: the deliveries to acknowledge leave the
+   channel (nothing else can requeue or redeliver them), the publishes (with their bodies) wait in
+   the record.  Either way it records its vote in ``tx_held``.
 3. ``TxVote`` (metadata group): the coordinator records each vote; the first refusal decides
    abort, the last acceptance commit.  The decision is replicated state of the metadata group.
 4. ``TxFinish`` (each participant that voted, once: it acts only on a record not yet finished):
@@ -29,6 +30,15 @@ The forwarder (node/tx_forward.py, on the node leading the metadata group) moves
 it reads the coordinator's records and the participants' (reported by their workers) and sends
 whatever the next step is; everything is idempotent, so it resends after a second and a new
 leader of the metadata group picks up where the old one stopped.  Apply uses no clock.
+
+**0-10 sessions** (session 21): a tx.commit is a session command, to every group (a session is a
+replica in each, node/groups.py); for one across groups its inner command is the ``TxBegin``,
+which the metadata group alone executes (``begin_session``): the record keeps the session's key and
+the command id, the participants prepare on the session found by its key (``is_session_key``), and
+the answer is a ``GroupPending`` now and a ``GroupEcho`` from ``TxEnded``.  A resume of the
+session waits for its transactions to end (``attach_waits``), an aborted commit leaves the
+barrier, a committed one stays in ``tx_decided`` until known-completed, so that a resumed client
+is told its commit completed exactly when it did (docs/design.md "Transactions across groups").
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import events as EV
+from . import ranges as rs
 from .commands import (
     ERR,
     OK,
@@ -44,10 +55,19 @@ from .commands import (
     OUT_TX_STEP,
     REJECTED,
     ROUTED,
+    SETTLE_ACCEPT,
+    SETTLE_REJECT,
+    SETTLE_RELEASE,
+    SETTLE_RELEASE_REDELIVERED,
     UNROUTABLE,
+    GroupEcho,
+    GroupPending,
+    MessageSettle,
     Ok,
     Op,
     Refused,
+    SessionAttach,
+    SessionCommand,
     TxBegin,
     TxEnded,
     TxFinish,
@@ -61,7 +81,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .machine import StateMachine
-    from .model import Entry, Queue
+    from .model import ChannelState, Entry, Queue, Session
 
 UNDECIDED, COMMIT, ABORT = 0, 1, 2
 _SETTLES = (Op.ACK, Op.NACK)
@@ -80,6 +100,18 @@ class TxCoord:
     decision: int = UNDECIDED
     error: tuple[int, str] = (0, "")  # the first refusal (abort)
     finished: dict[int, list] = field(default_factory=dict)  # group -> [[index, outcome]]
+    # A 0-10 session's tx.commit (SESSION_COMMAND around the TxBegin): the session's key and the
+    # command's id; the answers owed to attaches that resumed the session meanwhile (conn, token, channel).
+    session: str | None = None
+    command_id: int = -1
+    waiters: list = field(default_factory=list)
+
+    def __setstate__(self, state: tuple) -> None:
+        """Unpickled (a snapshot: ``(None, {slot: value})``, object's default for slots): one
+        written before session 21 lacks the last three fields, which keep their defaults."""
+        self.session, self.command_id, self.waiters = None, -1, []
+        for name, value in state[1].items():
+            object.__setattr__(self, name, value)
 
 
 @dataclass(slots=True)
@@ -120,6 +152,9 @@ class TxGroups:
     # ------------------------------------------------------------------ the coordinator
 
     def begin(self, cmd: TxBegin) -> None:
+        self._begin(cmd.conn, cmd.channel, cmd.reply_token, cmd)
+
+    def _begin(self, conn: str, channel: int, reply_token: int | None, cmd: TxBegin) -> TxCoord:
         m = self.m
         m.tx_next += 1
         parts: dict[int, list] = {}
@@ -127,8 +162,29 @@ class TxGroups:
             seq = m.tx_part_seq.get(group, 0) + 1
             m.tx_part_seq[group] = seq
             parts[group] = [seq, list(operations), list(index)]
-        m.tx_coord[m.tx_next] = TxCoord(cmd.conn, cmd.channel, cmd.reply_token, cmd.total, parts)
+        rec = m.tx_coord[m.tx_next] = TxCoord(conn, channel, reply_token, cmd.total, parts)
         m._out.append((None, OUT_TX_STEP, m.tx_next))
+        return rec
+
+    def begin_session(self, session: Session, cmd: SessionCommand) -> Any:
+        """A 0-10 tx.commit across groups (``SESSION_COMMAND`` around a ``TxBegin``; the metadata
+        group, once per command id: the barrier already took it).  The session's other groups keep
+        the id in their barriers and execute nothing.  The answer is owed until the decision is
+        applied everywhere: ``GroupPending`` now, the outcome as a ``GroupEcho`` from ``ended``
+        (the front end's join completes the command then, 0-10 tx.commit: "the commit will not be
+        completed until all preceding commands which it affects have been completed")."""
+        rec = self._begin(cmd.conn, cmd.channel, cmd.token, cmd.inner)
+        rec.session, rec.command_id = session.key, cmd.command_id
+        return GroupPending(None, 1)
+
+    def attach_waits(self, session: Session, cmd: SessionAttach) -> bool:
+        """A resume of ``session`` while a transaction of it across groups is deciding: its answer
+        waits for the transaction's end (``ended``); True if it must."""
+        for rec in self.m.tx_coord.values():
+            if rec.session == session.key:
+                rec.waiters.append([cmd.conn, cmd.token, cmd.channel])
+                return True
+        return False
 
     def vote(self, cmd: TxVote) -> None:
         rec = self.m.tx_coord.get(cmd.txid)
@@ -162,9 +218,39 @@ class TxGroups:
             result: Any = Ok(OK, outcomes)
         else:
             result = Refused(ERR, *rec.error)
-        if rec.reply_token is not None:
+        if rec.session is not None:
+            self._session_ended(rec, result)
+        elif rec.reply_token is not None:
             # On every replica, whoever proposed the batch: the client's node answers it.
             m._out.append((rec.conn, OUT_REPLY, rec.reply_token, result, rec.channel))
+
+    def _session_ended(self, rec: TxCoord, result: Any) -> None:
+        """A 0-10 session's transaction ended: its tx.commit's answer (an echo of the pending one
+        ``begin_session`` gave), and the resumes that waited for it.  An aborted commit leaves the
+        metadata group's barrier, so that a resume after the client lost the refusal is not told the
+        commit completed (the client then replays it, and its lost buffer fails it: nothing was
+        committed).  A committed one is remembered in ``tx_decided``: every resume reports it
+        complete even where another group's barrier entry for it was lost with a leader (that group
+        executes nothing for it, and the joined answer is otherwise the barriers' intersection:
+        the client would replay the commit as lost and report it aborted although it committed)."""
+        m = self.m
+        session = m.sessions.get(rec.session) if rec.session is not None else None
+        if session is not None:
+            if result[0] != OK:
+                rs.remove(session.completed, rec.command_id, rec.command_id)
+            else:
+                rs.add(m.tx_decided.setdefault(session.key, []), rec.command_id, rec.command_id)
+        if rec.reply_token is not None:
+            m._out.append((rec.conn, OUT_REPLY, rec.reply_token, Ok(OK, GroupEcho(result)), rec.channel))
+        if not rec.waiters:
+            return
+        later = next((r for r in m.tx_coord.values() if r.session == rec.session), None)
+        if later is not None:  # another transaction of the session is still deciding: wait for it too
+            later.waiters.extend(rec.waiters)
+            return
+        value = m.session_commands.attached(session, True) if session is not None else None
+        for conn, token, channel in rec.waiters:
+            m._out.append((conn, OUT_REPLY, token, Ok(OK, GroupEcho(Ok(OK, value))), channel))
 
     # ------------------------------------------------------------------ a participant
 
@@ -174,12 +260,21 @@ class TxGroups:
             return  # a duplicate or a gap (the forwarder resends from the one applied)
         m.tx_prep_applied = cmd.seq
         m._out.append((None, OUT_TX_STEP, cmd.txid))
-        rec = TxHeld(cmd.seq, 0, "", cmd.reply_conn, cmd.channel)
+        session = m.sessions.get(cmd.reply_conn) if is_session_key(cmd.reply_conn) else None
+        conn = next((sub.conn for sub in cmd.operations if sub.conn), cmd.reply_conn) if session else cmd.reply_conn
+        rec = TxHeld(cmd.seq, 0, "", conn, cmd.channel)
         m.tx_held[cmd.txid] = rec
-        ch = m.channels.get(cmd.reply_conn, {}).get(cmd.channel)
+        if session is not None:
+            ch: ChannelState | None = session.channel  # (attached or not: a session outlives its connection)
+        elif is_session_key(cmd.reply_conn):
+            rec.code, rec.text = 504, "the transaction's session has ended"
+            return
+        else:
+            ch = m.channels.get(cmd.reply_conn, {}).get(cmd.channel)
         if ch is None:
             rec.code, rec.text = 504, f"channel {cmd.channel} is not open"
             return
+        transfers: list = []  # [(op, requeue, unsent), channel, [(transfer id, (qid, seq))]] of the settlements
         for sub in cmd.operations:
             if sub.op in _SETTLES:
                 for qid, seq in sub.refs:
@@ -187,10 +282,23 @@ class TxGroups:
                         rec.code, rec.text = 406, (f"unknown delivery ({qid}, {seq}): "
                                                    "its queue was deleted or the delivery settled")
                         return
+            elif sub.op == Op.MESSAGE_SETTLE:
+                refusal = _settled_transfers(m, ch if session is not None else None, sub, transfers)
+                if refusal is not None:
+                    rec.code, rec.text = refusal
+                    return
         # Prepared: hold the part.  The deliveries leave the channel now (a channel close or
         # recover cannot requeue them under the transaction); the publishes wait with their bodies.
+        for how, owner, ids in transfers:
+            for transfer_id, _ref in ids:
+                owner.session.transfers.pop(transfer_id, None)
+            op, requeue, unsent = how
+            for queue, entry in m.delivery.take_unacked(owner, [ref for _id, ref in ids]):
+                rec.settles.append([int(op), requeue, unsent, queue, entry])
         index = iter(cmd.positions)
         for sub in cmd.operations:
+            if sub.op == Op.MESSAGE_SETTLE:
+                continue  # (held above)
             if sub.op in _SETTLES:
                 requeue = bool(sub.requeue) if sub.op == Op.NACK else False
                 unsent = bool(sub.unsent) if sub.op == Op.NACK else False
@@ -271,6 +379,50 @@ class TxGroups:
             recorder.put_tx(persisted_state(self.m))
 
 
+def is_session_key(party: str) -> bool:
+    """Whether a ``TxPrepare``'s ``reply_conn`` names a 0-10 session (store/core/sessions.py
+    ``session_key``: vhost, principal and name joined by NUL, which no connection id holds) rather
+    than a connection: a session's transaction is prepared on the session wherever it is attached
+    now, or detached (a connection id would be stale after a resume)."""
+    return "\x00" in party
+
+
+def _settle_as(how: int) -> tuple[Op, bool, bool] | None:
+    """A 0-10 / 1.0 settlement held by a transaction as a held 0-9-1 one, ``(op, requeue, unsent)``,
+    finished as sessions.py ``message_settle`` would: accept an ack, reject a dead-lettering nack,
+    release a requeue (without set-redelivered: the delivery not counted)."""
+    return {SETTLE_ACCEPT: (Op.ACK, False, False), SETTLE_REJECT: (Op.NACK, False, False),
+            SETTLE_RELEASE: (Op.NACK, True, True), SETTLE_RELEASE_REDELIVERED: (Op.NACK, True, False)}.get(how)
+
+
+def _settled_transfers(m: StateMachine, session_channel: ChannelState | None, sub: MessageSettle,
+                       out: list) -> tuple[int, str] | None:
+    """Check a transaction's ``MessageSettle`` (a 0-10 accept; a 1.0 retirement, on the link's core
+    session) in a participant, and add ``[how, channel, [(transfer id, ref)]]`` to ``out`` (``how``
+    as ``_settle_as`` gives it); or return the refusal.  A transfer id this group does not know is
+    skipped, as one group's ``message_settle`` does (settled already, or another group's: the router
+    sent each group its own ids); one it numbered whose delivery is gone from the session (its queue
+    deleted) refuses the part: a transaction across groups commits whole or not at all
+    (docs/design.md, stricter than one group)."""
+    ch = session_channel if session_channel is not None else m.channels.get(sub.conn, {}).get(sub.channel)
+    if ch is None or ch.session is None:
+        return 504, f"session {sub.channel} is not attached"
+    ids = []
+    for transfer_id in rs.ids(sub.ranges):
+        item = ch.session.transfers.get(transfer_id)
+        if item is None:
+            continue
+        ref = (item[0], item[1])
+        if ref not in ch.unacked:
+            return 406, (f"unknown transfer {transfer_id}: its queue was deleted or the message settled")
+        ids.append((transfer_id, ref))
+    how = _settle_as(sub.how)
+    if how is None:
+        return 406, f"unknown settlement {sub.how}"
+    out.append([how, ch, ids])
+    return None
+
+
 def participant_report(m: StateMachine) -> tuple[int, dict[int, tuple[int, str, bool, list]]]:
     """What the forwarder needs of a participant: the last prepare applied and each record's vote,
     whether it finished and its outcomes."""
@@ -285,10 +437,11 @@ def _plain(command: Any) -> tuple:
 
 def digest_items(m: StateMachine) -> tuple:
     """The transaction state as the replicas' digest sees it (store/disk/snapshot.py)."""
-    return (m.tx_next, sorted(m.tx_part_seq.items()), m.tx_prep_applied,
+    return (m.tx_next, sorted(m.tx_part_seq.items()), m.tx_prep_applied, sorted(m.tx_decided.items()),
             [(t, r.conn, r.channel, r.reply_token, r.total,
               sorted((g, p[0], [_plain(c) for c in p[1]], list(p[2])) for g, p in r.parts.items()),
-              sorted(r.votes.items()), r.decision, r.error, sorted(r.finished.items()))
+              sorted(r.votes.items()), r.decision, r.error, sorted(r.finished.items()), r.session, r.command_id,
+              r.waiters)
              for t, r in m.tx_coord.items()],
             [(t, r.seq, r.code, r.text, r.conn, r.channel, [(i, _plain(c)) for i, c in r.publishes],
               [(op, rq, un, q.qid, e.seq, e.message.id) for op, rq, un, q, e in r.settles], r.finished, r.outcomes)
@@ -303,7 +456,8 @@ def persisted_state(m: StateMachine) -> list:
             [[t, r.conn, r.channel, r.reply_token, r.total,
               [[g, p[0], [list(c) for c in p[1]], p[2]] for g, p in r.parts.items()],
               [[g, c, x] for g, (c, x) in r.votes.items()], r.decision, list(r.error),
-              [[g, o] for g, o in r.finished.items()]] for t, r in m.tx_coord.items()],
+              [[g, o] for g, o in r.finished.items()], r.session, r.command_id, r.waiters]
+             for t, r in m.tx_coord.items()],
             [[t, r.seq, r.code, r.text, r.conn, r.channel, [[i, list(c)] for i, c in r.publishes],
               [[op, rq, un, q.qid, e.seq] for op, rq, un, q, e in r.settles], r.finished, r.outcomes]
              for t, r in m.tx_held.items()]]
@@ -316,11 +470,11 @@ def restore_state(m: StateMachine, state: list) -> None:
     tx_next, part_seq, prep_applied, coord, held = state
     m.tx_next, m.tx_prep_applied = tx_next, prep_applied
     m.tx_part_seq = {int(g): s for g, s in part_seq}
-    for t, conn, channel, reply_token, total, parts, votes, decision, error, finished in coord:
+    for t, conn, channel, reply_token, total, parts, votes, decision, error, finished, *session in coord:
         m.tx_coord[t] = TxCoord(conn, channel, reply_token, total,
                                 {g: [seq, [_typed_v2(c) for c in ops], list(index)] for g, seq, ops, index in parts},
                                 {g: (c, x) for g, c, x in votes}, decision, (error[0], error[1]),
-                                {g: o for g, o in finished})
+                                {g: o for g, o in finished}, *session)  # (session, command_id, waiters: since s21)
     for t, seq, code, text, conn, channel, publishes, settles, done, outcomes in held:
         rec = TxHeld(seq, code, text, conn, channel, [[i, _typed_v2(c)] for i, c in publishes], [], done, outcomes)
         for op, requeue, unsent, qid, entry_seq in settles:

@@ -55,6 +55,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..core.commands import OK, OUT_DELIVER, OUT_REPLY, OUT_TRANSFER, GotMessage, Ok, SessionAttached
+from ..core.groups import GroupEcho
 from ..core.ready_peek import next_ids
 from .body_cache import BodyCache, Loader
 from .body_store import BodyStore
@@ -552,7 +553,12 @@ def fill_bodies(outputs: list, bodies: Bodies | DictBodies, upcoming: Upcoming |
             result = out[3]
             if result.__class__ is Ok:
                 value = result[1]
-                if value.__class__ is GotMessage:
+                echo = value.__class__ is GroupEcho and value.result[0] == OK
+                if echo:
+                    # Issue 34: a 0-10 resume answered once the session's transaction across groups
+                    # ended (store/core/tx_groups.py): its replay needs its bodies as a direct one.
+                    value = value.result[1]
+                if value.__class__ is GotMessage and not echo:
                     body = body_of(value.message.id, value.qid)
                     # Refused: answered as an empty queue (a get with ack leaves it held unsent).
                     value = value._replace(body=body) if body is not None else None
@@ -562,6 +568,8 @@ def fill_bodies(outputs: list, bodies: Bodies | DictBodies, upcoming: Upcoming |
                     value = value._replace(replay=[r for r in replay if r[5] is not None])
                 else:
                     continue
+                if echo:
+                    value = GroupEcho(Ok(OK, value))
                 outputs[i] = (out[0], kind, out[2], Ok(OK, value), out[4])
     if refused:
         outputs[:] = [out for i, out in enumerate(outputs) if i not in refused]

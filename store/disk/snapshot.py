@@ -63,6 +63,7 @@ MODEL_FIELDS = (
     "group_count", "meta_outbox", "meta_seq", "meta_applied", "gone_outbox", "gone_seq", "gone_applied",
     "msg_outbox", "msg_seq", "msg_applied",
     "tx_next", "tx_part_seq", "tx_coord", "tx_prep_applied", "tx_held",  # issue 34 (store/core/tx_groups.py)
+    "tx_decided",  # issue 34, session 21 (0-10 commits across groups); absent in older snapshots: none
     "chain_head", "chain_on",  # issue 36 (store/core/events.py); absent in older snapshots: the chain starts there
 )
 

@@ -11,7 +11,6 @@ replay, 3.6.2 re-attach; the idempotence barrier of 3.2.4).
 
 from __future__ import annotations
 
-from raftmq.node.groups import SESSION_TX_NOT_ACROSS
 from raftmq.store.core.commands import (
     OK,
     OUT_TRANSFER,
@@ -137,14 +136,13 @@ def test_a_link_subscription_goes_to_its_queues_group_and_so_do_its_credit_and_s
     g.check_replicas()
 
 
-def test_a_session_transaction_across_groups_is_refused_and_one_within_a_group_commits():
-    """A 0-10 tx.commit whose transfers go to queues of two groups is refused 540 before any group
-    sees it (two-phase commit: not yet); one whose transfers go to one group's queue commits there."""
+def test_a_session_transaction_within_one_group_commits_there_as_one_command():
+    """A 0-10 tx.commit whose transfers go to one group's queue is one TxCommit in that group's log,
+    as with one group (across groups: tests/unit/node/test_tx_groups_sessions.py)."""
     g = setup()
     session(g)
-    across = TxCommit(None, None, None, [publish("", "q1", b"a"), publish("", "q2", b"b")])
-    assert g.router.route(SessionCommand(C, 1, S, 0, across)) is SESSION_TX_NOT_ACROSS
     within = TxCommit(None, None, None, [publish("", "q2", b"a"), publish("", "q2", b"b")])
+    assert {part.inner.op for _grp, part in g.router.route(SessionCommand(C, 1, S, 0, within))} == {Op.TX_COMMIT}
     assert command(g, 0, within)[0] == OK
     assert len(g.m(2).vhosts["/"].queues["q2"].ready) == 2
     g.check_replicas()
