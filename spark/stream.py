@@ -113,7 +113,7 @@ class RaftmqStreamReader(DataSourceStreamReader):
                 reader.check = EV.checker(txn, tables, self.path)
                 reader.use_principals(txn, tables)
                 yield from self.batches(reader._event_rows(txn.cursor(db=db), start, stop), arrow_schema,
-                                    self.batch_rows)
+                                        self.batch_rows, 0)  # the metadata group's: `group` 0
         finally:
             env.close()
 
