@@ -7,6 +7,13 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import lmdb
+
+from raftmq.store.disk import history as EV
 
 _GROUP = re.compile(r"g[1-9][0-9]*")
 
@@ -26,3 +33,20 @@ def queue_group_histories(base: str) -> list[tuple[int, str]]:
                     found.append((int(name[1:]), events))
                     break
     return sorted(found)
+
+
+_OPENING: dict[str, threading.Lock] = {}
+
+
+@contextmanager
+def open_group_history(path: str) -> Iterator[lmdb.Environment]:
+    """A queue group's history opened read-only in the main process (its worker writes it; LMDB's
+    reader lock), one reader at a time per history: one process may not open an LMDB environment
+    twice at once, and the HTTP API's pages (a queue's events, the audit chain) read from worker
+    threads."""
+    with _OPENING.setdefault(path, threading.Lock()):
+        env = EV.open_history(path)
+        try:
+            yield env
+        finally:
+            env.close()

@@ -17,30 +17,19 @@ group this node keeps no history of.
 from __future__ import annotations
 
 import asyncio
-import threading
 
 from aiohttp import web
 
-from raftmq.store.disk import history as EV
-
 from ..audit_verify import PAGE_LIMIT, chain_page
-from ..group_dirs import queue_group_histories
+from ..group_dirs import open_group_history, queue_group_histories
 from ..operator import MONITORING
 from .common import HttpError, context, reply, require
-
-# One process may not open an LMDB environment twice at once: a queue group's history is opened
-# per request, one request at a time per history.
-_OPENING: dict[str, threading.Lock] = {}
 
 
 def _group_page(path: str, low: int, high: int, limit: int, with_events: bool) -> dict:
     """In a worker thread: ``chain_page`` of a queue group's history, opened for this read."""
-    with _OPENING.setdefault(path, threading.Lock()):
-        env = EV.open_history(path)
-        try:
-            return chain_page(env, low, high, limit, with_events)
-        finally:
-            env.close()
+    with open_group_history(path) as env:
+        return chain_page(env, low, high, limit, with_events)
 
 
 async def get_chain(request: web.Request) -> web.Response:
