@@ -456,7 +456,7 @@ def main(args: argparse.Namespace) -> int:
     """Verify the history given and, for a node's data directory or snapshot with queue groups
     (issue 34), every group's: each on its own chain, against the same group of ``--against`` or
     of ``--peer``; one line per group, the worst exit status."""
-    from .group_dirs import queue_group_histories
+    from .group_dirs import lone_group, queue_group_histories
 
     path = history_path(args.snapshot, args.data_dir)
     base = args.snapshot or args.data_dir
@@ -470,8 +470,9 @@ def main(args: argparse.Namespace) -> int:
             if getattr(args, "peer", None) else None)
     mine = dict(queue_group_histories(base))
     theirs = dict(queue_group_histories(against_base)) if against_base else {}
-    # A lone group's history given (groups/g<N> of a snapshot): --group names it for --peer.
-    lone = 0 if mine else (getattr(args, "group", None) or 0)
+    # A lone group's history given (groups/g<N> of a snapshot): its place, or --group, names its
+    # group for --peer.
+    lone = 0 if mine else (getattr(args, "group", None) or lone_group(path))
     code = _verify_one(path, against, peer.for_group(lone) if peer is not None else None)
     for group in sorted(set(mine) | set(theirs)):
         if group not in mine or (against_base and group not in theirs):

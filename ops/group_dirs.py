@@ -18,6 +18,16 @@ from raftmq.store.disk import history as EV
 _GROUP = re.compile(r"g[1-9][0-9]*")
 
 
+_LONE = re.compile(r"(?:^|/)groups/g([1-9][0-9]*)(?:/events)?/*$")
+
+
+def lone_group(path: str) -> int:
+    """The group of a lone queue group's history named by its place (``.../groups/g<N>`` of a
+    snapshot, ``.../groups/g<N>/events`` of a data directory); 0 for any other path."""
+    found = _LONE.search(str(path).replace(os.sep, "/"))
+    return int(found.group(1)) if found else 0
+
+
 def queue_group_histories(base: str) -> list[tuple[int, str]]:
     """(group, history directory) of the queue groups under ``base`` (a node's data directory, whose
     groups keep ``groups/g<N>/events``, or a history snapshot, ``groups/g<N>`` itself) that keep a

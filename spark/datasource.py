@@ -55,7 +55,7 @@ get a ``group`` column (0 for the metadata group; a one-group history reads as b
 ``(group, seq)`` / ``(group, message_id)``.  The documented order of the merged events is
 ``time``, then ``group``, then ``seq`` (``groups.ORDER``).  ``group = n`` / ``group IN (...)`` are
 pushed down (the other groups are not opened).  The catalog tables are the metadata group's, and
-a queue group's events get their principals from its connections table.
+a queue group's events get their principals from the metadata group's connections table.
 
 **Streaming** (``spark/stream.py``): ``spark.readStream.format("raftmq").option("path",
 <data dir>/events)`` follows a node's live history by sequence offsets.

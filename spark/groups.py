@@ -23,12 +23,12 @@ with group g of another.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 
-from raftmq.ops.group_dirs import queue_group_histories
+from raftmq.ops.group_dirs import lone_group, queue_group_histories
 
 META_GROUP = 0  # the metadata group: the topology, the connections, sessions
+__all__ = ["META_GROUP", "ORDER", "histories", "layout", "lone_group", "meta_histories"]
 ORDER = ("time", "group", "seq")  # the documented order of the merged events (module docstring)
 
 
@@ -37,16 +37,6 @@ def _history(path: str) -> str:
     itself (a snapshot, or a history directory)."""
     events = os.path.join(path, "events")
     return events if os.path.exists(os.path.join(events, "data.mdb")) else path
-
-
-_LONE = re.compile(r"(?:^|/)groups/g([1-9][0-9]*)(?:/events)?/*$")
-
-
-def lone_group(path: str) -> int:
-    """The group of a lone queue group's history named by its place (``.../groups/g<N>`` of a
-    snapshot, ``.../groups/g<N>/events`` of a data directory); 0 for any other path."""
-    found = _LONE.search(str(path).replace(os.sep, "/"))
-    return int(found.group(1)) if found else META_GROUP
 
 
 def layout(paths: Sequence[str]) -> dict[int, list[str]]:
