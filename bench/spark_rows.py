@@ -11,6 +11,9 @@ so old and new can be compared side by side::
 
 ``--union N`` (issue 36, spark/union.py) also reads N copies of the snapshot as one table (every key
 in every copy: the worst case of the duplicate check).
+
+``--groups N`` (issue 34, spark/groups.py) also reads a node snapshot laid out with N groups (the
+snapshot as group 0 and as each queue group's ``groups/g<N>``) as one table with ``group``.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ import time
 from pathlib import Path
 
 from pyspark.sql.datasource import InputPartition
-from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-TYPES = {"long": LongType(), "string": StringType(), "timestamp": TimestampType()}
+TYPES = {"long": LongType(), "string": StringType(), "timestamp": TimestampType(), "int": IntegerType()}
 
 
 def rate(options: dict, rounds: int) -> tuple[int, float]:
@@ -51,6 +54,7 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=300_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--union", type=int, default=0, help="also read this many copies as one table")
+    parser.add_argument("--groups", type=int, default=0, help="also read a snapshot laid out as this many groups")
     args = parser.parse_args()
     if args.make:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -73,6 +77,14 @@ def main() -> int:
                 shutil.copytree(args.snapshot, copies[-1])
             rows, best = rate({"paths": ",".join(copies)}, args.rounds)
         print(f"{where}: {args.union} copies as one, {rows:,} rows: {best:.2f} s CPU, {rows / best:,.0f} rows/s")
+    if args.groups > 1:
+        with tempfile.TemporaryDirectory(prefix="raftmq-spark-rows-") as tmp:
+            node = os.path.join(tmp, "node")
+            shutil.copytree(args.snapshot, node)
+            for group in range(1, args.groups):
+                shutil.copytree(args.snapshot, os.path.join(node, "groups", f"g{group}"))
+            rows, best = rate({"path": node}, args.rounds)
+        print(f"{where}: {args.groups} groups as one, {rows:,} rows: {best:.2f} s CPU, {rows / best:,.0f} rows/s")
     return 0
 
 

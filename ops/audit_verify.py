@@ -26,13 +26,22 @@ both hold must have equal heads; the first event that differs is named with the 
 where both nodes kept it.  This is what catches a history rewritten *consistently* on
 one node (leaves and heads recomputed): its heads then differ from every other node's.
 
-Exit status: 0 intact (one summary line), 1 something is wrong (the first bad event first), 2 usage.
+Groups (issue 34): a node with queue groups keeps one history and one chain per group
+(``<data>/groups/g<N>/events``; a snapshot's ``<out>/groups/g<N>``), each numbered by its group.
+Given a data directory or a snapshot, every group's history is verified on its own, one line each;
+``--against`` compares each group's with the same group's of the other node (a group the other
+lacks is a finding), ``--peer`` each group's with the running member's chain of that group
+(``GET /api/raftmq/audit/chain?group=N``).  Group g is never compared with another group.
+
+Exit status: 0 intact (one summary line per group), 1 something is wrong (the first bad event
+first), 2 usage.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import copy
 import json
 import os
 import sys
@@ -330,18 +339,30 @@ def chain_page(env: lmdb.Environment, low: int, high: int, limit: int, with_even
 class Peer:
     """A running member's chain, read through its HTTP API (``--peer HOST:PORT``)."""
 
-    def __init__(self, address: str, user: str, password: str, timeout: float = 30.0) -> None:
+    def __init__(self, address: str, user: str, password: str, timeout: float = 30.0, group: int = 0) -> None:
         self.address = address
         self.base = f"http://{address}/api/raftmq/audit/chain"
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
         self.headers = {"Authorization": f"Basic {token}"}
         self.timeout = timeout
+        self.group = group  # issue 34: the Raft group whose chain is read (0: the metadata group's)
+
+    def for_group(self, group: int) -> Peer:
+        """The same member (address, credentials) read for another group's chain."""
+        other = copy.copy(self)
+        other.group = group
+        return other
 
     def page(self, low: int, high: int, events: bool = False, limit: int = PAGE_LIMIT) -> dict:
-        query = urllib.parse.urlencode({"from": low, "to": high, "limit": limit, "events": int(events)})
-        request = urllib.request.Request(f"{self.base}?{query}", headers=self.headers)
+        wanted = {"from": low, "to": high, "limit": limit, "events": int(events)}
+        if self.group:
+            wanted["group"] = self.group
+        request = urllib.request.Request(f"{self.base}?{urllib.parse.urlencode(wanted)}", headers=self.headers)
         with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - http only, by design
-            return json.loads(response.read())
+            page = json.loads(response.read())
+        if page.get("group", 0) != self.group:  # a member older than issue 34's chain per group
+            raise ValueError(f"the peer answered with group {page.get('group', 0)}'s chain, not group {self.group}'s")
+        return page
 
     def batches(self, low: int, high: int) -> dict[int, list]:
         out: dict[int, list] = {}
@@ -432,21 +453,48 @@ def _resolve(path: str) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    """Verify the history given and, for a node's data directory or snapshot with queue groups
+    (issue 34), every group's: each on its own chain, against the same group of ``--against`` or
+    of ``--peer``; one line per group, the worst exit status."""
+    from .group_dirs import lone_group, queue_group_histories
+
     path = history_path(args.snapshot, args.data_dir)
-    against = _resolve(args.against) if getattr(args, "against", None) else None
+    base = args.snapshot or args.data_dir
+    against_base = getattr(args, "against", None)
+    against = _resolve(against_base) if against_base else None
     for p in (path, against):
         if p is not None and not os.path.exists(os.path.join(p, "data.mdb")):
             print(f"raftmq audit verify: {p} holds no audit history", file=sys.stderr)
             return EXIT_USAGE
     peer = (Peer(args.peer, getattr(args, "peer_user", None) or "guest", getattr(args, "peer_password", None) or "guest")
             if getattr(args, "peer", None) else None)
+    mine = dict(queue_group_histories(base))
+    theirs = dict(queue_group_histories(against_base)) if against_base else {}
+    # A lone group's history given (groups/g<N> of a snapshot): its place, or --group, names its
+    # group for --peer.
+    lone = 0 if mine else (getattr(args, "group", None) or lone_group(path))
+    code = _verify_one(path, against, peer.for_group(lone) if peer is not None else None)
+    for group in sorted(set(mine) | set(theirs)):
+        if group not in mine or (against_base and group not in theirs):
+            where, other = (mine[group], against_base) if group in mine else (theirs[group], base)
+            print(f"NOT INTACT: {where}: first bad event: group {group}'s history has no counterpart in {other}")
+            code = max(code, EXIT_BAD)
+            continue
+        code = max(code, _verify_one(mine[group], theirs.get(group),
+                                     peer.for_group(group) if peer is not None else None))
+    return code
+
+
+def _verify_one(path: str, against: str | None, peer: Peer | None) -> int:
+    """One history (one group's) verified and its line printed; its exit status."""
     try:
         report = verify_history(path, against, peer)
     except (lmdb.Error, EV.StoreDamaged) as exc:
         print(f"raftmq audit verify: {path}: cannot read the history: {exc}", file=sys.stderr)
         return EXIT_BAD
     except (OSError, ValueError) as exc:  # urllib's errors are OSErrors; a body that is not JSON
-        print(f"raftmq audit verify: the peer {args.peer} did not answer with its chain: {exc}", file=sys.stderr)
+        address = peer.address if peer is not None else "?"
+        print(f"raftmq audit verify: the peer {address} did not answer with its chain: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if report.findings:
         first = report.findings[0]
@@ -458,7 +506,8 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_BAD
     compared = f"; {report.compared} batches identical in {against}" if against is not None else ""
     if peer is not None:
-        compared += f"; {report.compared} batches identical on the peer {peer.address}"
+        group = f" (group {peer.group})" if peer.group else ""
+        compared += f"; {report.compared} batches identical on the peer {peer.address}{group}"
     print(f"intact: {path}: {report.batches} batches, seqs {report.first_seq}..{report.last_seq}, "
           f"{report.events_checked} events checked, {report.not_kept} not kept (chained), "
           f"{report.unchained} older than the chain, {report.gaps_accepted} snapshot gaps, "

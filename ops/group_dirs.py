@@ -7,8 +7,25 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import lmdb
+
+from raftmq.store.disk import history as EV
 
 _GROUP = re.compile(r"g[1-9][0-9]*")
+
+
+_LONE = re.compile(r"(?:^|/)groups/g([1-9][0-9]*)(?:/events)?/*$")
+
+
+def lone_group(path: str) -> int:
+    """The group of a lone queue group's history named by its place (``.../groups/g<N>`` of a
+    snapshot, ``.../groups/g<N>/events`` of a data directory); 0 for any other path."""
+    found = _LONE.search(str(path).replace(os.sep, "/"))
+    return int(found.group(1)) if found else 0
 
 
 def queue_group_histories(base: str) -> list[tuple[int, str]]:
@@ -26,3 +43,20 @@ def queue_group_histories(base: str) -> list[tuple[int, str]]:
                     found.append((int(name[1:]), events))
                     break
     return sorted(found)
+
+
+_OPENING: dict[str, threading.Lock] = {}
+
+
+@contextmanager
+def open_group_history(path: str) -> Iterator[lmdb.Environment]:
+    """A queue group's history opened read-only in the main process (its worker writes it; LMDB's
+    reader lock), one reader at a time per history: one process may not open an LMDB environment
+    twice at once, and the HTTP API's pages (a queue's events, the audit chain) read from worker
+    threads."""
+    with _OPENING.setdefault(path, threading.Lock()):
+        env = EV.open_history(path)
+        try:
+            yield env
+        finally:
+            env.close()

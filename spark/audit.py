@@ -10,6 +10,19 @@ detail is ``dead-letter:<original id>:<queue>``.
 ``trace`` (one message's life across queues and copies) and ``contents`` (a queue's messages at a
 moment) take their own arguments; ``path`` may be a list of several nodes' snapshots, read as one
 table (spark/union.py).
+
+**Groups** (issue 34, spark/groups.py): a node with queue groups has one history per group, read
+as one table with a ``group`` column.  Message ids are numbered by each group (message 7 of group 1
+is not message 7 of group 2), so a message is ``(group, message_id)``: the jobs key messages by
+``group`` too (``QUEUE_KEY``) and ``trace`` takes the group.  A queue's message events are all in
+the group it was placed in.  Each queue group keeps the topology events (exchange/queue declared,
+bound...) of the metadata group's changes it applied: ``summary`` counts them once per group
+(``group = 0`` for the decisions themselves), and a publish routed to queues of k groups is
+``published`` in each of them (``throughput`` counts it k times, as the node's
+``raftmq_messages_published_total`` does).  A dead-lettered or delayed message moving to a queue
+of another group is a new message there (``published`` with detail ``group:<source>:<seq>``, the
+source group's outbox sequence): ``trace`` follows copies within one group and does not link that
+hop yet (the source's history does not say which outbox sequence a copy took).
 """
 
 from __future__ import annotations
@@ -21,9 +34,10 @@ from pyspark.sql import functions as F
 
 from raftmq.store.core.events import NO_ACK
 
+from .groups import META_GROUP, ORDER
 from .session import load
 
-QUEUE_KEY = ["vhost", "queue", "message_id"]
+QUEUE_KEY = ["group", "vhost", "queue", "message_id"]  # one message in one queue (ids are per group)
 FINAL_KINDS = ("acked", "rejected", "expired", "purged", "deleted", "dropped")
 
 
@@ -50,7 +64,7 @@ def unconsumed(spark, path: str) -> DataFrame:
     return (routed.join(delivered, QUEUE_KEY, "left_anti")
             .join(fates, QUEUE_KEY, "left")
             .withColumn("fate", F.coalesce("fate", F.lit("queued")))
-            .orderBy("vhost", "queue", "message_id"))
+            .orderBy("vhost", "queue", "group", "message_id"))
 
 
 def redelivered(spark, path: str) -> DataFrame:
@@ -59,7 +73,7 @@ def redelivered(spark, path: str) -> DataFrame:
             .groupBy(*QUEUE_KEY)
             .agg(F.count("*").alias("deliveries"), F.min("time").alias("first"), F.max("time").alias("last"))
             .filter(F.col("deliveries") > 1)
-            .orderBy(F.desc("deliveries"), "vhost", "queue", "message_id"))
+            .orderBy(F.desc("deliveries"), "vhost", "queue", "group", "message_id"))
 
 
 def dead_letters(spark, path: str) -> DataFrame:
@@ -154,10 +168,12 @@ def _micros(at) -> int:
     raise TypeError(f"not a moment: {at!r}")
 
 
-def copies(spark, path) -> dict[int, tuple[int, str, str]]:
-    """Every copy in the history: copy id -> (original id, how: ``dead-letter``/``modified``, queue)."""
+def copies(spark, path, group: int = META_GROUP) -> dict[int, tuple[int, str, str]]:
+    """Every copy in one group's history: copy id -> (original id, how: ``dead-letter``/``modified``,
+    queue)."""
     parts = F.regexp_extract(F.col("detail"), COPY_DETAIL, 1)
-    rows = (events(spark, path).filter((F.col("kind") == "published") & F.col("detail").rlike(COPY_DETAIL))
+    rows = (events(spark, path).filter((F.col("group") == group) & (F.col("kind") == "published")
+                                       & F.col("detail").rlike(COPY_DETAIL))
             .select("message_id", parts.alias("how"),
                     F.regexp_extract(F.col("detail"), COPY_DETAIL, 2).cast("long").alias("original"),
                     F.regexp_extract(F.col("detail"), COPY_DETAIL, 3).alias("from_queue"))
@@ -186,9 +202,15 @@ def family(message_id: int, links: dict[int, tuple[int, str, str]]) -> dict[int,
 
 
 def message_ids(spark, path, amqp_message_id: str) -> list[int]:
-    """The raftmq message ids of the messages published with this AMQP message-id property."""
-    return sorted(r["message_id"] for r in load(spark, path, "messages")
-                  .filter(F.col("amqp_message_id") == amqp_message_id).select("message_id").collect())
+    """The raftmq message ids of the messages published with this AMQP message-id property (of any
+    group: see :func:`message_keys` for which)."""
+    return sorted(message_id for _group, message_id in message_keys(spark, path, amqp_message_id))
+
+
+def message_keys(spark, path, amqp_message_id: str) -> list[tuple[int, int]]:
+    """(group, raftmq message id) of the messages published with this AMQP message-id property."""
+    return sorted((r["group"], r["message_id"]) for r in load(spark, path, "messages")
+                  .filter(F.col("amqp_message_id") == amqp_message_id).select("group", "message_id").collect())
 
 
 def _who(kind, detail):
@@ -208,17 +230,18 @@ def _who(kind, detail):
             .otherwise(detail))
 
 
-def trace(spark, path, message_id: int) -> DataFrame:
-    """Every event of one message and of its dead-letter and modified copies (and of the originals it
-    is a copy of), in sequence order, with who did each (``who``; every event column is kept, so
-    what the history records of a principal comes along) and the copy's ``generation`` (0 for the
-    first original, +1 per hop)."""
-    ids = family(int(message_id), copies(spark, path))
+def trace(spark, path, message_id: int, group: int = META_GROUP) -> DataFrame:
+    """Every event of one message (``message_id`` of ``group``: ids are per group) and of its
+    dead-letter and modified copies in that group (and of the originals it is a copy of), in the
+    documented order (time, group, seq: with one group, sequence order), with who did each
+    (``who``; every event column is kept, so what the history records of a principal comes along)
+    and the copy's ``generation`` (0 for the first original, +1 per hop)."""
+    ids = family(int(message_id), copies(spark, path, group))
     generation = F.create_map(*[F.lit(v).cast("long") for pair in ids.items() for v in pair])
-    ev = events(spark, path).filter(F.col("message_id").isin(*ids))
+    ev = events(spark, path).filter((F.col("group") == group) & F.col("message_id").isin(*ids))
     return (ev.withColumn("generation", generation[F.col("message_id")])
             .withColumn("who", _who(F.col("kind"), F.col("detail")))
-            .orderBy("seq"))
+            .orderBy(*ORDER))
 
 
 def contents(spark, path, queue: str, at, vhost: str = "/") -> DataFrame:
@@ -237,16 +260,16 @@ def contents(spark, path, queue: str, at, vhost: str = "/") -> DataFrame:
     # One load per scan: see "Self-joins" in datasource.py.
     own = (events(spark, path).filter((F.col("vhost") == vhost) & (F.col("queue") == queue)
                                       & F.col("kind").isin(*QUEUE_KINDS) & (F.col("time") <= when))
-           .select("seq", "time", "kind", "message_id", "exchange", "routing_key", "size", "detail"))
+           .select("group", "seq", "time", "kind", "message_id", "exchange", "routing_key", "size", "detail"))
     replaced = (events(spark, path).filter((F.col("kind") == "published") & (F.col("vhost") == vhost)
                                            & (F.col("time") <= when)
                                            & F.col("detail").rlike(r"^modified:\d+:"))
                 .filter(F.regexp_extract("detail", COPY_DETAIL, 3) == queue)
-                .select("seq", "time", F.lit("replaced").alias("kind"),
+                .select("group", "seq", "time", F.lit("replaced").alias("kind"),
                         F.regexp_extract("detail", COPY_DETAIL, 2).cast("long").alias("message_id"),
                         "exchange", "routing_key", "size", "detail"))
     last = F.max_by(F.struct("kind", "detail", "time"), "seq")
-    queued = (own.unionByName(replaced).groupBy("message_id")
+    queued = (own.unionByName(replaced).groupBy("group", "message_id")
               .agg(last.alias("last"), F.min(F.when(F.col("kind") == "routed", F.col("time"))).alias("routed"),
                    F.count(F.when(F.col("kind") == "delivered", 1)).alias("deliveries"),
                    F.first("exchange").alias("exchange"), F.first("routing_key").alias("routing_key"),
@@ -255,15 +278,15 @@ def contents(spark, path, queue: str, at, vhost: str = "/") -> DataFrame:
                           .when((F.col("last.kind") == "delivered") & ~F.col("last.detail").startswith(NO_ACK),
                                 F.lit("unacked")))
               .filter(F.col("state").isNotNull())
-              .select("message_id", "state",
+              .select("group", "message_id", "state",
                       F.when(F.col("state") == "unacked", F.col("last.detail")).alias("consumer"),
                       F.col("last.time").alias("since"), "routed", "deliveries", "exchange", "routing_key", "size"))
     rows = queued.unionByName(_delayed_for(spark, path, queue, vhost, when))
-    names = load(spark, path, "messages").select("message_id", "amqp_message_id")
-    return (rows.join(names, "message_id", "left")
-            .select(F.lit(vhost).alias("vhost"), F.lit(queue).alias("queue"), "message_id", "amqp_message_id",
+    names = load(spark, path, "messages").select("group", "message_id", "amqp_message_id")
+    return (rows.join(names, ["group", "message_id"], "left")
+            .select(F.lit(vhost).alias("vhost"), F.lit(queue).alias("queue"), "group", "message_id", "amqp_message_id",
                     "state", "consumer", "since", "routed", "deliveries", "exchange", "routing_key", "size")
-            .orderBy("routed", "since", "message_id"))
+            .orderBy("routed", "since", "group", "message_id"))
 
 
 def _delayed_for(spark, path, queue: str, vhost: str, when) -> DataFrame:
@@ -272,25 +295,25 @@ def _delayed_for(spark, path, queue: str, vhost: str, when) -> DataFrame:
     it at ``when``."""
     held = (events(spark, path).filter((F.col("kind") == "delayed") & (F.col("vhost") == vhost)
                                        & (F.col("time") <= when))
-            .select("message_id", "exchange", "routing_key", "size", F.col("time").alias("since")))
+            .select("group", "message_id", "exchange", "routing_key", "size", F.col("time").alias("since")))
     ended = (events(spark, path).filter(F.col("kind").isin("delay_released", "dropped") & (F.col("vhost") == vhost)
                                         & (F.col("queue") == ""))
-             .select("message_id", F.col("time").alias("ended")))
+             .select("group", "message_id", F.col("time").alias("ended")))
     routed_here = (events(spark, path).filter((F.col("kind") == "routed") & (F.col("vhost") == vhost)
                                               & (F.col("queue") == queue))
-                   .select("message_id").distinct().withColumn("routed_here", F.lit(True)))
+                   .select("group", "message_id").distinct().withColumn("routed_here", F.lit(True)))
     bound = (load(spark, path, "bindings")
              .filter((F.col("vhost") == vhost) & (F.col("destination") == queue)
                      & (F.col("destination_type") == "queue") & (F.col("bound") <= when)
                      & (F.col("unbound").isNull() | (F.col("unbound") > when)))
              .select(F.col("source").alias("exchange")).distinct().withColumn("bound_here", F.lit(True)))
-    ends = ended.groupBy("message_id").agg(F.min("ended").alias("ended"))
-    return (held.join(ends, "message_id", "left")
+    ends = ended.groupBy("group", "message_id").agg(F.min("ended").alias("ended"))
+    return (held.join(ends, ["group", "message_id"], "left")
             .filter(F.col("ended").isNull() | (F.col("ended") > when))
-            .join(routed_here, "message_id", "left")
+            .join(routed_here, ["group", "message_id"], "left")
             .join(bound, "exchange", "left")
             .filter(F.col("routed_here") | (F.col("ended").isNull() & F.col("bound_here")))
-            .select("message_id", F.lit("delayed").alias("state"), F.lit(None).cast("string").alias("consumer"),
+            .select("group", "message_id", F.lit("delayed").alias("state"), F.lit(None).cast("string").alias("consumer"),
                     "since", F.lit(None).cast("timestamp").alias("routed"), F.lit(0).cast("long").alias("deliveries"),
                     "exchange", "routing_key", "size"))
 

@@ -46,6 +46,17 @@ list) reads several nodes' snapshots as one table: each event once (events have 
 number and record on every node; two histories disagreeing on one fail the read), a node's
 ``gaps`` filled from the others.  ``raftmq.spark.union.holes`` says which ranges none holds.
 
+**Every group of a node as one table** (issue 34, ``spark/groups.py``): ``path`` (or each of
+``paths``) may be a node's data directory or a ``raftmq snapshot`` of it; with queue groups each
+group's history (``groups/g<N>``) is read on its own -- its own sequence, its own checksums, a
+damaged record failing the read with that group's history named -- and ``events`` and ``messages``
+get a ``group`` column (0 for the metadata group; a one-group history reads as before, with
+``group`` 0 in every row).  Message ids and sequence numbers are per group: a row is identified by
+``(group, seq)`` / ``(group, message_id)``.  The documented order of the merged events is
+``time``, then ``group``, then ``seq`` (``groups.ORDER``).  ``group = n`` / ``group IN (...)`` are
+pushed down (the other groups are not opened).  The catalog tables are the metadata group's, and
+a queue group's events get their principals from the metadata group's connections table.
+
 **Streaming** (``spark/stream.py``): ``spark.readStream.format("raftmq").option("path",
 <data dir>/events)`` follows a node's live history by sequence offsets.
 
@@ -78,16 +89,17 @@ from pyspark.sql.types import StructType
 
 from raftmq.store.disk import history as EV
 
+from . import groups as G
 from . import union
 
 SCHEMAS = {
     "events": "seq long, time timestamp, kind string, vhost string, queue string, message_id long, "
               "exchange string, routing_key string, size long, detail string, raft_index long, conn string, "
-              "user string, protocol string, address string, connection_name string",
+              "user string, protocol string, address string, connection_name string, group int",
     "messages": "message_id long, time timestamp, vhost string, exchange string, routing_key string, "
                 "size long, publisher string, seq long, content_type string, delivery_mode int, priority int, "
                 "correlation_id string, reply_to string, expiration string, amqp_message_id string, "
-                "type string, user_id string, app_id string, headers map<string,string>, body binary",
+                "type string, user_id string, app_id string, headers map<string,string>, body binary, group int",
     "queues": "vhost string, name string, durable boolean, exclusive boolean, auto_delete boolean, "
               "arguments string, retention string, declared timestamp, deleted timestamp",
     "exchanges": "vhost string, name string, type string, durable boolean, auto_delete boolean, "
@@ -97,7 +109,7 @@ SCHEMAS = {
     "connections": "conn string, user string, vhost string, protocol string, address string, "
                    "connection_name string, opened timestamp, closed timestamp",
 }
-KEY_COLUMN = {"events": "seq", "messages": "message_id"}  # the u64-keyed tables
+KEY_COLUMN = {"events": "seq", "messages": "message_id"}  # the u64-keyed tables: one per group, with `group`
 ROWS_PER_PARTITION = 250_000
 _COMPARISONS = (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)
 _KIND_CODES = {name: code for code, name in EV.KIND_NAMES.items()}
@@ -128,7 +140,8 @@ class RaftmqDataSource(DataSource):
         super().__init__(options)
         opts = {k.lower(): v for k, v in dict(options).items()}
         self.options = opts
-        self.paths = parse_paths(opts)
+        self.groups = G.layout(parse_paths(opts))  # issue 34: every group's histories (spark/groups.py)
+        self.paths = G.meta_histories(self.groups)
         self.path = self.paths[0]
         self.table = opts.get("table", "events").lower()
         if self.table not in SCHEMAS:
@@ -145,7 +158,7 @@ class RaftmqDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return RaftmqReader(self.paths, self.table, schema, self.partition_count, self.batch_rows,
-                            self.pushdown)
+                            self.pushdown, self.groups)
 
     def streamReader(self, schema: StructType):  # noqa: N802 - the pyspark API's name
         from .stream import RaftmqStreamReader
@@ -169,10 +182,12 @@ def parse_paths(opts: dict) -> list[str]:
 
 class RaftmqReader(DataSourceReader):
     def __init__(self, paths: str | list[str], table: str, schema: StructType, partition_count: int | None,
-                 batch_rows: int, pushdown: bool = True) -> None:
+                 batch_rows: int, pushdown: bool = True, groups: dict[int, list[str]] | None = None) -> None:
         self.pushdown = pushdown
         self.paths = [paths] if isinstance(paths, str) else list(paths)
         self.path = self.paths[0]
+        # Issue 34: group -> its histories (one per node); the metadata group's are ``paths``.
+        self.groups = dict(groups) if groups else {G.META_GROUP: self.paths}
         self.table = table
         self.schema = schema
         self.partition_count = partition_count
@@ -195,6 +210,7 @@ class RaftmqReader(DataSourceReader):
         self.kinds: set[int] | None = None
         self.equal: dict[int, str] = {}  # record position -> required value (queue, vhost)
         self.message_ids: set[int] | None = None  # events: message_id = / IN
+        self.only_groups: set[int] | None = None  # group = / IN: the other groups are not read
 
     def pushFilters(self, filters):  # noqa: N802 - the pyspark API's name
         self._reset()
@@ -216,6 +232,12 @@ class RaftmqReader(DataSourceReader):
                             for v in (f.value if isinstance(f, In) else (f.value,))):
                 ids = set(f.value) if isinstance(f, In) else {f.value}
                 self.message_ids = ids if self.message_ids is None else self.message_ids & ids
+                continue
+            if key and column == "group" and isinstance(f, EqualTo | In) \
+                    and all(isinstance(v, int) and not isinstance(v, bool)
+                            for v in (f.value if isinstance(f, In) else (f.value,))):
+                wanted = set(f.value) if isinstance(f, In) else {f.value}
+                self.only_groups = wanted if self.only_groups is None else self.only_groups & wanted
                 continue
             if self.table == "events" and column in ("queue", "vhost") and isinstance(f, EqualTo) \
                     and isinstance(f.value, str):
@@ -257,34 +279,44 @@ class RaftmqReader(DataSourceReader):
         return True
 
     def partitions(self):
+        """Key ranges of each group's table (issue 34: the groups in order, each its own keys); the
+        catalog tables are the metadata group's (every queue group keeps a copy of the topology as
+        it applied it, a little later; the metadata group decided it)."""
         if self.table not in KEY_COLUMN:
             return [self._partition(0, 0)]
-        if len(self.paths) > 1:
-            with _Histories(self.paths, self.table) as opened:
+        found = [part for group, paths in self.groups.items()
+                 if self.only_groups is None or group in self.only_groups
+                 for part in self._group_partitions(group, paths)]
+        return found or [self._partition(0, 0)]
+
+    def _group_partitions(self, group: int, paths: list[str]) -> list[InputPartition]:
+        """One group's key ranges (its histories read as one when several nodes' are given)."""
+        if len(paths) > 1:
+            with _Histories(paths, self.table) as opened:
                 if opened.cursor is None:
-                    return [self._partition(0, 0)]
+                    return []
                 found = self._key_range(opened.cursor, opened.check, opened.entries)
         else:
-            env = EV.open_history(self.path)
+            env = EV.open_history(paths[0])
             try:
                 with env.begin() as txn:
                     tables = EV.open_tables(env, create=False, txn=txn)
                     db = tables.get(self.table)
                     if db is None:
-                        return [self._partition(0, 0)]
-                    found = self._key_range(txn.cursor(db=db), EV.checker(txn, tables, self.path),
+                        return []
+                    found = self._key_range(txn.cursor(db=db), EV.checker(txn, tables, paths[0]),
                                             txn.stat(db)["entries"])
             finally:
                 env.close()
         if found is None:
-            return [self._partition(0, 0)]
+            return []
         low, high, rows = found
         if low >= high:
-            return [self._partition(0, 0)]
+            return []
         count = self.partition_count or max(1, min(64, rows // ROWS_PER_PARTITION + 1))
         count = max(1, min(count, high - low))
         step = -(-(high - low) // count)
-        return [self._partition(start, min(start + step, high)) for start in range(low, high, step)]
+        return [self._partition(start, min(start + step, high), group) for start in range(low, high, step)]
 
     def _key_range(self, cursor, check, rows: int) -> tuple[int, int, int] | None:
         """The key range [low, high) the pushed-down bounds leave, and the rows held; None if empty."""
@@ -302,52 +334,73 @@ class RaftmqReader(DataSourceReader):
             high = min(high, _first_key_at(cursor, low, high, self.time_high, check, self.table))
         return low, high, rows
 
-    def _partition(self, start: int, stop: int) -> InputPartition:
-        """A key range with the scan's pushed-down filters (plain values: partitions are pickled)."""
+    def _partition(self, start: int, stop: int, group: int = G.META_GROUP) -> InputPartition:
+        """A key range of one group with the scan's pushed-down filters (plain values: partitions
+        are pickled)."""
         kinds = tuple(sorted(self.kinds)) if self.kinds is not None else None
         ids = tuple(sorted(self.message_ids)) if self.message_ids is not None else None
         return InputPartition((start, stop, kinds, tuple(sorted(self.equal.items())), self.time_low,
-                               self.time_high, ids))
+                               self.time_high, ids, group))
 
     # ------------------------------------------------------------------ reading (workers)
 
     def read(self, partition):
-        start, stop, kinds, equal, self.time_low, self.time_high, ids = partition.value
+        start, stop, kinds, equal, self.time_low, self.time_high, ids, group = partition.value
         self.kinds = set(kinds) if kinds is not None else None
         self.message_ids = set(ids) if ids is not None else None
         self.equal = dict(equal)
         arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
-        if self.table in KEY_COLUMN and start >= stop:
+        keyed = self.table in KEY_COLUMN
+        if keyed and start >= stop:
             return
-        if len(self.paths) > 1:
-            yield from self._read_union(start, stop, arrow_schema)
+        paths = self.groups.get(group, []) if keyed else self.paths
+        constant = group if keyed else None  # the `group` column: one value per partition
+        if not paths:
             return
-        env = EV.open_history(self.path)
+        if paths != self.paths and self.table == "events":
+            # A queue group's events name their connection; its principal is in the metadata
+            # group's connections table (the front end's notes go there).
+            with _Histories(self.paths, "connections") as meta:
+                self.principal_of = meta.principals
+                yield from self._read(paths, start, stop, arrow_schema, constant, principals=False)
+            return
+        yield from self._read(paths, start, stop, arrow_schema, constant, principals=True)
+
+    def _read(self, paths: list[str], start: int, stop: int, arrow_schema: pa.Schema, constant: int | None,
+              principals: bool):
+        """One group's histories (or the catalog's) from ``start`` to ``stop``."""
+        if len(paths) > 1:
+            yield from self._read_union(paths, start, stop, arrow_schema, constant, principals)
+            return
+        env = EV.open_history(paths[0])
         try:
             with env.begin() as txn:
                 tables = EV.open_tables(env, create=False, txn=txn)
                 db = tables.get(self.table)
                 if db is None:
                     return
-                self.check = EV.checker(txn, tables, self.path)
-                self.use_principals(txn, tables)
+                self.check = EV.checker(txn, tables, paths[0])
+                if principals:
+                    self.use_principals(txn, tables)
                 rows = _ROWS[self.table](self, txn.cursor(db=db), start, stop)
-                yield from _batches(rows, arrow_schema, self.batch_rows)
+                yield from _batches(rows, arrow_schema, self.batch_rows, constant)
         finally:
             env.close()
 
-    def _read_union(self, start: int, stop: int, arrow_schema: pa.Schema):
+    def _read_union(self, paths: list[str], start: int, stop: int, arrow_schema: pa.Schema, constant: int | None,
+                    principals: bool):
         """``read`` over several histories (spark/union.py): one merged cursor, each key once."""
-        with _Histories(self.paths, self.table) as opened:
+        with _Histories(paths, self.table) as opened:
             if self.table not in KEY_COLUMN:
                 rows = iter(opened.catalog())
             elif opened.cursor is None:
                 return
             else:
                 self.check = opened.check
-                self.principal_of = opened.principals
+                if principals:
+                    self.principal_of = opened.principals
                 rows = _ROWS[self.table](self, opened.cursor, start, stop)
-            yield from _batches(rows, arrow_schema, self.batch_rows)
+            yield from _batches(rows, arrow_schema, self.batch_rows, constant)
 
     def _event_rows(self, cursor: lmdb.Cursor, start: int, stop: int):
         decode, key_of = self.check.decode, EV.U64.unpack
@@ -539,25 +592,30 @@ def _first_key_at(cursor: lmdb.Cursor, low: int, high: int, time_us: int, check:
     return low
 
 
-def _batches(rows, arrow_schema: pa.Schema, batch_rows: int):
-    """Group rows into RecordBatches built column by column."""
-    width = len(arrow_schema)
+def _batches(rows, arrow_schema: pa.Schema, batch_rows: int, constant: int | None = None):
+    """Group rows into RecordBatches built column by column.  ``constant``: the rows lack the last
+    column (``group``, issue 34), which takes this value in every row -- one array per batch, not
+    a value per row, so one group's reading costs what it did."""
+    width = len(arrow_schema) - (constant is not None)
     types = [f.type for f in arrow_schema]
     pending: list[list] = []
     for row in rows:
         pending.append(row)
         if len(pending) >= batch_rows:
-            yield _batch(pending, width, types, arrow_schema)
+            yield _batch(pending, width, types, arrow_schema, constant)
             pending = []
     if pending:
-        yield _batch(pending, width, types, arrow_schema)
+        yield _batch(pending, width, types, arrow_schema, constant)
 
 
-def _batch(rows: list[list], width: int, types: list, arrow_schema: pa.Schema) -> pa.RecordBatch:
+def _batch(rows: list[list], width: int, types: list, arrow_schema: pa.Schema,
+           constant: int | None = None) -> pa.RecordBatch:
     columns = list(zip(*rows, strict=True)) if rows else [()] * width
     arrays = []
-    for values, type_ in zip(columns, types, strict=True):
+    for values, type_ in zip(columns, types[:width], strict=True):
         if pa.types.is_map(type_):
             values = [list(v.items()) if v is not None else None for v in values]
         arrays.append(pa.array(values, type=type_))
+    if constant is not None:
+        arrays.append(pa.repeat(pa.scalar(constant, types[width]), len(rows)))
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)

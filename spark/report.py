@@ -10,6 +10,7 @@ import threading
 import time
 
 from . import audit
+from .groups import ORDER
 
 
 class Progress:
@@ -106,7 +107,9 @@ def plot(job: str, rows: list, columns: list[str], out: str) -> None:
 
 def run(args) -> int:
     """The ``raftmq audit`` command (arguments from ops/cli.py).  Several ``--snapshot`` or
-    ``--data-dir`` options are read as one history (spark/union.py)."""
+    ``--data-dir`` options are read as one history (spark/union.py); every group's history of each
+    (issue 34) as one table with ``group`` (spark/groups.py)."""
+    from raftmq.ops.group_dirs import queue_group_histories
     from raftmq.store.disk.history import snapshot
 
     from .session import audit_session
@@ -114,13 +117,18 @@ def run(args) -> int:
     paths = list(_listed(args.snapshot))
     scratch = None
     if not paths:
-        # Audit a node's live history: take a consistent snapshot of it first.
+        # Audit a node's live history: take a consistent snapshot of it first (of each group's, laid
+        # out as `raftmq snapshot` does: <out>/groups/g<N>).
         scratch = tempfile.TemporaryDirectory(prefix="raftmq-audit-")
         for n, data_dir in enumerate(_listed(args.data_dir)):
             path = os.path.join(scratch.name, f"snapshot{n}")
             info = snapshot(os.path.join(data_dir, "events"), path)
             print(f"snapshot of {data_dir}: events {info.first_seq}..{info.last_seq}, "
                   f"raft index {info.raft_index}", file=sys.stderr)
+            for group, events in queue_group_histories(data_dir):
+                info = snapshot(events, os.path.join(path, "groups", f"g{group}"))
+                print(f"snapshot of {data_dir} group {group}: events {info.first_seq}..{info.last_seq}",
+                      file=sys.stderr)
             paths.append(path)
     try:
         _warn_holes(paths)
@@ -159,20 +167,20 @@ def _job(args, spark, source):
             print("raftmq audit trace needs --message-id (a raftmq message id, or an AMQP message-id)",
                   file=sys.stderr)
             return None
-        if wanted.isdigit():
-            return audit.trace(spark, source, int(wanted))
-        found = audit.message_ids(spark, source, wanted)
+        if wanted.isdigit():  # a raftmq message id is its group's (issue 34): --group, default 0
+            return audit.trace(spark, source, int(wanted), getattr(args, "group", None) or 0)
+        found = audit.message_keys(spark, source, wanted)
         if not found:
             print(f"no message with message-id {wanted!r} in the history", file=sys.stderr)
             return None
         if len(found) > 1:
-            print(f"{len(found)} messages carry message-id {wanted!r} (ids {found[:10]}); tracing all",
+            print(f"{len(found)} messages carry message-id {wanted!r} ((group, id) {found[:10]}); tracing all",
                   file=sys.stderr)
-        frames = [audit.trace(spark, source, m) for m in found]
+        frames = [audit.trace(spark, source, m, group) for group, m in found]
         df = frames[0]
         for more in frames[1:]:
             df = df.unionByName(more)
-        return df.dropDuplicates(["seq"]).orderBy("seq")
+        return df.dropDuplicates(["group", "seq"]).orderBy(*ORDER)
     if args.job == "contents":
         if not getattr(args, "queue", None) or not getattr(args, "at", None):
             print("raftmq audit contents needs --queue and --at (UTC, e.g. '2026-11-28 10:42:00')",
@@ -184,16 +192,20 @@ def _job(args, spark, source):
 
 def _warn_holes(paths: list[str]) -> None:
     """Say on stderr which sequence ranges none of the histories holds (a node that installed a
-    state snapshot lacks the batches it covers: add another node's snapshot)."""
+    state snapshot lacks the batches it covers: add another node's snapshot); each group's on its
+    own (issue 34: each group numbers its events)."""
+    from .groups import layout
     from .union import holes
 
-    found = holes(paths)
-    if found.holes:
-        shown = ", ".join(f"{a}..{b}" for a, b in found.holes[:10])
-        more = f" and {len(found.holes) - 10} more" if len(found.holes) > 10 else ""
-        advice = "add another node's --snapshot/--data-dir to fill them" if len(paths) == 1 else \
-            "no node given holds them"
-        print(f"warning: the history lacks events {shown}{more} ({advice})", file=sys.stderr)
+    for group, histories in layout(paths).items():
+        found = holes(histories)
+        if found.holes:
+            shown = ", ".join(f"{a}..{b}" for a, b in found.holes[:10])
+            more = f" and {len(found.holes) - 10} more" if len(found.holes) > 10 else ""
+            advice = "add another node's --snapshot/--data-dir to fill them" if len(paths) == 1 else \
+                "no node given holds them"
+            which = f"group {group}'s history" if group else "the history"
+            print(f"warning: {which} lacks events {shown}{more} ({advice})", file=sys.stderr)
 
 
 def _print_table(columns: list[str], rows: list, limit: int) -> None:

@@ -23,6 +23,13 @@ Options: ``path`` (a node's ``<data dir>/events``, or a snapshot), ``startingOff
 (``earliest``, default; ``latest``; or a sequence number), ``maxEventsPerTrigger`` (a sequence
 span per micro-batch; default no limit), ``partitions`` (per micro-batch, default 1 per 250,000).
 
+**Every group** (issue 34, spark/groups.py): given a node's data directory (rather than its
+``events``), a node with queue groups is followed in every group's history, each by its own
+sequence: the offset is ``{"seq": n}`` for the metadata group (as with one group, so a one-group
+checkpoint reads on) plus ``"g<N>": m`` for each queue group, and rows carry ``group``.
+``maxEventsPerTrigger`` bounds each group's span; a ``startingOffsets`` number is the metadata
+group's (queue groups start at their earliest: their sequences are their own).
+
 What a stream cannot give: events trimmed by ``audit_max_age``/``audit_max_bytes`` before the
 stream reached them are gone, and a node that installed a state snapshot never had the events of
 its ``gaps`` (read several nodes' snapshots as one, ``spark/union.py``, to audit those ranges).
@@ -31,7 +38,6 @@ its ``gaps`` (read several nodes' snapshots as one, ``spark/union.py``, to audit
 from __future__ import annotations
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from raftmq.store.disk import history as EV
@@ -52,11 +58,12 @@ class RaftmqStreamReader(DataSourceStreamReader):
         """``source``: the RaftmqDataSource (its options); ``reader``/``batches``: the batch reader's
         class and Arrow batching (datasource.py passes them: no import cycle)."""
         if len(source.paths) != 1:
-            raise ValueError("the raftmq stream follows one node's history: option(\"path\", <data dir>/events)")
+            raise ValueError("the raftmq stream follows one node's history: option(\"path\", <data dir>)")
         if source.table != "events":
             raise ValueError("the raftmq stream reads the events table")
         opts = source.options
         self.path = source.path
+        self.groups = source.groups  # group -> [its history] (issue 34)
         self.schema = schema
         self.batch_rows = source.batch_rows
         self.partition_count = source.partition_count
@@ -65,26 +72,39 @@ class RaftmqStreamReader(DataSourceStreamReader):
         span = opts.get("maxeventspertrigger")
         self.max_span = int(span) if span else None
 
-    def _next_seq(self) -> int:
-        """``last_seq + 1`` of the history, read in one read transaction."""
-        return EV.history_info(self.path).last_seq + 1
+    def _next_seq(self, group: int = 0) -> int:
+        """``last_seq + 1`` of the group's history, read in one read transaction."""
+        return EV.history_info(self.groups[group][0]).last_seq + 1
+
+    @staticmethod
+    def _key(group: int) -> str:
+        """The offset's key of a group: ``seq`` for the metadata group (one group's offset as
+        before), ``g<N>`` for queue group N."""
+        return "seq" if group == 0 else f"g{group}"
 
     def initialOffset(self) -> dict:  # noqa: N802 - the pyspark API's name
-        if self.starting == "earliest":
-            return {"seq": 1}
-        if self.starting == "latest":
-            return {"seq": self._next_seq()}
-        return {"seq": int(self.starting)}
+        offset = {}
+        for group in self.groups:
+            if self.starting == "latest":
+                offset[self._key(group)] = self._next_seq(group)
+            elif self.starting == "earliest" or group:
+                offset[self._key(group)] = 1
+            else:
+                offset[self._key(group)] = int(self.starting)
+        return offset
 
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:  # noqa: N802
-        end = self._next_seq()
-        if start is not None:
-            begin = int(start["seq"])
-            end = max(end, begin)  # never behind the last batch (a history moved aside starts anew)
-            cap = _read_limit_rows(limit) if limit is not None else self.max_span
-            if cap is not None:
-                end = min(end, begin + cap)
-        return {"seq": end}
+        offset = {}
+        for group in self.groups:
+            end = self._next_seq(group)
+            if start is not None:
+                begin = int(start.get(self._key(group), 1))  # a group new since the checkpoint: earliest
+                end = max(end, begin)  # never behind the last batch (a history moved aside starts anew)
+                cap = _read_limit_rows(limit) if limit is not None else self.max_span
+                if cap is not None:
+                    end = min(end, begin + cap)
+            offset[self._key(group)] = end
+        return offset
 
     def getDefaultReadLimit(self):  # noqa: N802
         from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
@@ -92,30 +112,24 @@ class RaftmqStreamReader(DataSourceStreamReader):
         return ReadMaxRows(self.max_span) if self.max_span else ReadAllAvailable()
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        low, high = int(start["seq"]), int(end["seq"])
-        if low >= high:
-            return []
-        count = self.partition_count or max(1, (high - low) // ROWS_PER_PARTITION + 1)
-        step = -(-(high - low) // count)
-        return [InputPartition((s, min(s + step, high))) for s in range(low, high, step)]
+        found = []
+        for group in self.groups:
+            key = self._key(group)
+            low, high = int(start.get(key, 1)), int(end.get(key, 1))
+            if low >= high:
+                continue
+            count = self.partition_count or max(1, (high - low) // ROWS_PER_PARTITION + 1)
+            step = -(-(high - low) // count)
+            found += [InputPartition((s, min(s + step, high), group)) for s in range(low, high, step)]
+        return found
 
     def read(self, partition: InputPartition):
-        start, stop = partition.value
-        reader = self.reader([self.path], "events", self.schema, None, self.batch_rows, pushdown=False)
-        arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
-        env = EV.open_history(self.path)
-        try:
-            with env.begin() as txn:
-                tables = EV.open_tables(env, create=False, txn=txn)
-                db = tables.get("events")
-                if db is None:
-                    return
-                reader.check = EV.checker(txn, tables, self.path)
-                reader.use_principals(txn, tables)
-                yield from self.batches(reader._event_rows(txn.cursor(db=db), start, stop), arrow_schema,
-                                    self.batch_rows)
-        finally:
-            env.close()
+        """The batch reader's read of one group's range (its records checked, its principals from
+        the metadata group's connections, ``group`` filled in)."""
+        start, stop, group = partition.value
+        reader = self.reader([self.path], "events", self.schema, None, self.batch_rows, pushdown=False,
+                             groups=self.groups)
+        yield from reader.read(InputPartition((start, stop, None, (), None, None, None, group)))
 
     def commit(self, end: dict) -> None:
         """Nothing to release: the history is not consumed by reading it."""

@@ -28,6 +28,7 @@ from raftmq.node.group_figures import held_totals
 from raftmq.store.core import queries as Q
 from raftmq.store.disk import history as EV
 
+from ..group_dirs import open_group_history
 from ..operator import MONITORING
 from .common import HttpError, bad_request, columns, context, forbidden, operator, reply, require_vhost
 from .views import exchange_view
@@ -87,15 +88,12 @@ def _group_latest_events(path: str, vhost: str, queue: str, limit: int) -> tuple
     """In a worker thread: ``_latest_events`` in a queue group's history (issue 34: a queue's
     events are in its group's, ``<data>/groups/g<N>/events``, written by that group's worker and
     read here through LMDB's reader lock), with its first and last sequence numbers."""
-    env = EV.open_history(path)
-    try:
+    with open_group_history(path) as env:  # one opener at a time (the audit chain's page reads it too)
         found, oldest = _latest_in(env, path, vhost, queue, limit)
         with env.begin() as txn:
             tables = EV.open_tables(env, create=False, txn=txn)
             info = EV.info(txn, tables, EV.checker(txn, tables, path))
         return found, oldest, info.first_seq, info.last_seq
-    finally:
-        env.close()
 
 
 def _latest_in(env, path: str, vhost: str, queue: str, limit: int) -> tuple[list[list], int | None]:

@@ -448,12 +448,16 @@ def test_wrong_password_fails_sasl(broker) -> None:
 
 def test_audit_history_of_amqp10_traffic(tmp_path) -> None:
     """1.0 traffic leaves the same audit history as 0-9-1's (the core records it; store/disk/history.py):
-    published/routed per transfer, delivered per delivery, acked/rejected/requeued per outcome."""
+    published/routed per transfer, delivered per delivery, acked/rejected/requeued per outcome.
+    With queue groups (issue 34) the queue's events are in its group's history: the snapshot's
+    histories of every group are read (``groups/g<N>``, each written once its group caught up)."""
     from collections import Counter
 
+    from raftmq.ops.group_dirs import queue_group_histories
     from raftmq.ops.local.node import RaftmqNode
     from raftmq.store.disk import history as ev
     from tests.support.cli import raftmq
+    from tests.support.groups import GROUPS, wait_histories
 
     with RaftmqNode(tmp_path / "n", env={"RAFTMQ_AUDIT_RETENTION": "metadata"}) as node:
         admin = pika.BlockingConnection(pika.URLParameters(node.url))
@@ -470,11 +474,13 @@ def test_audit_history_of_amqp10_traffic(tmp_path) -> None:
             {"accept": receiver.accept, "reject": receiver.reject,
              "release": lambda: receiver.release(delivered=False)}[outcome]()
         conn.close()
-        node.wait_history()
+        wait_histories(node)
         out = tmp_path / "snap"
         done = raftmq("snapshot", "--data-dir", str(node.data_dir), "--out", str(out))
         assert done.returncode == 0, done.stderr
-        kinds = Counter(ev.KIND_NAMES[r[2]] for r in ev.read_events(str(out)))
+        histories = [str(out), *(history for _group, history in queue_group_histories(str(out)))]
+        assert len(histories) == GROUPS
+        kinds = Counter(ev.KIND_NAMES[r[2]] for history in histories for r in ev.read_events(history))
     assert kinds["published"] == 4 and kinds["routed"] == 4
     assert kinds["delivered"] == 5  # four, and the released one again
     assert kinds["acked"] == 3 and kinds["rejected"] == 1 and kinds["requeued"] == 1

@@ -2,7 +2,11 @@
 others compacted their Raft logs catches up by installing a state snapshot, so its own history has a
 gap (``gaps``); reading its history together with another node's as one table gives every event
 exactly once -- the same rows, in the same order, as the node that never missed any -- and the
-catalog tables hold the queue declared during the gap."""
+catalog tables hold the queue declared during the gap.
+
+With queue groups (issue 34, ``RAFTMQ_RAFT_GROUPS=3``) the queues are placed in queue group 1
+(``Cluster.queue_arguments``), whose replica on the lagging node installs the snapshot: the
+histories compared are each node's group 1 history (``groups/g1/events``, read as group 1)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from raftmq.spark.session import load
 from raftmq.spark.union import holes
 from raftmq.store.disk import history as EV
 from tests.support.cli import raftmq
+from tests.support.groups import wait_histories
 
 pytestmark = pytest.mark.cluster
 
@@ -27,7 +32,7 @@ def publish(cluster: Cluster, node, queue: str, count: int) -> None:
     conn = cluster.connection(node)
     ch = conn.channel()
     ch.confirm_delivery()
-    ch.queue_declare(queue, durable=True)
+    ch.queue_declare(queue, durable=True, arguments=cluster.queue_arguments())
     for i in range(count):  # one Raft entry per confirm: more than snapshot_entries
         ch.basic_publish("", queue, f"{queue} {i}".encode(), pika.BasicProperties(delivery_mode=2))
     conn.close()
@@ -38,23 +43,25 @@ def histories(tmp_path_factory):
     """(the lagging node's history, a complete node's history), both stopped."""
     base = tmp_path_factory.mktemp("holes")
     with Cluster(3, base, extra_config=CONFIG) as cluster:
+        group = cluster.queue_group  # where the queues' events are (0 with one group)
         leader = cluster.leader()
         lagging = next(n for n in cluster.nodes if n is not leader)
         publish(cluster, leader, "early", 20)
-        cluster.wait_applied_equal()
-        lagging.wait_history()
+        cluster.wait_applied_equal(group=group)
+        wait_histories(lagging)
         lagging.kill9()
         publish(cluster, leader, "during", 150)
         time.sleep(2.5)  # the others compact their logs (snapshot_seconds = 1): no entries left to send
         lagging.start()
         cluster.wait_caught_up(lagging)
+        cluster.wait_caught_up(lagging, group=group)
         publish(cluster, leader, "late", 20)
-        cluster.wait_applied_equal()
+        cluster.wait_applied_equal(group=group)
         for node in cluster.nodes:
-            node.wait_history()
+            wait_histories(node)
         complete = next(n for n in cluster.nodes if n is not lagging)
         cluster.stop()
-    return str(lagging.data_dir / "events"), str(complete.data_dir / "events")
+    return (str(cluster.group_dir(lagging, group) / "events"), str(cluster.group_dir(complete, group) / "events"))
 
 
 def test_the_lagging_node_has_a_gap_that_the_union_fills(histories):
@@ -98,7 +105,7 @@ def test_audit_command_warns_of_a_hole_and_reads_several_nodes_as_one(histories,
     lagging, complete = histories
     low, high = EV.history_info(lagging).gaps[0]
     _warn_holes([lagging])
-    assert f"the history lacks events {low}..{high}" in capsys.readouterr().err
+    assert f"history lacks events {low}..{high}" in capsys.readouterr().err  # "group 1's history" with groups
     done = raftmq("audit", "summary", "--snapshot", lagging, "--snapshot", complete, "--quiet", timeout=180)
     assert done.returncode == 0, done.stderr
     assert "lacks events" not in done.stderr, done.stderr

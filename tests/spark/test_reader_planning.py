@@ -79,3 +79,26 @@ def test_an_empty_range_reads_nothing(snapshot, reader):
     r = reader(snapshot)
     list(r.pushFilters([GreaterThanOrEqual(("seq",), 5000)]))
     assert [row for p in r.partitions() for batch in r.read(p) for row in batch.to_pylist()] == []
+
+
+def test_a_one_group_history_reads_as_before_with_group_0(snapshot, reader):
+    """Issue 34: a history without queue groups is group 0 in every row, and every other column is
+    the record as the node's reader gives it (kind named; no principal in these records)."""
+    r = reader(snapshot, partitions="3")
+    assert list(r.pushFilters([])) == []
+    assert {p.value[-1] for p in r.partitions()} == {0}
+    rows = [row for p in r.partitions() for batch in r.read(p) for row in batch.to_pylist()]
+    assert {row.pop("group") for row in rows} == {0}
+    records = list(EV.read_events(snapshot))
+    assert [(row["seq"], row["kind"], row["queue"], row["message_id"]) for row in rows] == [
+        (e[0], EV.KIND_NAMES[e[2]], e[4], e[5]) for e in records]
+
+
+def test_a_group_filter_plans_only_that_group(snapshot, reader):
+    """``group = n`` / ``group IN (...)`` are taken by the reader: a group the history does not
+    hold plans no key range (nothing is read), group 0 plans the whole history."""
+    r = reader(snapshot)
+    assert list(r.pushFilters([EqualTo(("group",), 2)])) == []
+    assert [row for p in r.partitions() for batch in r.read(p) for row in batch.to_pylist()] == []
+    assert list(r.pushFilters([In(("group",), (0, 1))])) == []
+    assert ranges(r) == [(1, 1001)]

@@ -44,11 +44,12 @@ def group_status(node: Any, group: int = QUEUE_GROUP, timeout: float = 15.0) -> 
     raise AssertionError(f"no fresh status.json of group {group}")
 
 
-def wait_histories(node: Any, timeout: float = 15.0) -> None:
-    """``RaftmqNode.wait_history`` for every group: each group's audit writer wrote every event its
-    group applied (its status.json), twice in a row."""
+def wait_histories(node: Any, timeout: float = 15.0, groups: int = GROUPS) -> None:
+    """``RaftmqNode.wait_history`` for every group (``groups``: the node's count, default the
+    run's): each group's audit writer wrote every event its group applied (its status.json), twice
+    in a row."""
     node.wait_history(timeout)
-    for group in range(1, GROUPS):
+    for group in range(1, groups):
         deadline = time.monotonic() + timeout
         while True:
             st = group_status(node, group)
