@@ -97,8 +97,20 @@ class Watch:
             time.sleep(0.02)
 
     def __enter__(self) -> Watch:
+        # The same client's round trips before the flood: on a loaded machine (the suite's two xdist
+        # workers beside other processes) one took 3.2 s with nothing else sent to the node.
+        self.baseline = []
+        for _ in range(3):
+            started = time.monotonic()
+            round_trip(self.node.url)
+            self.baseline.append(time.monotonic() - started)
         self.thread.start()
         return self
+
+    def bound(self) -> float:
+        """The longest round trip allowed during the flood: RTT_BOUND beyond three times the slowest
+        before it (a stalled loop, as main's 2.3-5.3 s at 8 MiB, exceeds it on a quiet machine)."""
+        return RTT_BOUND + 3 * max(self.baseline)
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
@@ -196,7 +208,7 @@ def test_8_mib_body_of_empty_lists_is_stored_and_delivered_as_octets(node):
           f"max {max(watch.rtts):.3f} s")
     assert len(watch.rtts) >= 2
     assert growth < RSS_BOUND, f"RSS grew {growth / MiB:.0f} MB"
-    assert max(watch.rtts) < RTT_BOUND, watch.rtts
+    assert max(watch.rtts) < watch.bound(), (watch.rtts, watch.baseline)
 
 
 def test_properties_past_the_element_budget_are_rejected(node):
@@ -257,7 +269,7 @@ def test_attach_frames_of_130k_element_lists_are_decode_errors(node):
     log = node.log_path.read_bytes()[offset:].decode(errors="replace")
     assert log.count("element budget") == 20, log[-2000:]
     print(f"20 attach frames of 130k elements: round trips {len(watch.rtts)}, max {max(watch.rtts):.3f} s")
-    assert watch.rtts and max(watch.rtts) < RTT_BOUND, watch.rtts
+    assert watch.rtts and max(watch.rtts) < watch.bound(), (watch.rtts, watch.baseline)
 
 
 def test_a_legitimate_message_with_properties_round_trips(node):
