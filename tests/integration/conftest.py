@@ -83,6 +83,16 @@ def fresh_node(broker_kind: str, tmp_path) -> Iterator[RaftmqNode]:
         yield node
 
 
+@pytest.fixture(scope="module")
+def module_groups_node(broker_kind: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaftmqNode]:
+    """As ``groups_node``, one for a whole module (its tests use queues of their own; a test that
+    stops a worker continues it before it ends)."""
+    if broker_kind == "rabbitmq":
+        pytest.skip("raftmq's queue groups")
+    with RaftmqNode(tmp_path_factory.mktemp("groups") / "node", env={"RAFTMQ_RAFT_GROUPS": "3"}) as node:
+        yield node
+
+
 @pytest.fixture
 def groups_node(broker_kind: str, tmp_path) -> Iterator[RaftmqNode]:
     """A private raftmq node with three Raft groups (issue 34: the metadata group and two queue

@@ -40,13 +40,8 @@ TIMEOUT = 10
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory, broker_kind):
-    """One node with three Raft groups for the module (the tests' queues are their own; a worker
-    a test stops is continued before it ends)."""
-    if broker_kind == "rabbitmq":
-        pytest.skip("raftmq's queue groups")
-    with RaftmqNode(tmp_path_factory.mktemp("tx010g") / "node", env={"RAFTMQ_RAFT_GROUPS": "3"}) as n:
-        yield n
+def node(module_groups_node):
+    return module_groups_node
 
 
 def run(coro, timeout: float = 60):

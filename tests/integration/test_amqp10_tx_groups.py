@@ -25,7 +25,6 @@ proton = pytest.importorskip("proton")
 from proton import Message  # noqa: E402
 from proton.utils import BlockingConnection, LinkDetached  # noqa: E402
 
-from raftmq.ops.local.node import RaftmqNode  # noqa: E402
 from tests.integration.helpers import uniq, wait_until  # noqa: E402
 from tests.integration.test_amqp10_transactions import TRANSACTIONAL_STATE, declare, discharge  # noqa: E402
 from tests.support.groups import channel  # noqa: E402
@@ -34,13 +33,8 @@ TIMEOUT = 10
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory, broker_kind):
-    """One node with three Raft groups for the module (the tests' queues are their own; a worker
-    a test stops is continued before it ends)."""
-    if broker_kind == "rabbitmq":
-        pytest.skip("raftmq's queue groups")
-    with RaftmqNode(tmp_path_factory.mktemp("tx10g") / "node", env={"RAFTMQ_RAFT_GROUPS": "3"}) as n:
-        yield n
+def node(module_groups_node):
+    return module_groups_node
 
 
 def count(ch, queue: str) -> int:
