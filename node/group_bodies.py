@@ -1,0 +1,251 @@
+"""Bodies of queue groups' deliveries across the link (issue 34): bounded in the main process as
+they are with one group (docs/design.md "Bodies across the link").
+
+With one group a delivery whose consumer holds its message until it settles it (manual ack, 0-10
+explicit accept, an unsettled 1.0 link) leaves apply without its body, and the front end reads the
+body when it writes the delivery (store/disk/bodies.py ``fill_bodies``, "bodies when sent"): what
+waits behind a full socket, a closed 1.0 window or a client's prefetch is references.  A queue
+group's worker applies in another process, whose body store the main process could not read, so it
+gave every delivery its body at apply and sent them all over the link: a backlog attached to a
+consumer crossed the link whole and sat in the main process's memory (+68 MiB for a 64 MiB
+backlog in tests/integration/test_backpressure.py).
+
+Now a held delivery crosses the link either with its body or as a reference, and either way at
+once and in order (the front ends' rules for order, parking, cancel and close are unchanged):
+
+* **Carried** (:class:`Carrier`, in the worker): when its body is in the worker's memory (written
+  behind, or cached) and the connection's *carry credit* allows: at most ``CARRY_BYTES`` of carried
+  bodies per connection are outstanding, i.e. not yet handed back by the main process.  A consumer
+  keeping up costs what it cost before: the body goes with the delivery, nothing is written.
+* **A reference** otherwise: the worker first writes the body to its body store if it was only in
+  memory (``Bodies.spill``, with the pending bodies older than it), and the main process reads it
+  from that store, read-only, when the front end writes the delivery (:class:`GroupBodies`,
+  store/disk/body_reader.py: every body verified against its CRC32C, a single node's persistent
+  ones from its durable store's sealed records).  The main process knows it by a *tagged* id
+  (store/disk/bodies.py ``tag_id``: negative, the group in it), set on its copy of the message.
+* **Credit back** (:meth:`GroupBodies.settle`): after dispatching a worker's outputs, the main
+  process hands a connection's carried bytes back once what the connection holds
+  (``held_bytes``: write buffer, parked bodies, a 1.0 link's held bodies) is under half of
+  ``CARRY_BYTES`` -- at once for a consumer that keeps up, while it is stalled not until it drains
+  (looked at again every ``RECHECK_SECONDS``), at once for a connection that is gone.  So the main
+  process holds at most ``CARRY_BYTES`` of carried bodies per connection and group beyond what the
+  connection's own bounds allow, and reads the rest from disk as one group does.
+
+Deliveries that do not hold their message (auto-ack, accept-mode none, pre-settled, browsed), a
+basic.get's answer and a resumed session's replay are carried always, as one group carries them
+(they may be deleted right after the batch); the front ends' credit slices bound them.
+
+A body the main process finds damaged is refused as one group refuses it (not sent: the delivery
+stays held, not acked) and the worker is asked to repair it from its members (frame ``b``), so a
+later delivery of it finds it intact; with one group the read itself waits for the repair.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from raftmq.store.core.commands import OUT_DELIVER, OUT_TRANSFER
+from raftmq.store.disk.bodies import READ_AHEAD, TAG_GROUPS, Bodies, tag_id, untag_id
+from raftmq.store.disk.body_cache import BodyCache
+from raftmq.store.disk.body_reader import BodyReader
+
+log = logging.getLogger(__name__)
+
+#: Carried bodies of held deliveries one connection may have outstanding per group (module docstring).
+CARRY_BYTES = 4 << 20
+#: A connection holding less than this gets its carried bytes back at once.
+RETURN_BELOW = CARRY_BYTES // 2
+#: How often credit still withheld (a stalled connection) is looked at again.
+RECHECK_SECONDS = 0.05
+#: The main process's read-ahead of one group's bodies (bodies taken when sent: a small bound).
+CACHE_BYTES = 8 << 20
+
+CREDIT = "k"  # link frame main -> worker: {conn: carried bytes handed back}
+REPAIR = "b"  # link frame main -> worker: ids of bodies the main process found damaged
+
+
+class Carrier:
+    """The worker's side: which held deliveries carry their bodies (module docstring)."""
+
+    def __init__(self, bodies: Bodies, limit: int = CARRY_BYTES) -> None:
+        self.bodies = bodies
+        self.limit = limit
+        self.used: dict[str, int] = {}  # conn -> carried bytes not handed back yet
+        self.carried = 0  # bodies carried with held deliveries
+        self.referenced = 0  # held deliveries sent without their bodies
+        self.spilled = 0  # bodies written early so that the main process can read them
+
+    def prepare(self, outputs: list) -> tuple[list[int], dict[str, int]]:
+        """Give held deliveries among ``outputs`` (this node's) their bodies where allowed, in
+        place; write the bodies of the others that are only in memory.  Returns the indexes of the
+        deliveries sent as references and the bytes carried per connection."""
+        refs: list[int] = []
+        carried: dict[str, int] = {}
+        spill: list[int] = []
+        used = self.used
+        limit = self.limit
+        pending_body, cached_body = self.bodies.pending_body, self.bodies.cached_body
+        for i, out in enumerate(outputs):
+            kind = out[1]
+            if kind == OUT_DELIVER:
+                item = out[4]
+                if len(item) != 4:
+                    continue
+                message = item[3]
+            elif kind == OUT_TRANSFER:
+                item = out[4]
+                if len(item) != 5:
+                    continue
+                message = item[4]
+            else:
+                continue
+            conn = out[0]
+            msg_id = message.id
+            body = pending_body(msg_id)
+            pending = body is not None
+            if body is None:
+                body = cached_body(msg_id)
+            if body is not None:
+                have = used.get(conn, 0)
+                if have + len(body) <= limit:
+                    used[conn] = have + len(body)
+                    carried[conn] = carried.get(conn, 0) + len(body)
+                    outputs[i] = (conn, kind, out[2], out[3], (*item, body))
+                    self.carried += 1
+                    continue
+                if pending:
+                    spill.append(msg_id)
+            refs.append(i)
+        if spill:
+            self.spilled += self.bodies.spill(spill)
+        self.referenced += len(refs)
+        return refs, carried
+
+    def returned(self, credit: dict[str, int]) -> None:
+        """The main process handed carried bytes back (frame ``k``)."""
+        used = self.used
+        for conn, n in credit.items():
+            left = used.get(conn, 0) - n
+            if left > 0:
+                used[conn] = left
+            else:
+                used.pop(conn, None)
+
+
+class GroupBodies:
+    """The main process's side: queue groups' bodies for the front ends (``Bodies.remote``), and
+    the carry credit handed back to the workers (module docstring)."""
+
+    def __init__(self, paths: dict[int, tuple[str, str | None]], endpoint: Callable[[str], Any],
+                 send: Callable[[int, tuple], None], cache_bytes: int = CACHE_BYTES) -> None:
+        """``paths``: per queue group, its body store and (a single node) its durable store;
+        ``endpoint(conn)``: the node's connection of that id, or None; ``send(group, item)``: a
+        link frame to the group's worker."""
+        self._paths = paths
+        self._endpoint = endpoint
+        self._send = send
+        self._cache_bytes = cache_bytes
+        self.readers: dict[int, BodyReader] = {}
+        self.caches: dict[int, BodyCache] = {}
+        self.outstanding: dict[int, dict[str, int]] = {}  # group -> conn -> carried bytes held back
+        self.gone = 0  # deliveries whose message was gone when sent (dropped unsent)
+        self.refused = 0  # deliveries not sent: their body was damaged here
+        self._damaged: list[int] = []
+
+    # ------------------------------------------------------------------ from the workers
+
+    def received(self, group: int, outputs: list, refs: Iterable[int], carried: dict[str, int]) -> None:
+        """A worker's outputs, before they are dispatched: its references get tagged ids (on the
+        main process's own copies of the messages), its carried bytes are counted."""
+        for i in refs:
+            out = outputs[i]
+            message = out[4][3] if out[1] == OUT_DELIVER else out[4][4]
+            if message.id >= 0:  # (one message may be delivered twice in a frame: tagged once)
+                message.id = tag_id(group, message.id)
+        if carried:
+            held = self.outstanding.setdefault(group, {})
+            for conn, n in carried.items():
+                held[conn] = held.get(conn, 0) + n
+
+    def settle(self) -> bool:
+        """Hand carried bytes back for connections that hold little (or are gone); whether some
+        are still held back (then look again in ``RECHECK_SECONDS``)."""
+        endpoint_of = self._endpoint
+        waiting = False
+        for group, held in self.outstanding.items():
+            if not held:
+                continue
+            give = {}
+            for conn, n in held.items():
+                endpoint = endpoint_of(conn)
+                held_bytes = getattr(endpoint, "held_bytes", None) if endpoint is not None else None
+                if held_bytes is None or held_bytes() < RETURN_BELOW:
+                    give[conn] = n
+            for conn in give:
+                del held[conn]
+            if held:
+                waiting = True
+            if give:
+                self._send(group, (CREDIT, give))
+        return waiting
+
+    # ------------------------------------------------------------------ reads for the front ends
+
+    def _reader(self, group: int) -> BodyReader | None:
+        reader = self.readers.get(group)
+        if reader is None:
+            paths = self._paths.get(group)
+            if paths is None:
+                return None
+            reader = self.readers[group] = BodyReader(*paths)
+        return reader
+
+    def _cache(self, group: int, reader: BodyReader) -> BodyCache:
+        cache = self.caches.get(group)
+        if cache is None:
+            def load(ids: Iterable[int]) -> dict[int, bytes]:
+                return reader.get_many(ids, self._damaged)
+
+            cache = self.caches[group] = BodyCache(self._cache_bytes, load)
+        return cache
+
+    def for_send(self, tagged: int, following: Callable[[], Iterable[int]] | None,
+                 qid: int | None) -> bytes | None:
+        """The body of a queue group's delivery the front end writes now (``Bodies.for_send``),
+        read with the next ones of the same group (``following``) when it is not read ahead yet;
+        None: gone, or damaged (refused, the worker asked to repair it), and not sent."""
+        group, msg_id = untag_id(tagged)
+        reader = self._reader(group)
+        if reader is None:
+            return None
+        cache = self._cache(group, reader)
+        body = cache.take(msg_id)
+        if body is None:
+            if following is not None:
+                ahead = [untag_id(i)[1] for i in following() if i < 0 and -i % TAG_GROUPS == group]
+                cache.read_ahead([msg_id, *ahead[:READ_AHEAD]])
+                body = cache.take(msg_id)
+            if body is None and msg_id not in self._damaged:
+                body = reader.get_many((msg_id,), self._damaged).get(msg_id)
+        if body is None:
+            if msg_id in self._damaged:
+                self.refused += 1
+                log.error("message %d of queue group %d: its body is damaged on this node: not delivered "
+                          "(it stays held, not acked); the group's worker is asked to repair it", msg_id, group)
+                self._send(group, (REPAIR, list(self._damaged)))
+            else:
+                self.gone += 1
+                log.info("message %d of queue group %d was gone when its delivery was to be sent: not sent",
+                         msg_id, group)
+        self._damaged.clear()
+        return body
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(cache.bytes for cache in self.caches.values())
+
+    def close(self) -> None:
+        for reader in self.readers.values():
+            reader.close()
