@@ -150,6 +150,7 @@ class GroupBodies:
         self.readers: dict[int, BodyReader] = {}
         self.caches: dict[int, BodyCache] = {}
         self.outstanding: dict[int, dict[str, int]] = {}  # group -> conn -> carried bytes held back
+        self._unit: dict[int, int] = {}  # group -> size of the last body read (read-ahead's count)
         self.gone = 0  # deliveries whose message was gone when sent (dropped unsent)
         self.refused = 0  # deliveries not sent: their body was damaged here
         self._damaged: list[int] = []
@@ -224,12 +225,17 @@ class GroupBodies:
         body = cache.take(msg_id)
         if body is None:
             if following is not None:
+                # as many of the next ones of this group as the cache holds at the last size read
+                # (a read-ahead reads all it asks for before the cache keeps what fits)
+                room = min(READ_AHEAD, self._cache_bytes // max(1, self._unit.get(group, 1)) - 1)
                 ahead = [untag_id(i)[1] for i in following() if i < 0 and -i % TAG_GROUPS == group]
-                cache.read_ahead([msg_id, *ahead[:READ_AHEAD]])
+                cache.read_ahead([msg_id, *ahead[:max(0, room)]])
                 body = cache.take(msg_id)
             if body is None and msg_id not in self._damaged:
                 body = reader.get_many((msg_id,), self._damaged).get(msg_id)
-        if body is None:
+        if body is not None:
+            self._unit[group] = len(body)
+        else:
             if msg_id in self._damaged:
                 self.refused += 1
                 log.error("message %d of queue group %d: its body is damaged on this node: not delivered "
@@ -249,3 +255,22 @@ class GroupBodies:
     def close(self) -> None:
         for reader in self.readers.values():
             reader.close()
+
+
+def link_bodies_status(broker: Any) -> dict:
+    """status.json's figures of bodies across the link: a worker's (carried, sent as references,
+    written early), the main process's (read from the workers' stores, held for sends, gone or
+    refused when sent, carried bytes whose credit it holds back); nothing with one group."""
+    carrier: Carrier | None = getattr(broker, "carrier", None)
+    if carrier is not None:
+        return {"link_bodies_carried": carrier.carried, "link_bodies_referenced": carrier.referenced,
+                "link_bodies_spilled": carrier.spilled,
+                "link_carry_outstanding_bytes": sum(carrier.used.values())}
+    host = getattr(broker, "group_host", None)
+    if host is None:
+        return {}
+    bodies: GroupBodies = host.bodies
+    return {"group_bodies_read": sum(reader.reads for reader in bodies.readers.values()),
+            "group_bodies_held_bytes": bodies.held_bytes, "group_bodies_gone_unsent": bodies.gone,
+            "group_bodies_refused": bodies.refused,
+            "group_carry_held_back_bytes": sum(sum(held.values()) for held in bodies.outstanding.values())}
