@@ -44,7 +44,8 @@ from .sealed import BadRecord, unseal
 log = logging.getLogger(__name__)
 
 _COUNT_AT = struct.Struct("<I")
-_ID = struct.Struct("=Q")  # an id in a segment header (an ``array("Q")``'s bytes: native order)
+_ID = struct.Struct("=Q")
+_DAMAGED = ("damaged",)  # a segment that could not be read or verified (``_segment``)  # an id in a segment header (an ``array("Q")``'s bytes: native order)
 
 
 class BodyReader:
@@ -153,19 +154,23 @@ class BodyReader:
         missed = sorted(set(ids))
         found: dict[int, bytes] = {}
         bad: list[int] = []
-        if missed and self._open():
-            assert self._env is not None
-            with self._env.begin(buffers=True) as txn:
-                missed = self._read(txn, missed, found, bad)
-                if missed and self._refresh(txn):
+        try:
+            if missed and self._open():
+                assert self._env is not None
+                with self._env.begin(buffers=True) as txn:
                     missed = self._read(txn, missed, found, bad)
-        if missed and self._open_durable():
-            missed = self._read_durable(missed, found, bad)
-        if missed and self._env is not None:
-            with self._env.begin(buffers=True) as txn:
-                self._ranges, self._firsts, self._max_key = [], [], 0
-                self._refresh(txn)
-                self._read(txn, missed, found, bad)
+                    if missed and self._refresh(txn):
+                        missed = self._read(txn, missed, found, bad)
+            if missed and self._open_durable():
+                missed = self._read_durable(missed, found, bad)
+            if missed and self._env is not None:
+                with self._env.begin(buffers=True) as txn:
+                    self._ranges, self._firsts, self._max_key = [], [], 0
+                    self._refresh(txn)
+                    self._read(txn, missed, found, bad)
+        except lmdb.Error as exc:  # a damaged page on the way (opening, a walk): what is not read is damaged
+            log.error("body store %s read by the main process: LMDB error: %s", self.path, exc)
+            bad.extend(msg_id for msg_id in missed if msg_id not in found and msg_id not in bad)
         self.reads += len(found)
         if bad:
             log.error("body store %s read by the main process: %d message bodies damaged: %s", self.path,
@@ -178,17 +183,18 @@ class BodyReader:
               bad: list[int]) -> list[int]:
         """Read ``wanted`` (sorted) into ``found`` or ``bad``; returns the ids found nowhere."""
         segments, dead, loose = self._dbs["segments"], self._dbs["dead"], self._dbs["loose"]
-        # per segment key: (value, ids, crcs, marks), or None when absent or its header fails
+        # per segment key: (value, ids, crcs, marks), None when absent, _DAMAGED when its header fails
         opened: dict[int, tuple | None] = {}
         missed: list[int] = []
         for msg_id in wanted:
             key = self._segment_key(msg_id)
+            segment = None
             if key is not None:
                 if key in opened:
                     segment = opened[key]
                 else:
                     segment = opened[key] = self._segment(txn, key, segments, dead)
-                if segment is not None:
+                if segment is not None and segment is not _DAMAGED:
                     value, seg_ids, crcs, marks = segment
                     pos = bisect_left(seg_ids, msg_id)
                     if pos < len(seg_ids) and seg_ids[pos] == msg_id and (marks is None or marks[pos]):
@@ -208,7 +214,8 @@ class BodyReader:
                 bad.append(msg_id)
                 continue
             if value is None:
-                missed.append(msg_id)
+                # (in the range of a segment that does not verify: one of its bodies, unreadable)
+                (bad if segment is _DAMAGED else missed).append(msg_id)
                 continue
             loose_body = _loose_body(value)
             if loose_body is None:
@@ -219,9 +226,8 @@ class BodyReader:
 
     def _segment(self, txn: lmdb.Transaction, key: int, segments: lmdb._Database,
                  dead: lmdb._Database) -> tuple | None:
-        """A segment's value with its verified header and dead marks (None: gone, or its header does
-        not verify -- its bodies are then looked for as loose ones, and are damaged for the writer,
-        which drops such a segment when it opens the store)."""
+        """A segment's value with its verified header and dead marks; None: gone; ``_DAMAGED``: its
+        value or header does not verify (its ids not found loose are then reported damaged)."""
         try:
             value = txn.get(_KEY.pack(key), db=segments)
             if value is None:
@@ -230,7 +236,7 @@ class BodyReader:
             raw_marks = txn.get(_KEY.pack(key), db=dead)
         except (lmdb.Error, HeaderError, struct.error) as exc:
             log.error("body store %s: segment %d unreadable from the main process: %s", self.path, key, exc)
-            return None
+            return _DAMAGED
         marks = None
         if raw_marks is not None:
             marks = _marks(raw_marks, len(ids))
