@@ -78,15 +78,18 @@ class Carrier:
         self.spilled = 0  # bodies written early so that the main process can read them
 
     def prepare(self, outputs: list) -> tuple[list[int], dict[str, int]]:
-        """Give held deliveries among ``outputs`` (this node's) their bodies where allowed, in
-        place; write the bodies of the others that are only in memory.  Returns the indexes of the
-        deliveries sent as references and the bytes carried per connection."""
+        """Give held deliveries among ``outputs`` (this node's) their bodies where the credit allows
+        (by the message's size: read from memory, or from the store as one group's front end would),
+        in place; write the others' bodies that are only in memory to the store.  Returns the indexes
+        of the deliveries sent as references and the bytes carried per connection."""
         refs: list[int] = []
+        carry: list[int] = []
         carried: dict[str, int] = {}
         spill: list[int] = []
         used = self.used
         limit = self.limit
-        pending_body, cached_body = self.bodies.pending_body, self.bodies.cached_body
+        bodies = self.bodies
+        pending_body = bodies.pending_body
         for i, out in enumerate(outputs):
             kind = out[1]
             if kind == OUT_DELIVER:
@@ -102,26 +105,39 @@ class Carrier:
             else:
                 continue
             conn = out[0]
-            msg_id = message.id
-            body = pending_body(msg_id)
-            pending = body is not None
-            if body is None:
-                body = cached_body(msg_id)
-            if body is not None:
-                have = used.get(conn, 0)
-                if have + len(body) <= limit:
-                    used[conn] = have + len(body)
-                    carried[conn] = carried.get(conn, 0) + len(body)
-                    outputs[i] = (conn, kind, out[2], out[3], (*item, body))
-                    self.carried += 1
-                    continue
-                if pending:
-                    spill.append(msg_id)
+            have = used.get(conn, 0)
+            if have + message.size <= limit:
+                used[conn] = have + message.size
+                carry.append(i)
+                continue
+            if pending_body(message.id) is not None:
+                spill.append(message.id)
             refs.append(i)
+        if carry:
+            ids = [(outputs[i][4][3] if outputs[i][1] == OUT_DELIVER else outputs[i][4][4]).id for i in carry]
+            missing = [msg_id for msg_id in ids if not bodies.in_memory(msg_id)]
+            if missing:
+                bodies.read_ahead(missing)  # (one read for those only on disk)
+            get = bodies.get
+            for i, msg_id in zip(carry, ids, strict=True):
+                out = outputs[i]
+                conn = out[0]
+                body = get(msg_id)
+                size = (out[4][3] if out[1] == OUT_DELIVER else out[4][4]).size
+                if body is None:  # gone or damaged here: the main process finds it so and drops it
+                    refs.append(i)
+                    used[conn] -= size
+                    if not used[conn]:
+                        del used[conn]
+                    continue
+                used[conn] += len(body) - size  # (never differs: the model's size is the body's)
+                carried[conn] = carried.get(conn, 0) + len(body)
+                outputs[i] = (conn, out[1], out[2], out[3], (*out[4], body))
+                self.carried += 1
         if spill:
-            self.spilled += self.bodies.spill(spill)
+            self.spilled += bodies.spill(spill)
         self.referenced += len(refs)
-        return refs, carried
+        return sorted(refs), carried
 
     def returned(self, credit: dict[str, int]) -> None:
         """The main process handed carried bytes back (frame ``k``)."""

@@ -68,6 +68,14 @@ def test_a_worker_carries_within_the_credit_and_spills_the_rest_before_they_leav
     assert carrier.used == {}
     more = [deliver("A", 8)]
     assert carrier.prepare(more) == ([], {"A": 100})
+    carrier.returned({"A": 100})
+    # within the credit a body only on disk is read by the worker and carried; a gone one leaves
+    # as a reference and gives its credit back
+    bodies.drop([8, 9])
+    disk = [deliver("A", 4), deliver("A", 9)]
+    assert carrier.prepare(disk) == ([1], {"A": 100})
+    assert disk[0][4][4] == body(4) and len(disk[1][4]) == 4
+    assert carrier.used == {"A": 100}
     bodies.store.close()
 
 
