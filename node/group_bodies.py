@@ -124,7 +124,11 @@ class Carrier:
                 conn = out[0]
                 body = get(msg_id)
                 size = (out[4][3] if out[1] == OUT_DELIVER else out[4][4]).size
-                if body is None:  # gone or damaged here: the main process finds it so and drops it
+                if body is None:
+                    # Gone, or damaged and not repaired from a member (the read tried, as one
+                    # group's does): refused here (logged with its queue, counted in this group's
+                    # status), sent as a reference that the main process finds so and drops unsent.
+                    bodies.refused(msg_id, out[4][0] if out[1] == OUT_DELIVER else out[4][1])
                     refs.append(i)
                     used[conn] -= size
                     if not used[conn]:
