@@ -13,23 +13,26 @@ backlog in tests/integration/test_backpressure.py).
 Now a held delivery crosses the link either with its body or as a reference, and either way at
 once and in order (the front ends' rules for order, parking, cancel and close are unchanged):
 
-* **Carried** (:class:`Carrier`, in the worker): when its body is in the worker's memory (written
-  behind, or cached) and the connection's *carry credit* allows: at most ``CARRY_BYTES`` of carried
-  bodies per connection are outstanding, i.e. not yet handed back by the main process.  A consumer
-  keeping up costs what it cost before: the body goes with the delivery, nothing is written.
-* **A reference** otherwise: the worker first writes the body to its body store if it was only in
-  memory (``Bodies.spill``, with the pending bodies older than it), and the main process reads it
-  from that store, read-only, when the front end writes the delivery (:class:`GroupBodies`,
+* **Carried** (:class:`Carrier`, in the worker) while the connection's *carry credit* allows, by
+  the message's size: at most :func:`carry_bytes` (twice the connection's ``write_buffer_high``, at
+  least 1 MiB) of carried bodies per connection are outstanding, i.e. not yet handed back by the
+  main process.  The worker gives the body from its memory or reads it from its store, as one
+  group's front end would (one read for a batch's misses, repaired from the members if damaged).
+  A consumer that keeps up costs what it cost before: the body goes with the delivery, read where
+  it was read before.
+* **A reference** past the credit: the worker first writes the body to its body store if it was
+  only in memory (``Bodies.spill``, with the pending bodies older than it), and the main process
+  reads it from that store, read-only, when the front end writes the delivery (:class:`GroupBodies`,
   store/disk/body_reader.py: every body verified against its CRC32C, a single node's persistent
   ones from its durable store's sealed records).  The main process knows it by a *tagged* id
   (store/disk/bodies.py ``tag_id``: negative, the group in it), set on its copy of the message.
 * **Credit back** (:meth:`GroupBodies.settle`): after dispatching a worker's outputs, the main
-  process hands a connection's carried bytes back once what the connection holds
-  (``held_bytes``: write buffer, parked bodies, a 1.0 link's held bodies) is under half of
-  ``CARRY_BYTES`` -- at once for a consumer that keeps up, while it is stalled not until it drains
-  (looked at again every ``RECHECK_SECONDS``), at once for a connection that is gone.  So the main
-  process holds at most ``CARRY_BYTES`` of carried bodies per connection and group beyond what the
-  connection's own bounds allow, and reads the rest from disk as one group does.
+  process hands a connection's carried bytes back once what the connection holds (``held_bytes``:
+  write buffer, parked bodies, a 0-9-1 channel's or a 1.0 link's held bodies) is under half the
+  credit -- at once for a consumer that keeps up; while it is stalled, not until it drains (looked
+  at again every ``RECHECK_SECONDS``); at once for a connection that is gone.  So the main process
+  holds at most the credit of carried bodies per connection and group beyond what the connection's
+  own bounds allow, and reads the rest from disk as one group does.
 
 Deliveries that do not hold their message (auto-ack, accept-mode none, pre-settled, browsed), a
 basic.get's answer and a resumed session's replay are carried always, as one group carries them
@@ -53,23 +56,30 @@ from raftmq.store.disk.body_reader import BodyReader
 
 log = logging.getLogger(__name__)
 
-#: Carried bodies of held deliveries one connection may have outstanding per group (module docstring).
-CARRY_BYTES = 4 << 20
-#: A connection holding less than this gets its carried bytes back at once.
-RETURN_BELOW = CARRY_BYTES // 2
+#: The least carry credit (module docstring), whatever ``write_buffer_high`` says.
+CARRY_MIN = 1 << 20
 #: How often credit still withheld (a stalled connection) is looked at again.
 RECHECK_SECONDS = 0.05
 #: The main process's read-ahead of one group's bodies (bodies taken when sent: a small bound).
 CACHE_BYTES = 8 << 20
+#: What one read of references reads ahead, at most (and at most READ_AHEAD bodies): the pages of
+#: the worker's store it touches stay mapped in the main process (VmRSS) until the kernel reclaims them.
+READ_AHEAD_BYTES = 2 << 20
 
 CREDIT = "k"  # link frame main -> worker: {conn: carried bytes handed back}
 REPAIR = "b"  # link frame main -> worker: ids of bodies the main process found damaged
 
 
+def carry_bytes(write_buffer_high: int) -> int:
+    """Carried bodies of held deliveries one connection may have outstanding per group: twice its
+    write buffer's high-water mark (what a front end writes before it parks), at least CARRY_MIN."""
+    return max(CARRY_MIN, 2 * write_buffer_high)
+
+
 class Carrier:
     """The worker's side: which held deliveries carry their bodies (module docstring)."""
 
-    def __init__(self, bodies: Bodies, limit: int = CARRY_BYTES) -> None:
+    def __init__(self, bodies: Bodies, limit: int = CARRY_MIN) -> None:
         self.bodies = bodies
         self.limit = limit
         self.used: dict[str, int] = {}  # conn -> carried bytes not handed back yet
@@ -159,11 +169,13 @@ class GroupBodies:
     the carry credit handed back to the workers (module docstring)."""
 
     def __init__(self, paths: dict[int, tuple[str, str | None]], endpoint: Callable[[str], Any],
-                 send: Callable[[int, tuple], None], cache_bytes: int = CACHE_BYTES) -> None:
+                 send: Callable[[int, tuple], None], carry: int = CARRY_MIN,
+                 cache_bytes: int = CACHE_BYTES) -> None:
         """``paths``: per queue group, its body store and (a single node) its durable store;
         ``endpoint(conn)``: the node's connection of that id, or None; ``send(group, item)``: a
-        link frame to the group's worker."""
+        link frame to the group's worker; ``carry``: the workers' carry credit (``carry_bytes``)."""
         self._paths = paths
+        self.return_below = carry // 2  # a connection holding less gets its carried bytes back
         self._endpoint = endpoint
         self._send = send
         self._cache_bytes = cache_bytes
@@ -202,7 +214,7 @@ class GroupBodies:
             for conn, n in held.items():
                 endpoint = endpoint_of(conn)
                 held_bytes = getattr(endpoint, "held_bytes", None) if endpoint is not None else None
-                if held_bytes is None or held_bytes() < RETURN_BELOW:
+                if held_bytes is None or held_bytes() < self.return_below:
                     give[conn] = n
             for conn in give:
                 del held[conn]
@@ -245,9 +257,9 @@ class GroupBodies:
         body = cache.take(msg_id)
         if body is None:
             if following is not None:
-                # as many of the next ones of this group as the cache holds at the last size read
+                # as many of the next ones of this group as READ_AHEAD_BYTES hold at the last size read
                 # (a read-ahead reads all it asks for before the cache keeps what fits)
-                room = min(READ_AHEAD, self._cache_bytes // max(1, self._unit.get(group, 1)) - 1)
+                room = min(READ_AHEAD, min(READ_AHEAD_BYTES, self._cache_bytes) // max(1, self._unit.get(group, 1)) - 1)
                 ahead = [untag_id(i)[1] for i in following() if i < 0 and -i % TAG_GROUPS == group]
                 cache.read_ahead([msg_id, *ahead[:max(0, room)]])
                 body = cache.take(msg_id)

@@ -44,7 +44,7 @@ from raftmq.store.core.commands import (
 )
 from raftmq.store.core.groups import GroupReport
 
-from .group_bodies import RECHECK_SECONDS, GroupBodies
+from .group_bodies import RECHECK_SECONDS, GroupBodies, carry_bytes
 from .group_figures import ANSWER as FIGURES_ANSWER
 from .group_figures import FigureAsker
 from .group_link import GroupLink
@@ -57,10 +57,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESEND_SECONDS = 1.0
-#: The link's write buffer high-water mark: past it the node throttles its publishers (as for its
-#: own log's backlog) until it drained to a quarter, so that what waits for a worker -- and in front
-#: of a consumer's stop (Op.FLOW) in its log -- is bounded (node/group_bodies.py, docs/design.md).
-LINK_HIGH = 1 << 20
+#: The least high-water mark of a link's write buffer (node/group_link.py): see ``GroupHost.start``.
+LINK_HIGH_MIN = 1 << 20
 
 
 @dataclass
@@ -78,7 +76,7 @@ class Worker:
     msgs: list = field(default_factory=list)  # its message outbox as last reported (with bodies)
     msg_applied: dict[int, int] = field(default_factory=dict)  # source group -> seq applied there
     throttled: bool = False
-    link_full: bool = False  # the link's write buffer passed its high-water mark (LINK_HIGH)
+    link_full: bool = False  # the link's write buffer passed its high-water mark (GroupHost.start)
     progress_at: float = 0.0
     resources: tuple[int, int] | None = None  # (memory held, disk free) as it last reported them
 
@@ -112,7 +110,8 @@ class GroupHost:
             paths[group] = (os.path.join(where, "bodies"),
                             None if config.clustered else os.path.join(where, "state"))
         self.bodies = GroupBodies(paths, lambda conn: broker.endpoints.get(conn),
-                                  lambda g, item: self.workers[g].link.send(item))
+                                  lambda g, item: self.workers[g].link.send(item),
+                                  carry_bytes(config.write_buffer_high))
         broker.bodies.remote = self.bodies
         self._credit_timer: asyncio.TimerHandle | None = None
 
@@ -136,7 +135,12 @@ class GroupHost:
             transport, link = await loop.connect_accepted_socket(
                 lambda g=group: GroupLink(lambda items, g=g: self._from_worker(g, items),
                                           lambda g=g: self._worker_lost(g)), ours)
-            transport.set_write_buffer_limits(high=LINK_HIGH, low=LINK_HIGH // 4)
+            # Past the high-water mark the node throttles its publishers until the buffer drained to
+            # half (``_link_full``), so that what waits for a worker -- and in front of a consumer's
+            # stop (Op.FLOW) in its log -- is bounded as a cluster's proposal backlog is, by the same
+            # mark (raft_backlog_bytes, 16 MiB; docs/design.md "Bodies across the link").
+            high = max(LINK_HIGH_MIN, config.raft_backlog_bytes)
+            transport.set_write_buffer_limits(high=high, low=high // 2)
             link.on_pause = lambda full, g=group: self._link_full(g, full)
             self.workers[group] = Worker(group, process, link, progress_at=time.monotonic())
             log.info("queue group %d: worker pid %d", group, process.pid)

@@ -36,7 +36,7 @@ from raftmq.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
 
 from .broker import Broker
 from .config import Config
-from .group_bodies import CREDIT, REPAIR, Carrier
+from .group_bodies import CREDIT, REPAIR, Carrier, carry_bytes
 from .group_figures import ANSWER as FIGURES_ANSWER
 from .group_figures import ASK as FIGURES_ASK
 from .group_figures import STATS as FIGURES_STATS
@@ -66,7 +66,7 @@ class WorkerBroker(Broker):
         # Deliveries for this node's connections get their bodies here (fill_bodies), but for those
         # whose consumer holds the message: carried, or read by the main process (node/group_bodies.py).
         self.applier.is_local = lambda conn: conn is not None and conn.startswith(prefix)
-        self.carrier = Carrier(self.bodies)
+        self.carrier = Carrier(self.bodies, carry_bytes(config.write_buffer_high))
 
     def node_of_raft(self, raft_address: str | None) -> str | None:
         """The node whose replica of this group is at ``raft_address``: the group's own Raft

@@ -26,11 +26,12 @@ body; on a single node, else the durable store's message record.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import struct
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import lmdb
 
@@ -45,7 +46,31 @@ log = logging.getLogger(__name__)
 
 _COUNT_AT = struct.Struct("<I")
 _ID = struct.Struct("=Q")
-_DAMAGED = ("damaged",)  # a segment that could not be read or verified (``_segment``)  # an id in a segment header (an ``array("Q")``'s bytes: native order)
+_DAMAGED = ("damaged",)  # a segment that could not be read or verified (``_segment``)
+_MADV_DONTNEED = 4  # (Linux)
+
+
+def _madvise() -> Callable[[int, int, int], int] | None:
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return madvise
+
+
+def _mapping_of(path: str) -> list[tuple[int, int]]:
+    """The address ranges at which this process maps the file ``path`` (/proc/self/maps)."""
+    ranges = []
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                if line.rstrip().endswith(path):
+                    start, end = line.split()[0].split("-")
+                    ranges.append((int(start, 16), int(end, 16)))
+    except OSError:
+        pass
+    return ranges  # an id in a segment header (an ``array("Q")``'s bytes: native order)
 
 
 class BodyReader:
@@ -65,6 +90,13 @@ class BodyReader:
         self._max_key = 0  # the largest segment key seen in ``heads``
         self.reads = 0  # bodies read
         self.refreshes = 0  # times the segment ranges were read again
+        # LMDB maps a whole segment value (8 MiB) into this process when one of its bodies is read:
+        # those pages of the worker's file would stay in this process's VmRSS until the kernel
+        # reclaims them (measured: 8.4 MiB mapped for one 64 KiB body).  They are dropped from this
+        # process's page tables after each read (MADV_DONTNEED on a read-only shared file mapping:
+        # the page cache keeps them, a later read maps them again; 6-75 µs a call measured).
+        self._map: list[tuple[int, int]] = []
+        self._madvise = _madvise()
 
     # ------------------------------------------------------------------ opening
 
@@ -82,6 +114,7 @@ class BodyReader:
             env.close()
             raise
         self._env, self._dbs = env, dbs
+        self._map = _mapping_of(os.path.realpath(os.path.join(self.path, "data.mdb")))
         return True
 
     def _open_durable(self) -> bool:
@@ -172,6 +205,9 @@ class BodyReader:
             log.error("body store %s read by the main process: LMDB error: %s", self.path, exc)
             bad.extend(msg_id for msg_id in missed if msg_id not in found and msg_id not in bad)
         self.reads += len(found)
+        if found and self._madvise is not None:
+            for start, end in self._map:
+                self._madvise(start, end - start, _MADV_DONTNEED)
         if bad:
             log.error("body store %s read by the main process: %d message bodies damaged: %s", self.path,
                       len(bad), ", ".join(map(str, bad[:10])))

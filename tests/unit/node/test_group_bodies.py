@@ -12,7 +12,7 @@ unsent, asking the worker to repair a damaged one.
 
 from __future__ import annotations
 
-from raftmq.node.group_bodies import CREDIT, REPAIR, RETURN_BELOW, Carrier, GroupBodies
+from raftmq.node.group_bodies import CREDIT, REPAIR, Carrier, GroupBodies, carry_bytes
 from raftmq.store.core.commands import OUT_DELIVER, OUT_REPLY, OUT_TRANSFER
 from raftmq.store.core.model import Message
 from raftmq.store.disk.bodies import Bodies, tag_id, untag_id
@@ -88,9 +88,10 @@ class Endpoint:
 
 
 def test_credit_comes_back_for_connections_that_hold_little_or_are_gone():
-    endpoints = {"A": Endpoint(0), "B": Endpoint(RETURN_BELOW + 1)}
+    endpoints = {"A": Endpoint(0), "B": Endpoint(1 << 20)}
     sent: list[tuple[int, tuple]] = []
-    host = GroupBodies({}, endpoints.get, lambda g, item: sent.append((g, item)))
+    host = GroupBodies({}, endpoints.get, lambda g, item: sent.append((g, item)), carry=carry_bytes(1 << 20))
+    assert host.return_below == 1 << 20  # (the connection's write_buffer_high: not paused)
     host.received(1, [], [], {"A": 100, "B": 200, "C": 300})
     assert host.settle() is True  # B is stalled: held back, look again
     assert sent == [(1, (CREDIT, {"A": 100, "C": 300}))]

@@ -186,3 +186,30 @@ def test_reads_are_exact_while_another_process_writes_deletes_and_compacts(tmp_p
         child.join(10)
         if child.is_alive():
             child.kill()
+
+
+def _mapped_kib(path: str) -> int:
+    """Resident KiB of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, current = 0, None
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and ":" in head[3]:
+                current = head[5] if len(head) > 5 else None
+            elif line.startswith("Rss:") and current == path:
+                total += int(head[1])
+    return total
+
+
+def test_the_writers_pages_read_do_not_stay_in_the_readers_memory(tmp_path):
+    """LMDB maps a whole segment value (here 8 MiB) into the reading process when one body of it is
+    read; the reader drops those pages from its page tables after the read (the page cache keeps
+    them), so a main process reading a worker's bodies does not hold the worker's file in its RSS."""
+    path = tmp_path / "bodies"
+    store = open_store(path)
+    store.commit([(i, bytes([i % 256]) * 65536) for i in range(1, 129)], ())
+    store.close()
+    reader = BodyReader(str(path))
+    assert reader.get_many([64]) == {64: bytes([64]) * 65536}
+    assert _mapped_kib(str(path / "data.mdb")) < 1024
+    reader.close()
