@@ -38,20 +38,34 @@ Deliveries that do not hold their message (auto-ack, accept-mode none, pre-settl
 basic.get's answer and a resumed session's replay are carried always, as one group carries them
 (they may be deleted right after the batch); the front ends' credit slices bound them.
 
-A body the main process finds damaged is refused as one group refuses it (not sent: the delivery
-stays held, not acked) and the worker is asked to repair it from its members (frame ``b``), so a
-later delivery of it finds it intact; with one group the read itself waits for the repair.
+A body the main process finds damaged is replaced as one group's read replaces it: the main
+process asks the group's members for an intact copy over their Raft ports (``body_fetch.fetch_intact``,
+checked against the checksum the worker's verified header records) while the delivery waits, and
+the worker is asked to repair its own copy (frame ``b``).  Without one (a single node, or no member
+has it intact) the delivery is refused as one group refuses it: not sent, the message stays held,
+not acked.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from raftmq.raft import peer_requests
 from raftmq.store.core.commands import OUT_DELIVER, OUT_TRANSFER
-from raftmq.store.disk.bodies import READ_AHEAD, TAG_GROUPS, Bodies, tag_id, untag_id
+from raftmq.store.disk.bodies import (
+    READ_AHEAD,
+    REPAIR_RETRY_SECONDS,
+    REPAIR_TIMEOUT,
+    TAG_GROUPS,
+    Bodies,
+    tag_id,
+    untag_id,
+)
 from raftmq.store.disk.body_cache import BodyCache
+from raftmq.store.disk.body_fetch import PEER_REQUEST, fetch_intact
 from raftmq.store.disk.body_reader import BodyReader
 
 log = logging.getLogger(__name__)
@@ -68,6 +82,9 @@ READ_AHEAD_BYTES = 2 << 20
 
 CREDIT = "k"  # link frame main -> worker: {conn: carried bytes handed back}
 REPAIR = "b"  # link frame main -> worker: ids of bodies the main process found damaged
+
+#: Intact copies of a group's damaged bodies from its members: (ids, expected CRC of an id) -> bodies.
+Repairer = Callable[[list[int], Callable[[int], int | None]], dict[int, bytes]]
 
 
 def carry_bytes(write_buffer_high: int) -> int:
@@ -170,10 +187,11 @@ class GroupBodies:
 
     def __init__(self, paths: dict[int, tuple[str, str | None]], endpoint: Callable[[str], Any],
                  send: Callable[[int, tuple], None], carry: int = CARRY_MIN,
-                 cache_bytes: int = CACHE_BYTES) -> None:
+                 cache_bytes: int = CACHE_BYTES, repairers: dict[int, Repairer] | None = None) -> None:
         """``paths``: per queue group, its body store and (a single node) its durable store;
         ``endpoint(conn)``: the node's connection of that id, or None; ``send(group, item)``: a
-        link frame to the group's worker; ``carry``: the workers' carry credit (``carry_bytes``)."""
+        link frame to the group's worker; ``carry``: the workers' carry credit (``carry_bytes``);
+        ``repairers``: per group, a fetch of intact copies from its members (none on a single node)."""
         self._paths = paths
         self.return_below = carry // 2  # a connection holding less gets its carried bytes back
         self._endpoint = endpoint
@@ -185,6 +203,9 @@ class GroupBodies:
         self._unit: dict[int, int] = {}  # group -> size of the last body read (read-ahead's count)
         self.gone = 0  # deliveries whose message was gone when sent (dropped unsent)
         self.refused = 0  # deliveries not sent: their body was damaged here
+        self.repaired = 0  # damaged bodies replaced by a member's copy before they were sent
+        self._repairers = repairers or {}
+        self._repair_after = 0.0  # monotonic: no member is asked before (as Bodies.repair)
         self._damaged: list[int] = []
 
     # ------------------------------------------------------------------ from the workers
@@ -265,6 +286,8 @@ class GroupBodies:
                 body = cache.take(msg_id)
             if body is None and msg_id not in self._damaged:
                 body = reader.get_many((msg_id,), self._damaged).get(msg_id)
+        if body is None and msg_id in self._damaged:
+            body = self._repair(group, msg_id, reader)
         if body is not None:
             self._unit[group] = len(body)
         else:
@@ -280,6 +303,26 @@ class GroupBodies:
         self._damaged.clear()
         return body
 
+    def _repair(self, group: int, msg_id: int, reader: BodyReader) -> bytes | None:
+        """An intact copy of a damaged body from the group's members, the delivery waiting (as one
+        group's read waits, store/disk/bodies.py ``Bodies.repair``); the worker is told to replace
+        its own copy.  None: no member had it (or one failed lately: REPAIR_RETRY_SECONDS)."""
+        repair = self._repairers.get(group)
+        if repair is None or time.monotonic() < self._repair_after:
+            return None
+        try:
+            body = repair([msg_id], reader.expected_crc).get(msg_id)
+        except Exception:  # a member answering nonsense must not break the send: refused
+            log.exception("repairing message %d of queue group %d failed", msg_id, group)
+            body = None
+        if body is None:
+            self._repair_after = time.monotonic() + REPAIR_RETRY_SECONDS
+            return None
+        self.repaired += 1
+        log.warning("message %d of queue group %d: damaged body replaced by a member's copy", msg_id, group)
+        self._send(group, (REPAIR, [msg_id]))
+        return body
+
     @property
     def held_bytes(self) -> int:
         return sum(cache.bytes for cache in self.caches.values())
@@ -287,6 +330,24 @@ class GroupBodies:
     def close(self) -> None:
         for reader in self.readers.values():
             reader.close()
+
+
+def group_repairers(config: Any) -> dict[int, Repairer]:
+    """Per queue group, a fetch of intact bodies from the group's other members over their Raft
+    ports (each group's on its own port step: ``Config.for_group``), as a worker's own repairer
+    asks them (store/applier.py); none on a single node."""
+    if not config.clustered:
+        return {}
+    repairers: dict[int, Repairer] = {}
+    for group in range(1, config.raft_groups):
+        partners = [m.raft for m in config.for_group(group).cluster if m.node_id != config.node_id]
+        askers = [peer_requests.ask(config.secret(), address, PEER_REQUEST, REPAIR_TIMEOUT) for address in partners]
+
+        def repair(ids: list[int], expected: Callable[[int], int | None], askers: list = askers) -> dict[int, bytes]:
+            return fetch_intact(ids, askers, expected)
+
+        repairers[group] = repair
+    return repairers
 
 
 def link_bodies_status(broker: Any) -> dict:
@@ -304,5 +365,5 @@ def link_bodies_status(broker: Any) -> dict:
     bodies: GroupBodies = host.bodies
     return {"group_bodies_read": sum(reader.reads for reader in bodies.readers.values()),
             "group_bodies_held_bytes": bodies.held_bytes, "group_bodies_gone_unsent": bodies.gone,
-            "group_bodies_refused": bodies.refused,
+            "group_bodies_refused": bodies.refused, "group_bodies_repaired": bodies.repaired,
             "group_carry_held_back_bytes": sum(sum(held.values()) for held in bodies.outstanding.values())}

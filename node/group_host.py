@@ -44,7 +44,7 @@ from raftmq.store.core.commands import (
 )
 from raftmq.store.core.groups import GroupReport
 
-from .group_bodies import RECHECK_SECONDS, GroupBodies, carry_bytes
+from .group_bodies import RECHECK_SECONDS, GroupBodies, carry_bytes, group_repairers
 from .group_figures import ANSWER as FIGURES_ANSWER
 from .group_figures import FigureAsker
 from .group_link import GroupLink
@@ -111,7 +111,7 @@ class GroupHost:
                             None if config.clustered else os.path.join(where, "state"))
         self.bodies = GroupBodies(paths, lambda conn: broker.endpoints.get(conn),
                                   lambda g, item: self.workers[g].link.send(item),
-                                  carry_bytes(config.write_buffer_high))
+                                  carry_bytes(config.write_buffer_high), repairers=group_repairers(config))
         broker.bodies.remote = self.bodies
         self._credit_timer: asyncio.TimerHandle | None = None
 

@@ -89,6 +89,7 @@ class BodyReader:
         self._ranges: list[tuple[int, int, int]] = []  # (first, last, key), as _firsts
         self._max_key = 0  # the largest segment key seen in ``heads``
         self.reads = 0  # bodies read
+        self._expected: dict[int, int] = {}  # damaged id -> the CRC32C its verified header records
         self.refreshes = 0  # times the segment ranges were read again
         # LMDB maps a whole segment value (8 MiB) into this process when one of its bodies is read:
         # those pages of the worker's file would stay in this process's VmRSS until the kernel
@@ -131,6 +132,11 @@ class BodyReader:
             raise
         self._durable = env
         return True
+
+    def expected_crc(self, msg_id: int) -> int | None:
+        """The CRC32C a body found damaged was written with, when a verified header said it: an
+        intact copy fetched from a member is checked against it too (``body_fetch.fetch_intact``)."""
+        return self._expected.pop(msg_id, None)
 
     def close(self) -> None:
         for env in (self._env, self._durable):
@@ -243,6 +249,7 @@ class BodyReader:
                             found[msg_id] = body
                         else:
                             bad.append(msg_id)
+                            self._expected[msg_id] = crcs[pos]
                         continue
             try:
                 value = txn.get(_KEY.pack(msg_id), db=loose)

@@ -127,3 +127,28 @@ def test_the_main_process_reads_references_from_the_store_verified_once_each(tmp
     assert sent == [(1, (REPAIR, [10]))]
     assert host.for_send(tag_id(2, 1), None, 7) is None  # a group without a store: nothing
     host.close()
+
+
+def test_a_damaged_body_is_replaced_by_a_members_copy_before_it_is_sent(tmp_path):
+    """In a cluster the main process asks the group's members for an intact copy while the delivery
+    waits (as one group's read does), checked against the checksum the worker's verified header
+    records; the body goes out intact and the worker is told to replace its own copy."""
+    path = tmp_path / "g1bodies"
+    store = BodyStore(str(path), map_size=1 << 28)
+    store.commit([(i, body(i)) for i in range(1, 11)], ())
+    written_crc = store.expected_crc(10)
+    flip_value(store, store.segments_db, KEY.pack(store._segments[0].key), -3)
+    store.close()
+    asked = []
+
+    def members(ids, expected):  # the members' answer, as body_fetch.fetch_intact returns it
+        asked.append((ids, expected(ids[0])))
+        return {i: body(i) for i in ids}
+
+    sent: list[tuple[int, tuple]] = []
+    host = GroupBodies({1: (str(path), None)}, {}.get, lambda g, item: sent.append((g, item)), repairers={1: members})
+    assert host.for_send(tag_id(1, 10), None, 7) == body(10)
+    assert asked == [([10], written_crc)]
+    assert host.repaired == 1 and host.refused == 0
+    assert sent == [(1, (REPAIR, [10]))]
+    host.close()
