@@ -269,12 +269,15 @@ class BodyReader:
 
     def _segment(self, txn: lmdb.Transaction, key: int, segments: lmdb._Database,
                  dead: lmdb._Database) -> tuple | None:
-        """A segment's value with its verified header and dead marks; None: gone; ``_DAMAGED``: its
-        value or header does not verify (its ids not found loose are then reported damaged)."""
+        """A segment's value with its verified header and dead marks; None: deleted; ``_DAMAGED``: its
+        value is missing under a header, or does not verify (its ids not found loose are then
+        reported damaged, as the writer reports them)."""
         try:
             value = txn.get(_KEY.pack(key), db=segments)
             if value is None:
-                return None
+                # deleted (its header too), or lost under a header the writer still indexes (a
+                # store rebuilt from what could be read): its bodies are damaged for the writer too
+                return _DAMAGED if txn.get(_KEY.pack(key), db=self._dbs["heads"]) is not None else None
             ids, _offsets, crcs = _decode_header(value)
             raw_marks = txn.get(_KEY.pack(key), db=dead)
         except (lmdb.Error, HeaderError, struct.error) as exc:
