@@ -10,7 +10,9 @@ drain (/proc/<pid>/stat utime+stime), and the main process's peak RssAnon above 
 the consumer attached (sampled every 50 ms by a thread).
 
 The tree is chosen by PYTHONPATH for the node's processes (``python -m raftmq`` resolves the first
-``raftmq`` on the path): ``--tree old=/path/to/old/checkout --tree new=.``.  Bounded: every wait has
+``raftmq`` on the path, after its working directory: the script runs them from a temporary one):
+``--tree old=/path/to/old/checkout --tree new=.``; each run prints the group's ``link_bodies_*``
+figures when its tree writes them (the new code), which tells the trees apart.  Bounded: every wait has
 a time limit, and each node is terminated after its run.
 
 Usage::
@@ -112,12 +114,16 @@ def run(tree: str, args: argparse.Namespace, base: Path) -> dict:
                 break
         wall = time.monotonic() - start
         cpu1 = (cpu(main), cpu(worker))
+        time.sleep(0.6)  # (status files written after the drain)
+        import json
+        links = {k: v for k, v in json.loads((node.data_dir / "groups" / "g1" / "status.json").read_text()).items()
+                 if k.startswith("link_bodies")}
         stop.set()
         sampler.join()
         ch.cancel()
         conn.close()
         return {"rate": got / wall, "got": got, "main_us": (cpu1[0] - cpu0[0]) / max(got, 1) * 1e6,
-                "worker_us": (cpu1[1] - cpu0[1]) / max(got, 1) * 1e6, "rss_mib": (peak[0] - before_rss) / (1 << 20)}
+                "worker_us": (cpu1[1] - cpu0[1]) / max(got, 1) * 1e6, "rss_mib": (peak[0] - before_rss) / (1 << 20), "links": links}
     finally:
         node.terminate()
         shutil.rmtree(where, ignore_errors=True)
@@ -135,6 +141,9 @@ def main() -> None:
     args = parser.parse_args()
     trees = dict(item.split("=", 1) for item in args.tree)
     base = Path(tempfile.mkdtemp(prefix="groups-backlog-"))
+    # ``python -m raftmq`` puts its working directory first on the path: run the nodes from one
+    # that holds no raftmq, so that PYTHONPATH chooses the tree.
+    os.chdir(base)
     results: dict[str, list[dict]] = {name: [] for name in trees}
     try:
         for round_no in range(args.rounds):
@@ -143,7 +152,8 @@ def main() -> None:
                 r = run(trees[name], args, base)
                 results[name].append(r)
                 print(f"round {round_no + 1} {name:>4}: {r['rate']:8.0f} msg/s ({r['got']} msgs), main "
-                      f"{r['main_us']:6.1f} µs/msg, worker {r['worker_us']:6.1f} µs/msg, main heap +{r['rss_mib']:.1f} MiB",
+                      f"{r['main_us']:6.1f} µs/msg, worker {r['worker_us']:6.1f} µs/msg, main heap +{r['rss_mib']:.1f} MiB "
+                      f"{r['links'] or ''}",
                       flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)

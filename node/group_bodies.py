@@ -48,6 +48,7 @@ not acked.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -71,7 +72,10 @@ from raftmq.store.disk.body_reader import BodyReader
 log = logging.getLogger(__name__)
 
 #: The least carry credit (module docstring), whatever ``write_buffer_high`` says.
-CARRY_MIN = 1 << 20
+CARRY_MIN = 2 << 20
+#: After reading from a worker's store, its pages are dropped from the main process's page tables
+#: this much later (store/disk/body_reader.py ``drop_pages``): at most one call per period.
+DROP_PAGES_AFTER = 0.05
 #: How often credit still withheld (a stalled connection) is looked at again.
 RECHECK_SECONDS = 0.05
 #: The main process's read-ahead of one group's bodies (bodies taken when sent: a small bound).
@@ -88,9 +92,10 @@ Repairer = Callable[[list[int], Callable[[int], int | None]], dict[int, bytes]]
 
 
 def carry_bytes(write_buffer_high: int) -> int:
-    """Carried bodies of held deliveries one connection may have outstanding per group: twice its
-    write buffer's high-water mark (what a front end writes before it parks), at least CARRY_MIN."""
-    return max(CARRY_MIN, 2 * write_buffer_high)
+    """Carried bodies of held deliveries one connection may have outstanding per group: four times
+    its write buffer's high-water mark (what a front end writes before it parks), at least
+    CARRY_MIN; handed back once the connection holds less than a quarter of it."""
+    return max(CARRY_MIN, 4 * write_buffer_high)
 
 
 class Carrier:
@@ -193,7 +198,8 @@ class GroupBodies:
         link frame to the group's worker; ``carry``: the workers' carry credit (``carry_bytes``);
         ``repairers``: per group, a fetch of intact copies from its members (none on a single node)."""
         self._paths = paths
-        self.return_below = carry // 2  # a connection holding less gets its carried bytes back
+        self.return_below = carry // 4  # a connection holding less gets its carried bytes back
+        self._drop_timer: Any = None
         self._endpoint = endpoint
         self._send = send
         self._cache_bytes = cache_bytes
@@ -301,7 +307,27 @@ class GroupBodies:
                 log.info("message %d of queue group %d was gone when its delivery was to be sent: not sent",
                          msg_id, group)
         self._damaged.clear()
+        if reader.mapped:
+            self._drop_later(reader)
         return body
+
+    def _drop_later(self, reader: BodyReader) -> None:
+        """``reader.drop_pages`` in DROP_PAGES_AFTER (at once without a running loop)."""
+        if self._drop_timer is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            reader.drop_pages()
+            return
+
+        def drop() -> None:
+            self._drop_timer = None
+            for each in self.readers.values():
+                if each.mapped:
+                    each.drop_pages()
+
+        self._drop_timer = loop.call_later(DROP_PAGES_AFTER, drop)
 
     def _repair(self, group: int, msg_id: int, reader: BodyReader) -> bytes | None:
         """An intact copy of a damaged body from the group's members, the delivery waiting (as one
@@ -328,6 +354,8 @@ class GroupBodies:
         return sum(cache.bytes for cache in self.caches.values())
 
     def close(self) -> None:
+        if self._drop_timer is not None:
+            self._drop_timer.cancel()
         for reader in self.readers.values():
             reader.close()
 

@@ -93,11 +93,12 @@ class BodyReader:
         self.refreshes = 0  # times the segment ranges were read again
         # LMDB maps a whole segment value (8 MiB) into this process when one of its bodies is read:
         # those pages of the worker's file would stay in this process's VmRSS until the kernel
-        # reclaims them (measured: 8.4 MiB mapped for one 64 KiB body).  They are dropped from this
-        # process's page tables after each read (MADV_DONTNEED on a read-only shared file mapping:
-        # the page cache keeps them, a later read maps them again; 6-75 µs a call measured).
+        # reclaims them (measured: 8.4 MiB mapped for one 64 KiB body).  ``drop_pages`` drops them
+        # from this process's page tables (MADV_DONTNEED on a read-only shared file mapping: the
+        # page cache keeps them, a later read maps them again; 6-75 µs a call measured).
         self._map: list[tuple[int, int]] = []
         self._madvise = _madvise()
+        self.mapped = False  # read since the last ``drop_pages``
 
     # ------------------------------------------------------------------ opening
 
@@ -132,6 +133,14 @@ class BodyReader:
             raise
         self._durable = env
         return True
+
+    def drop_pages(self) -> None:
+        """Drop the store's pages from this process's page tables (see ``__init__``): the caller
+        does it after its reads, at most every few tens of milliseconds (a call costs 6-75 µs)."""
+        self.mapped = False
+        if self._madvise is not None:
+            for start, end in self._map:
+                self._madvise(start, end - start, _MADV_DONTNEED)
 
     def expected_crc(self, msg_id: int) -> int | None:
         """The CRC32C a body found damaged was written with, when a verified header said it: an
@@ -211,9 +220,8 @@ class BodyReader:
             log.error("body store %s read by the main process: LMDB error: %s", self.path, exc)
             bad.extend(msg_id for msg_id in missed if msg_id not in found and msg_id not in bad)
         self.reads += len(found)
-        if found and self._madvise is not None:
-            for start, end in self._map:
-                self._madvise(start, end - start, _MADV_DONTNEED)
+        if found:
+            self.mapped = True
         if bad:
             log.error("body store %s read by the main process: %d message bodies damaged: %s", self.path,
                       len(bad), ", ".join(map(str, bad[:10])))

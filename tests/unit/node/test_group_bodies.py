@@ -92,6 +92,7 @@ def test_credit_comes_back_for_connections_that_hold_little_or_are_gone():
     sent: list[tuple[int, tuple]] = []
     host = GroupBodies({}, endpoints.get, lambda g, item: sent.append((g, item)), carry=carry_bytes(1 << 20))
     assert host.return_below == 1 << 20  # (the connection's write_buffer_high: not paused)
+    endpoints["B"].held = 1 << 20
     host.received(1, [], [], {"A": 100, "B": 200, "C": 300})
     assert host.settle() is True  # B is stalled: held back, look again
     assert sent == [(1, (CREDIT, {"A": 100, "C": 300}))]
