@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--time-limit", type=float, default=120.0, help="seconds per drain")
     args = parser.parse_args()
-    trees = dict(item.split("=", 1) for item in args.tree)
+    trees = {name: str(Path(where).resolve()) for name, where in (item.split("=", 1) for item in args.tree)}
     base = Path(tempfile.mkdtemp(prefix="groups-backlog-"))
     # ``python -m raftmq`` puts its working directory first on the path: run the nodes from one
     # that holds no raftmq, so that PYTHONPATH chooses the tree.
