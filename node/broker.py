@@ -148,9 +148,9 @@ class Broker:
             # model is rebuilt from them at start, transient parts included.
             self.store = None
             self.machine = StateMachine()
-            # A queue group's worker fills every delivery's body at apply: the main process that
-            # writes it has no access to this group's body store (node/worker.py).
-            self.applier = Applier(self.machine, self.bodies, lazy_bodies=config.group == 0)
+            # (A queue group's worker too: the main process reads a held delivery's body from the
+            # worker's body store when it is not carried over the link, node/group_bodies.py.)
+            self.applier = Applier(self.machine, self.bodies)
             me = config.member()
             self.log = ClusterLog(
                 self.applier, self._on_outputs, origin=self._boot, self_address=me.raft,
@@ -182,7 +182,7 @@ class Broker:
             self.bodies.fallback = self.store.message_bodies
             self.bodies.put(self.machine.loaded_bodies)
             self.machine.loaded_bodies = []
-            self.applier = Applier(self.machine, self.bodies, self.store, lazy_bodies=config.group == 0)
+            self.applier = Applier(self.machine, self.bodies, self.store)
             self.log = LocalLog(self.applier, self._on_outputs)
             self.log.on_fatal = self._on_disk_failure
             self._configured_members = {}
@@ -415,7 +415,7 @@ class Broker:
         """This process's log crossed a backlog mark; with queue groups, the workers' count too."""
         self.log_throttled = on
         if self.group_host is not None:
-            on = on or any(worker.throttled for worker in self.group_host.workers.values())
+            on = on or any(worker.throttled or worker.link_full for worker in self.group_host.workers.values())
         if on != self.flow_throttled:
             self._on_throttle(on)
 

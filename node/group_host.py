@@ -44,6 +44,7 @@ from raftmq.store.core.commands import (
 )
 from raftmq.store.core.groups import GroupReport
 
+from .group_bodies import RECHECK_SECONDS, GroupBodies, carry_bytes, group_repairers
 from .group_figures import ANSWER as FIGURES_ANSWER
 from .group_figures import FigureAsker
 from .group_link import GroupLink
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESEND_SECONDS = 1.0
+#: The least high-water mark of a link's write buffer (node/group_link.py): see ``GroupHost.start``.
+LINK_HIGH_MIN = 1 << 20
 
 
 @dataclass
@@ -73,6 +76,7 @@ class Worker:
     msgs: list = field(default_factory=list)  # its message outbox as last reported (with bodies)
     msg_applied: dict[int, int] = field(default_factory=dict)  # source group -> seq applied there
     throttled: bool = False
+    link_full: bool = False  # the link's write buffer passed its high-water mark (GroupHost.start)
     progress_at: float = 0.0
     resources: tuple[int, int] | None = None  # (memory held, disk free) as it last reported them
 
@@ -98,6 +102,18 @@ class GroupHost:
         self.lost: int | None = None  # the queue group whose worker went first (it stops the node)
         # Reads of queues placed in queue groups ask their workers (node/group_figures.py).
         self.figures = FigureAsker(lambda: {g: w.link.send for g, w in self.workers.items()})
+        # Held deliveries' bodies: carried over the link within a credit, else read from the
+        # worker's body store (node/group_bodies.py); the front ends reach them through Bodies.for_send.
+        paths = {}
+        for group in range(1, self.count):
+            where = config.for_group(group).resolved_data_dir()
+            paths[group] = (os.path.join(where, "bodies"),
+                            None if config.clustered else os.path.join(where, "state"))
+        self.bodies = GroupBodies(paths, lambda conn: broker.endpoints.get(conn),
+                                  lambda g, item: self.workers[g].link.send(item),
+                                  carry_bytes(config.write_buffer_high), repairers=group_repairers(config))
+        broker.bodies.remote = self.bodies
+        self._credit_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ workers
 
@@ -116,9 +132,16 @@ class GroupHost:
             blob = pickle.dumps((config.for_group(group), self.broker.boot, logging.getLogger().level))
             ours.sendall(struct.pack(">I", len(blob)) + blob)
             ours.setblocking(False)
-            _transport, link = await loop.connect_accepted_socket(
+            transport, link = await loop.connect_accepted_socket(
                 lambda g=group: GroupLink(lambda items, g=g: self._from_worker(g, items),
                                           lambda g=g: self._worker_lost(g)), ours)
+            # Past the high-water mark the node throttles its publishers until the buffer drained to
+            # half (``_link_full``), so that what waits for a worker -- and in front of a consumer's
+            # stop (Op.FLOW) in its log -- is bounded as a cluster's proposal backlog is, by the same
+            # mark (raft_backlog_bytes, 16 MiB; docs/design.md "Bodies across the link").
+            high = max(LINK_HIGH_MIN, config.raft_backlog_bytes)
+            transport.set_write_buffer_limits(high=high, low=high // 2)
+            link.on_pause = lambda full, g=group: self._link_full(g, full)
             self.workers[group] = Worker(group, process, link, progress_at=time.monotonic())
             log.info("queue group %d: worker pid %d", group, process.pid)
         if self.broker.machine.group_count < self.count:
@@ -129,6 +152,8 @@ class GroupHost:
         self._stopping = True
         if self._task is not None:
             self._task.cancel()
+        if self._credit_timer is not None:
+            self._credit_timer.cancel()
         for worker in self.workers.values():
             if worker.link.transport is not None:
                 worker.link.transport.close()
@@ -141,6 +166,7 @@ class GroupHost:
                             worker.process.pid)
                 worker.process.kill()
                 worker.process.wait()
+        self.bodies.close()
 
     def workers_held(self) -> int:
         """Bytes the workers hold for clients (bodies in memory), as they last reported."""
@@ -213,7 +239,11 @@ class GroupHost:
         for item in items:
             kind = item[0]
             if kind == "o":
-                self.broker._on_outputs(typed_replies(item[1]))
+                outputs = typed_replies(item[1])
+                self.bodies.received(group, outputs, item[2], item[3])
+                self.broker._on_outputs(outputs)
+                if item[3] or self.bodies.outstanding.get(group):
+                    self._settle_credit()
             elif kind == "r":
                 if item[1] > worker.meta_applied:
                     worker.progress_at = time.monotonic()
@@ -230,6 +260,24 @@ class GroupHost:
                 self.broker.check_alarms()
             elif kind == FIGURES_ANSWER:
                 self.figures.answered(group, item[1], item[2])
+
+    def _settle_credit(self) -> None:
+        """Carried bodies' credit back to the workers for connections that hold little; looked at
+        again shortly while some is held back (node/group_bodies.py)."""
+        if self.bodies.settle() and self._credit_timer is None and not self._stopping:
+            self._credit_timer = asyncio.get_running_loop().call_later(RECHECK_SECONDS, self._recheck_credit)
+
+    def _recheck_credit(self) -> None:
+        self._credit_timer = None
+        self._settle_credit()
+
+    def _link_full(self, group: int, full: bool) -> None:
+        """A worker's link passed its high-water mark (or drained): publishers are throttled
+        meanwhile, as for the log's own backlog (Broker._on_log_throttle)."""
+        worker = self.workers.get(group)
+        if worker is not None and worker.link_full != full:
+            worker.link_full = full
+            self.broker._on_log_throttle(self.broker.log_throttled)
 
     # ------------------------------------------------------------------ the forwarder
 

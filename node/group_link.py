@@ -56,6 +56,9 @@ class GroupLink(asyncio.Protocol):
         self._packer = msgpack.Packer(use_bin_type=True)
         self.frames_sent = 0
         self.frames_received = 0
+        #: Called with True when the write buffer passed its high-water mark, False when it drained
+        #: (the main process throttles its publishers meanwhile: node/group_host.py).
+        self.on_pause: Callable[[bool], None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport subclasses
@@ -129,6 +132,14 @@ class GroupLink(asyncio.Protocol):
                 log.exception("group link: handling a frame failed")
         if offset:
             del buffer[:offset]
+
+    def pause_writing(self) -> None:
+        if self.on_pause is not None:
+            self.on_pause(True)
+
+    def resume_writing(self) -> None:
+        if self.on_pause is not None:
+            self.on_pause(False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.on_closed()

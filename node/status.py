@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from raftmq.store.core import queries as Q
 from raftmq.store.disk.snapshot import digest, live_bodies
 
+from .group_bodies import link_bodies_status
 from .group_status import group_views
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ def status_of(broker: Broker) -> dict:
         # Audit notes proposed by this node, and refusal notes held back by their bound (node/audit.py).
         "audit_notes": broker.audit.noted, "audit_notes_suppressed": broker.audit.suppressed,
         **bodies_status(broker),
+        **link_bodies_status(broker),  # issue 34: held deliveries' bodies across a worker's link
     }
     if broker.group_host is not None:  # issue 34: each worker's status is <data>/groups/g<N>/status.json
         status["groups"] = {str(g): {"pid": w.process.pid, "meta_applied": w.meta_applied,

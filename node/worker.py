@@ -6,7 +6,8 @@ The node's main process (node/group_host.py) starts it with one end of a socketp
 configuration (``Config.for_group``) and the node's boot stamp.  From then on the link carries
 commands in (each submitted to the group's log as the main process would submit it) and the
 group's outputs out: only those for this node's client connections (the main process holds them
-all), with their bodies, and a report of the group's outbox positions for the forwarder.
+all), a held delivery with its body or as a reference the main process reads from this group's
+body store (node/group_bodies.py), and a report of the group's outbox positions for the forwarder.
 
 The worker is a ``Broker`` without client listeners: the same log, applier, tick loop (expiry in
 its queues), alarm loop and status file (``<data>/groups/g<N>/status.json``).  It stops when the
@@ -35,6 +36,7 @@ from raftmq.versions import EXIT_FORMAT_TOO_NEW, FormatTooNew
 
 from .broker import Broker
 from .config import Config
+from .group_bodies import CREDIT, REPAIR, Carrier, carry_bytes
 from .group_figures import ANSWER as FIGURES_ANSWER
 from .group_figures import ASK as FIGURES_ASK
 from .group_figures import STATS as FIGURES_STATS
@@ -61,9 +63,10 @@ class WorkerBroker(Broker):
         super().__init__(config, boot=boot)
         prefix = boot + "."
         self._prefix = prefix
-        # Deliveries for this node's connections get their bodies here (fill_bodies): the main
-        # process has no access to this group's body store.
+        # Deliveries for this node's connections get their bodies here (fill_bodies), but for those
+        # whose consumer holds the message: carried, or read by the main process (node/group_bodies.py).
         self.applier.is_local = lambda conn: conn is not None and conn.startswith(prefix)
+        self.carrier = Carrier(self.bodies, carry_bytes(config.write_buffer_high))
 
     def node_of_raft(self, raft_address: str | None) -> str | None:
         """The node whose replica of this group is at ``raft_address``: the group's own Raft
@@ -79,7 +82,8 @@ class WorkerBroker(Broker):
         prefix = self._prefix
         mine = [out for out in outputs if out[0] is not None and out[0].startswith(prefix)]
         if mine:
-            self._send(("o", plain_replies(mine)))
+            refs, carried = self.carrier.prepare(mine)
+            self._send(("o", plain_replies(mine), refs, carried))
         last = outputs[-1]
         if last[1] == OUT_GROUP_REPORT and last[0] is None:  # (apply puts it last: store/core/groups.py)
             self._report = last[2]
@@ -134,6 +138,13 @@ class WorkerBroker(Broker):
             kind = item[0]
             if kind == "c":
                 submit(item[1], item[2], item[3])
+            elif kind == CREDIT:  # carried bodies the main process handed back (node/group_bodies.py)
+                self.carrier.returned(item[1])
+            elif kind == REPAIR:  # bodies the main process found damaged in this group's store
+                damaged: list[int] = []
+                self.bodies.store.get_many(item[1], damaged)
+                if damaged:
+                    self.bodies.repair(damaged)
             elif kind == "report":
                 self.report()
                 self.report_tx(force=True)

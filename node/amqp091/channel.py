@@ -938,8 +938,9 @@ class Channel:
 
     @property
     def assembling_bytes(self) -> int:
-        """Body bytes of a publish still being received."""
-        return self._body_received if self._publish is not None else 0
+        """Body bytes of a publish still being received, and bodies of deliveries held beyond the
+        client's window (a queue group's carried ones: node/group_bodies.py; none with one group)."""
+        return (self._body_received if self._publish is not None else 0) + self._window.body_bytes
 
     def return_unsent(self, deliveries: list[tuple]) -> None:
         """Assignments never sent (their consumer went while they were parked): back to their

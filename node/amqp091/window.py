@@ -48,6 +48,10 @@ class ClientWindow:
         self._tag_consumer: dict[int, str] = {}
         self.held: deque[tuple[str, tuple]] = deque()  # (consumer tag, delivery), in arrival order
         self._held_count: dict[str, int] = {}
+        # Bodies the held deliveries carry: none with one group (a held delivery's body is read
+        # when it is sent); a queue group's worker may carry them (node/group_bodies.py), and the
+        # connection counts them as held (its carry credit, the memory alarm).
+        self.body_bytes = 0
 
     def add_consumer(self, consumer_tag: str, limit: int) -> None:
         """A consumer with the per-consumer prefetch in force when it was created (0: none)."""
@@ -69,6 +73,8 @@ class ClientWindow:
     def hold(self, consumer_tag: str, delivery: tuple) -> None:
         self.held.append((consumer_tag, delivery))
         self._held_count[consumer_tag] = self._held_count.get(consumer_tag, 0) + 1
+        if len(delivery) > 4:
+            self.body_bytes += len(delivery[4])
 
     def has_room(self, consumer_tag: str) -> bool:
         limit = self._consumer_limit.get(consumer_tag, 0)
@@ -120,6 +126,8 @@ class ClientWindow:
                 planned[consumer_tag] = planned.get(consumer_tag, 0) + 1
                 self._held_count[consumer_tag] -= 1
                 total += 1
+                if len(delivery) > 4:
+                    self.body_bytes -= len(delivery[4])
             else:
                 kept.append((consumer_tag, delivery))
         self.held = kept
@@ -129,6 +137,8 @@ class ClientWindow:
         """Remove and return the held deliveries of one consumer (or all)."""
         taken = [d for c, d in self.held if consumer_tag is None or c == consumer_tag]
         self.held = deque((c, d) for c, d in self.held if consumer_tag is not None and c != consumer_tag)
+        if self.body_bytes:
+            self.body_bytes -= sum(len(d[4]) for d in taken if len(d) > 4)
         if consumer_tag is None:
             self._held_count.clear()
         else:
@@ -142,3 +152,4 @@ class ClientWindow:
         self._total = 0
         self.held.clear()
         self._held_count.clear()
+        self.body_bytes = 0

@@ -53,6 +53,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..core.commands import OK, OUT_DELIVER, OUT_REPLY, OUT_TRANSFER, GotMessage, Ok, SessionAttached
 from ..core.groups import GroupEcho
@@ -73,6 +74,34 @@ Repairer = Callable[[list[int]], dict[int, bytes]]
 
 #: A put's source: the body, or the id of the message whose body it shares (a dead-letter copy).
 BodySource = bytes | int
+
+
+class RemoteBodies(Protocol):
+    """Bodies of messages another process applies (issue 34: a queue group's, read by the node's
+    main process, node/group_bodies.py), named by a *tagged* id (< 0: the group and the message id
+    in it, ``tag_id``), since every group numbers its messages from 1."""
+
+    def for_send(self, tagged: int, following: Callable[[], Iterable[int]] | None,
+                 qid: int | None) -> bytes | None: ...
+
+    @property
+    def held_bytes(self) -> int: ...
+
+
+#: Groups a tagged id can name (``tag_id``).
+TAG_GROUPS = 256
+
+
+def tag_id(group: int, msg_id: int) -> int:
+    """The id under which the main process knows message ``msg_id`` of queue group ``group`` (> 0):
+    negative, so that it never meets an id of its own group's (``Bodies.for_send``)."""
+    return -(msg_id * TAG_GROUPS + group)
+
+
+def untag_id(tagged: int) -> tuple[int, int]:
+    """(group, message id) of a ``tag_id``."""
+    msg_id, group = divmod(-tagged, TAG_GROUPS)
+    return group, msg_id
 
 
 @dataclass(slots=True)
@@ -120,6 +149,8 @@ class Bodies:
         self._repair_after = 0.0  # monotonic: no member is asked before (REPAIR_RETRY_SECONDS)
         #: Names a queue for the log of a refused delivery: qid -> name.
         self.queue_name: Callable[[int], str | None] = lambda qid: None
+        #: With queue groups, the main process's reads of the groups' bodies (tagged ids, < 0).
+        self.remote: RemoteBodies | None = None
 
     def _load(self, ids: Iterable[int], repair: bool = True) -> dict[int, bytes]:
         ids = list(ids)
@@ -174,7 +205,10 @@ class Bodies:
     @property
     def held_bytes(self) -> int:
         """Body bytes this node holds in memory: what the memory alarm should count for bodies."""
-        return self.cache.bytes + self.pending_bytes
+        held = self.cache.bytes + self.pending_bytes
+        if self.remote is not None:
+            held += self.remote.held_bytes
+        return held
 
     # ------------------------------------------------------------------ effects of apply
 
@@ -244,6 +278,33 @@ class Bodies:
             msg_id, body = pending.popitem(last=False)
             self.pending_bytes -= len(body)
             out.append((msg_id, body))
+        self._commit_written(out)
+
+    def spill(self, ids: Iterable[int]) -> int:
+        """Write the pending bodies of ``ids`` now, with every pending body older than them (oldest
+        first, as write-behind would: the store's segments stay runs of ids), so that another
+        process can read them from the store (issue 34: a queue group's deliveries sent to the main
+        process without their bodies, node/group_bodies.py).  Returns the bodies written."""
+        pending = self._pending
+        want = {msg_id for msg_id in ids if msg_id in pending}
+        out = []
+        while want and pending:
+            msg_id, body = pending.popitem(last=False)
+            self.pending_bytes -= len(body)
+            out.append((msg_id, body))
+            want.discard(msg_id)
+        self._commit_written(out)
+        return len(out)
+
+    def pending_body(self, msg_id: int) -> bytes | None:
+        """The body of ``msg_id`` if it waits in memory to be written (in no store yet)."""
+        return self._pending.get(msg_id)
+
+    def cached_body(self, msg_id: int) -> bytes | None:
+        """The body of ``msg_id`` if the cache holds it (no store read, no recency change)."""
+        return self.cache._entries.get(msg_id)
+
+    def _commit_written(self, out: list[tuple[int, bytes]]) -> None:
         if out:
             deletes: list[int] = []
             if not self.defer_deletes:
@@ -266,13 +327,19 @@ class Bodies:
         when sent).  When it is only on disk, ``following`` -- the ids the front end sends next --
         are read with it in one transaction.  None (counted in ``stats.gone``): no such body; or
         (counted in ``stats.refused``) its body is damaged and could not be repaired: the front
-        end drops the delivery unsent either way (module docstring)."""
+        end drops the delivery unsent either way (module docstring).  A tagged id (< 0, queue
+        groups) is another group's message: ``remote`` reads it."""
+        if msg_id < 0:
+            return self.remote.for_send(msg_id, following, qid) if self.remote is not None else None
         body = self._pending.get(msg_id)
         if body is not None:
             return body
         cache = self.cache
         if following is not None and msg_id not in cache:
-            self.read_ahead([msg_id, *following()])
+            if self.remote is None:
+                self.read_ahead([msg_id, *following()])
+            else:  # (the next ones may be other groups' messages: tagged ids, < 0)
+                self.read_ahead([msg_id, *(i for i in following() if i >= 0)])
         body = cache.get(msg_id)
         if body is None:
             if self.refused(msg_id, qid):

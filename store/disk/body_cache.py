@@ -110,6 +110,15 @@ class BodyCache:
         self.loaded += loaded
         return loaded
 
+    def take(self, msg_id: int) -> bytes | None:
+        """The body of ``msg_id`` if cached, leaving the cache (a body read for one send only: the
+        main process's copies of queue groups' bodies, node/group_bodies.py); no store read."""
+        body = self._entries.pop(msg_id, None)
+        if body is not None:
+            self.bytes -= len(body)
+            self.hits += 1
+        return body
+
     def discard(self, msg_id: int) -> None:
         """Forget a body (its message was acked, dropped or deleted)."""
         body = self._entries.pop(msg_id, None)

@@ -164,3 +164,38 @@ def test_the_scrubber_repairs_a_followers_damaged_bodies_before_anyone_reads_the
         got = consume(cluster, follower, "q")
         assert [intact(data) for data in got] == list(range(COUNT))
         assert cluster.fresh_status(follower, group=cluster.queue_group)["bodies_refused"] == 0
+
+
+def test_a_late_reader_without_prefetch_gets_every_damaged_body_repaired(tmp_path):
+    """A manual-ack consumer without prefetch (basic.consume, no basic.qos: the whole backlog is
+    assigned to it at once) on the damaged follower, whose client reads nothing for 3 s and then
+    everything: every body arrives intact, in order, none missing.  With one group the follower's
+    front end reads the parked deliveries' bodies when it writes them; with queue groups
+    (RAFTMQ_RAFT_GROUPS=3, node/group_bodies.py) most of them leave the group's worker as references
+    past its carry credit and the main process reads them from the worker's store, fetching the
+    damaged ones from a member as the worker would (status.json ``group_bodies_repaired``)."""
+    with Cluster(3, tmp_path, extra_config=CONFIG + "\nscrub_bytes_per_second = 0") as cluster:
+        follower, flipped = damaged_follower(cluster, seed=29)
+        conn = cluster.connection(follower)
+        ch = conn.channel()
+        got: list[tuple[int, bytes]] = []
+        ch.basic_consume("q", lambda _c, m, _p, data: got.append((m.delivery_tag, data)), auto_ack=False)
+        time.sleep(3.0)  # pika reads nothing while its connection is not driven: the node parks
+        acked = 0
+        deadline = time.monotonic() + 90
+        while len(got) < COUNT and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.2)
+            for tag, _data in got[acked:]:
+                ch.basic_ack(tag)
+            acked = len(got)
+        conn.close()
+        numbers = [intact(data) for _tag, data in got]
+        print(f"flipped {flipped} bytes; delivered {len(got)} of {COUNT}, "
+              f"{sum(1 for n in numbers if n is None)} damaged")
+        assert None not in numbers, "a body delivered damaged"
+        assert numbers == list(range(COUNT)), "missing or out of order"
+        if cluster.queue_group:  # queue groups: the main process's reads met damage and repaired it
+            main = cluster.fresh_status(follower)
+            print({k: v for k, v in main.items() if k.startswith("group_bodies")})
+            assert main["group_bodies_read"] > 0 and main["group_bodies_repaired"] > 0, main
+            assert main["group_bodies_gone_unsent"] == 0 and main["group_bodies_refused"] == 0, main

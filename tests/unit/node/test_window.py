@@ -98,3 +98,28 @@ def test_a_cancelled_consumer_is_forgotten_once_its_deliveries_are_settled():
         assert w._in_client[tag] == 2  # its sent deliveries still count until settled
         w.settled([10 * round_ + 1, 10 * round_ + 2])
     assert w._in_client == {} and w._consumer_limit == {} and w._tag_consumer == {}
+
+
+def test_bodies_carried_by_held_deliveries_are_counted_until_they_leave_the_hold():
+    """A queue group's worker may carry a held delivery's body (node/group_bodies.py): the window
+    counts those bytes while it holds them (the connection's held_bytes, which gates the carry
+    credit and the memory alarm), and stops counting them when they are released, taken with a
+    cancelled consumer, or forgotten (basic.recover).  A reference (no body, as with one group)
+    counts nothing."""
+    w = ClientWindow()
+    w.add_consumer("a", 1)
+    w.add_consumer("b", 1)
+    w.sent(1, "a")
+    w.sent(2, "b")
+    w.hold("a", (*delivery(3), b"x" * 100))
+    w.hold("a", delivery(4))
+    w.hold("b", (*delivery(5), b"y" * 10))
+    assert w.body_bytes == 110
+    w.settled([1])
+    assert [d[1] for _c, d in w.releasable()] == [3]
+    assert w.body_bytes == 10
+    assert [d[1] for d in w.take_held("b")] == [5]
+    assert w.body_bytes == 0
+    w.hold("b", (*delivery(6), b"z" * 7))
+    w.forget()
+    assert w.body_bytes == 0
