@@ -18,6 +18,7 @@ import pytest
 
 from raftmq.ops.local.cluster import Cluster
 from tests.cluster.test_groups_cluster import group_status, wait_group_digests_equal
+from tests.integration.helpers import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -89,5 +90,7 @@ def test_transactions_through_a_follower_survive_a_kill_of_the_coordinator_whole
     assert a == b == [b"%d" % i for i in committed]
     conn.close()
     for group in (1, 2):
-        assert any(group_status(n, group).get("role") == "leader" for n in cluster.nodes if n.is_alive())
+        # (A group the killed node led may still be electing its next leader at this moment.)
+        wait_until(lambda group=group: any(group_status(n, group).get("role") == "leader" for n in cluster.nodes if n.is_alive()),
+                   timeout=20, interval=0.2, what=f"a leader of group {group} among the living nodes")
         wait_group_digests_equal(cluster, group)
