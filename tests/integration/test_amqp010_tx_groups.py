@@ -76,6 +76,15 @@ async def transactional_work(session, q1: str, q2: str) -> None:
     await session.publish("", q2, b"new")
 
 
+async def transaction_in_flight(hosts: list[str], q1: str, q2: str):
+    """A new session with tx.select and ``transactional_work`` done: (client, session)."""
+    client = await Connection.connect(hosts)
+    session = await client.session(uniq("tx").encode(), timeout=0)
+    await session.tx_select()
+    await transactional_work(session, q1, q2)
+    return client, session
+
+
 def test_a_commit_over_two_groups_makes_every_transfer_and_accept_happen_together(node):
     """tx.select; accept a message of q1 (group 1) and of q2 (group 2), transfer one to each; before
     tx.commit another connection sees neither transfer (and the old messages are acquired, not
@@ -86,10 +95,7 @@ def test_a_commit_over_two_groups_makes_every_transfer_and_accept_happen_togethe
     hosts = [f"127.0.0.1:{node.port}"]
 
     async def scenario() -> None:
-        client = await Connection.connect(hosts)
-        session = await client.session(uniq("tx").encode(), timeout=0)
-        await session.tx_select()
-        await transactional_work(session, q1, q2)
+        client, session = await transaction_in_flight(hosts, q1, q2)
         assert (count(ch, q1), count(ch, q2)) == (0, 0)  # nothing published yet, the old ones acquired
         await session.tx_commit()
         assert (count(ch, q1), count(ch, q2)) == (1, 1)
@@ -113,10 +119,7 @@ def test_a_rollback_over_two_groups_discards_every_transfer_and_accept(node):
     hosts = [f"127.0.0.1:{node.port}"]
 
     async def scenario() -> None:
-        client = await Connection.connect(hosts)
-        session = await client.session(uniq("tx").encode(), timeout=0)
-        await session.tx_select()
-        await transactional_work(session, q1, q2)
+        client, session = await transaction_in_flight(hosts, q1, q2)
         await session.tx_rollback()
         assert (count(ch, q1), count(ch, q2)) == (0, 0)  # no new message; the old ones still acquired
         await session.publish("", q1, b"later")
@@ -144,10 +147,7 @@ def test_a_part_one_group_cannot_commit_aborts_both_and_the_commit_fails_406(nod
     hosts = [f"127.0.0.1:{node.port}"]
 
     async def scenario() -> int:
-        client = await Connection.connect(hosts)
-        session = await client.session(uniq("tx").encode(), timeout=0)
-        await session.tx_select()
-        await transactional_work(session, q1, q2)
+        client, session = await transaction_in_flight(hosts, q1, q2)
         ch.queue_delete(q1)
         with pytest.raises(SessionException) as refused:
             await session.tx_commit()
