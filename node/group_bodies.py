@@ -98,6 +98,19 @@ def carry_bytes(write_buffer_high: int) -> int:
     return max(CARRY_MIN, 4 * write_buffer_high)
 
 
+def held_message(out: tuple) -> Any:
+    """The message of a delivery whose consumer holds it until it settles it (a 0-9-1 delivery
+    without its body yet, a 1.0/0-10 transfer likewise), or None for any other output."""
+    kind = out[1]
+    if kind == OUT_DELIVER:
+        item = out[4]
+        return item[3] if len(item) == 4 else None
+    if kind == OUT_TRANSFER:
+        item = out[4]
+        return item[4] if len(item) == 5 else None
+    return None
+
+
 class Carrier:
     """The worker's side: which held deliveries carry their bodies (module docstring)."""
 
@@ -115,7 +128,7 @@ class Carrier:
         in place; write the others' bodies that are only in memory to the store.  Returns the indexes
         of the deliveries sent as references and the bytes carried per connection."""
         refs: list[int] = []
-        carry: list[int] = []
+        carry: list[tuple[int, Any]] = []  # (index, message) of the deliveries that carry their body
         carried: dict[str, int] = {}
         spill: list[int] = []
         used = self.used
@@ -123,39 +136,28 @@ class Carrier:
         bodies = self.bodies
         pending_body = bodies.pending_body
         for i, out in enumerate(outputs):
-            kind = out[1]
-            if kind == OUT_DELIVER:
-                item = out[4]
-                if len(item) != 4:
-                    continue
-                message = item[3]
-            elif kind == OUT_TRANSFER:
-                item = out[4]
-                if len(item) != 5:
-                    continue
-                message = item[4]
-            else:
+            message = held_message(out)
+            if message is None:
                 continue
             conn = out[0]
             have = used.get(conn, 0)
             if have + message.size <= limit:
                 used[conn] = have + message.size
-                carry.append(i)
+                carry.append((i, message))
                 continue
             if pending_body(message.id) is not None:
                 spill.append(message.id)
             refs.append(i)
         if carry:
-            ids = [(outputs[i][4][3] if outputs[i][1] == OUT_DELIVER else outputs[i][4][4]).id for i in carry]
-            missing = [msg_id for msg_id in ids if not bodies.in_memory(msg_id)]
+            missing = [message.id for _i, message in carry if not bodies.in_memory(message.id)]
             if missing:
                 bodies.read_ahead(missing)  # (one read for those only on disk)
             get = bodies.get
-            for i, msg_id in zip(carry, ids, strict=True):
+            for i, message in carry:
                 out = outputs[i]
                 conn = out[0]
+                msg_id, size = message.id, message.size
                 body = get(msg_id)
-                size = (out[4][3] if out[1] == OUT_DELIVER else out[4][4]).size
                 if body is None:
                     # Gone, or damaged and not repaired from a member (the read tried, as one
                     # group's does): refused here (logged with its queue, counted in this group's
@@ -220,8 +222,7 @@ class GroupBodies:
         """A worker's outputs, before they are dispatched: its references get tagged ids (on the
         main process's own copies of the messages), its carried bytes are counted."""
         for i in refs:
-            out = outputs[i]
-            message = out[4][3] if out[1] == OUT_DELIVER else out[4][4]
+            message = held_message(outputs[i])
             if message.id >= 0:  # (one message may be delivered twice in a frame: tagged once)
                 message.id = tag_id(group, message.id)
         if carried:

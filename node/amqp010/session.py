@@ -599,7 +599,7 @@ class ServerSession:
         every group (with queue groups, for every refused tx.commit: a group that destroyed it
         already ignores the repeat)."""
         self.in_flight.discard(command_id)
-        across = isinstance(command, c.TxCommit) and self.conn.broker.config.raft_groups > 1
+        across = self._groups and isinstance(command, c.TxCommit)
         self._exception(command_id, command, rules.code_for(command, code, text), text,
                         destroy=code in HARD_ERRORS or across)
 

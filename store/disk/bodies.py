@@ -300,10 +300,6 @@ class Bodies:
         """The body of ``msg_id`` if it waits in memory to be written (in no store yet)."""
         return self._pending.get(msg_id)
 
-    def cached_body(self, msg_id: int) -> bytes | None:
-        """The body of ``msg_id`` if the cache holds it (no store read, no recency change)."""
-        return self.cache._entries.get(msg_id)
-
     def _commit_written(self, out: list[tuple[int, bytes]]) -> None:
         if out:
             deletes: list[int] = []
