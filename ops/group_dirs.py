@@ -38,11 +38,19 @@ def queue_group_histories(base: str) -> list[tuple[int, str]]:
     found = []
     for name in os.listdir(groups):
         if _GROUP.fullmatch(name):
-            for events in (os.path.join(groups, name, "events"), os.path.join(groups, name)):
-                if os.path.exists(os.path.join(events, "data.mdb")):
-                    found.append((int(name[1:]), events))
-                    break
+            events = history_dir(os.path.join(groups, name))
+            if events is not None:
+                found.append((int(name[1:]), events))
     return sorted(found)
+
+
+def history_dir(path: str) -> str | None:
+    """The history a directory holds: its ``events`` (a data directory's, or a queue group's
+    directory in one), else the directory itself (a history or its snapshot); None if neither is."""
+    for events in (os.path.join(path, "events"), path):
+        if os.path.exists(os.path.join(events, "data.mdb")):
+            return events
+    return None
 
 
 _OPENING: dict[str, threading.Lock] = {}

@@ -22,21 +22,13 @@ with group g of another.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
-from raftmq.ops.group_dirs import lone_group, queue_group_histories
+from raftmq.ops.group_dirs import history_dir, lone_group, queue_group_histories
 
 META_GROUP = 0  # the metadata group: the topology, the connections, sessions
 __all__ = ["META_GROUP", "ORDER", "histories", "layout", "lone_group", "meta_histories"]
 ORDER = ("time", "group", "seq")  # the documented order of the merged events (module docstring)
-
-
-def _history(path: str) -> str:
-    """The metadata group's history of ``path``: a data directory's ``events``, else ``path``
-    itself (a snapshot, or a history directory)."""
-    events = os.path.join(path, "events")
-    return events if os.path.exists(os.path.join(events, "data.mdb")) else path
 
 
 def layout(paths: Sequence[str]) -> dict[int, list[str]]:
@@ -46,7 +38,8 @@ def layout(paths: Sequence[str]) -> dict[int, list[str]]:
     group: 0, or N for a queue group's own history (``groups/g<N>``, :func:`lone_group`)."""
     found: dict[int, list[str]] = {}
     for path in paths:
-        found.setdefault(lone_group(str(path)), []).append(_history(str(path)))
+        # (a data directory's ``events``, else the path itself: a snapshot or a history directory)
+        found.setdefault(lone_group(str(path)), []).append(history_dir(str(path)) or str(path))
         for group, history in queue_group_histories(str(path)):
             found.setdefault(group, []).append(history)
     return dict(sorted(found.items()))
