@@ -116,14 +116,17 @@ class System:
             ch.tx_commit()
             done += 1
         wall, cpu = time.perf_counter() - t0, cpu_seconds(pids) - cpu0
-        expected = done * per_queue
+        self._check_and_purge(ch, done * per_queue)
+        conn.close()
+        return done / wall, cpu / max(done, 1), done
+
+    def _check_and_purge(self, ch, expected: int) -> None:
+        """Every queue holds ``expected`` messages (else say so), then none."""
         for queue in self.queues:
             got = ch.queue_declare(queue, passive=True).method.message_count
             if got != expected:
                 print(f"  !! {self.name}: {queue} holds {got}, expected {expected}", file=sys.stderr)
             ch.queue_purge(queue)
-        conn.close()
-        return done / wall, cpu / max(done, 1), done
 
     def run010(self, count: int, per_queue: int, size: int, limit: float) -> tuple[float, float, int]:
         """``run`` with an AMQP 0-10 session (client/amqp010.py): transfers in the open transaction,
@@ -153,13 +156,7 @@ class System:
 
         wall, cpu, done = asyncio.run(load())
         conn = pika.BlockingConnection(pika.URLParameters(self.node.url))
-        ch = conn.channel()
-        expected = done * per_queue
-        for queue in self.queues:
-            got = ch.queue_declare(queue, passive=True).method.message_count
-            if got != expected:
-                print(f"  !! {self.name}: {queue} holds {got}, expected {expected}", file=sys.stderr)
-            ch.queue_purge(queue)
+        self._check_and_purge(conn.channel(), done * per_queue)
         conn.close()
         return done / wall, cpu / max(done, 1), done
 
