@@ -10,6 +10,8 @@ whose digest must stay equal (determinism).  Client-visible replies come out of 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pytest
 
 from raftmq.node.groups import GroupRouter, ReplyJoin, forward_entries, gone_entries
@@ -86,25 +88,31 @@ class Groups:
         self.submit(make(token))
         return token
 
+    def apply_pending(self, groups: Iterable[int]) -> bool:
+        """Apply the given groups' pending log entries once (both replicas), no forwarding; their
+        replies through the join.  Whether any group had entries."""
+        busy = False
+        for g in groups:
+            batch, self.logs[g] = self.logs[g], []
+            if not batch:
+                continue
+            busy = True
+            self.now += 1000
+            a, b = self.replicas[g]
+            effects = a.apply(self.now, batch)
+            b.apply(self.now, batch, replies=False)
+            for out in effects.outputs:
+                if out[1] == OUT_REPLY:
+                    out = self.join.take(out)
+                    if out is None:
+                        continue
+                    self.replies[out[2]] = out[3]
+                self.outputs.append(out)
+        return busy
+
     def run(self, rounds: int = 20) -> None:
         for _ in range(rounds):
-            busy = False
-            for g in range(self.count):
-                batch, self.logs[g] = self.logs[g], []
-                if not batch:
-                    continue
-                busy = True
-                self.now += 1000
-                a, b = self.replicas[g]
-                effects = a.apply(self.now, batch)
-                b.apply(self.now, batch, replies=False)
-                for out in effects.outputs:
-                    if out[1] == OUT_REPLY:
-                        out = self.join.take(out)
-                        if out is None:
-                            continue
-                        self.replies[out[2]] = out[3]
-                    self.outputs.append(out)
+            busy = self.apply_pending(range(self.count))
             busy = self.forward() or busy
             if not busy:
                 return

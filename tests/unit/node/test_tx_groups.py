@@ -63,18 +63,7 @@ def ready(g: Groups, queue: str) -> list[int]:
 
 def step(g: Groups, groups: tuple[int, ...]) -> None:
     """Apply only the given groups' pending log entries, once (both replicas), no forwarding."""
-    for i in groups:
-        batch, g.logs[i] = g.logs[i], []
-        if batch:
-            g.now += 1000
-            a, b = g.replicas[i]
-            effects = a.apply(g.now, batch)
-            b.apply(g.now, batch, replies=False)
-            for out in effects.outputs:
-                if out[1] == 0:
-                    out = g.join.take(out)
-                    if out is not None:
-                        g.replies[out[2]] = out[3]
+    g.apply_pending(groups)
 
 
 def test_a_transaction_over_three_groups_commits_all_and_answers_once_after_every_group():

@@ -125,21 +125,8 @@ def replies_to(g: Groups, token: int) -> list:
 
 
 def step(g: Groups, groups: tuple[int, ...]) -> None:
-    """Apply only the given groups' pending log entries (both replicas), no forwarding."""
-    for i in groups:
-        batch, g.logs[i] = g.logs[i], []
-        if batch:
-            g.now += 1000
-            a, b = g.replicas[i]
-            effects = a.apply(g.now, batch)
-            b.apply(g.now, batch, replies=False)
-            for out in effects.outputs:
-                if out[1] == OUT_REPLY:
-                    out = g.join.take(out)
-                    if out is None:
-                        continue
-                    g.replies[out[2]] = out[3]
-                g.outputs.append(out)
+    """Apply only the given groups' pending log entries, once (both replicas), no forwarding."""
+    g.apply_pending(groups)
 
 
 def no_transaction_left(g: Groups) -> bool:
