@@ -23,7 +23,7 @@ from raftmq.store.core.persistence import U64
 from raftmq.store.disk.body_reader import BodyReader
 from raftmq.store.disk.body_store import BodyStore
 from raftmq.store.disk.durable import DurableStore
-from tests.unit.store.test_body_store_integrity import KEY, body_of, flip_value, open_store
+from tests.unit.store.test_body_store_integrity import KEY, body_of, flip_value, open_store, write_mixed_store
 
 
 def test_reads_segments_loose_bodies_and_dead_marks_as_the_writer_does(tmp_path):
@@ -96,14 +96,7 @@ def test_bytes_flipped_in_the_file_are_never_returned(tmp_path):
     """Flips straight into data.mdb (seeded positions past LMDB's meta pages): whatever the reader
     meets, it returns no bytes but the body written under that id, and never raises."""
     clean = tmp_path / "clean"
-    store = open_store(clean)
-    for first in range(0, 300, 3):
-        store.commit([(i, body_of(i)) for i in range(first, first + 3)], ())
-    store.commit([(i, body_of(i, 5000)) for i in range(1000, 1010)], ())
-    store.put_many([(4, b"replaced")])
-    store.close()
-    expected = {i: body_of(i) for i in range(300)} | {i: body_of(i, 5000) for i in range(1000, 1010)}
-    expected[4] = b"replaced"
+    expected = write_mixed_store(clean)
     for seed in range(25):
         work = tmp_path / "work"
         shutil.rmtree(work, ignore_errors=True)

@@ -36,6 +36,21 @@ def open_store(path) -> BodyStore:
     return BodyStore(str(path), map_size=1 << 28)
 
 
+def write_mixed_store(path) -> dict[int, bytes]:
+    """A closed store with B-tree pages of small values (segments of 3 x 100 B), overflow pages
+    (5,000 B bodies) and a body put again under its id; returns what each id holds."""
+    store = open_store(path)
+    for first in range(0, 300, 3):
+        store.commit([(i, body_of(i)) for i in range(first, first + 3)], ())
+    store.commit([(i, body_of(i, 5000)) for i in range(1000, 1010)], ())
+    store.put_many([(4, b"replaced")])
+    store.sync()
+    store.close()
+    expected = {i: body_of(i) for i in range(300)} | {i: body_of(i, 5000) for i in range(1000, 1010)}
+    expected[4] = b"replaced"
+    return expected
+
+
 def flip_value(store: BodyStore, db, key: bytes, pos: int, xor: int = 0x5A) -> None:
     """Flip one byte of a stored value through LMDB (what a bad disk sector does to a value)."""
     with store.env.begin(write=True) as txn:
@@ -181,15 +196,7 @@ def test_bytes_flipped_in_data_mdb_are_never_returned(tmp_path):
     with B-tree pages of small values as well as overflow pages): whatever opening and reading
     make of it, no read returns bytes other than the body written under that id."""
     clean = tmp_path / "clean"
-    store = open_store(clean)
-    for first in range(0, 300, 3):
-        store.commit([(i, body_of(i)) for i in range(first, first + 3)], ())
-    store.commit([(i, body_of(i, 5000)) for i in range(1000, 1010)], ())
-    store.put_many([(4, b"replaced")])
-    store.sync()
-    store.close()
-    expected = {i: body_of(i) for i in range(300)} | {i: body_of(i, 5000) for i in range(1000, 1010)}
-    expected[4] = b"replaced"
+    expected = write_mixed_store(clean)
     detected = 0
     for seed in range(40):
         work = tmp_path / "work"
