@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import shutil
 
-import lmdb
-import msgpack
 import pika
 import pytest
 
 from raftmq.ops.local.node import RaftmqNode, free_port
 from raftmq.store.core import events as E
 from raftmq.store.disk import history as EV
-from raftmq.store.disk.sealed import seal, unseal
 from tests.integration.helpers import consume_acked
+from tests.integration.test_audit_chain_node import rewrite_consistently
 from tests.support.cli import raftmq
 from tests.support.groups import wait_histories
 from tests.support.http_api import call
@@ -51,33 +49,6 @@ def traffic(node: RaftmqNode) -> None:
             ch.basic_publish("", queue, b"chained-%d" % i, pika.BasicProperties(delivery_mode=2))
         assert len(consume_acked(ch, queue, count)) == count
     conn.close()
-
-
-def rewrite_consistently(history) -> int:
-    """The first event of ``history``'s last batch rewritten, with the batch's seal hint and head
-    recomputed: the history is consistent on its own; only another copy of the chain can tell
-    (issue 36).  Returns the event's seq."""
-    chain = list(EV.read_table(str(history), E.CHAIN_TABLE))[-1]
-    first, end = chain[0], chain[1]
-    seq = first
-    env = lmdb.open(str(history), max_dbs=len(EV.TABLES) + 1, lock=False)
-    try:
-        events, chain_db = env.open_db(b"events"), env.open_db(E.CHAIN_TABLE.encode())
-        with env.begin(write=True) as txn:
-            key = EV.U64.pack(seq)
-            record = msgpack.unpackb(unseal(key, txn.get(key, db=events)), raw=False)
-            record[9] = "not-what-happened"
-            txn.put(key, seal(key, msgpack.packb(record, use_bin_type=True)), db=events)
-            raw = [txn.get(EV.U64.pack(s), db=events) for s in range(first, end + 1)]
-            fields = [E.chained_fields(msgpack.unpackb(unseal(EV.U64.pack(s), v), raw=False))
-                      for s, v in zip(range(first, end + 1), raw, strict=True)]
-            chain[5] = b"".join(bytes(v[1:5]) for v in raw)
-            chain[4] = E.chain_next(chain[3], b"".join(E.chain_packed(f) for f in fields))
-            chain_key = EV.U64.pack(first)
-            txn.put(chain_key, seal(chain_key, msgpack.packb(chain, use_bin_type=True)), db=chain_db)
-    finally:
-        env.close()
-    return seq
 
 
 def test_the_chain_endpoint_serves_each_groups_chain(http_port, groups_node):
@@ -127,7 +98,7 @@ def test_verify_against_a_peer_and_a_snapshot_compares_each_group_with_the_same_
     assert "(group 1)" in lines[1] and "(group 2)" in lines[2]
 
     g2 = snap / "groups" / "g2"
-    seq = rewrite_consistently(g2)
+    seq = rewrite_consistently(g2, "not-what-happened")
     alone = raftmq("audit", "verify", "--snapshot", str(snap), timeout=120)
     assert alone.returncode == 0, alone.stdout  # each group's chain consistent on its own
     for other in (["--peer", peer], ["--against", str(later)], ["--against", str(node.data_dir)]):

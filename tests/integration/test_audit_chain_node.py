@@ -38,6 +38,33 @@ def traffic(node: RaftmqNode, queue: str, count: int) -> None:
     conn.close()
 
 
+
+def rewrite_consistently(history, detail: str) -> int:
+    """The first event of ``history``'s last batch rewritten (its detail set to ``detail``), with
+    the batch's seal hint and head recomputed: the history is consistent on its own; only another
+    copy of the chain can tell (issue 36).  Returns the event's seq."""
+    chain = list(EV.read_table(str(history), E.CHAIN_TABLE))[-1]
+    first, end = chain[0], chain[1]
+    seq = first
+    env = lmdb.open(str(history), max_dbs=len(EV.TABLES) + 1, lock=False)
+    try:
+        events, chain_db = env.open_db(b"events"), env.open_db(E.CHAIN_TABLE.encode())
+        with env.begin(write=True) as txn:
+            key = EV.U64.pack(seq)
+            record = msgpack.unpackb(unseal(key, txn.get(key, db=events)), raw=False)
+            record[9] = detail
+            txn.put(key, seal(key, msgpack.packb(record, use_bin_type=True)), db=events)
+            raw = [txn.get(EV.U64.pack(s), db=events) for s in range(first, end + 1)]
+            fields = [E.chained_fields(msgpack.unpackb(unseal(EV.U64.pack(s), v), raw=False))
+                      for s, v in zip(range(first, end + 1), raw, strict=True)]
+            chain[5] = b"".join(bytes(v[1:5]) for v in raw)
+            chain[4] = E.chain_next(chain[3], b"".join(E.chain_packed(f) for f in fields))
+            chain_key = EV.U64.pack(first)
+            txn.put(chain_key, seal(chain_key, msgpack.packb(chain, use_bin_type=True)), db=chain_db)
+    finally:
+        env.close()
+    return seq
+
 def test_a_single_node_continues_its_chain_across_a_restart(tmp_path, broker):
     if broker.kind != "raftmq":
         pytest.skip("raftmq's audit history")
@@ -95,24 +122,7 @@ def test_verify_against_a_running_peer_names_an_event_rewritten_with_its_chain(t
         assert done.returncode == 0, (done.stdout, done.stderr)
         assert "batches identical on the peer" in done.stdout
 
-        last = list(EV.read_table(str(snap), E.CHAIN_TABLE))[-1]
-        first, end = last[0], last[1]
-        env = lmdb.open(str(snap), max_dbs=len(EV.TABLES) + 1, lock=False)
-        try:
-            events, chain = env.open_db(b"events"), env.open_db(E.CHAIN_TABLE.encode())
-            with env.begin(write=True) as txn:
-                key = EV.U64.pack(first)
-                record = msgpack.unpackb(unseal(key, txn.get(key, db=events)), raw=False)
-                record[9] = "not-the-consumer"
-                txn.put(key, seal(key, msgpack.packb(record, use_bin_type=True)), db=events)
-                raw = [txn.get(EV.U64.pack(s), db=events) for s in range(first, end + 1)]
-                fields = [E.chained_fields(msgpack.unpackb(unseal(EV.U64.pack(s), v), raw=False))
-                          for s, v in zip(range(first, end + 1), raw, strict=True)]
-                last[5] = b"".join(bytes(v[1:5]) for v in raw)
-                last[4] = E.chain_next(last[3], b"".join(E.chain_packed(f) for f in fields))
-                txn.put(key, seal(key, msgpack.packb(last, use_bin_type=True)), db=chain)
-        finally:
-            env.close()
+        first = rewrite_consistently(snap, "not-the-consumer")
         alone = raftmq("audit", "verify", "--snapshot", str(snap), timeout=120)
         assert alone.returncode == 0, alone.stdout  # consistent on its own
         done = raftmq("audit", "verify", "--snapshot", str(snap), "--peer", peer, timeout=120)
